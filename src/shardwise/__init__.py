@@ -1,0 +1,60 @@
+"""shardwise: plan, see and trust tensor parallelism in JAX.
+
+Build a mesh of devices with named axes, say how each operand is split, and run
+an einsum or any JAX function sharded that way; ask what each device holds and
+which collectives XLA inserted.
+
+>>> import shardwise
+>>> shardwise.explain_einsum("nd,nd->n", [(8, 4)] * 2, mesh="devices=8",
+...                          in_specs=["devices", "devices"]).collectives
+()
+"""
+
+from shardwise._api import Sharded as Sharded
+from shardwise._api import einsum as einsum
+from shardwise._api import explain_einsum as explain_einsum
+from shardwise._api import shard as shard
+from shardwise._devices import apply_env as _apply_env
+from shardwise._devices import use_cpu_devices as use_cpu_devices
+from shardwise._errors import ArgumentError as ArgumentError
+from shardwise._errors import EquationError as EquationError
+from shardwise._errors import IndivisibleError as IndivisibleError
+from shardwise._errors import MeshError as MeshError
+from shardwise._errors import ShapeError as ShapeError
+from shardwise._errors import ShardwiseError as ShardwiseError
+from shardwise._errors import SpecError as SpecError
+from shardwise._explain import Explanation as Explanation
+from shardwise._hlo import Collective as Collective
+from shardwise._mesh import MeshSpec as MeshSpec
+from shardwise._mesh import mesh as mesh
+from shardwise._op import Op as Op
+from shardwise._plan import Plan as Plan
+from shardwise._spec import Layout as Layout
+from shardwise._spec import Spec as Spec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArgumentError",
+    "Collective",
+    "EquationError",
+    "Explanation",
+    "IndivisibleError",
+    "Layout",
+    "MeshError",
+    "MeshSpec",
+    "Op",
+    "Plan",
+    "ShapeError",
+    "Sharded",
+    "ShardwiseError",
+    "Spec",
+    "SpecError",
+    "einsum",
+    "explain_einsum",
+    "mesh",
+    "shard",
+    "use_cpu_devices",
+]
+
+_apply_env()

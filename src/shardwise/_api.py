@@ -1,0 +1,268 @@
+"""The public entry points: sharded einsum, the tutorial's pjit as :func:`shard`, and explain."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from shardwise._errors import ArgumentError
+from shardwise._explain import Explanation, array_info, compile_plan, explain_compiled
+from shardwise._hlo import collectives
+from shardwise._lower import named
+from shardwise._mesh import MeshSpec
+from shardwise._mesh import mesh as make_mesh
+from shardwise._plan import Plan
+from shardwise._spec import LayoutLike, Spec, SpecLike
+
+MeshLike = Mesh | MeshSpec | str | Mapping[str, int]
+
+
+def _jax_mesh(value: MeshLike) -> Mesh:
+    return value if isinstance(value, Mesh) else make_mesh(value)
+
+
+def _dtype(arrays: Sequence[Any]) -> np.dtype[Any]:
+    return np.dtype(jnp.result_type(*(a.dtype for a in arrays)))
+
+
+def plan_einsum(
+    equation: str,
+    *arrays: Any,
+    mesh: MeshLike,
+    layout: LayoutLike | None = None,
+    in_specs: Sequence[SpecLike] | None = None,
+    out_spec: SpecLike | Literal["infer"] = "infer",
+    mode: str = "auto",
+) -> tuple[Plan, Mesh]:
+    """Validate a sharded einsum over ``arrays`` (anything with ``.shape`` and ``.dtype``)."""
+    jmesh = _jax_mesh(mesh)
+    plan = Plan.make(
+        equation,
+        [tuple(a.shape) for a in arrays],
+        mesh=MeshSpec.parse(jmesh),
+        dtype=_dtype(arrays) if arrays else "float32",
+        layout=layout,
+        in_specs=in_specs,
+        out_spec=out_spec,
+        mode=mode,
+    )
+    return plan, jmesh
+
+
+def place(plan: Plan, mesh: Mesh, arrays: Sequence[Any]) -> list[jax.Array]:
+    """Put each operand on the devices with its planned sharding (a no-op if already there)."""
+    placed = []
+    for array, info in zip(arrays, plan.operands, strict=True):
+        if array.dtype != np.dtype(plan.dtype):
+            array = array.astype(plan.dtype)
+        placed.append(jax.device_put(array, named(mesh, info.spec)))
+    return placed
+
+
+def einsum(
+    equation: str,
+    *arrays: Any,
+    mesh: MeshLike,
+    layout: LayoutLike | None = None,
+    in_specs: Sequence[SpecLike] | None = None,
+    out_spec: SpecLike | Literal["infer"] = "infer",
+    mode: str = "auto",
+    precision: Any = None,
+) -> jax.Array:
+    """Compute an einsum sharded over a device mesh.
+
+    Give the layout either per index (``layout="n=x,d=y"``) or per operand
+    (``in_specs=[P('x', 'y'), "x,y"]``, plus ``out_spec``; by default the output keeps the
+    axes the inputs split, and contracted axes are summed away).
+
+    Args:
+        equation: an einsum equation, e.g. ``"nd,nd->n"``.
+        *arrays: NumPy or JAX arrays.
+        mesh: a JAX ``Mesh`` or a description such as ``"x=2,y=4"``.
+        layout: index → mesh axes.
+        in_specs: one partition spec per operand (``None`` for replicated).
+        out_spec: the output's partition spec; ``"infer"`` derives it.
+        mode: ``"auto"`` (``jax.jit``; XLA inserts collectives) or ``"manual"``
+            (``shard_map`` with a local einsum and an explicit ``psum``).
+        precision: passed to ``jnp.einsum``.
+
+    Returns:
+        A ``jax.Array`` with the output sharding.
+
+    >>> import numpy as np
+    >>> a = np.arange(24.0, dtype=np.float32).reshape(8, 3)
+    >>> out = einsum("nd,nd->n", a, a, mesh="devices=8", in_specs=["devices", None])
+    >>> out.sharding.spec, bool(np.allclose(out, (a * a).sum(1)))
+    (P('devices',), True)
+    """
+    plan, jmesh = plan_einsum(
+        equation,
+        *arrays,
+        mesh=mesh,
+        layout=layout,
+        in_specs=in_specs,
+        out_spec=out_spec,
+        mode=mode,
+    )
+    compiled = compile_plan(plan, jmesh, precision)
+    return compiled(*place(plan, jmesh, arrays))  # type: ignore[no-any-return]
+
+
+def explain_einsum(
+    equation: str,
+    shapes: Sequence[Sequence[int]],
+    *,
+    mesh: MeshLike,
+    dtype: Any = "float32",
+    layout: LayoutLike | None = None,
+    in_specs: Sequence[SpecLike] | None = None,
+    out_spec: SpecLike | Literal["infer"] = "infer",
+    mode: str = "auto",
+) -> Explanation:
+    """Compile a sharded einsum from shapes alone and say what each device does.
+
+    >>> e = explain_einsum("nd,nd->n", [(4000, 10000)] * 2, mesh="x=2,y=4",
+    ...                    in_specs=["x,y", "x,y"], out_spec="x")
+    >>> e.output.shard_shape, [c.to_json() for c in e.collectives]
+    ((2000,), [{'kind': 'all-reduce', 'mesh_axes': ['y'], 'bytes': 8000}])
+    """
+    jmesh = _jax_mesh(mesh)
+    plan = Plan.make(
+        equation,
+        shapes,
+        mesh=MeshSpec.parse(jmesh),
+        dtype=dtype,
+        layout=layout,
+        in_specs=in_specs,
+        out_spec=out_spec,
+        mode=mode,
+    )
+    return explain_compiled(plan, compile_plan(plan, jmesh))
+
+
+_AUTO = "auto"
+
+
+def _is_spec_leaf(x: object) -> bool:
+    return x is None or isinstance(x, PartitionSpec | str | Spec)
+
+
+class Sharded:
+    """A function compiled to run sharded on a mesh: the tutorial's ``pjit(f, ...)`` today.
+
+    Call it like the function. ``explain(*args)`` says what each device holds and which
+    collectives XLA inserted.
+    """
+
+    def __init__(
+        self, fn: Callable[..., Any], mesh: Mesh, in_specs: Any, out_specs: Any = _AUTO
+    ) -> None:
+        self.fn = fn
+        self.mesh = mesh
+        self.mesh_spec = MeshSpec.parse(mesh)
+        self.in_specs = in_specs
+        self.out_specs = out_specs
+        in_shardings = self._shardings(in_specs, "in_specs")
+        out_shardings = None if _is_auto(out_specs) else self._shardings(out_specs, "out_specs")
+        self._jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings)
+
+    def _shardings(self, specs: Any, what: str) -> Any:
+        def to_sharding(s: Any) -> NamedSharding:
+            return NamedSharding(self.mesh, Spec.parse(s, what).to_partition_spec())
+
+        if _is_spec_leaf(specs):
+            return to_sharding(specs)
+        return jax.tree.map(to_sharding, specs, is_leaf=_is_spec_leaf)
+
+    def _check(self, args: tuple[Any, ...]) -> None:
+        specs = self.in_specs
+        if _is_spec_leaf(specs):
+            per_arg = [specs] * len(args)
+        elif isinstance(specs, tuple | list):
+            if len(specs) != len(args):
+                raise ArgumentError(
+                    f"{_name(self.fn)} was given {len(args)} argument"
+                    f"{'s' if len(args) != 1 else ''} but in_specs has {len(specs)} entries; give "
+                    "one spec per positional argument (None for replicated), or one spec for all."
+                )
+            per_arg = list(specs)
+        else:
+            return
+        for k, (arg, spec) in enumerate(zip(args, per_arg, strict=True)):
+            if not _is_spec_leaf(spec):
+                continue
+            parsed = Spec.parse(spec, f"the spec of argument {k}")
+            for leaf in jax.tree.leaves(arg):
+                shape = tuple(getattr(leaf, "shape", ()))
+                parsed.validate(self.mesh_spec, shape, f"argument {k} (shape {shape})")
+
+    def __call__(self, *args: Any) -> Any:
+        self._check(args)
+        return self._jitted(*args)
+
+    def lower(self, *args: Any) -> Any:
+        """``jax.jit(...).lower`` for these arguments (arrays or ``jax.ShapeDtypeStruct``)."""
+        self._check(args)
+        return self._jitted.lower(*args)
+
+    def explain(self, *args: Any) -> Explanation:
+        """Compile for ``args`` and report shards and collectives."""
+        compiled = self.lower(*args).compile()
+        in_leaves = jax.tree.leaves(args)
+        in_shardings = jax.tree.leaves(compiled.input_shardings[0])
+        out_avals = jax.tree.leaves(compiled.out_info)
+        out_shardings = jax.tree.leaves(compiled.output_shardings)
+        return Explanation(
+            equation=None,
+            mesh=self.mesh_spec,
+            mode="auto",
+            operands=tuple(
+                array_info(x.shape, x.dtype, s, self.mesh_spec)
+                for x, s in zip(in_leaves, in_shardings, strict=True)
+            ),
+            outputs=tuple(
+                array_info(o.shape, o.dtype, s, self.mesh_spec)
+                for o, s in zip(out_avals, out_shardings, strict=True)
+            ),
+            collectives=tuple(collectives(compiled.as_text() or "", self.mesh_spec.shape)),
+        )
+
+
+def _is_auto(x: Any) -> bool:
+    return isinstance(x, str) and x == _AUTO
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__name__", "the function")
+
+
+def shard(
+    fn: Callable[..., Any],
+    mesh: MeshLike,
+    in_specs: Any,
+    out_specs: Any = _AUTO,
+) -> Sharded:
+    """Run ``fn`` sharded on ``mesh``: the tutorial's ``pjit`` on today's ``jax.jit``.
+
+    Args:
+        fn: any JAX-traceable function.
+        mesh: a JAX ``Mesh`` or a description such as ``"devices=8"``.
+        in_specs: one spec per positional argument (``P('devices')``, ``None`` for replicated,
+            or text like ``"x,y"``), a pytree of them, or one spec for all arguments.
+        out_specs: the same for the outputs; ``"auto"`` lets XLA choose.
+
+    >>> import jax.numpy as jnp, numpy as np
+    >>> from jax.sharding import PartitionSpec as P
+    >>> dot = shard(jax.vmap(jnp.dot), "devices=8", in_specs=(P("devices"), None),
+    ...             out_specs=P("devices"))
+    >>> v = np.ones((16, 3), np.float32)
+    >>> out = dot(v, v)
+    >>> out.shape, out.sharding.spec
+    ((16,), P('devices',))
+    """
+    return Sharded(fn, _jax_mesh(mesh), in_specs, out_specs)

@@ -1,0 +1,188 @@
+"""The tutorial's scenarios, on current JAX: batched dot products on 1-D and 2-D meshes.
+
+- S1: (10⁷, 3) vectors on ``devices=8``, v1 split along the batch, v2 replicated: no collectives.
+- S2: the same with both split along the batch.
+- S3: 1,000 pairs of 10,000-component vectors split along the components: each device computes
+  partial dot products, and a ``psum`` (an all-reduce) adds them up.
+- S4: (4000, 10000) on a 2×4 mesh, both inputs ``P('x', 'y')``, output ``P('x')``: one
+  all-reduce over ``y``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from shardwise._api import place
+from shardwise._check import Check, check_einsum
+from shardwise._devices import device_summary
+from shardwise._explain import Explanation, compile_plan, explain_compiled
+from shardwise._mesh import MeshSpec, build_mesh
+from shardwise._plan import Mode, Plan
+
+Size = Literal["tutorial", "small"]
+SIZES: tuple[Size, ...] = ("tutorial", "small")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One of the tutorial's computations: what to run and what the tutorial says happens."""
+
+    name: str
+    title: str
+    equation: str
+    shapes: tuple[tuple[int, ...], ...]
+    mesh: MeshSpec
+    in_specs: tuple[str | None, ...]
+    out_spec: str | None
+    mode: Mode
+    expect: str
+
+    def plan(self) -> Plan:
+        return Plan.make(
+            self.equation,
+            self.shapes,
+            mesh=self.mesh,
+            in_specs=self.in_specs,
+            out_spec=self.out_spec,
+            mode=self.mode,
+        )
+
+
+def scenarios(size: Size = "tutorial") -> list[Scenario]:
+    """The four scenarios at the tutorial's sizes or at a quick, small size."""
+    small = size == "small"
+    n1 = 8_000 if small else 10_000_000
+    pairs, comps = (64, 800) if small else (1_000, 10_000)
+    rows, cols = (400, 1_000) if small else (4_000, 10_000)
+    line = MeshSpec.parse("devices=8")
+    grid = MeshSpec.parse("x=2,y=4")
+    return [
+        Scenario(
+            "S1",
+            "batch-sharded v1, replicated v2",
+            "nd,nd->n",
+            ((n1, 3),) * 2,
+            line,
+            ("devices", None),
+            "devices",
+            "auto",
+            "no collectives",
+        ),
+        Scenario(
+            "S2",
+            "both batch-sharded",
+            "nd,nd->n",
+            ((n1, 3),) * 2,
+            line,
+            ("devices", "devices"),
+            "devices",
+            "auto",
+            "no collectives",
+        ),
+        Scenario(
+            "S3",
+            "component-sharded, partial dots + psum",
+            "nd,nd->n",
+            ((pairs, comps),) * 2,
+            line,
+            ("-,devices", "-,devices"),
+            None,
+            "manual",
+            "one all-reduce over devices",
+        ),
+        Scenario(
+            "S4",
+            "2×4 mesh, P('x','y') → P('x')",
+            "nd,nd->n",
+            ((rows, cols),) * 2,
+            grid,
+            ("x,y", "x,y"),
+            "x",
+            "auto",
+            "one all-reduce over y",
+        ),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What running one scenario gave."""
+
+    scenario: Scenario
+    explanation: Explanation
+    check: Check
+    sharding_ok: bool
+    seconds: float
+    compile_seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.check.ok and self.sharding_ok
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.scenario.name,
+            "title": self.scenario.title,
+            "ok": self.ok,
+            "max_abs_error": self.check.max_abs_error,
+            "tolerance": self.check.tolerance,
+            "seconds": self.seconds,
+            "compile_seconds": self.compile_seconds,
+            "expect": self.scenario.expect,
+            "explain": self.explanation.to_json(),
+        }
+
+
+def run_scenario(scenario: Scenario, repeat: int = 3, seed: int = 0) -> Outcome:
+    """Compile, run and check one scenario; time is the median of ``repeat`` warm runs."""
+    plan = scenario.plan()
+    mesh = build_mesh(plan.mesh)
+    rng = np.random.default_rng(seed)
+    arrays = [rng.random(shape, dtype=np.float32) for shape in plan.shapes]
+    start = time.perf_counter()
+    compiled = compile_plan(plan, mesh, "highest")
+    compile_seconds = time.perf_counter() - start
+    placed = place(plan, mesh, arrays)
+    jax.block_until_ready(placed)
+    result = compiled(*placed).block_until_ready()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        compiled(*placed).block_until_ready()
+        times.append(time.perf_counter() - start)
+    expected_sharding = jax.sharding.NamedSharding(mesh, plan.out_spec.to_partition_spec())
+    sharding_ok = result.sharding.is_equivalent_to(expected_sharding, len(plan.output_shape))
+    return Outcome(
+        scenario=scenario,
+        explanation=explain_compiled(plan, compiled),
+        check=check_einsum(plan.op, arrays, np.asarray(result)),
+        sharding_ok=bool(sharding_ok),
+        seconds=statistics.median(times),
+        compile_seconds=compile_seconds,
+    )
+
+
+def run_demo(
+    size: Size = "tutorial",
+    repeat: int = 3,
+    on_start: Callable[[Scenario], None] | None = None,
+) -> dict[str, Any]:
+    """Run every scenario; the ``shardwise demo --json`` document."""
+    outcomes = []
+    for scenario in scenarios(size):
+        if on_start is not None:
+            on_start(scenario)
+        outcomes.append(run_scenario(scenario, repeat=repeat))
+    return {
+        "devices": device_summary(),
+        "size": size,
+        "ok": all(o.ok for o in outcomes),
+        "scenarios": [o.to_json() for o in outcomes],
+    }

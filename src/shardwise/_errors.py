@@ -1,0 +1,51 @@
+"""One exception family for everything a user can get wrong.
+
+Every error says what was given, what is wrong with it and how to fix it.
+Each subclass also derives from the standard exception that fits, so code that
+already catches ``ValueError`` or ``TypeError`` keeps working.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ShardwiseError(Exception):
+    """Base class of every error shardwise raises on purpose."""
+
+
+class MeshError(ShardwiseError, ValueError):
+    """A mesh description is malformed, or asks for devices that do not exist."""
+
+
+class SpecError(ShardwiseError, ValueError):
+    """A partition spec or index layout is malformed or does not fit the mesh or operand."""
+
+
+class IndivisibleError(SpecError):
+    """A dimension's size is not a multiple of the number of shards it is split into."""
+
+
+class EquationError(ShardwiseError, ValueError):
+    """An einsum equation is malformed."""
+
+
+class ShapeError(ShardwiseError, ValueError):
+    """Operands do not match the equation: wrong count, rank or sizes."""
+
+
+class ArgumentError(ShardwiseError, TypeError):
+    """An argument has the wrong type or the wrong number of entries."""
+
+
+def did_you_mean(given: str, choices: Iterable[str]) -> str:
+    """A ' (did you mean `y`?)' hint for ``given``, or '' when nothing is close.
+
+    >>> did_you_mean("dev", ["devices", "x"])
+    ' (did you mean `devices`?)'
+    >>> did_you_mean("q", ["x", "y"])
+    ''
+    """
+    close = difflib.get_close_matches(given, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean `{close[0]}`?)" if close else ""

@@ -1,0 +1,147 @@
+"""Einsum equations, parsed once into an :class:`Op`.
+
+Each index is one of three kinds (the vocabulary of DESIGN.md):
+
+- **batch**: in every input and in the output (``n`` in ``nd,nd->n``);
+- **contracted**: in the inputs but not the output (``d``); sharding it leaves
+  each device a partial sum that a collective must add up;
+- **free**: in the output and some but not all inputs (``m``, ``k`` in ``md,kd->mk``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shardwise._errors import EquationError, ShapeError
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """An einsum equation: the indices of each input and of the output.
+
+    >>> op = Op.parse("nd,nd->n")
+    >>> op.batch, op.contracted, op.free
+    ('n', 'd', '')
+    >>> Op.parse("ij,jk").equation
+    'ij,jk->ik'
+    """
+
+    inputs: tuple[str, ...]
+    output: str
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def parse(equation: str) -> Op:
+        """Parse ``equation``; without ``->`` the output is NumPy's (indices seen once, sorted)."""
+        text = equation.replace(" ", "")
+        if "..." in text:
+            raise EquationError(
+                f"equation {equation!r} uses '...'; shardwise needs every dimension named, so "
+                "write a letter for each, e.g. 'bnd,bnd->bn' instead of '...nd,...nd->...n'."
+            )
+        lhs, arrow, rhs = text.partition("->")
+        if "->" in rhs:
+            raise EquationError(f"equation {equation!r} has more than one '->'.")
+        inputs = tuple(lhs.split(","))
+        for k, term in enumerate(inputs):
+            bad = [c for c in term if not c.isalpha()]
+            if bad:
+                raise EquationError(
+                    f"equation {equation!r}: operand {k} ({term!r}) contains {bad[0]!r}; indices "
+                    "are single letters, operands are separated by commas, e.g. 'nd,nd->n'."
+                )
+            if len(set(term)) != len(term):
+                twice = next(c for c in term if term.count(c) > 1)
+                raise EquationError(
+                    f"equation {equation!r}: index {twice!r} appears twice in operand {k} "
+                    f"({term!r}); traces and diagonals are not supported, take them with "
+                    "jnp.diagonal first."
+                )
+        if not any(inputs) and not arrow:
+            raise EquationError(f"equation {equation!r} has no operands.")
+        seen = "".join(inputs)
+        if arrow:
+            output = rhs
+            bad = [c for c in output if not c.isalpha()]
+            if bad:
+                raise EquationError(
+                    f"equation {equation!r}: the output contains {bad[0]!r}; use letters only."
+                )
+            if len(set(output)) != len(output):
+                raise EquationError(
+                    f"equation {equation!r}: an index appears twice in the output {output!r}."
+                )
+            missing = [c for c in output if c not in seen]
+            if missing:
+                raise EquationError(
+                    f"equation {equation!r}: output index {missing[0]!r} appears in no input; "
+                    "every output index must come from an input."
+                )
+        else:
+            output = "".join(sorted(c for c in set(seen) if seen.count(c) == 1))
+        return Op(inputs, output)
+
+    @property
+    def equation(self) -> str:
+        """Canonical text, always with ``->``."""
+        return f"{','.join(self.inputs)}->{self.output}"
+
+    @property
+    def indices(self) -> str:
+        """Every index, in order of first appearance."""
+        return "".join(dict.fromkeys("".join(self.inputs) + self.output))
+
+    @property
+    def batch(self) -> str:
+        """Indices in every input and the output."""
+        return "".join(i for i in self.output if all(i in t for t in self.inputs))
+
+    @property
+    def contracted(self) -> str:
+        """Indices in the inputs but not the output (summed over)."""
+        return "".join(i for i in self.indices if i not in self.output)
+
+    @property
+    def free(self) -> str:
+        """Indices in the output and some, but not all, inputs."""
+        return "".join(i for i in self.output if i not in self.batch)
+
+    def sizes(self, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
+        """Index → size for operands of ``shapes``.
+
+        Raises:
+            ShapeError: wrong operand count, a rank that does not match, or one index with
+                two sizes.
+        """
+        if len(shapes) != len(self.inputs):
+            raise ShapeError(
+                f"equation {self.equation!r} takes {len(self.inputs)} operand"
+                f"{'s' if len(self.inputs) != 1 else ''}, but {len(shapes)} "
+                f"{'were' if len(shapes) != 1 else 'was'} given."
+            )
+        sizes: dict[str, int] = {}
+        where: dict[str, int] = {}
+        for k, (term, shape) in enumerate(zip(self.inputs, shapes, strict=True)):
+            if len(shape) != len(term):
+                raise ShapeError(
+                    f"equation {self.equation!r}: operand {k} has indices {term!r}, so it needs "
+                    f"{len(term)} dimension{'s' if len(term) != 1 else ''}, but its shape is "
+                    f"{tuple(shape)}."
+                )
+            for index, n in zip(term, shape, strict=True):
+                if index in sizes and sizes[index] != n:
+                    raise ShapeError(
+                        f"equation {self.equation!r}: index {index!r} has size {sizes[index]} in "
+                        f"operand {where[index]} but {n} in operand {k}; shapes are "
+                        f"{', '.join(str(tuple(s)) for s in shapes)}."
+                    )
+                sizes[index] = int(n)
+                where[index] = k
+        return sizes
+
+    def output_shape(self, shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+        """The shape of the result."""
+        sizes = self.sizes(shapes)
+        return tuple(sizes[i] for i in self.output)

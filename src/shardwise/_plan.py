@@ -1,0 +1,201 @@
+"""A validated einsum plan: equation, mesh, shapes and per-operand specs, checked up front.
+
+Building a :class:`Plan` is pure: it needs no devices. It knows every operand's
+shard shape and refuses, with an actionable error, any layout that cannot work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+import numpy as np
+
+from shardwise._errors import ArgumentError, SpecError
+from shardwise._mesh import MeshSpec
+from shardwise._op import Op
+from shardwise._spec import Layout, LayoutLike, Spec, SpecLike
+
+Mode: TypeAlias = Literal["auto", "manual"]
+MODES: tuple[Mode, ...] = ("auto", "manual")
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayInfo:
+    """One operand or the output: global shape, dtype, spec and the block each device holds."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    spec: Spec
+    shard_shape: tuple[int, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "spec": self.spec.to_json(len(self.shape)),
+            "shard_shape": list(self.shard_shape),
+        }
+
+
+def layout_from_specs(op: Op, specs: Sequence[Spec]) -> Layout:
+    """The one index layout that per-operand specs agree on.
+
+    Raises:
+        SpecError: when one index is split differently in two operands.
+    """
+    found: dict[str, tuple[tuple[str, ...], int]] = {}
+    for k, (term, spec) in enumerate(zip(op.inputs, specs, strict=True)):
+        for index, entry in zip(term, spec.padded(len(term)), strict=True):
+            if index in found and found[index][0] != entry:
+                prev, j = found[index]
+                raise SpecError(
+                    f"index {index!r} of {op.equation!r} is split over "
+                    f"{_axes_text(prev)} in operand {j} but over {_axes_text(entry)} in operand "
+                    f"{k}. Manual mode computes each device's block locally, so every operand must "
+                    "split an index the same way: make the specs agree, or use mode='auto' and "
+                    "let XLA move the data."
+                )
+            found.setdefault(index, (entry, k))
+    return Layout(tuple(sorted((i, e) for i, (e, _) in found.items() if e)))
+
+
+def _axes_text(entry: tuple[str, ...]) -> str:
+    return "no mesh axis" if not entry else "mesh axes " + "×".join(entry)
+
+
+def default_out_spec(op: Op, specs: Sequence[Spec]) -> Spec:
+    """The output spec that keeps what the inputs split: each output index takes its axes from
+    the first operand that has it, skipping axes already used; contracted axes are summed away."""
+    used: set[str] = set()
+    entries = []
+    for index in op.output:
+        entry: tuple[str, ...] = ()
+        for term, spec in zip(op.inputs, specs, strict=True):
+            if index in term:
+                entry = spec.padded(len(term))[term.index(index)]
+                break
+        entry = tuple(a for a in entry if a not in used)
+        used.update(entry)
+        entries.append(entry)
+    return Spec(tuple(entries)).canonical()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A sharded einsum, validated: what each device holds, before anything compiles.
+
+    >>> plan = Plan.make("nd,nd->n", [(4000, 10000)] * 2, mesh="x=2,y=4",
+    ...                  in_specs=["x,y", "x,y"], out_spec="x")
+    >>> plan.operands[0].shard_shape, plan.output.shard_shape
+    ((2000, 2500), (2000,))
+    >>> plan.reduce_axes
+    ('y',)
+    """
+
+    op: Op
+    mesh: MeshSpec
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    in_specs: tuple[Spec, ...]
+    out_spec: Spec
+    mode: Mode
+
+    @classmethod
+    def make(
+        cls,
+        equation: str | Op,
+        shapes: Sequence[Sequence[int]],
+        *,
+        mesh: MeshSpec | str | dict[str, int],
+        dtype: str | np.dtype[np.generic] | type = "float32",
+        layout: LayoutLike | None = None,
+        in_specs: Sequence[SpecLike] | None = None,
+        out_spec: SpecLike | Literal["infer"] = "infer",
+        mode: str = "auto",
+    ) -> Plan:
+        """Parse and validate everything; raise a :class:`ShardwiseError` naming the fix."""
+        op = equation if isinstance(equation, Op) else Op.parse(equation)
+        mesh_spec = MeshSpec.parse(mesh)
+        if mode not in MODES:
+            raise ArgumentError(f"mode {mode!r} is not one of {', '.join(MODES)}.")
+        shapes_t = tuple(tuple(int(n) for n in s) for s in shapes)
+        sizes = op.sizes(shapes_t)
+        try:
+            dtype_name = np.dtype(dtype).name
+        except TypeError:
+            raise ArgumentError(
+                f"dtype {dtype!r} is not a NumPy dtype; use a name like float32 or bfloat16."
+            ) from None
+        if layout is not None and in_specs is not None:
+            raise ArgumentError(
+                "give either layout= (one entry per index, e.g. 'n=x,d=y') or in_specs= (one "
+                "spec per operand), not both."
+            )
+        if layout is not None:
+            lay = Layout.parse(layout)
+            unknown = [i for i, _ in lay.assignment if i not in op.indices]
+            if unknown:
+                raise SpecError(
+                    f"layout {lay.describe()!r} names index {unknown[0]!r}, which is not in "
+                    f"{op.equation!r}; its indices are {', '.join(op.indices)}."
+                )
+            specs = tuple(lay.spec_for(t) for t in op.inputs)
+            out = lay.spec_for(op.output) if out_spec == "infer" else None
+        else:
+            raw = in_specs if in_specs is not None else [None] * len(op.inputs)
+            if isinstance(raw, str) or len(raw) != len(op.inputs):
+                count = 1 if isinstance(raw, str) else len(raw)
+                raise ArgumentError(
+                    f"equation {op.equation!r} has {len(op.inputs)} operands but {count} in_specs "
+                    "were given; give one spec per operand (None for replicated)."
+                )
+            specs = tuple(Spec.parse(s, f"the spec of operand {k}") for k, s in enumerate(raw))
+            out = None
+        if out is None:
+            out = (
+                default_out_spec(op, specs)
+                if out_spec == "infer"
+                else Spec.parse(out_spec, "the output spec")
+            )
+        for k, (term, spec, shape) in enumerate(zip(op.inputs, specs, shapes_t, strict=True)):
+            spec.validate(mesh_spec, shape, f"operand {k} ({term!r}, shape {shape})")
+        out_shape = tuple(sizes[i] for i in op.output)
+        out.validate(mesh_spec, out_shape, f"the output ({op.output!r}, shape {out_shape})")
+        if mode == "manual":
+            layout_from_specs(op, specs)
+        return cls(op, mesh_spec, shapes_t, dtype_name, specs, out, mode)
+
+    @property
+    def layout(self) -> Layout:
+        """The index layout the operands agree on (manual mode requires one)."""
+        return layout_from_specs(self.op, self.in_specs)
+
+    @property
+    def reduce_axes(self) -> tuple[str, ...]:
+        """Mesh axes that split a contracted index: each device holds a partial sum over them."""
+        split: set[str] = set()
+        for term, spec in zip(self.op.inputs, self.in_specs, strict=True):
+            for index, entry in zip(term, spec.padded(len(term)), strict=True):
+                if index in self.op.contracted:
+                    split.update(entry)
+        return tuple(a for a in self.mesh.names if a in split)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return self.op.output_shape(self.shapes)
+
+    @property
+    def operands(self) -> tuple[ArrayInfo, ...]:
+        return tuple(
+            ArrayInfo(shape, self.dtype, spec, spec.shard_shape(self.mesh, shape))
+            for shape, spec in zip(self.shapes, self.in_specs, strict=True)
+        )
+
+    @property
+    def output(self) -> ArrayInfo:
+        shape = self.output_shape
+        return ArrayInfo(
+            shape, self.dtype, self.out_spec, self.out_spec.shard_shape(self.mesh, shape)
+        )

@@ -1,0 +1,23 @@
+"""The ``shardwise`` command: a thin shell over the Python API, one file per command."""
+
+from __future__ import annotations
+
+import typer
+
+from shardwise.cli import demo as _demo
+from shardwise.cli import explain as _explain
+
+app = typer.Typer(
+    name="shardwise",
+    help="Plan, see and trust tensor parallelism in JAX.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("demo")(_demo.demo)
+app.command("explain")(_explain.explain)
+
+
+def main() -> None:
+    """Entry point of the ``shardwise`` console script."""
+    app()

@@ -1,0 +1,77 @@
+"""What every command shares: simulated devices, and errors printed instead of tracebacks."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from shardwise._devices import ENV_CPU_DEVICES, use_cpu_devices
+from shardwise._errors import ShardwiseError
+
+DEFAULT_CPU_DEVICES = 8
+"""The CLI simulates this many CPU devices unless told otherwise, so every example runs anywhere."""
+
+EXIT_WRONG = 1
+"""Exit status when a computation gave a wrong result or failed unexpectedly."""
+EXIT_USAGE = 2
+"""Exit status for bad input (the message says what to change)."""
+
+Devices = Annotated[
+    int | None,
+    typer.Option(
+        "--devices",
+        help=f"Simulated CPU devices where there is no accelerator (default ${ENV_CPU_DEVICES} "
+        f"or {DEFAULT_CPU_DEVICES}).",
+        min=1,
+    ),
+]
+
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def setup_devices(devices: int | None) -> None:
+    """Simulate CPU devices before JAX starts: ``--devices``, else the environment, else 8."""
+    if devices is None:
+        raw = os.environ.get(ENV_CPU_DEVICES, "").strip()
+        devices = int(raw) if raw.isdigit() else DEFAULT_CPU_DEVICES
+    use_cpu_devices(devices)
+
+
+def friendly_errors(command: F) -> F:
+    """Print a :class:`ShardwiseError`'s message and exit 2; never show a raw traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except ShardwiseError as e:
+            err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as e:  # a bug or a JAX failure: say so plainly
+            err.print(
+                f"[bold red]error:[/] unexpected {type(e).__name__}: {e}\n"
+                "This is a bug in shardwise or a failure in JAX; please report it with the "
+                "command you ran. Set SHARDWISE_DEBUG=1 to see the traceback.",
+                highlight=False,
+            )
+            if os.environ.get("SHARDWISE_DEBUG"):
+                raise
+            raise typer.Exit(EXIT_WRONG) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(data: Any) -> None:
+    """Write ``data`` as JSON to standard output."""
+    import json
+
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")

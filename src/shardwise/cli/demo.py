@@ -1,0 +1,120 @@
+"""``shardwise demo``: the tutorial's four scenarios, checked against NumPy."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shardwise.cli._common import (
+    EXIT_WRONG,
+    Devices,
+    friendly_errors,
+    print_json,
+    setup_devices,
+)
+
+
+def _spec(s: Any) -> str:
+    """Compact spec text: ``P(x,y)``, ``P(-,devices)``, or ``R`` for replicated."""
+    if not s or all(e is None for e in s):
+        return "R"
+    while s and s[-1] is None:
+        s = s[:-1]
+    return (
+        "P("
+        + ",".join(
+            "-" if e is None else e if isinstance(e, str) else "(" + ",".join(e) + ")" for e in s
+        )
+        + ")"
+    )
+
+
+def _shape(s: list[int]) -> str:
+    return "(" + ", ".join(str(n) for n in s) + ")"
+
+
+def demo_table(report: dict[str, Any]) -> Table:
+    """The demo's results as a rich table."""
+    dev = report["devices"]
+    table = Table(
+        title=f"shardwise demo — the tutorial's scenarios on {dev['count']} {dev['platform']} "
+        f"devices ({report['size']} size)",
+        title_justify="left",
+    )
+    for col in (
+        "",
+        "scenario",
+        "specs (in → out)",
+        "shard per device",
+        "collectives (compiled HLO)",
+        "time",
+        "max error",
+        "ok",
+    ):
+        table.add_column(col)
+    for s in report["scenarios"]:
+        e = s["explain"]
+        mesh = ",".join(f"{k}={v}" for k, v in e["mesh"].items())
+        specs = (
+            " ".join(_spec(o["spec"]) for o in e["operands"]) + " → " + _spec(e["output"]["spec"])
+        )
+        shards = (
+            "\n".join(_shape(o["shard_shape"]) for o in e["operands"])
+            + "\n→ "
+            + _shape(e["output"]["shard_shape"])
+        )
+        comms = (
+            "\n".join(
+                f"{c['kind']} over {','.join(c['mesh_axes'])} ({c['bytes']:,} B)"
+                for c in e["collectives"]
+            )
+            or "none"
+        )
+        table.add_row(
+            s["name"],
+            f"{s['title']}\n{e['equation']} {_shape(e['operands'][0]['shape'])}\n"
+            f"mesh {mesh}, {e['mode']} mode",
+            specs,
+            shards,
+            comms,
+            f"{s['seconds'] * 1e3:.1f} ms",
+            f"{s['max_abs_error']:.1e}",
+            "[green]yes[/]" if s["ok"] else "[bold red]NO[/]",
+        )
+    return table
+
+
+@friendly_errors
+def demo(
+    size: Annotated[
+        str, typer.Option("--size", help="tutorial (the tutorial's sizes) or small (quick).")
+    ] = "tutorial",
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per scenario.")] = 3,
+    json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    devices: Devices = None,
+) -> None:
+    """Run the tutorial's sharded dot products (S1–S4) and check each against NumPy."""
+    from shardwise._demo import SIZES, run_demo
+    from shardwise._errors import ArgumentError
+
+    if size not in SIZES:
+        raise ArgumentError(f"--size {size!r} is not one of {', '.join(SIZES)}.")
+    setup_devices(devices)
+    console = Console(stderr=json)
+    with console.status("starting") as status:
+        report = run_demo(
+            size,
+            repeat=repeat,
+            on_start=lambda s: status.update(f"{s.name}: {s.title}"),
+        )
+    if json:
+        print_json(report)
+    else:
+        console.print(demo_table(report))
+    if not report["ok"]:
+        bad = ", ".join(s["name"] for s in report["scenarios"] if not s["ok"])
+        Console(stderr=True).print(f"[bold red]wrong results in {bad}[/]")
+        raise typer.Exit(EXIT_WRONG)

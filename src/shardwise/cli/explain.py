@@ -1,0 +1,84 @@
+"""``shardwise explain``: compile a sharded einsum from shapes and report shards and collectives."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from shardwise._errors import ShapeError
+from shardwise.cli._common import Devices, friendly_errors, print_json, setup_devices
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """``"4000x10000,4000x10000"`` → ``[(4000, 10000), (4000, 10000)]``; ``()`` is a scalar."""
+    shapes: list[tuple[int, ...]] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part in ("()", "scalar"):
+            shapes.append(())
+            continue
+        try:
+            dims = tuple(int(d) for d in part.lower().split("x"))
+        except ValueError:
+            raise ShapeError(
+                f"cannot read shapes {text!r}: write each operand's shape as sizes joined by 'x', "
+                "and separate operands with commas, e.g. --shapes 4000x10000,4000x10000."
+            ) from None
+        if any(d < 1 for d in dims):
+            raise ShapeError(f"shape {part!r} in {text!r} has a size below 1.")
+        shapes.append(dims)
+    return shapes
+
+
+@friendly_errors
+def explain(
+    equation: Annotated[str, typer.Argument(help="Einsum equation, e.g. 'nd,nd->n'.")],
+    shapes: Annotated[
+        str, typer.Option("--shapes", help="Operand shapes, e.g. 4000x10000,4000x10000.")
+    ],
+    mesh: Annotated[str, typer.Option("--mesh", help="Mesh, e.g. x=2,y=4 or devices=8.")] = "auto",
+    in_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--in",
+            help="One per operand, in order: spec like x,y or -,devices or '' for replicated.",
+        ),
+    ] = None,
+    out: Annotated[
+        str | None, typer.Option("--out", help="Output spec; default keeps the inputs' axes.")
+    ] = None,
+    layout: Annotated[
+        str | None, typer.Option("--layout", help="Index layout instead of --in, e.g. n=x,d=y.")
+    ] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="Operand dtype.")] = "float32",
+    mode: Annotated[
+        str, typer.Option("--mode", help="auto (jit) or manual (shard_map+psum).")
+    ] = "auto",
+    axis_types: Annotated[
+        str, typer.Option("--axis-types", help="Mesh axis types: auto or explicit.")
+    ] = "auto",
+    json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
+    devices: Devices = None,
+) -> None:
+    """Compile a sharded einsum (no data needed); show each device's shard and every collective."""
+    setup_devices(devices)
+    from shardwise._api import explain_einsum
+    from shardwise._mesh import mesh as make_mesh
+
+    jmesh = make_mesh(mesh, axis_types=axis_types)  # type: ignore[arg-type]
+    result = explain_einsum(
+        equation,
+        parse_shapes(shapes),
+        mesh=jmesh,
+        dtype=dtype,
+        layout=layout,
+        in_specs=in_,
+        out_spec="infer" if out is None else out,
+        mode=mode,
+    )
+    if json:
+        print_json(result.to_json())
+    else:
+        Console().print(result)
