@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -26,8 +27,21 @@ def _jax_mesh(value: MeshLike) -> Mesh:
     return value if isinstance(value, Mesh) else make_mesh(value)
 
 
+def _canonical(dtype: Any) -> np.dtype[Any]:
+    """The dtype JAX computes in for ``dtype``, as JAX's x64 setting allows (float64 → float32
+    unless ``jax_enable_x64`` is on)."""
+    try:
+        given = jnp.dtype(dtype)
+    except TypeError:
+        raise ArgumentError(
+            f"dtype {dtype!r} is not a dtype; use a name like float32 or bfloat16."
+        ) from None
+    return np.dtype(jax.dtypes.canonicalize_dtype(given))
+
+
 def _dtype(arrays: Sequence[Any]) -> np.dtype[Any]:
-    return np.dtype(jnp.result_type(*(a.dtype for a in arrays)))
+    """The dtype JAX computes in: the operands' common type, canonicalized."""
+    return _canonical(functools.reduce(jnp.promote_types, (a.dtype for a in arrays)))
 
 
 def plan_einsum(
@@ -136,7 +150,7 @@ def explain_einsum(
         equation,
         shapes,
         mesh=MeshSpec.parse(jmesh),
-        dtype=dtype,
+        dtype=_canonical(dtype),
         layout=layout,
         in_specs=in_specs,
         out_spec=out_spec,

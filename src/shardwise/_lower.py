@@ -44,19 +44,19 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
     if plan.mode == "auto":
         explicit_out = out_sharding if is_explicit(mesh) else None
 
-        def auto(*xs: jax.Array) -> jax.Array:
+        def sharded_einsum(*xs: jax.Array) -> jax.Array:
             return jnp.einsum(equation, *xs, precision=precision, out_sharding=explicit_out)
 
-        return jax.jit(auto, in_shardings=in_shardings, out_shardings=out_sharding)
+        return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
 
     layout = plan.layout
     local_in = tuple(layout.spec_for(t).to_partition_spec() for t in plan.op.inputs)
     local_out = layout.spec_for(plan.op.output).to_partition_spec()
     reduce_axes = plan.reduce_axes
 
-    def local(*blocks: jax.Array) -> jax.Array:
+    def local_einsum(*blocks: jax.Array) -> jax.Array:
         partial = jnp.einsum(equation, *blocks, precision=precision)
         return jax.lax.psum(partial, reduce_axes) if reduce_axes else partial
 
-    mapped = jax.shard_map(local, mesh=mesh, in_specs=local_in, out_specs=local_out)
+    mapped = jax.shard_map(local_einsum, mesh=mesh, in_specs=local_in, out_specs=local_out)
     return jax.jit(mapped, in_shardings=in_shardings, out_shardings=out_sharding)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+import jax.numpy as jnp
 import numpy as np
 
 from shardwise._errors import ArgumentError, SpecError
@@ -123,7 +124,7 @@ class Plan:
         shapes_t = tuple(tuple(int(n) for n in s) for s in shapes)
         sizes = op.sizes(shapes_t)
         try:
-            dtype_name = np.dtype(dtype).name
+            dtype_name = jnp.dtype(dtype).name
         except TypeError:
             raise ArgumentError(
                 f"dtype {dtype!r} is not a NumPy dtype; use a name like float32 or bfloat16."

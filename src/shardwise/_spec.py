@@ -75,7 +75,7 @@ class Spec:
     Shorter than the operand's rank means the remaining dimensions are unsharded.
 
     >>> Spec.parse("(x,y),-")
-    Spec(entries=(('x', 'y'),))
+    Spec(entries=(('x', 'y'), ()))
     >>> Spec.parse(None).describe()
     'replicated'
     >>> Spec.parse("x,y").to_json(3)
@@ -92,16 +92,16 @@ class Spec:
         if value is None:
             return cls(())
         if isinstance(value, PartitionSpec):
-            return cls(tuple(_entry(e, where) for e in value)).canonical()
+            return cls(tuple(_entry(e, where) for e in value))
         if isinstance(value, str):
             text = value.strip()
             if text.startswith("P(") and text.endswith(")"):
                 text = text[2:-1]
             if text.lower() in _UNSHARDED:
                 return cls(())
-            return cls(tuple(_entry(p, where) for p in _split_top(text))).canonical()
+            return cls(tuple(_entry(p, where) for p in _split_top(text)))
         if isinstance(value, Sequence):
-            return cls(tuple(_entry(e, where) for e in value)).canonical()
+            return cls(tuple(_entry(e, where) for e in value))
         raise SpecError(
             f"cannot read {where}: expected a PartitionSpec, None or text like 'x,y', got "
             f"{type(value).__name__}."

@@ -37,24 +37,26 @@ def _shape(s: list[int]) -> str:
 
 
 def demo_table(report: dict[str, Any]) -> Table:
-    """The demo's results as a rich table."""
+    """The demo's results as a rich table; each scenario's description is in the caption."""
     dev = report["devices"]
     table = Table(
         title=f"shardwise demo — the tutorial's scenarios on {dev['count']} {dev['platform']} "
         f"devices ({report['size']} size)",
         title_justify="left",
+        caption_justify="left",
     )
     for col in (
         "",
-        "scenario",
+        "mesh",
         "specs (in → out)",
         "shard per device",
-        "collectives (compiled HLO)",
+        "collectives (from HLO)",
         "time",
         "max error",
         "ok",
     ):
         table.add_column(col)
+    legend = []
     for s in report["scenarios"]:
         e = s["explain"]
         mesh = ",".join(f"{k}={v}" for k, v in e["mesh"].items())
@@ -62,8 +64,8 @@ def demo_table(report: dict[str, Any]) -> Table:
             " ".join(_spec(o["spec"]) for o in e["operands"]) + " → " + _spec(e["output"]["spec"])
         )
         shards = (
-            "\n".join(_shape(o["shard_shape"]) for o in e["operands"])
-            + "\n→ "
+            " ".join(_shape(o["shard_shape"]) for o in e["operands"])
+            + " → "
             + _shape(e["output"]["shard_shape"])
         )
         comms = (
@@ -75,8 +77,7 @@ def demo_table(report: dict[str, Any]) -> Table:
         )
         table.add_row(
             s["name"],
-            f"{s['title']}\n{e['equation']} {_shape(e['operands'][0]['shape'])}\n"
-            f"mesh {mesh}, {e['mode']} mode",
+            f"{mesh}\n{e['mode']}",
             specs,
             shards,
             comms,
@@ -84,6 +85,9 @@ def demo_table(report: dict[str, Any]) -> Table:
             f"{s['max_abs_error']:.1e}",
             "[green]yes[/]" if s["ok"] else "[bold red]NO[/]",
         )
+        shapes = " · ".join(_shape(o["shape"]) for o in e["operands"])
+        legend.append(f"{s['name']}: {s['title']} — {e['equation']} on {shapes}")
+    table.caption = "\n".join(legend)
     return table
 
 
