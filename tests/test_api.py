@@ -105,12 +105,18 @@ def test_explain_contract_keys(mode):
     data = e.to_json()
     assert set(data) >= {"equation", "mesh", "mode", "operands", "output", "collectives"}
     assert data["mesh"] == {"x": 2, "y": 4} and data["mode"] == mode
-    assert data["operands"][0] == {
+    operand = data["operands"][0]
+    assert {k: operand[k] for k in ("shape", "dtype", "spec", "shard_shape")} == {
         "shape": [16, 8],
         "dtype": "float32",
         "spec": ["x", "y"],
         "shard_shape": [8, 2],
     }
     assert data["output"]["spec"] == ["x"]
-    assert data["collectives"] == [{"kind": "all-reduce", "mesh_axes": ["y"], "bytes": 32}]
+    (c,) = data["collectives"]
+    assert {k: c[k] for k in ("kind", "mesh_axes", "bytes")} == {
+        "kind": "all-reduce",
+        "mesh_axes": ["y"],
+        "bytes": 32,
+    }
     assert "all-reduce" in str(e)

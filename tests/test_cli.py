@@ -12,6 +12,11 @@ from shardwise.cli import app
 runner = CliRunner()
 
 
+def contract(collectives):
+    """The engine's contract keys of each collective (later work adds keys beside them)."""
+    return [{k: c[k] for k in ("kind", "mesh_axes", "bytes")} for c in collectives]
+
+
 def test_demo_small_json_follows_the_contract():
     result = runner.invoke(app, ["demo", "--size", "small", "--json", "--repeat", "1"])
     assert result.exit_code == 0, result.output
@@ -33,7 +38,7 @@ def test_demo_small_json_follows_the_contract():
     s3, s4 = data["scenarios"][2], data["scenarios"][3]
     assert s3["explain"]["operands"][0]["shard_shape"] == [64, 100]
     assert s3["explain"]["collectives"][0]["kind"] == "all-reduce"
-    assert s4["explain"]["collectives"] == [
+    assert contract(s4["explain"]["collectives"]) == [
         {"kind": "all-reduce", "mesh_axes": ["y"], "bytes": 800}
     ]
 
@@ -89,7 +94,7 @@ def test_explain_json(argv, collectives, shard):
     )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["collectives"] == collectives
+    assert contract(data["collectives"]) == collectives
     assert data["operands"][0]["shard_shape"] == shard
     assert data["operands"][0]["shape"] == [4000, 10000]
     assert data["output"]["shape"] == [4000]

@@ -12,8 +12,10 @@ which collectives XLA inserted.
 
 from shardwise._api import Sharded as Sharded
 from shardwise._api import einsum as einsum
+from shardwise._api import explain as explain
 from shardwise._api import explain_einsum as explain_einsum
 from shardwise._api import shard as shard
+from shardwise._cause import Cause as Cause
 from shardwise._devices import apply_env as _apply_env
 from shardwise._devices import use_cpu_devices as use_cpu_devices
 from shardwise._errors import ArgumentError as ArgumentError
@@ -36,6 +38,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArgumentError",
+    "Cause",
     "Collective",
     "EquationError",
     "Explanation",
@@ -51,6 +54,7 @@ __all__ = [
     "Spec",
     "SpecError",
     "einsum",
+    "explain",
     "explain_einsum",
     "mesh",
     "shard",

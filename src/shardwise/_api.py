@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import jax
@@ -11,10 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from shardwise._errors import ArgumentError
-from shardwise._explain import Explanation, array_info, compile_plan, explain_compiled
-from shardwise._hlo import collectives
-from shardwise._lower import named
+from shardwise._errors import ArgumentError, SpecError
+from shardwise._explain import Explanation, compile_plan, explain_compiled, explain_function
+from shardwise._lower import is_explicit, named
 from shardwise._mesh import MeshSpec
 from shardwise._mesh import mesh as make_mesh
 from shardwise._plan import Plan
@@ -156,7 +157,7 @@ def explain_einsum(
         out_spec=out_spec,
         mode=mode,
     )
-    return explain_compiled(plan, compile_plan(plan, jmesh))
+    return explain_compiled(plan, compile_plan(plan, jmesh), jmesh)
 
 
 _AUTO = "auto"
@@ -182,6 +183,7 @@ class Sharded:
         self.in_specs = in_specs
         self.out_specs = out_specs
         in_shardings = self._shardings(in_specs, "in_specs")
+        self._in_shardings = in_shardings
         out_shardings = None if _is_auto(out_specs) else self._shardings(out_specs, "out_specs")
         self._jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings)
 
@@ -217,34 +219,21 @@ class Sharded:
 
     def __call__(self, *args: Any) -> Any:
         self._check(args)
-        return self._jitted(*args)
+        if is_explicit(self.mesh):  # give host arrays their sharded type before tracing
+            args = tuple(jax.device_put(args, self._in_shardings))
+        with _explicit_hints():
+            return self._jitted(*args)
 
     def lower(self, *args: Any) -> Any:
         """``jax.jit(...).lower`` for these arguments (arrays or ``jax.ShapeDtypeStruct``)."""
         self._check(args)
-        return self._jitted.lower(*args)
+        with _explicit_hints():
+            return self._jitted.lower(*args)
 
     def explain(self, *args: Any) -> Explanation:
-        """Compile for ``args`` and report shards and collectives."""
-        compiled = self.lower(*args).compile()
-        in_leaves = jax.tree.leaves(args)
-        in_shardings = jax.tree.leaves(compiled.input_shardings[0])
-        out_avals = jax.tree.leaves(compiled.out_info)
-        out_shardings = jax.tree.leaves(compiled.output_shardings)
-        return Explanation(
-            equation=None,
-            mesh=self.mesh_spec,
-            mode="auto",
-            operands=tuple(
-                array_info(x.shape, x.dtype, s, self.mesh_spec)
-                for x, s in zip(in_leaves, in_shardings, strict=True)
-            ),
-            outputs=tuple(
-                array_info(o.shape, o.dtype, s, self.mesh_spec)
-                for o, s in zip(out_avals, out_shardings, strict=True)
-            ),
-            collectives=tuple(collectives(compiled.as_text() or "", self.mesh_spec.shape)),
-        )
+        """Compile for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and explain each device's
+        shards, every collective with its cause and source line, memory and compute."""
+        return explain_function(self.lower(*args).compile(), args, self.mesh)
 
 
 def _is_auto(x: Any) -> bool:
@@ -280,3 +269,63 @@ def shard(
     ((16,), P('devices',))
     """
     return Sharded(fn, _jax_mesh(mesh), in_specs, out_specs)
+
+
+@contextlib.contextmanager
+def _explicit_hints() -> Iterator[None]:
+    """Turn JAX's Explicit-mode error for a sharded contraction into one that lists the fixes."""
+    try:
+        yield
+    except Exception as e:
+        message = str(e)
+        if "Contracting dimensions are sharded" not in message:
+            raise
+        axes = re.findall(r"'(\w+)'", message.split("lhs_contracting_spec=")[-1])
+        names = ", ".join(dict.fromkeys(axes)) or "a mesh axis"
+        raise SpecError(
+            f"a contraction inside the function sums over an index that is sharded on "
+            f"`{names}`, and with Explicit mesh axes JAX will not guess the output's layout. "
+            f"Any of these resolves it: (1) pass out_sharding=P(...) without `{names}` to that "
+            f"einsum/matmul, so the partial sums are all-reduced and the result is replicated "
+            f"on `{names}`; (2) pass out_sharding=P(...) that puts `{names}` on one output "
+            f"dimension, so the partial sums are reduce-scattered; (3) build the mesh with "
+            f"axis_types='auto' and let XLA choose; (4) use shardwise.einsum(..., out_spec=...), "
+            f"which passes the output layout for you."
+        ) from None
+
+
+def explain(
+    fn: Callable[..., Any] | str,
+    *args: Any,
+    mesh: MeshLike,
+    in_specs: Any = None,
+    out_specs: Any = _AUTO,
+    **einsum_options: Any,
+) -> Explanation:
+    """Explain any sharded JAX function, or an einsum, for these arguments.
+
+    Args:
+        fn: a JAX-traceable function, or an einsum equation.
+        *args: arrays or ``jax.ShapeDtypeStruct`` (only shapes and dtypes are used).
+        mesh: a JAX ``Mesh`` or a description such as ``"x=2,y=4"``.
+        in_specs: as for :func:`shard` (for an equation: one spec per operand).
+        out_specs: as for :func:`shard` (for an equation: the output spec, default inferred).
+        **einsum_options: for an equation, ``layout=`` and ``mode=``.
+
+    >>> import jax, numpy as np
+    >>> e = explain(lambda a: a.sum(), jax.ShapeDtypeStruct((8, 8), np.float32),
+    ...             mesh="x=2,y=4", in_specs="x,y")
+    >>> sorted({c.kind for c in e.collectives}), e.causes[0].reason
+    (['all-reduce'], 'partial-sum')
+    """
+    if isinstance(fn, str):
+        return explain_einsum(
+            fn,
+            [tuple(a.shape) for a in args],
+            mesh=mesh,
+            dtype=_dtype(args) if args else "float32",
+            in_specs=in_specs,
+            out_spec="infer" if _is_auto(out_specs) else out_specs,
+            **einsum_options,
+        )
+    return shard(fn, mesh, in_specs, out_specs).explain(*args)

@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import jax
@@ -161,7 +162,7 @@ def run_scenario(scenario: Scenario, repeat: int = 3, seed: int = 0) -> Outcome:
     sharding_ok = result.sharding.is_equivalent_to(expected_sharding, len(plan.output_shape))
     return Outcome(
         scenario=scenario,
-        explanation=explain_compiled(plan, compiled),
+        explanation=explain_compiled(plan, compiled, mesh),
         check=check_einsum(plan.op, arrays, np.asarray(result)),
         sharding_ok=bool(sharding_ok),
         seconds=statistics.median(times),
@@ -173,13 +174,24 @@ def run_demo(
     size: Size = "tutorial",
     repeat: int = 3,
     on_start: Callable[[Scenario], None] | None = None,
+    pictures: Path | None = None,
 ) -> dict[str, Any]:
-    """Run every scenario; the ``shardwise demo --json`` document."""
+    """Run every scenario; the ``shardwise demo --json`` document.
+
+    With ``pictures``, also draw each scenario's data flow to ``<pictures>/<name>.png`` and
+    ``.svg`` (needs the ``pictures`` extra).
+    """
     outcomes = []
     for scenario in scenarios(size):
         if on_start is not None:
             on_start(scenario)
-        outcomes.append(run_scenario(scenario, repeat=repeat))
+        outcome = run_scenario(scenario, repeat=repeat)
+        outcomes.append(outcome)
+        if pictures is not None:
+            from shardwise.render.figure import save
+
+            for suffix in ("png", "svg"):
+                save(outcome.explanation, pictures / f"{scenario.name}.{suffix}")
     return {
         "devices": device_summary(),
         "size": size,

@@ -49,3 +49,7 @@ def did_you_mean(given: str, choices: Iterable[str]) -> str:
     """
     close = difflib.get_close_matches(given, list(choices), n=1, cutoff=0.5)
     return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+class MissingExtraError(ShardwiseError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""

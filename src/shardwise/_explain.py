@@ -1,21 +1,29 @@
-"""Compile a plan (or any sharded function) and read back what XLA did: shards and collectives."""
+"""Compile a plan (or any sharded function) and read back what XLA did.
+
+An :class:`Explanation` holds each array's layout and shards, every collective
+with its cause, and the memory and compute per device.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from shardwise._cause import Cause, einsum_cause, generic_cause
+from shardwise._errors import SpecError
 from shardwise._hlo import Collective, collectives
-from shardwise._lower import lower, named
+from shardwise._lower import named
 from shardwise._mesh import MeshSpec
 from shardwise._plan import ArrayInfo, Plan
-from shardwise._spec import Spec
+from shardwise._resources import Compute, Memory, compute_of, memory_of
+from shardwise._spec import Spec, placements
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +37,12 @@ class Explanation:
         operands: each input's shape, dtype, spec and shard shape.
         outputs: the same for each output (one for an einsum).
         collectives: every collective in the compiled HLO, in program order.
+        causes: why each collective is there (same order).
+        memory: bytes per device, where XLA reports them.
+        compute: FLOPs and bytes accessed per device, where XLA reports them.
+        local: an einsum's per-device result before any collective (``None`` for functions).
+        partial_axes: mesh axes over which ``local`` holds partial sums.
+        device_ids: the JAX device id at each mesh position.
     """
 
     equation: str | None
@@ -37,35 +51,77 @@ class Explanation:
     operands: tuple[ArrayInfo, ...]
     outputs: tuple[ArrayInfo, ...]
     collectives: tuple[Collective, ...]
+    causes: tuple[Cause, ...] = ()
+    memory: Memory | None = None
+    compute: Compute | None = None
+    local: ArrayInfo | None = None
+    partial_axes: tuple[str, ...] = ()
+    device_ids: tuple[int, ...] = field(default=())
 
     @property
     def output(self) -> ArrayInfo:
         """The single output (einsums have exactly one)."""
         return self.outputs[0]
 
+    def placements(self, info: ArrayInfo, partial: tuple[str, ...] = ()) -> str:
+        """``(S(0), P(y))``-style placements of one array on this mesh."""
+        return placements(info.spec, len(info.shape), self.mesh, partial)
+
     def to_json(self) -> dict[str, Any]:
         """The ``shardwise explain --json`` contract (later work adds keys, never removes them)."""
+
+        def arr(info: ArrayInfo, partial: tuple[str, ...] = ()) -> dict[str, Any]:
+            return {**info.to_json(), "placements": self.placements(info, partial)}
+
+        comms = []
+        for k, c in enumerate(self.collectives):
+            item = c.to_json()
+            cause = self.causes[k] if k < len(self.causes) else generic_cause(c)
+            item["cause"] = cause.to_json()
+            item["hlo_op"] = c.op_name or c.hlo_name
+            item["source"] = c.source or None
+            comms.append(item)
         data: dict[str, Any] = {
             "equation": self.equation,
             "mesh": self.mesh.shape,
             "mode": self.mode,
-            "operands": [o.to_json() for o in self.operands],
-            "output": self.outputs[0].to_json() if len(self.outputs) == 1 else None,
-            "collectives": [c.to_json() for c in self.collectives],
+            "operands": [arr(o) for o in self.operands],
+            "output": arr(self.outputs[0]) if len(self.outputs) == 1 else None,
+            "collectives": comms,
+            "axis_type": self.mesh.axis_type,
+            "memory": self.memory.to_json() if self.memory else None,
+            "compute": self.compute.to_json() if self.compute else None,
+            "device_ids": list(self.device_ids),
         }
+        if self.local is not None:
+            data["local"] = {
+                **arr(self.local, self.partial_axes),
+                "partial": list(self.partial_axes),
+            }
         if len(self.outputs) != 1:
-            data["outputs"] = [o.to_json() for o in self.outputs]
+            data["outputs"] = [arr(o) for o in self.outputs]
         return data
 
     def __rich__(self) -> Any:
-        from shardwise._render import explanation_panel
+        from shardwise.render.terminal import explanation_view
 
-        return explanation_panel(self)
+        return explanation_view(self)
 
     def __str__(self) -> str:
-        from shardwise._render import to_text
+        from shardwise.render.terminal import to_text
 
         return to_text(self)
+
+    def _repr_html_(self) -> str:
+        from shardwise.render.html import explanation_html
+
+        return explanation_html(self)
+
+    def svg(self) -> str:
+        """The data-flow picture as SVG text (needs the ``pictures`` extra: matplotlib)."""
+        from shardwise.render.figure import to_svg
+
+        return to_svg(self)
 
 
 def mesh_matches(plan: Plan, mesh: Mesh) -> None:
@@ -78,6 +134,8 @@ def mesh_matches(plan: Plan, mesh: Mesh) -> None:
 @functools.lru_cache(maxsize=128)
 def compile_plan(plan: Plan, mesh: Mesh, precision: Any = None) -> jax.stages.Compiled:
     """Lower and compile ``plan`` on ``mesh`` from shapes alone (no data needed)."""
+    from shardwise._lower import lower
+
     mesh_matches(plan, mesh)
     fn = lower(plan, mesh, precision)
     args = [
@@ -87,15 +145,68 @@ def compile_plan(plan: Plan, mesh: Mesh, precision: Any = None) -> jax.stages.Co
     return fn.lower(*args).compile()  # type: ignore[attr-defined,no-any-return]
 
 
-def explain_compiled(plan: Plan, compiled: jax.stages.Compiled) -> Explanation:
-    """The explanation of a compiled plan."""
+def _device_ids(mesh: Mesh) -> tuple[int, ...]:
+    return tuple(int(d.id) for d in mesh.devices.flat)
+
+
+def explain_compiled(plan: Plan, compiled: Any, mesh: Mesh | None = None) -> Explanation:
+    """The explanation of a compiled einsum plan."""
+    # the source lines of an einsum's collectives are shardwise's own lowering: leave them out
+    found = tuple(
+        dataclasses.replace(c, source="")
+        for c in collectives(compiled.as_text() or "", plan.mesh.shape)
+    )
+    out_shape = plan.output_shape
+    local = None
+    try:  # the textbook local result exists when the operands agree on one layout
+        produced = plan.layout.spec_for(plan.op.output)
+        local = ArrayInfo(
+            out_shape, plan.dtype, produced, produced.shard_shape(plan.mesh, out_shape)
+        )
+    except SpecError:
+        pass
+    device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
     return Explanation(
         equation=plan.op.equation,
         mesh=plan.mesh,
         mode=plan.mode,
         operands=plan.operands,
         outputs=(plan.output,),
-        collectives=tuple(collectives(compiled.as_text() or "", plan.mesh.shape)),
+        collectives=found,
+        causes=tuple(einsum_cause(plan, c) for c in found),
+        memory=memory_of(compiled, device),
+        compute=compute_of(compiled),
+        local=local,
+        partial_axes=plan.reduce_axes if local is not None else (),
+        device_ids=_device_ids(mesh) if mesh is not None else tuple(range(plan.mesh.size)),
+    )
+
+
+def explain_function(compiled: Any, args: Sequence[Any], mesh: Mesh) -> Explanation:
+    """The explanation of any compiled sharded function."""
+    spec = MeshSpec.parse(mesh)
+    in_leaves = jax.tree.leaves(args)
+    in_shardings = jax.tree.leaves(compiled.input_shardings[0])
+    out_avals = jax.tree.leaves(compiled.out_info)
+    out_shardings = jax.tree.leaves(compiled.output_shardings)
+    found = tuple(collectives(compiled.as_text() or "", spec.shape))
+    return Explanation(
+        equation=None,
+        mesh=spec,
+        mode="auto",
+        operands=tuple(
+            array_info(x.shape, x.dtype, s, spec)
+            for x, s in zip(in_leaves, in_shardings, strict=True)
+        ),
+        outputs=tuple(
+            array_info(o.shape, o.dtype, s, spec)
+            for o, s in zip(out_avals, out_shardings, strict=True)
+        ),
+        collectives=found,
+        causes=tuple(generic_cause(c) for c in found),
+        memory=memory_of(compiled, mesh.devices.flat[0]),
+        compute=compute_of(compiled),
+        device_ids=_device_ids(mesh),
     )
 
 

@@ -57,6 +57,7 @@ _INSTR = re.compile(
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _SOURCE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
+_FRAME = re.compile(r"stack_frame_id=(\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +69,10 @@ class Collective:
         mesh_axes: the user's mesh axes its device groups span.
         bytes: size of its result on one device, in bytes.
         groups: the device groups (positions in the mesh), as XLA wrote them.
+        shape: the dimensions of its (first) result array on one device.
         hlo_name: the HLO instruction's name.
         op_name: the JAX operation that produced it, from HLO metadata ('' if absent).
-        source: ``file:line`` of the user code behind it, where the metadata has it.
+        source: ``file:line (function)`` of the user code behind it, where the metadata has it.
     """
 
     kind: CollectiveKind
@@ -80,6 +82,7 @@ class Collective:
     hlo_name: str
     op_name: str = ""
     source: str = ""
+    shape: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """The contract's form: ``{"kind", "mesh_axes", "bytes"}``."""
@@ -95,6 +98,14 @@ def _array_bytes(text: str) -> list[int]:
             width = max(1, int(digits[-1]) // 8) if digits else 4
         out.append(width * math.prod(int(d) for d in dims.split(",") if d))
     return out
+
+
+def _result_shape(text: str, start: bool, kind: str) -> tuple[int, ...]:
+    arrays = _ARRAY.findall(text)
+    if not arrays:
+        return ()
+    pick = 1 if start and kind in ("all-gather", "collective-permute") and len(arrays) > 1 else 0
+    return tuple(int(d) for d in arrays[pick][1].split(",") if d)
 
 
 def _iota(dims: list[int], perm: list[int] | None) -> np.ndarray:
@@ -208,6 +219,40 @@ def _pairs(line: str) -> list[list[int]]:
     return [_ints(p) for p in re.findall(r"\{(\d+,\d+)\}", body)]
 
 
+def _table(text: str, title: str) -> dict[int, str]:
+    """One of the numbered tables at the top of HLO text (``FileNames``, ``StackFrames``, …)."""
+    out: dict[int, str] = {}
+    lines = iter(text.splitlines())
+    for line in lines:
+        if line.strip() == title:
+            for row in lines:
+                m = re.match(r"\s*(\d+)\s+(.*)", row)
+                if not m:
+                    break
+                out[int(m.group(1))] = m.group(2)
+            break
+    return out
+
+
+def stack_frames(hlo_text: str) -> dict[int, str]:
+    """``stack_frame_id`` → ``"file.py:12 (function)"``, from the tables XLA prints."""
+    files = {k: v.strip('"') for k, v in _table(hlo_text, "FileNames").items()}
+    funcs = {k: v.strip('"') for k, v in _table(hlo_text, "FunctionNames").items()}
+    locations = {}
+    for k, v in _table(hlo_text, "FileLocations").items():
+        fields = dict(re.findall(r"(\w+)=(\d+)", v))
+        file = files.get(int(fields.get("file_name_id", 0)), "?")
+        func = funcs.get(int(fields.get("function_name_id", 0)), "")
+        where = f"{file}:{fields.get('line', '?')}"
+        locations[k] = f"{where} ({func})" if func else where
+    frames = {}
+    for k, v in _table(hlo_text, "StackFrames").items():
+        m = re.search(r"file_location_id=(\d+)", v)
+        if m and int(m.group(1)) in locations:
+            frames[k] = locations[int(m.group(1))]
+    return frames
+
+
 def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[Collective]:
     """Every collective in compiled HLO text, with its groups named by mesh axes.
 
@@ -220,6 +265,7 @@ def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[Collective]:
     [{'kind': 'all-reduce', 'mesh_axes': ['y'], 'bytes': 8000}]
     """
     num_devices = math.prod(mesh_shape.values())
+    frames = stack_frames(hlo_text)
     found = []
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
@@ -238,6 +284,11 @@ def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[Collective]:
             groups = parse_groups(line, num_devices)
         op = _OP_NAME.search(line)
         src = _SOURCE.search(line)
+        frame = _FRAME.search(line)
+        if src:
+            source = f"{src.group(1)}:{src.group(2)}"
+        else:
+            source = frames.get(int(frame.group(1)), "") if frame else ""
         found.append(
             Collective(
                 kind=kind,
@@ -246,7 +297,8 @@ def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[Collective]:
                 groups=tuple(tuple(g) for g in groups),
                 hlo_name=m.group("name"),
                 op_name=op.group(1) if op else "",
-                source=f"{src.group(1)}:{src.group(2)}" if src else "",
+                source=source,
+                shape=_result_shape(m.group("type"), bool(m.group("start")), kind),
             )
         )
     return found

@@ -272,3 +272,45 @@ class Layout:
         return ",".join(
             f"{i}={a[0]}" if len(a) == 1 else f"{i}=({','.join(a)})" for i, a in self.assignment
         )
+
+
+def placements(spec: Spec, rank: int, mesh: MeshSpec, partial: tuple[str, ...] = ()) -> str:
+    """Per mesh axis, in mesh order: ``S(d)`` splits dimension d, ``P(a)`` holds a partial sum
+    over axis a, ``R`` replicated (the notation of PyTorch DTensor).
+
+    >>> placements(Spec.parse("x"), 1, MeshSpec.parse("x=2,y=4"), partial=("y",))
+    '(S(0), P(y))'
+    """
+    entries = spec.padded(rank)
+    out = []
+    for axis in mesh.names:
+        dims = [d for d, e in enumerate(entries) if axis in e]
+        out.append(f"S({dims[0]})" if dims else f"P({axis})" if axis in partial else "R")
+    return "(" + ", ".join(out) + ")"
+
+
+def blocks(spec: Spec, shape: Sequence[int], mesh: MeshSpec) -> list[tuple[tuple[int, int], ...]]:
+    """For each device (by position in the mesh), the ``[start, stop)`` range it holds per dim.
+
+    >>> blocks(Spec.parse("x"), (4, 3), MeshSpec.parse("x=2,y=2"))[2]
+    ((2, 4), (0, 3))
+    """
+    sizes = mesh.shape
+    names = mesh.names
+    out = []
+    for pos in range(mesh.size):
+        coords: dict[str, int] = {}
+        rest = pos
+        for name in reversed(names):
+            coords[name] = rest % sizes[name]
+            rest //= sizes[name]
+        ranges = []
+        for entry, n in zip(spec.padded(len(shape)), shape, strict=True):
+            block, shards = 0, 1
+            for axis in entry:
+                block = block * sizes[axis] + coords[axis]
+                shards *= sizes[axis]
+            step = n // shards
+            ranges.append((block * step, (block + 1) * step))
+        out.append(tuple(ranges))
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -98,6 +99,13 @@ def demo(
     ] = "tutorial",
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per scenario.")] = 3,
     json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    pictures: Annotated[
+        Path | None,
+        typer.Option(
+            "--pictures",
+            help="Write each scenario's data-flow picture (PNG and SVG) to this folder.",
+        ),
+    ] = None,
     devices: Devices = None,
 ) -> None:
     """Run the tutorial's sharded dot products (S1–S4) and check each against NumPy."""
@@ -113,11 +121,14 @@ def demo(
             size,
             repeat=repeat,
             on_start=lambda s: status.update(f"{s.name}: {s.title}"),
+            pictures=pictures,
         )
     if json:
         print_json(report)
     else:
         console.print(demo_table(report))
+    if pictures is not None:
+        Console(stderr=True).print(f"pictures of S1–S4 written to {pictures}/ (PNG and SVG)")
     if not report["ok"]:
         bad = ", ".join(s["name"] for s in report["scenarios"] if not s["ok"])
         Console(stderr=True).print(f"[bold red]wrong results in {bad}[/]")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -60,6 +61,15 @@ def explain(
         str, typer.Option("--axis-types", help="Mesh axis types: auto or explicit.")
     ] = "auto",
     json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Only the summary, no mesh and block views.")
+    ] = False,
+    svg: Annotated[
+        Path | None, typer.Option("--svg", help="Draw the data flow to this SVG file.")
+    ] = None,
+    png: Annotated[
+        Path | None, typer.Option("--png", help="Draw the data flow to this PNG file.")
+    ] = None,
     devices: Devices = None,
 ) -> None:
     """Compile a sharded einsum (no data needed); show each device's shard and every collective."""
@@ -78,7 +88,18 @@ def explain(
         out_spec="infer" if out is None else out,
         mode=mode,
     )
+    if svg is not None or png is not None:
+        from shardwise.render.figure import save
+
+        for path in (svg, png):
+            if path is not None:
+                save(result, path)
     if json:
         print_json(result.to_json())
     else:
-        Console().print(result)
+        from shardwise.render.terminal import explanation_view
+
+        Console().print(explanation_view(result, quiet=quiet))
+        for path in (svg, png):
+            if path is not None:
+                Console(stderr=True).print(f"wrote {path}")

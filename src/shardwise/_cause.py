@@ -1,0 +1,238 @@
+"""Why each collective is there: a reason in words and as data.
+
+For an einsum the plan says which mesh axis splits which index of which
+operand, so each collective found in the HLO can be traced to its cause:
+
+- **partial-sum**: a contracted index is split on the axes, so each device
+  holds a partial sum that must be added up (all-reduce, reduce-scatter);
+- **gather-operand**: an operand is split on an axis the computation needs it
+  whole along, so its pieces are collected (all-gather);
+- **gather-output**: the computation produced the output split on an axis the
+  requested output layout leaves unsplit;
+- **relayout**: data split along one dimension must be re-split along another,
+  or moved between devices (all-to-all, collective-permute).
+
+For any other function the cause is told from the collective's kind and the
+JAX operation (and source line) that produced it. Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+import jax.numpy as jnp
+
+from shardwise._hlo import Collective
+from shardwise._plan import Plan, default_out_spec
+from shardwise._spec import Spec
+
+Reason: TypeAlias = Literal["partial-sum", "gather-operand", "gather-output", "relayout", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """Why a collective is there.
+
+    Attributes:
+        reason: the kind of cause.
+        text: one sentence a person can read.
+        array: ``"operand 1"``, ``"output"`` or ``None`` when no single array is to blame.
+        index: the einsum index involved, where there is one.
+    """
+
+    reason: Reason
+    text: str
+    array: str | None = None
+    index: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"reason": self.reason, "text": self.text, "array": self.array, "index": self.index}
+
+
+def _axes(axes: tuple[str, ...]) -> str:
+    return ",".join(axes) if axes else "no axis"
+
+
+def _layout(spec: Spec, rank: int) -> str:
+    entries = spec.padded(rank)
+    return (
+        "("
+        + ", ".join(
+            "None" if not e else e[0] if len(e) == 1 else "(" + ",".join(e) + ")" for e in entries
+        )
+        + ")"
+    )
+
+
+def _where(op_name: str, source: str) -> str:
+    short = op_name.rsplit("/", 1)[-1] if op_name else ""
+    if short and source:
+        return f" (from `{short}` at {source})"
+    return f" (from `{short}`)" if short else ""
+
+
+def generic_cause(c: Collective, with_source: bool = True) -> Cause:
+    """A cause told from the collective's kind and the operation (and source line) behind it."""
+    axes = _axes(c.mesh_axes)
+    where = _where(c.op_name, c.source if with_source else "")
+    text = {
+        "all-reduce": f"all-reduce over `{axes}`: each device holds a partial result, summed "
+        f"across `{axes}`{where}",
+        "reduce-scatter": f"reduce-scatter over `{axes}`: partial results are summed across "
+        f"`{axes}` and each device keeps one slice{where}",
+        "all-gather": f"all-gather over `{axes}`: the operation needs the whole array along "
+        f"`{axes}`, so each device collects the others' pieces{where}",
+        "all-to-all": f"all-to-all over `{axes}`: data split along one dimension is re-split "
+        f"along another{where}",
+        "collective-permute": f"collective-permute over `{axes}`: devices exchange blocks so "
+        f"that each holds the piece the next step needs{where}",
+    }[c.kind]
+    reason: Reason = {
+        "all-reduce": "partial-sum",
+        "reduce-scatter": "partial-sum",
+        "all-gather": "gather-operand",
+        "all-to-all": "relayout",
+        "collective-permute": "relayout",
+    }[c.kind]  # type: ignore[assignment]
+    return Cause(reason, text)
+
+
+def _axis_owner(plan: Plan, axis: str) -> list[tuple[str, str]]:
+    """(array, index) pairs in which ``axis`` splits an index."""
+    found = []
+    arrays = [
+        (f"operand {k}", t, s)
+        for k, (t, s) in enumerate(zip(plan.op.inputs, plan.in_specs, strict=True))
+    ]
+    arrays.append(("output", plan.op.output, plan.out_spec))
+    for name, term, spec in arrays:
+        for index, entry in zip(term, spec.padded(len(term)), strict=True):
+            if axis in entry:
+                found.append((name, index))
+    return found
+
+
+def _bytes(shape: tuple[int, ...], dtype: str) -> int:
+    return math.prod(shape) * jnp.dtype(dtype).itemsize
+
+
+def _without(spec: Spec, axes: tuple[str, ...]) -> Spec:
+    return Spec(tuple(tuple(a for a in e if a not in axes) for e in spec.entries))
+
+
+def _disagrees(plan: Plan, k: int) -> bool:
+    """Operand ``k`` splits an index differently from the output, or uses an axis that the
+    output gives to another index."""
+    out = dict(zip(plan.op.output, plan.out_spec.padded(len(plan.op.output)), strict=True))
+    owner = {a: i for i, e in out.items() for a in e}
+    term, spec = plan.op.inputs[k], plan.in_specs[k]
+    for index, entry in zip(term, spec.padded(len(term)), strict=True):
+        if index in out and out[index] != entry:
+            return True
+        if any(owner.get(a, index) != index for a in entry):
+            return True
+    return False
+
+
+def einsum_cause(plan: Plan, c: Collective) -> Cause:
+    """The cause of collective ``c`` in the compiled program of einsum ``plan``."""
+    axes = c.mesh_axes
+    names = _axes(axes)
+    where = _where(c.op_name, "")  # the source line would be shardwise's own lowering
+    contracted = {
+        a: i
+        for a, pairs in ((a, _axis_owner(plan, a)) for a in axes)
+        for _, i in pairs
+        if i in plan.op.contracted
+    }
+    if c.kind in ("all-reduce", "reduce-scatter") and axes and all(a in contracted for a in axes):
+        indices = "".join(dict.fromkeys(contracted[a] for a in axes))
+        plural = "indices" if len(indices) > 1 else "index"
+        text = (
+            f"{c.kind} over `{names}`: contracted {plural} `{indices}` "
+            f"{'are' if len(indices) > 1 else 'is'} sharded on `{names}`, so each device holds "
+            f"a partial sum"
+        )
+        out_axes = set(plan.out_spec.axes)
+        if c.kind == "all-reduce" and out_axes & set(axes):
+            text += (
+                "; XLA sums on every device, then each keeps its slice of the output (on CPU it "
+                "emits all-reduce + slice where a reduce-scatter would do)"
+            )
+        return Cause("partial-sum", text, None, indices)
+    if c.kind == "all-gather":
+        candidates = [k for k, spec in enumerate(plan.in_specs) if set(axes) & set(spec.axes)]
+
+        def gathered(k: int) -> tuple[int, ...]:
+            return _without(plan.in_specs[k], axes).shard_shape(plan.mesh, plan.shapes[k])
+
+        exact = [k for k in candidates if gathered(k) == c.shape]
+        sized = [k for k in candidates if _bytes(gathered(k), plan.dtype) == c.bytes]
+        ranked = sorted(exact or sized, key=lambda k: not _disagrees(plan, k))
+        if ranked:
+            k = ranked[0]
+            term, spec = plan.op.inputs[k], plan.in_specs[k]
+            index = next(
+                i for i, e in zip(term, spec.padded(len(term)), strict=True) if set(e) & set(axes)
+            )
+            others = [
+                (n, i)
+                for a in axes
+                for n, i in _axis_owner(plan, a)
+                if n != f"operand {k}" and i != index
+            ]
+            why = (
+                f"; `{names}` also splits index `{others[0][1]}` of {others[0][0]}, and one "
+                f"axis cannot split two indices of one computation"
+                if others
+                else f"; index `{index}` is not split on `{names}` where it meets the other "
+                f"operands"
+            )
+            return Cause(
+                "gather-operand",
+                f"all-gather over `{names}`: operand {k} is laid out "
+                f"{_layout(spec, len(term))}, its index `{index}` split on `{names}`, but the "
+                f"computation needs it replicated on `{names}`{why}",
+                f"operand {k}",
+                index,
+            )
+        produced = default_out_spec(plan.op, plan.in_specs)
+        if set(produced.axes) & set(axes):
+            return Cause(
+                "gather-output",
+                f"all-gather over `{names}`: the computation produces the output split "
+                f"{_layout(produced, len(plan.op.output))} but it is requested as "
+                f"{_layout(plan.out_spec, len(plan.op.output))}, so the pieces are gathered",
+                "output",
+                None,
+            )
+    if c.kind in ("all-to-all", "collective-permute"):
+        users = [k for k, spec in enumerate(plan.in_specs) if set(axes) & set(spec.axes)]
+
+        def moved_first(k: int) -> tuple[bool, bool]:
+            shard = plan.in_specs[k].shard_shape(plan.mesh, plan.shapes[k])
+            return (not _disagrees(plan, k), _bytes(shard, plan.dtype) != c.bytes)
+
+        # an operand that disagrees with the output's layout is the one moved; else by size
+        if users:
+            k = min(users, key=moved_first)
+            term, spec = plan.op.inputs[k], plan.in_specs[k]
+            return Cause(
+                "relayout",
+                f"{c.kind} over `{names}`: operand {k} is laid out "
+                f"{_layout(spec, len(term))}, which does not line up with the other arrays "
+                f"on `{names}`, so its blocks are moved{where}",
+                f"operand {k}",
+                None,
+            )
+        return Cause(
+            "relayout",
+            f"{c.kind} over `{names}`: the output is requested as "
+            f"{_layout(plan.out_spec, len(plan.op.output))}, so the computed blocks are moved "
+            f"to the devices that own them{where}",
+            "output",
+            None,
+        )
+    return generic_cause(c, with_source=False)

@@ -1,0 +1,1 @@
+"""Views of explanations: terminal (rich), figures (matplotlib: SVG and PNG), HTML."""
