@@ -129,6 +129,8 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
 def test_jupyter_html_has_the_svg_inline():
     html = s4()._repr_html_()
     assert "<svg" in html and "all-reduce" in html
+    plan = shardwise.Plan.make("nd,nd->n", [(16, 8)] * 2, mesh="x=2,y=4", in_specs=["x,y"] * 2)
+    assert "(8, 2)" in plan._repr_html_()
 
 
 def test_explain_any_function_and_the_sharded_object():

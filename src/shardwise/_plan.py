@@ -6,6 +6,7 @@ shard shape and refuses, with an actionable error, any layout that cannot work.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
@@ -192,6 +193,21 @@ class Plan:
         return tuple(
             ArrayInfo(shape, self.dtype, spec, spec.shard_shape(self.mesh, shape))
             for shape, spec in zip(self.shapes, self.in_specs, strict=True)
+        )
+
+    def _repr_html_(self) -> str:
+        """A table of arrays, specs and shard shapes for Jupyter (nothing is compiled)."""
+        rows = [(f"operand {k}", info) for k, info in enumerate(self.operands)]
+        rows.append(("output", self.output))
+        body = "".join(
+            f"<tr><td>{name}</td><td>{info.shape}</td><td>{info.dtype}</td>"
+            f"<td>{html.escape(info.spec.describe())}</td><td>{info.shard_shape}</td></tr>"
+            for name, info in rows
+        )
+        return (
+            f"<b>{html.escape(self.op.equation)}</b> on mesh {self.mesh.describe()} "
+            f"({self.mode} mode)<table><tr><th>array</th><th>shape</th><th>dtype</th>"
+            f"<th>spec</th><th>shard per device</th></tr>{body}</table>"
         )
 
     @property

@@ -245,7 +245,7 @@ def draw(expl: Explanation) -> Any:
             ax.add_patch(rect)
             dims = "×".join(map(str, shard_shape)) or "scalar"
             note = f"\nP({','.join(partial)})" if partial else ""
-            size = min(small - 1, slot_w * 72 / (0.62 * max(len(dims), 4)))
+            size = min(small - 1, 0.85 * slot_w * 72 / (0.68 * max(len(dims), 4)))
             ax.text(
                 sx + slot_w / 2,
                 ry + bh + 0.1,
