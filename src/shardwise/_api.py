@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -18,10 +20,12 @@ from shardwise._explain import Explanation, compile_plan, explain_compiled, expl
 from shardwise._lower import is_explicit, named
 from shardwise._mesh import MeshSpec
 from shardwise._mesh import mesh as make_mesh
+from shardwise._op import Op
 from shardwise._plan import Plan
 from shardwise._spec import LayoutLike, Spec, SpecLike
 
 MeshLike = Mesh | MeshSpec | str | Mapping[str, int]
+log = logging.getLogger("shardwise")
 
 
 def _jax_mesh(value: MeshLike) -> Mesh:
@@ -45,26 +49,76 @@ def _dtype(arrays: Sequence[Any]) -> np.dtype[Any]:
     return _canonical(functools.reduce(jnp.promote_types, (a.dtype for a in arrays)))
 
 
+def auto_layout(
+    equation: str, shapes: Sequence[Sequence[int]], dtype: Any, mesh: Mesh
+) -> tuple[list[Spec], Spec, str]:
+    """The planner's best strategy for these shapes on ``mesh``: in_specs, out_spec, and why.
+
+    Uses the calibrated profile of these devices if ``shardwise calibrate`` stored one, else a
+    built-in profile for the platform.
+    """
+    from shardwise._planner import rank
+    from shardwise._profile import default_profile
+
+    spec = MeshSpec.parse(mesh)
+    op = Op.parse(equation)
+    profile = default_profile(mesh.devices.flat[0].platform, spec.size)
+    report = rank(op, shapes, spec, np.dtype(dtype).name, profile)
+    best = report.best.strategy
+    why = report.why()
+    log.info("auto layout for %s on mesh %s: %s", op.equation, spec.describe(), why)
+    return list(best.in_specs(op)), best.out_spec, why
+
+
+def _make_plan(
+    equation: str,
+    shapes: Sequence[Sequence[int]],
+    dtype: Any,
+    jmesh: Mesh,
+    layout: LayoutLike | Literal["auto"] | None,
+    in_specs: Sequence[SpecLike] | None,
+    out_spec: SpecLike | Literal["infer"],
+    mode: str,
+) -> tuple[Plan, str | None]:
+    why = None
+    if isinstance(layout, str) and layout == "auto":
+        if in_specs is not None:
+            raise ArgumentError("give layout='auto' or in_specs=, not both.")
+        in_specs, out_spec, why = auto_layout(equation, shapes, dtype, jmesh)
+        layout = None
+    plan = Plan.make(
+        equation,
+        shapes,
+        mesh=MeshSpec.parse(jmesh),
+        dtype=dtype,
+        layout=layout,
+        in_specs=in_specs,
+        out_spec=out_spec,
+        mode=mode,
+    )
+    return plan, why
+
+
 def plan_einsum(
     equation: str,
     *arrays: Any,
     mesh: MeshLike,
-    layout: LayoutLike | None = None,
+    layout: LayoutLike | Literal["auto"] | None = None,
     in_specs: Sequence[SpecLike] | None = None,
     out_spec: SpecLike | Literal["infer"] = "infer",
     mode: str = "auto",
 ) -> tuple[Plan, Mesh]:
     """Validate a sharded einsum over ``arrays`` (anything with ``.shape`` and ``.dtype``)."""
     jmesh = _jax_mesh(mesh)
-    plan = Plan.make(
+    plan, _ = _make_plan(
         equation,
         [tuple(a.shape) for a in arrays],
-        mesh=MeshSpec.parse(jmesh),
-        dtype=_dtype(arrays) if arrays else "float32",
-        layout=layout,
-        in_specs=in_specs,
-        out_spec=out_spec,
-        mode=mode,
+        _dtype(arrays) if arrays else np.dtype("float32"),
+        jmesh,
+        layout,
+        in_specs,
+        out_spec,
+        mode,
     )
     return plan, jmesh
 
@@ -83,7 +137,7 @@ def einsum(
     equation: str,
     *arrays: Any,
     mesh: MeshLike,
-    layout: LayoutLike | None = None,
+    layout: LayoutLike | Literal["auto"] | None = None,
     in_specs: Sequence[SpecLike] | None = None,
     out_spec: SpecLike | Literal["infer"] = "infer",
     mode: str = "auto",
@@ -99,7 +153,8 @@ def einsum(
         equation: an einsum equation, e.g. ``"nd,nd->n"``.
         *arrays: NumPy or JAX arrays.
         mesh: a JAX ``Mesh`` or a description such as ``"x=2,y=4"``.
-        layout: index → mesh axes.
+        layout: index → mesh axes, or ``"auto"`` for the planner's best strategy (logged on
+            the ``shardwise`` logger with the reason).
         in_specs: one partition spec per operand (``None`` for replicated).
         out_spec: the output's partition spec; ``"infer"`` derives it.
         mode: ``"auto"`` (``jax.jit``; XLA inserts collectives) or ``"manual"``
@@ -134,7 +189,7 @@ def explain_einsum(
     *,
     mesh: MeshLike,
     dtype: Any = "float32",
-    layout: LayoutLike | None = None,
+    layout: LayoutLike | Literal["auto"] | None = None,
     in_specs: Sequence[SpecLike] | None = None,
     out_spec: SpecLike | Literal["infer"] = "infer",
     mode: str = "auto",
@@ -147,17 +202,11 @@ def explain_einsum(
     ((2000,), [{'kind': 'all-reduce', 'mesh_axes': ['y'], 'bytes': 8000}])
     """
     jmesh = _jax_mesh(mesh)
-    plan = Plan.make(
-        equation,
-        shapes,
-        mesh=MeshSpec.parse(jmesh),
-        dtype=_canonical(dtype),
-        layout=layout,
-        in_specs=in_specs,
-        out_spec=out_spec,
-        mode=mode,
+    plan, why = _make_plan(
+        equation, shapes, _canonical(dtype), jmesh, layout, in_specs, out_spec, mode
     )
-    return explain_compiled(plan, compile_plan(plan, jmesh), jmesh)
+    expl = explain_compiled(plan, compile_plan(plan, jmesh), jmesh)
+    return dataclasses.replace(expl, auto=why) if why else expl
 
 
 _AUTO = "auto"

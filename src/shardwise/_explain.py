@@ -43,6 +43,7 @@ class Explanation:
         local: an einsum's per-device result before any collective (``None`` for functions).
         partial_axes: mesh axes over which ``local`` holds partial sums.
         device_ids: the JAX device id at each mesh position.
+        auto: with ``layout="auto"``, which strategy the planner chose and why.
     """
 
     equation: str | None
@@ -57,6 +58,7 @@ class Explanation:
     local: ArrayInfo | None = None
     partial_axes: tuple[str, ...] = ()
     device_ids: tuple[int, ...] = field(default=())
+    auto: str | None = None
 
     @property
     def output(self) -> ArrayInfo:
@@ -93,6 +95,8 @@ class Explanation:
             "compute": self.compute.to_json() if self.compute else None,
             "device_ids": list(self.device_ids),
         }
+        if self.auto is not None:
+            data["auto"] = self.auto
         if self.local is not None:
             data["local"] = {
                 **arr(self.local, self.partial_axes),

@@ -6,10 +6,13 @@ Pure functions; no devices needed.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 from shardwise._mesh import MeshSpec
-from shardwise._spec import Layout
+from shardwise._op import Op
+from shardwise._spec import Layout, Spec
 
 
 def layouts(indices: str, sizes: Mapping[str, int], mesh: MeshSpec) -> Iterator[Layout]:
@@ -34,3 +37,92 @@ def layouts(indices: str, sizes: Mapping[str, int], mesh: MeshSpec) -> Iterator[
                 shards[index] *= mesh.shape[axis]
         if all(sizes[i] % shards[i] == 0 for i in indices):
             yield Layout(tuple(sorted(assignment.items())))
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """A way to shard an einsum: an index layout and the output's layout.
+
+    The output either keeps the layout's axes on its indices (partial sums over the axes of
+    contracted indices are all-reduced, so it is replicated over them), or also puts those
+    axes on one output index (the partial sums are reduce-scattered).
+    """
+
+    layout: Layout
+    out_spec: Spec
+
+    def in_specs(self, op: Op) -> tuple[Spec, ...]:
+        """Each operand's spec under the layout."""
+        return tuple(self.layout.spec_for(t) for t in op.inputs)
+
+    def describe(self, op: Op) -> str:
+        """e.g. ``'n=x,d=y → out x'``."""
+        return f"{self.layout.describe()} → out {self.out_spec.describe()}"
+
+    def to_json(self, op: Op) -> dict[str, object]:
+        return {
+            "layout": {i: list(a) for i, a in self.layout.assignment},
+            "in_specs": [
+                s.to_json(len(t)) for s, t in zip(self.in_specs(op), op.inputs, strict=True)
+            ],
+            "out_spec": self.out_spec.to_json(len(op.output)),
+        }
+
+
+def reduce_axes(op: Op, layout: Layout, mesh: MeshSpec) -> tuple[str, ...]:
+    """Mesh axes that split a contracted index, in mesh order."""
+    used = {a for i in op.contracted for a in layout.axes_of(i)}
+    return tuple(a for a in mesh.names if a in used)
+
+
+def output_choices(op: Op, layout: Layout, mesh: MeshSpec) -> list[Spec]:
+    """The output layouts that matter for ``layout``: keep it, or scatter the partial sums onto
+    one output index that the layout leaves unsplit."""
+    base = layout.spec_for(op.output)
+    axes = reduce_axes(op, layout, mesh)
+    choices = [base]
+    if axes:
+        entries = base.padded(len(op.output))
+        for d in range(len(op.output)):
+            if not entries[d]:
+                scattered = list(entries)
+                scattered[d] = axes
+                choices.append(Spec(tuple(scattered)).canonical())
+    return choices
+
+
+def strategies(op: Op, sizes: Mapping[str, int], mesh: MeshSpec) -> tuple[int, list[Strategy]]:
+    """Every strategy, and how many were considered before the divisibility filter.
+
+    >>> op = Op.parse("nd,nd->n")
+    >>> considered, valid = strategies(op, {"n": 8, "d": 6}, MeshSpec.parse("x=2"))
+    >>> considered, [s.describe(op) for s in valid]
+    (4, ['replicated → out replicated', 'n=x → out x', 'd=x → out replicated', 'd=x → out x'])
+    """
+    considered = 0
+    valid: list[Strategy] = []
+    choices = [None, *op.indices]
+    for pick in itertools.product(choices, repeat=len(mesh.axes)):
+        assignment: dict[str, tuple[str, ...]] = {}
+        for (axis, _), index in zip(mesh.axes, pick, strict=True):
+            if index is not None:
+                assignment[index] = (*assignment.get(index, ()), axis)
+        layout = Layout(tuple(sorted(assignment.items())))
+        outs = output_choices(op, layout, mesh)
+        considered += len(outs)
+        if not _divides(layout.assignment, sizes, mesh):
+            continue
+        out_sizes = [sizes[i] for i in op.output]
+        for out in outs:
+            if all(
+                n % math.prod(mesh.shape[a] for a in e) == 0
+                for n, e in zip(out_sizes, out.padded(len(op.output)), strict=True)
+            ):
+                valid.append(Strategy(layout, out))
+    return considered, valid
+
+
+def _divides(
+    assignment: tuple[tuple[str, tuple[str, ...]], ...], sizes: Mapping[str, int], mesh: MeshSpec
+) -> bool:
+    return all(sizes[i] % math.prod(mesh.shape[a] for a in axes) == 0 for i, axes in assignment)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from shardwise.cli import calibrate as _calibrate
 from shardwise.cli import demo as _demo
 from shardwise.cli import explain as _explain
+from shardwise.cli import plan as _plan
 
 app = typer.Typer(
     name="shardwise",
@@ -16,6 +18,8 @@ app = typer.Typer(
 )
 app.command("demo")(_demo.demo)
 app.command("explain")(_explain.explain)
+app.command("plan")(_plan.plan)
+app.command("calibrate")(_calibrate.calibrate)
 
 
 def main() -> None:

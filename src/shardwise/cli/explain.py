@@ -53,6 +53,9 @@ def explain(
     layout: Annotated[
         str | None, typer.Option("--layout", help="Index layout instead of --in, e.g. n=x,d=y.")
     ] = None,
+    auto: Annotated[
+        bool, typer.Option("--auto", help="Use the planner's best strategy (says which and why).")
+    ] = False,
     dtype: Annotated[str, typer.Option("--dtype", help="Operand dtype.")] = "float32",
     mode: Annotated[
         str, typer.Option("--mode", help="auto (jit) or manual (shard_map+psum).")
@@ -83,7 +86,7 @@ def explain(
         parse_shapes(shapes),
         mesh=jmesh,
         dtype=dtype,
-        layout=layout,
+        layout="auto" if auto else layout,
         in_specs=in_,
         out_spec="infer" if out is None else out,
         mode=mode,

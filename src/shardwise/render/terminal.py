@@ -88,6 +88,8 @@ def summary(expl: Explanation) -> Any:
     if not expl.collectives:
         comms.add_row("none", "-", "0", "every device computes its block alone")
     parts: list[Any] = [arrays, comms]
+    if expl.auto:
+        parts.insert(0, Text(f"auto layout (the planner's best): {expl.auto}", style="bold"))
     lines = []
     if expl.memory is not None:
         m = expl.memory

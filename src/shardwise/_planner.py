@@ -1,0 +1,279 @@
+"""The planner: enumerate every strategy, predict its cost, rank them, and verify against XLA.
+
+``rank`` is pure (no devices). ``verify`` compiles the top strategies on the devices at
+hand, compares the predicted collectives with the compiled HLO's, runs each, and reports
+the rank correlation between predicted and measured time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardwise._cost import Prediction, predict
+from shardwise._mesh import MeshSpec
+from shardwise._op import Op
+from shardwise._profile import Profile
+from shardwise._strategy import Strategy, strategies
+from shardwise._units import format_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """What the devices at hand did with one strategy."""
+
+    collectives_match: bool
+    seconds: float
+    collectives: tuple[tuple[str, tuple[str, ...], int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "collectives_match": self.collectives_match,
+            "seconds": self.seconds,
+            "collectives": [
+                {"kind": k, "mesh_axes": list(a), "bytes": b} for k, a, b in self.collectives
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A strategy with its predicted (and, after ``verify``, measured) cost."""
+
+    strategy: Strategy
+    predicted: Prediction
+    verified: Verified | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A strategy the memory budget does not allow."""
+
+    strategy: Strategy
+    predicted: Prediction
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlanReport:
+    """Every strategy for one einsum on one mesh, ranked by predicted time, best first."""
+
+    op: Op
+    mesh: MeshSpec
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    profile: Profile
+    considered: int
+    strategies: tuple[Candidate, ...]
+    refused: tuple[Refused, ...]
+    budget: int | None = None
+    spearman: float | None = None
+
+    @property
+    def valid(self) -> int:
+        """Strategies that divide evenly (ranked and refused alike)."""
+        return len(self.strategies) + len(self.refused)
+
+    @property
+    def best(self) -> Candidate:
+        """The chosen strategy: the best predicted within the budget."""
+        return self.strategies[0]
+
+    def why(self) -> str:
+        """One sentence on why the best strategy was chosen."""
+        best = self.best
+        p = best.predicted
+        comm = (
+            ", ".join(f"{c.kind} over {','.join(c.mesh_axes)}" for c in p.collectives)
+            or "no collectives"
+        )
+        runner_up = ""
+        if len(self.strategies) > 1:
+            second = self.strategies[1].predicted.seconds
+            ratio = second / p.seconds if p.seconds else float("inf")
+            runner_up = f", {ratio:.2f}× faster than the next"
+        return (
+            f"{best.strategy.describe(self.op)}: predicted {p.seconds * 1e3:.3g} ms "
+            f"({p.bound}-bound, {comm}, {format_bytes(p.memory_bytes)} per device){runner_up}; "
+            f"best of {len(self.strategies)} strategies within budget on profile "
+            f"{self.profile.name}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        def item(c: Candidate) -> dict[str, Any]:
+            data = {**c.strategy.to_json(self.op), "predicted": c.predicted.to_json()}
+            if c.verified is not None:
+                data["verified"] = c.verified.to_json()
+            return data
+
+        data: dict[str, Any] = {
+            "equation": self.op.equation,
+            "mesh": self.mesh.shape,
+            "shapes": [list(s) for s in self.shapes],
+            "dtype": self.dtype,
+            "profile": self.profile.name,
+            "budget_bytes": self.budget,
+            "considered": self.considered,
+            "valid": self.valid,
+            "chosen": 0 if self.strategies else None,
+            "why": self.why() if self.strategies else None,
+            "strategies": [item(c) for c in self.strategies],
+            "refused": [
+                {
+                    **r.strategy.to_json(self.op),
+                    "predicted": r.predicted.to_json(),
+                    "reason": r.reason,
+                }
+                for r in self.refused
+            ],
+        }
+        if self.spearman is not None or any(c.verified for c in self.strategies):
+            data["spearman"] = self.spearman
+        return data
+
+
+def rank(
+    op: Op,
+    shapes: Sequence[Sequence[int]],
+    mesh: MeshSpec,
+    dtype: str,
+    profile: Profile,
+    budget: int | None = None,
+) -> PlanReport:
+    """Enumerate, predict and rank every strategy (pure: no devices).
+
+    >>> from shardwise._profile import BUILTIN
+    >>> r = rank(Op.parse("nd,nd->n"), [(4000, 10000)] * 2, MeshSpec.parse("x=2,y=4"),
+    ...          "float32", BUILTIN["h100"])
+    >>> r.best.strategy.describe(r.op), r.valid
+    ('n=(x,y) → out (x,y)', 12)
+    """
+    shapes_t = tuple(tuple(int(n) for n in s) for s in shapes)
+    sizes = op.sizes(shapes_t)
+    considered, valid = strategies(op, sizes, mesh)
+    ranked: list[Candidate] = []
+    refused: list[Refused] = []
+    for s in valid:
+        p = predict(op, shapes_t, dtype, mesh, s, profile)
+        if budget is not None and p.memory_bytes > budget:
+            refused.append(
+                Refused(
+                    s,
+                    p,
+                    (
+                        f"needs {format_bytes(p.memory_bytes)} per device, over the budget of "
+                        f"{format_bytes(budget)}"
+                    ),
+                )
+            )
+        else:
+            ranked.append(Candidate(s, p))
+    ranked.sort(
+        key=lambda c: (
+            c.predicted.seconds,
+            c.predicted.memory_bytes,
+            len(c.predicted.collectives),
+            c.strategy.describe(op),
+        )
+    )
+    refused.sort(key=lambda r: r.predicted.memory_bytes)
+    return PlanReport(
+        op, mesh, shapes_t, dtype, profile, considered, tuple(ranked), tuple(refused), budget
+    )
+
+
+def collectives_by_kind(found: Sequence[tuple[str, Sequence[str]]]) -> dict[str, set[str]]:
+    """Kinds present, each with the union of its mesh axes (XLA may split one sum in two)."""
+    out: dict[str, set[str]] = {}
+    for kind, axes in found:
+        out.setdefault(kind, set()).update(axes)
+    return out
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Spearman rank correlation (ties share their mean rank); ``None`` for fewer than 3.
+
+    >>> spearman([1, 2, 3, 4], [10, 20, 30, 25])
+    0.8
+    """
+    if len(a) < 3:
+        return None
+
+    def ranks(x: Sequence[float]) -> np.ndarray:
+        arr = np.asarray(x, dtype=float)
+        order = arr.argsort(kind="stable")
+        r = np.empty(len(arr))
+        r[order] = np.arange(len(arr), dtype=float)
+        for v in np.unique(arr):
+            tie = arr == v
+            r[tie] = r[tie].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    return round(float(np.corrcoef(ra, rb)[0, 1]), 4)
+
+
+def verify(
+    report: PlanReport,
+    mesh: Any,
+    top: int | None = None,
+    repeat: int = 5,
+    on_step: Callable[[int, int], None] | None = None,
+) -> PlanReport:
+    """Compile, compare and time the ``top`` best strategies on ``mesh`` (a JAX mesh).
+
+    Time is the median of ``repeat`` runs after one warm-up, on random data.
+    """
+    import jax
+
+    from shardwise._api import place
+    from shardwise._explain import compile_plan
+    from shardwise._hlo import collectives
+    from shardwise._plan import Plan
+
+    chosen = report.strategies[: top or len(report.strategies)]
+    rng = np.random.default_rng(0)
+    arrays = [rng.random(s).astype(report.dtype) for s in report.shapes]
+    done: list[Candidate] = []
+    for k, cand in enumerate(chosen):
+        if on_step is not None:
+            on_step(k, len(chosen))
+        s = cand.strategy
+        plan = Plan.make(
+            report.op,
+            report.shapes,
+            mesh=report.mesh,
+            dtype=report.dtype,
+            in_specs=list(s.in_specs(report.op)),
+            out_spec=s.out_spec,
+        )
+        compiled = compile_plan(plan, mesh)
+        found = collectives(compiled.as_text() or "", report.mesh.shape)
+        got = collectives_by_kind([(c.kind, c.mesh_axes) for c in found])
+        want = collectives_by_kind([(c.kind, c.mesh_axes) for c in cand.predicted.collectives])
+        placed = place(plan, mesh, arrays)
+        jax.block_until_ready(compiled(*placed))
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            jax.block_until_ready(compiled(*placed))
+            times.append(time.perf_counter() - start)
+        verified = Verified(
+            collectives_match=got == want,
+            seconds=statistics.median(times),
+            collectives=tuple((c.kind, c.mesh_axes, c.bytes) for c in found),
+        )
+        done.append(dataclasses.replace(cand, verified=verified))
+    rest = report.strategies[len(done) :]
+    rho = spearman(
+        [c.predicted.seconds for c in done], [c.verified.seconds for c in done if c.verified]
+    )
+    return dataclasses.replace(report, strategies=(*done, *rest), spearman=rho)

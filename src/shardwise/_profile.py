@@ -1,0 +1,233 @@
+"""Device profiles: the figures the cost model needs, measured or published, each with its source.
+
+A profile gives, per device: peak FLOP/s by dtype, memory bandwidth, memory
+capacity, and for collectives along a mesh axis an alpha-beta model (latency in
+seconds, link bandwidth in bytes per second). Built-in profiles come from vendor
+figures; ``shardwise calibrate`` measures the devices at hand and stores a
+profile in the user's cache directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardwise._errors import ArgumentError, ShardwiseError
+
+GB = 1e9
+TERA = 1e12
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """Alpha-beta model of a collective along one mesh axis.
+
+    Attributes:
+        latency_s: alpha, seconds per step of a ring collective.
+        bandwidth_Bps: beta's inverse, bytes per second one device sends along the axis.
+    """
+
+    latency_s: float
+    bandwidth_Bps: float
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """What one device of a platform can do.
+
+    Attributes:
+        name: e.g. ``"h100"`` or ``"local-cpu-8"``.
+        platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; the cost model predicts what XLA emits there.
+        flops_per_s: peak FLOP/s by dtype name (``"float32"``, ``"bfloat16"``, ...).
+        memory_Bps: memory bandwidth, bytes per second.
+        memory_bytes: memory capacity, bytes (``None`` when unbounded or unknown).
+        link: default collective model along any mesh axis.
+        axis_links: measured per-axis models, by mesh axis name (calibrated profiles).
+        sources: where each figure comes from.
+    """
+
+    name: str
+    platform: str
+    flops_per_s: Mapping[str, float]
+    memory_Bps: float
+    memory_bytes: float | None
+    link: Link
+    axis_links: Mapping[str, Link] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def flops(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype`` (float32 if the dtype is not listed)."""
+        return self.flops_per_s.get(dtype, self.flops_per_s.get("float32", 1e9))
+
+    def link_for(self, axis: str) -> Link:
+        """The collective model along ``axis``."""
+        return self.axis_links.get(axis, self.link)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["flops_per_s"] = dict(self.flops_per_s)
+        data["axis_links"] = {k: asdict(v) for k, v in self.axis_links.items()}
+        data["sources"] = dict(self.sources)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Profile:
+        try:
+            return cls(
+                name=str(data["name"]),
+                platform=str(data["platform"]),
+                flops_per_s={str(k): float(v) for k, v in data["flops_per_s"].items()},
+                memory_Bps=float(data["memory_Bps"]),
+                memory_bytes=None
+                if data.get("memory_bytes") is None
+                else float(data["memory_bytes"]),
+                link=Link(**data["link"]),
+                axis_links={k: Link(**v) for k, v in data.get("axis_links", {}).items()},
+                sources=dict(data.get("sources", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ShardwiseError(f"profile is malformed ({type(e).__name__}: {e}).") from None
+
+
+_NVLINK4 = (
+    "NVIDIA H100/H200 SXM datasheets: NVLink 4, 900 GB/s bidirectional per GPU, so 450 GB/s "
+    "each way; latency 10 µs is an assumed typical small-message NCCL all-reduce step"
+)
+
+BUILTIN: dict[str, Profile] = {
+    "tpu-v4": Profile(
+        name="tpu-v4",
+        platform="tpu",
+        flops_per_s={"bfloat16": 275 * TERA, "float32": 275 * TERA},
+        memory_Bps=1200 * GB,
+        memory_bytes=32 * 2**30,
+        link=Link(latency_s=5e-6, bandwidth_Bps=90 * GB),
+        sources={
+            "flops_per_s": "Cloud TPU v4 docs: peak compute per chip 275 TFLOPs (bf16); f32 "
+            "matmuls run as bf16 passes at JAX's default precision",
+            "memory": "Cloud TPU v4 docs: HBM2 32 GiB, 1200 GBps",
+            "link": "derived from Cloud TPU v4 docs: all-reduce bandwidth 1.1 PB/s per 4096-chip "
+            "pod ≈ 269 GB/s per chip over 3 torus dimensions ≈ 90 GB/s per axis; latency 5 µs "
+            "assumed",
+        },
+    ),
+    "tpu-v5e": Profile(
+        name="tpu-v5e",
+        platform="tpu",
+        flops_per_s={"bfloat16": 197 * TERA, "float32": 197 * TERA},
+        memory_Bps=819 * GB,
+        memory_bytes=16 * GB,
+        link=Link(latency_s=5e-6, bandwidth_Bps=100 * GB),
+        sources={
+            "flops_per_s": "Cloud TPU v5e docs: peak compute per chip 197 TFLOPs (bf16)",
+            "memory": "Cloud TPU v5e docs: HBM2 16 GB, 819 GBps",
+            "link": "Cloud TPU v5e docs: ICI 400 GBps bidirectional per chip over 4 ports in a 2D "
+            "torus → 2 ports per axis × 50 GB/s each way = 100 GB/s per axis; latency 5 µs "
+            "assumed",
+        },
+    ),
+    "h100": Profile(
+        name="h100",
+        platform="gpu",
+        flops_per_s={"bfloat16": 989 * TERA, "float16": 989 * TERA, "float32": 495 * TERA},
+        memory_Bps=3350 * GB,
+        memory_bytes=80 * GB,
+        link=Link(latency_s=10e-6, bandwidth_Bps=450 * GB),
+        sources={
+            "flops_per_s": "NVIDIA H100 SXM datasheet: 989 TFLOPS dense bf16; float32 as TF32 "
+            "tensor cores (JAX's default f32 matmul precision on GPU), 495 TFLOPS dense",
+            "memory": "NVIDIA H100 SXM datasheet: 80 GB HBM3, 3.35 TB/s",
+            "link": _NVLINK4,
+        },
+    ),
+    "h200": Profile(
+        name="h200",
+        platform="gpu",
+        flops_per_s={"bfloat16": 989 * TERA, "float16": 989 * TERA, "float32": 495 * TERA},
+        memory_Bps=4800 * GB,
+        memory_bytes=141 * GB,
+        link=Link(latency_s=10e-6, bandwidth_Bps=450 * GB),
+        sources={
+            "flops_per_s": "NVIDIA H200 SXM datasheet: 989 TFLOPS dense bf16 (measured here: "
+            "≈790 TFLOP/s bf16 matmul, shared/JAX-FACTS.md); float32 as TF32, 495 TFLOPS",
+            "memory": "NVIDIA H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s (measured here: "
+            "≈4.3 TB/s device-to-device copy)",
+            "link": _NVLINK4,
+        },
+    ),
+    "cpu-2core": Profile(
+        name="cpu-2core",
+        platform="cpu",
+        flops_per_s={"float32": 2.0e10, "bfloat16": 1.8e10, "float64": 1.0e10},
+        memory_Bps=3.8 * GB,
+        memory_bytes=None,
+        link=Link(latency_s=110e-6, bandwidth_Bps=1.7 * GB),
+        axis_links={},
+        sources={
+            "all": "shardwise calibrate on the 2-core CI machine kind, 8 simulated CPU devices, "
+            "mesh x=2,y=4, 2026-11-30 (per-device figures while all 8 work at once); float64 "
+            "assumed half of float32. Used when no calibrated profile is in the cache",
+        },
+    ),
+}
+
+
+def cache_dir() -> Path:
+    """Where calibrated profiles live: ``$XDG_CACHE_HOME/shardwise`` or ``~/.cache/shardwise``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "shardwise" / "profiles"
+
+
+def local_name(platform: str, count: int) -> str:
+    """Name of the calibrated profile for ``count`` devices of ``platform``."""
+    return f"local-{platform}-{count}"
+
+
+def save_profile(profile: Profile, path: Path | None = None) -> Path:
+    """Write ``profile`` as JSON (by default into :func:`cache_dir`)."""
+    path = path or cache_dir() / f"{profile.name}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(profile.to_json(), indent=2))
+        tmp.replace(path)
+    except OSError as e:
+        raise ShardwiseError(f"cannot write profile {str(path)!r}: {e.strerror or e}.") from None
+    return path
+
+
+def load_profile(name: str) -> Profile:
+    """A built-in profile, a calibrated one from the cache, or a JSON file.
+
+    Raises:
+        ArgumentError: when nothing by that name exists (lists what does).
+    """
+    if name in BUILTIN:
+        return BUILTIN[name]
+    candidates = [Path(name), cache_dir() / f"{name}.json"]
+    for path in candidates:
+        if path.is_file():
+            try:
+                return Profile.from_json(json.loads(path.read_text()))
+            except json.JSONDecodeError as e:
+                raise ShardwiseError(f"profile {str(path)!r} is not valid JSON: {e}.") from None
+    cached = sorted(p.stem for p in cache_dir().glob("*.json")) if cache_dir().is_dir() else []
+    raise ArgumentError(
+        f"no profile named {name!r}; valid names are {', '.join([*BUILTIN, *cached])}, or give "
+        "the path of a profile JSON file (shardwise calibrate writes one)."
+    )
+
+
+def default_profile(platform: str, count: int) -> Profile:
+    """The calibrated profile for these devices if there is one, else a built-in guess."""
+    path = cache_dir() / f"{local_name(platform, count)}.json"
+    if path.is_file():
+        try:
+            return Profile.from_json(json.loads(path.read_text()))
+        except (ShardwiseError, json.JSONDecodeError):
+            pass
+    return {"cpu": BUILTIN["cpu-2core"], "tpu": BUILTIN["tpu-v5e"]}.get(platform, BUILTIN["h100"])

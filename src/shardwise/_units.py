@@ -1,0 +1,51 @@
+"""Byte sizes written by people: ``"16GiB"``, ``"2GB"``, ``"500MB"``, ``"1e9"``."""
+
+from __future__ import annotations
+
+import re
+
+from shardwise._errors import ArgumentError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+}
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """Bytes in ``text``.
+
+    >>> parse_bytes("16GiB"), parse_bytes("2 GB"), parse_bytes("1e6")
+    (17179869184, 2000000000, 1000000)
+    """
+    if isinstance(text, int | float):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise ArgumentError(
+            f"cannot read the size {text!r}: write a number and a unit, e.g. 16GiB, 2GB or "
+            "500MiB (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)."
+        )
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` → ``'1.5 KiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -1,0 +1,64 @@
+"""``shardwise calibrate``: measure the devices at hand and store a profile for the planner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shardwise.cli._common import Devices, friendly_errors, print_json, setup_devices
+
+
+@friendly_errors
+def calibrate(
+    mesh: Annotated[str, typer.Option("--mesh", help="Mesh whose axes to measure.")] = "auto",
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write the profile here instead of the cache.")
+    ] = None,
+    size: Annotated[
+        str, typer.Option("--size", help="Bytes per device for the bandwidth tests.")
+    ] = "64MiB",
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per test.")] = 5,
+    json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
+    devices: Devices = None,
+) -> None:
+    """Measure memory bandwidth, matmul FLOP/s and collectives along each mesh axis."""
+    setup_devices(devices)
+    from shardwise._calibrate import calibrate as measure
+    from shardwise._mesh import mesh as make_mesh
+    from shardwise._profile import save_profile
+    from shardwise._units import format_bytes, parse_bytes
+
+    jmesh = make_mesh(mesh)
+    console = Console(stderr=True)
+    with console.status("calibrating") as status:
+        profile = measure(
+            jmesh,
+            per_device_bytes=parse_bytes(size),
+            repeat=repeat,
+            on_step=lambda what: status.update(f"measuring {what}"),
+        )
+    path = save_profile(profile, out)
+    if json:
+        print_json(profile.to_json())
+    else:
+        table = Table(
+            title=f"profile {profile.name} (per device, all devices busy)", title_justify="left"
+        )
+        table.add_column("figure")
+        table.add_column("value")
+        table.add_row("memory bandwidth", f"{profile.memory_Bps / 1e9:.2f} GB/s")
+        for dtype, f in profile.flops_per_s.items():
+            table.add_row(f"matmul {dtype}", f"{f / 1e9:.1f} GFLOP/s")
+        for axis, link in profile.axis_links.items():
+            table.add_row(
+                f"all-reduce along {axis}",
+                f"α {link.latency_s * 1e6:.1f} µs, β {link.bandwidth_Bps / 1e9:.2f} GB/s",
+            )
+        if profile.memory_bytes:
+            table.add_row("memory", format_bytes(profile.memory_bytes))
+        Console().print(table)
+    console.print(f"profile written to {path}")

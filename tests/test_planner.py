@@ -1,0 +1,281 @@
+"""The planner: enumeration, the cost model against compiled HLO, profiles, verify, auto."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import shardwise
+from shardwise import MeshSpec, Op, Plan
+from shardwise._cost import predict
+from shardwise._explain import compile_plan
+from shardwise._hlo import collectives
+from shardwise._mesh import build_mesh
+from shardwise._planner import collectives_by_kind, rank, spearman, verify
+from shardwise._profile import BUILTIN, default_profile, load_profile
+from shardwise._strategy import strategies
+from shardwise.cli import app
+
+runner = CliRunner()
+CPU = BUILTIN["cpu-2core"]
+
+SUITE = {
+    "nd,nd->n": [(16, 8)] * 2,  # batched dot
+    "mk,kn->mn": [(16, 8), (8, 16)],  # matmul
+    "bmk,bkn->bmn": [(4, 8, 8), (4, 8, 8)],  # batched matmul
+    "i,j->ij": [(16,), (8,)],  # outer product
+    "md,nd->mn": [(16, 8), (8, 8)],  # pairwise similarity
+    "ij->i": [(16, 8)],  # reductions
+    "ij->j": [(16, 8)],
+    "ijk->": [(4, 8, 2)],
+    "ij->": [(8, 16)],
+    "bnd,bnd->bn": [(4, 8, 8)] * 2,
+    "mk,k->m": [(16, 8), (8,)],  # matrix-vector
+    "bi,bj->bij": [(8, 4), (8, 4)],  # batched outer product
+    "abc,cd->abd": [(4, 4, 8), (8, 4)],
+}
+
+
+def test_enumeration_hand_counts():
+    op = Op.parse("nd,nd->n")
+    # one axis of 2: layouts {}, n=x, d=x; d=x may also scatter onto n -> 4, all divisible
+    considered, valid = strategies(op, {"n": 8, "d": 6}, MeshSpec.parse("x=2"))
+    assert (considered, len(valid)) == (4, 4)
+    # 2x4: 3^2 = 9 layouts; d=x, d=y, d=(x,y) leave n free to take the scattered sums -> 12
+    considered, valid = strategies(op, {"n": 4000, "d": 10000}, MeshSpec.parse("x=2,y=4"))
+    assert (considered, len(valid)) == (12, 12)
+    # d=3 divides by no axis: only {}, n=x, n=y, n=(x,y) are valid
+    considered, valid = strategies(op, {"n": 8, "d": 3}, MeshSpec.parse("x=2,y=4"))
+    assert (considered, len(valid)) == (12, 4)
+    assert {s.layout.describe() for s in valid} == {"replicated", "n=x", "n=y", "n=(x,y)"}
+    # matmul on one axis of 2: {}, m=x, k=x (+ scatter onto m or n), n=x -> 6
+    considered, valid = strategies(
+        Op.parse("mk,kn->mn"), {"m": 4, "k": 4, "n": 4}, MeshSpec.parse("x=2")
+    )
+    assert (considered, len(valid)) == (6, 6)
+
+
+@pytest.mark.parametrize("mesh_text", ["devices=8", "x=2,y=4", "x=4,y=2"])
+def test_predicted_collectives_match_compiled_hlo_for_every_strategy(mesh_text):
+    mesh = MeshSpec.parse(mesh_text)
+    jmesh = build_mesh(mesh)
+    checked = 0
+    for equation, shapes in SUITE.items():
+        op = Op.parse(equation)
+        _, valid = strategies(op, op.sizes(shapes), mesh)
+        assert valid
+        for s in valid:
+            plan = Plan.make(
+                op, shapes, mesh=mesh, in_specs=list(s.in_specs(op)), out_spec=s.out_spec
+            )
+            text = compile_plan(plan, jmesh).as_text() or ""
+            got = collectives_by_kind(
+                [(c.kind, c.mesh_axes) for c in collectives(text, mesh.shape)]
+            )
+            want = collectives_by_kind(
+                [
+                    (c.kind, c.mesh_axes)
+                    for c in predict(op, shapes, "float32", mesh, s, CPU).collectives
+                ]
+            )
+            assert got == want, (equation, s.describe(op))
+            checked += 1
+    assert checked >= 50
+
+
+def test_predicted_flops_and_memory_match_xla():
+    op = Op.parse("mk,kn->mn")
+    mesh = MeshSpec.parse("x=2,y=4")
+    report = rank(op, [(64, 32), (32, 64)], mesh, "float32", CPU)
+    for cand in report.strategies:
+        s = cand.strategy
+        plan = Plan.make(
+            op, [(64, 32), (32, 64)], mesh=mesh, in_specs=list(s.in_specs(op)), out_spec=s.out_spec
+        )
+        e = shardwise.explain_einsum(
+            "mk,kn->mn",
+            [(64, 32), (32, 64)],
+            mesh=mesh,
+            in_specs=list(s.in_specs(op)),
+            out_spec=s.out_spec,
+        )
+        assert e.compute is not None and e.memory is not None
+        assert cand.predicted.flops == pytest.approx(e.compute.flops, rel=0.05)
+        operands = sum(np.prod(o.shard_shape) * 4 for o in plan.operands)
+        assert e.memory.argument_bytes == operands
+
+
+def test_rank_is_sorted_and_refuses_over_budget():
+    op = Op.parse("mk,kn->mn")
+    report = rank(
+        op, [(4096, 4096)] * 2, MeshSpec.parse("x=2,y=4"), "float32", CPU, budget=40 * 2**20
+    )
+    times = [c.predicted.seconds for c in report.strategies]
+    assert times == sorted(times)
+    assert report.refused
+    assert all("over the budget of 40.0 MiB" in r.reason for r in report.refused)
+    assert all(c.predicted.memory_bytes <= 40 * 2**20 for c in report.strategies)
+    assert report.valid == len(report.strategies) + len(report.refused)
+
+
+def test_meshes_you_do_not_have():
+    report = rank(
+        Op.parse("bmk,bkn->bmn"),
+        [(256, 1024, 1024)] * 2,
+        MeshSpec.parse("x=16,y=16"),
+        "bfloat16",
+        load_profile("tpu-v5e"),
+    )
+    best = report.best
+    assert best.predicted.seconds > 0
+    assert "b" in {i for i, _ in best.strategy.layout.assignment}
+    # on TPU a scattered partial sum is a reduce-scatter
+    rs = [
+        c
+        for c in report.strategies
+        if any(k.kind == "reduce-scatter" for k in c.predicted.collectives)
+    ]
+    assert rs
+
+
+def test_profiles():
+    for name in ("tpu-v4", "tpu-v5e", "h100", "h200", "cpu-2core"):
+        p = load_profile(name)
+        assert p.sources and p.memory_Bps > 0 and p.flops("float32") > 0
+    with pytest.raises(shardwise.ArgumentError, match="valid names are tpu-v4"):
+        load_profile("tpu-v9")
+
+
+def test_calibrate_writes_a_profile_the_planner_uses(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    result = runner.invoke(
+        app, ["calibrate", "--mesh", "x=2,y=4", "--size", "1MiB", "--repeat", "1", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["name"] == "local-cpu-8" and set(data["axis_links"]) == {"x", "y"}
+    assert data["memory_Bps"] > 0 and data["flops_per_s"]["float32"] > 0
+    assert default_profile("cpu", 8).name == "local-cpu-8"
+    assert load_profile("local-cpu-8").memory_Bps == pytest.approx(data["memory_Bps"])
+
+
+def test_verify_compares_and_times():
+    op = Op.parse("nd,nd->n")
+    mesh = MeshSpec.parse("x=2,y=4")
+    report = rank(op, [(64, 64)] * 2, mesh, "float32", CPU)
+    checked = verify(report, build_mesh(mesh), top=5, repeat=1)
+    done = [c for c in checked.strategies if c.verified]
+    assert len(done) == 5
+    assert all(c.verified.collectives_match for c in done)
+    assert all(c.verified.seconds > 0 for c in done)
+    data = checked.to_json()
+    assert "spearman" in data and data["strategies"][0]["verified"]["collectives_match"]
+
+
+def test_spearman():
+    assert spearman([1, 2, 3], [3, 2, 1]) == -1.0
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert spearman([1, 2], [1, 2]) is None
+
+
+def test_einsum_auto_layout_chooses_and_says_why(caplog):
+    a = np.random.default_rng(0).random((64, 32), dtype=np.float32)
+    with caplog.at_level(logging.INFO, logger="shardwise"):
+        out = shardwise.einsum("nd,nd->n", a, a, mesh="x=2,y=4", layout="auto")
+    np.testing.assert_allclose(np.asarray(out), (a.astype(np.float64) ** 2).sum(1), rtol=1e-5)
+    assert "auto layout for nd,nd->n" in caplog.text and "predicted" in caplog.text
+    e = shardwise.explain_einsum("nd,nd->n", [(64, 32)] * 2, mesh="x=2,y=4", layout="auto")
+    assert e.auto and "best of" in e.auto and e.to_json()["auto"] == e.auto
+
+
+def test_cli_plan_json_contract():
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            "nd,nd->n",
+            "--shapes",
+            "4000x10000,4000x10000",
+            "--mesh",
+            "x=2,y=4",
+            "--profile",
+            "h100",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert {"equation", "mesh", "considered", "valid", "chosen", "strategies", "refused"} <= set(
+        data
+    )
+    assert (data["considered"], data["valid"], data["chosen"]) == (12, 12, 0)
+    s = data["strategies"][0]
+    assert {"layout", "in_specs", "out_spec", "predicted"} <= set(s)
+    assert {"seconds", "memory_bytes", "flops", "collectives"} <= set(s["predicted"])
+    secs = [x["predicted"]["seconds"] for x in data["strategies"]]
+    assert secs == sorted(secs)
+
+
+def test_cli_plan_verify_and_table():
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            "mk,kn->mn",
+            "--shapes",
+            "64x64,64x64",
+            "--mesh",
+            "x=2,y=4",
+            "--verify",
+            "--top",
+            "4",
+            "--repeat",
+            "1",
+        ],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "HLO match" in result.output and "chosen:" in result.output
+    assert "Spearman" in result.output
+
+
+def test_cli_plan_without_devices_and_budget_error():
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            "mk,kn->mn",
+            "--shapes",
+            "65536x65536,65536x65536",
+            "--mesh",
+            "x=16,y=16",
+            "--profile",
+            "tpu-v5e",
+            "--budget",
+            "1MiB",
+        ],
+    )
+    assert result.exit_code == 2
+    assert "fits the budget of 1.0 MiB" in " ".join(result.output.split())
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            "mk,kn->mn",
+            "--shapes",
+            "65536x65536,65536x65536",
+            "--mesh",
+            "x=16,y=16",
+            "--profile",
+            "tpu-v5e",
+            "--budget",
+            "16GB",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["refused"]
