@@ -16,8 +16,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 
+from shardwise._errors import SpecError
+from shardwise._kernels import choose_kernel, local_einsum, unrolled_einsum
 from shardwise._plan import Plan
-from shardwise._spec import Spec
+from shardwise._spec import Layout, Spec
 
 
 def named(mesh: Mesh, spec: Spec) -> NamedSharding:
@@ -30,6 +32,20 @@ def is_explicit(mesh: Mesh) -> bool:
     return any(t == AxisType.Explicit for t in mesh.axis_types)
 
 
+def _agree(plan: Plan) -> bool:
+    """The operands' splits merge into one layout (a replicated operand agrees with any)."""
+    merged: dict[str, tuple[str, ...]] = {}
+    for term, spec in zip(plan.op.inputs, plan.in_specs, strict=True):
+        for index, entry in zip(term, spec.padded(len(term)), strict=True):
+            if entry and merged.setdefault(index, entry) != entry:
+                return False
+    try:
+        Layout(tuple(sorted(merged.items())))
+    except SpecError:
+        return False
+    return True
+
+
 def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Array]:
     """The jitted function that computes ``plan`` on ``mesh``.
 
@@ -38,13 +54,29 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
         mesh: the JAX mesh to run on.
         precision: passed to ``jnp.einsum`` (e.g. ``"highest"``).
     """
-    equation = plan.op.equation
+    op = plan.op
+    equation = op.equation
     in_shardings = tuple(named(mesh, s) for s in plan.in_specs)
     out_sharding = named(mesh, plan.out_spec)
+    sizes = op.sizes(plan.shapes)
     if plan.mode == "auto":
         explicit_out = out_sharding if is_explicit(mesh) else None
+        # unrolling slices the contracted indices: only where no device boundary cuts them,
+        # and where the operands agree on a layout (else XLA reshards one dot more cheaply
+        # than many slices)
+        split = {
+            i
+            for t, s in zip(op.inputs, plan.in_specs, strict=True)
+            for i, e in zip(t, s.padded(len(t)), strict=True)
+            if e
+        }
+        kernel = choose_kernel(op, sizes)
+        if explicit_out is not None or split & set(op.contracted) or not _agree(plan):
+            kernel = "einsum"
 
         def sharded_einsum(*xs: jax.Array) -> jax.Array:
+            if kernel == "unrolled":
+                return unrolled_einsum(op, *xs)
             return jnp.einsum(equation, *xs, precision=precision, out_sharding=explicit_out)
 
         return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
@@ -53,10 +85,25 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
     local_in = tuple(layout.spec_for(t).to_partition_spec() for t in plan.op.inputs)
     local_out = layout.spec_for(plan.op.output).to_partition_spec()
     reduce_axes = plan.reduce_axes
+    local_sizes = dict(
+        zip(
+            op.output,
+            plan.layout.spec_for(op.output).shard_shape(
+                plan.mesh, tuple(sizes[i] for i in op.output)
+            ),
+            strict=True,
+        )
+    )
+    for term in op.inputs:
+        shape = tuple(sizes[i] for i in term)
+        local_sizes.update(
+            zip(term, layout.spec_for(term).shard_shape(plan.mesh, shape), strict=True)
+        )
+    kernel = choose_kernel(op, local_sizes)
 
-    def local_einsum(*blocks: jax.Array) -> jax.Array:
-        partial = jnp.einsum(equation, *blocks, precision=precision)
+    def per_device(*blocks: jax.Array) -> jax.Array:
+        partial = local_einsum(op, kernel, *blocks, precision=precision)
         return jax.lax.psum(partial, reduce_axes) if reduce_axes else partial
 
-    mapped = jax.shard_map(local_einsum, mesh=mesh, in_specs=local_in, out_specs=local_out)
+    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=local_in, out_specs=local_out)
     return jax.jit(mapped, in_shardings=in_shardings, out_shardings=out_sharding)
