@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from shardwise._errors import ArgumentError, SpecError
 from shardwise._explain import Explanation, compile_plan, explain_compiled, explain_function
-from shardwise._lower import is_explicit, named
+from shardwise._lower import is_explicit, lower, named
 from shardwise._mesh import MeshSpec
 from shardwise._mesh import mesh as make_mesh
 from shardwise._op import Op
@@ -123,14 +123,56 @@ def plan_einsum(
     return plan, jmesh
 
 
-def place(plan: Plan, mesh: Mesh, arrays: Sequence[Any]) -> list[jax.Array]:
+def shardings(plan: Plan, mesh: Mesh) -> tuple[NamedSharding, ...]:
+    """Each operand's planned ``NamedSharding``."""
+    return tuple(named(mesh, s) for s in plan.in_specs)
+
+
+def place(
+    plan: Plan,
+    mesh: Mesh,
+    arrays: Sequence[Any],
+    targets: Sequence[NamedSharding] | None = None,
+) -> list[jax.Array]:
     """Put each operand on the devices with its planned sharding (a no-op if already there)."""
     placed = []
-    for array, info in zip(arrays, plan.operands, strict=True):
-        if array.dtype != np.dtype(plan.dtype):
-            array = array.astype(plan.dtype)
-        placed.append(jax.device_put(array, named(mesh, info.spec)))
+    dtype = np.dtype(plan.dtype)
+    for array, target in zip(arrays, targets or shardings(plan, mesh), strict=True):
+        if array.dtype != dtype:
+            array = array.astype(dtype)
+        if isinstance(array, jax.Array) and array.sharding == target:
+            placed.append(array)
+        else:
+            placed.append(jax.device_put(array, target))
     return placed
+
+
+_PLANS: dict[tuple[Any, ...], tuple[Plan, Callable[..., jax.Array], tuple[NamedSharding, ...]]] = {}
+"""Validated plans and their programs by call signature: repeated calls skip parsing,
+validation and compilation."""
+
+
+def _plan_key(
+    equation: str, arrays: Sequence[Any], mesh: Mesh, *options: Any
+) -> tuple[Any, ...] | None:
+    """A hashable key for a call, or ``None`` when an option cannot be hashed."""
+    try:
+        key = (
+            equation,
+            tuple((tuple(a.shape), str(a.dtype)) for a in arrays),
+            mesh,
+            *(repr(o) for o in options),
+        )
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+@functools.lru_cache(maxsize=128)
+def jitted(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Array]:
+    """The jitted program of ``plan`` (JAX's fast C++ dispatch path on every call)."""
+    return lower(plan, mesh, precision)
 
 
 def einsum(
@@ -170,17 +212,26 @@ def einsum(
     >>> out.sharding.spec, bool(np.allclose(out, (a * a).sum(1)))
     (P('devices',), True)
     """
-    plan, jmesh = plan_einsum(
-        equation,
-        *arrays,
-        mesh=mesh,
-        layout=layout,
-        in_specs=in_specs,
-        out_spec=out_spec,
-        mode=mode,
-    )
-    compiled = compile_plan(plan, jmesh, precision)
-    return compiled(*place(plan, jmesh, arrays))  # type: ignore[no-any-return]
+    jmesh = _jax_mesh(mesh)
+    key = _plan_key(equation, arrays, jmesh, layout, in_specs, out_spec, mode, precision)
+    cached = _PLANS.get(key) if key is not None else None
+    if cached is None:
+        plan, _ = plan_einsum(
+            equation,
+            *arrays,
+            mesh=jmesh,
+            layout=layout,
+            in_specs=in_specs,
+            out_spec=out_spec,
+            mode=mode,
+        )
+        cached = (plan, jitted(plan, jmesh, precision), shardings(plan, jmesh))
+        if key is not None and (not isinstance(layout, str) or layout != "auto"):
+            if len(_PLANS) >= 512:
+                _PLANS.clear()
+            _PLANS[key] = cached
+    plan, fn, targets = cached
+    return fn(*place(plan, jmesh, arrays, targets))
 
 
 def explain_einsum(

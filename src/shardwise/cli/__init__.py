@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from shardwise.cli import bench as _bench
 from shardwise.cli import calibrate as _calibrate
 from shardwise.cli import demo as _demo
 from shardwise.cli import explain as _explain
@@ -20,6 +21,7 @@ app.command("demo")(_demo.demo)
 app.command("explain")(_explain.explain)
 app.command("plan")(_plan.plan)
 app.command("calibrate")(_calibrate.calibrate)
+app.command("bench")(_bench.bench)
 
 
 def main() -> None:

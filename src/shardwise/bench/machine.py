@@ -1,0 +1,69 @@
+"""The machine's physical limits, measured: memory bandwidth and sgemm FLOP/s.
+
+Bandwidth is the best of several multi-threaded and single-threaded tests — NumPy read
+(``sum``) and copy, a jitted ``sum`` over an array split across as many devices as there
+are cores, and a jitted STREAM triad over all devices — because a single-threaded figure
+understates what the machine can move.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+
+def _best(fn: Any, repeat: int) -> float:
+    from shardwise.bench.timing import block
+
+    block(fn())
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        block(fn())
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5) -> dict[str, Any]:
+    """Memory bandwidth (GB/s, several tests and their best) and sgemm GFLOP/s."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    cores = os.cpu_count() or 1
+    n = nbytes // 4
+    x = np.ones(n, np.float32)
+    y = np.empty_like(x)
+    read = nbytes / _best(lambda: x.sum(), repeat) / 1e9
+    copy = 2 * nbytes / _best(lambda: np.copyto(y, x), repeat) / 1e9
+    devices = jax.devices()
+    results = {"numpy_read_gbps": read, "numpy_copy_gbps": copy}
+    for label, count in (
+        ("jax_read_gbps", min(cores, len(devices))),
+        ("jax_read_all_devices_gbps", len(devices)),
+    ):
+        mesh = Mesh(np.array(devices[:count]), ("d",))
+        arr = jax.device_put(x[: n - n % count], NamedSharding(mesh, P("d")))
+        results[label] = arr.nbytes / _best(lambda a=arr: jax.jit(jnp.sum)(a), repeat) / 1e9
+    mesh = Mesh(np.array(devices), ("d",))
+    m = n // 2 - (n // 2) % len(devices)
+    a = jax.device_put(x[:m], NamedSharding(mesh, P("d")))
+    b = jax.device_put(x[:m], NamedSharding(mesh, P("d")))
+    triad = jax.jit(lambda a, b: a + 1.5 * b)
+    results["jax_triad_gbps"] = 3 * a.nbytes / _best(lambda: triad(a, b), repeat) / 1e9
+    g = np.ones((gemm, gemm), np.float32)
+    sgemm = 2 * gemm**3 / _best(lambda: g @ g, max(2, repeat // 2)) / 1e9
+    return {
+        "cores": cores,
+        "memory_read_gbps": max(
+            read, results["jax_read_gbps"], results["jax_read_all_devices_gbps"]
+        ),
+        "memory_copy_gbps": copy,
+        "memory_gbps": max(results.values()),
+        "sgemm_gflops": sgemm,
+        "tests": results,
+    }

@@ -1,0 +1,33 @@
+"""Timing that is fair on a shared, noisy machine: warm-up excluded, runners alternated
+round-robin within one process, medians reported."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def block(x: Any) -> Any:
+    """Wait for a result of any library to be ready."""
+    ready = getattr(x, "block_until_ready", None)
+    if callable(ready):
+        return ready()
+    return x
+
+
+def alternate(runners: Mapping[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+    """Median seconds of each runner, the runners taking turns (A B C A B C …) so that
+    drift in the machine's speed falls on all of them alike. One warm-up call each first."""
+    for fn in runners.values():
+        block(fn())
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    names = list(runners)
+    for r in range(repeat):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            block(runners[name]())
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}

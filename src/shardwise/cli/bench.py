@@ -1,0 +1,92 @@
+"""``shardwise bench``: shardwise against NumPy, PyTorch, Dask and plain JAX, and the roofline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shardwise.cli._common import Devices, friendly_errors, print_json, setup_devices
+
+
+@friendly_errors
+def bench(
+    suite: Annotated[
+        str,
+        typer.Option("--suite", help="seed (W1–W4), full (+ W1 against N), or tiny (test sizes)."),
+    ] = "seed",
+    peers: Annotated[
+        str, typer.Option("--peers", help="Comma-separated peers to run (installed ones only).")
+    ] = "numpy,torch,dask,jax",
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per runner.")] = 7,
+    json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Draw ratios and W1's curve to this file.")
+    ] = None,
+    devices: Devices = None,
+) -> None:
+    """Time each workload by shardwise and by every installed peer, alternating, medians."""
+    from shardwise._errors import ArgumentError
+    from shardwise.bench import SUITES, run_bench
+    from shardwise.bench.workloads import PEERS
+
+    if suite not in SUITES:
+        raise ArgumentError(f"--suite {suite!r} is not one of {', '.join(SUITES)}.")
+    chosen = [p.strip() for p in peers.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in PEERS]
+    if unknown:
+        raise ArgumentError(f"unknown peer {unknown[0]!r}; valid peers are {', '.join(PEERS)}.")
+    setup_devices(devices)
+    console = Console(stderr=True)
+    with console.status("benchmarking") as status:
+        doc = run_bench(
+            suite,
+            chosen,
+            repeat,
+            curve=True if plot else None,
+            on_step=lambda what: status.update(what),
+        )
+    if plot is not None:
+        from shardwise.bench.plot import plot_bench
+
+        plot_bench(doc, plot)
+    if json:
+        print_json(doc)
+        return
+    m = doc["machine"]
+    table = Table(
+        title=f"shardwise bench ({suite}) on {m['cores']} cores, {doc['devices']['count']} "
+        f"{doc['devices']['platform']} devices — memory {m['memory_gbps']:.1f} GB/s, sgemm "
+        f"{m['sgemm_gflops']:.0f} GFLOP/s; medians of {repeat}",
+        title_justify="left",
+    )
+    present = [p for p in PEERS if any(p in w["peers"] for w in doc["workloads"])]
+    for col in (
+        "",
+        "workload",
+        "shardwise",
+        "of roofline",
+        *(f"{p} ÷ shardwise" for p in present),
+        "layer overhead",
+        "correct",
+    ):
+        table.add_column(col)
+    for w in doc["workloads"]:
+        ok = all(w["correct"].values())
+        table.add_row(
+            w["name"],
+            w["title"],
+            f"{w['shardwise_seconds'] * 1e3:.1f} ms",
+            f"{w['roofline_fraction']:.0%}",
+            *(f"{w['ratios'][p]:.2f}×" if p in w["ratios"] else "-" for p in present),
+            f"{w['layer_overhead']:+.1%}",
+            "[green]yes[/]"
+            if ok
+            else "[red]NO: " + ", ".join(k for k, v in w["correct"].items() if not v) + "[/]",
+        )
+    Console().print(table)
+    if plot is not None:
+        console.print(f"plot written to {plot}")

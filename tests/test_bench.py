@@ -1,0 +1,93 @@
+"""The benchmark code at tiny sizes: every workload and peer runs and is checked; no timing
+assertions (speed is measured by `shardwise bench`, not by tests)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from shardwise.bench import run_bench
+from shardwise.bench.run import correct
+from shardwise.bench.timing import alternate
+from shardwise.bench.workloads import PEERS, installed
+from shardwise.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return run_bench("tiny", PEERS, repeat=2, curve=True)
+
+
+def test_every_workload_and_peer_runs_and_is_correct(tiny):
+    assert [w["name"] for w in tiny["workloads"]] == ["W1", "W2", "W3", "W4"]
+    for w in tiny["workloads"]:
+        expected = {"shardwise", "raw"} | {p for p in PEERS if installed(p)}
+        assert set(w["correct"]) == expected
+        assert all(w["correct"].values()), w["correct"]
+        assert set(w["peers"]) == expected - {"shardwise", "raw"}
+        for key in ("shardwise_seconds", "bytes", "flops", "roofline_fraction", "layer_overhead"):
+            assert key in w
+        assert w["ratios"].keys() == w["peers"].keys()
+
+
+def test_machine_limits_are_measured(tiny):
+    m = tiny["machine"]
+    assert m["cores"] >= 1
+    assert m["memory_gbps"] >= max(m["memory_read_gbps"], m["memory_copy_gbps"]) > 0
+    assert m["sgemm_gflops"] > 0
+
+
+def test_curve(tiny):
+    assert [p["n"] for p in tiny["w1_curve"]] == [1000, 8000]
+    assert all(p["shardwise_seconds"] > 0 and p["numpy_seconds"] > 0 for p in tiny["w1_curve"])
+
+
+def test_plot(tiny, tmp_path):
+    from shardwise.bench.plot import plot_bench
+
+    path = plot_bench(tiny, tmp_path / "bench.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_correct_catches_a_wrong_answer():
+    ref = np.array([3.0, 3.0])
+    assert correct(np.array([3.0, 3.0], np.float32), ref, 3)[0]
+    assert not correct(np.array([3.0, 3.1], np.float32), ref, 3)[0]
+    assert not correct(np.array([3.0], np.float32), ref[:1].repeat(2), 3)[0]
+
+
+def test_alternate_runs_every_runner():
+    calls = {"a": 0, "b": 0}
+
+    def make(name):
+        def run():
+            calls[name] += 1
+
+        return run
+
+    medians = alternate({"a": make("a"), "b": make("b")}, repeat=4)
+    assert set(medians) == {"a", "b"} and calls == {"a": 5, "b": 5}
+
+
+def test_cli_bench_json_contract():
+    result = runner.invoke(
+        app, ["bench", "--suite", "tiny", "--repeat", "1", "--peers", "numpy", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert {"cores", "memory_read_gbps", "memory_copy_gbps", "sgemm_gflops"} <= set(data["machine"])
+    w = data["workloads"][0]
+    assert {"name", "shardwise_seconds", "bytes", "flops", "roofline_fraction", "peers"} <= set(w)
+    assert set(w["peers"]) == {"numpy"}
+
+
+def test_cli_bench_bad_input():
+    result = runner.invoke(app, ["bench", "--suite", "huge"])
+    assert result.exit_code == 2 and "not one of seed, full, tiny" in result.output
+    result = runner.invoke(app, ["bench", "--peers", "numpy,julia"])
+    assert result.exit_code == 2 and "unknown peer 'julia'" in result.output
