@@ -26,6 +26,9 @@ def bench(
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Draw ratios and W1's curve to this file.")
     ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the JSON results to this file.")
+    ] = None,
     devices: Devices = None,
 ) -> None:
     """Time each workload by shardwise and by every installed peer, alternating, medians."""
@@ -53,6 +56,11 @@ def bench(
         from shardwise.bench.plot import plot_bench
 
         plot_bench(doc, plot)
+    if out is not None:
+        import json as json_module
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json_module.dumps(doc, indent=1) + "\n")
     if json:
         print_json(doc)
         return

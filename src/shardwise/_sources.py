@@ -1,0 +1,244 @@
+"""Where streamed data come from and go to: NumPy arrays, ``.npy`` files, Zarr arrays and
+Dask arrays in; ``.npy`` files and Zarr arrays out.
+
+``.npy`` files are read and written with plain ``pread``/``pwrite`` at the data offset,
+not memory-mapped: mapped pages count towards the process's resident memory, and the point
+of streaming is that it stays within a budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardwise._errors import ArgumentError, MissingExtraError, ShardwiseError
+
+
+def _zarr() -> Any:
+    try:
+        import zarr
+    except ImportError:
+        raise MissingExtraError(
+            "reading or writing Zarr needs the zarr package; install the extra with "
+            "pip install 'shardwise[zarr]'."
+        ) from None
+    return zarr
+
+
+def _is_dask(x: Any) -> bool:
+    return type(x).__module__.startswith("dask.") and hasattr(x, "compute")
+
+
+@dataclass
+class Source:
+    """A read-only 2-or-more-dimensional array read in slices along one axis."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    kind: str
+    obj: Any = None
+    path: Path | None = None
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def read(self, axis: int, start: int, stop: int) -> np.ndarray:
+        """The slice ``[start:stop]`` along ``axis``, as a new in-memory array."""
+        if self.kind == "npy" and axis == 0:
+            assert self.path is not None
+            row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
+            out = np.empty((stop - start, *self.shape[1:]), self.dtype)
+            with open(self.path, "rb", buffering=0) as f:
+                view = memoryview(out.reshape(-1).view(np.uint8))
+                done, want, pos = 0, (stop - start) * row, self.offset + start * row
+                while done < want:
+                    n = os.preadv(f.fileno(), [view[done:]], pos + done)
+                    if n <= 0:
+                        raise ShardwiseError(f"{self.name} ended early: is it truncated?")
+                    done += n
+            return out
+        index = [slice(None)] * len(self.shape)
+        index[axis] = slice(start, stop)
+        if self.kind == "npy":
+            arr = np.load(self.path, mmap_mode="r")
+            return np.array(arr[tuple(index)])
+        part = self.obj[tuple(index)]
+        if self.kind == "dask":
+            part = part.compute()
+        return np.asarray(part, dtype=self.dtype)
+
+    def fingerprint(self, checksum: bool = False) -> dict[str, Any]:
+        """What identifies this input's contents (size and mtime, or a checksum on request)."""
+        data: dict[str, Any] = {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype.name,
+            "kind": self.kind,
+        }
+        if self.path is not None:
+            paths = (
+                [self.path]
+                if self.path.is_file()
+                else sorted(p for p in self.path.rglob("*") if p.is_file())
+            )
+            data["size"] = sum(p.stat().st_size for p in paths)
+            data["mtime_ns"] = max(p.stat().st_mtime_ns for p in paths)
+            if checksum:
+                h = hashlib.sha256()
+                for p in paths:
+                    with open(p, "rb") as f:
+                        for block in iter(lambda f=f: f.read(1 << 20), b""):
+                            h.update(block)
+                data["sha256"] = h.hexdigest()
+        return data
+
+
+def open_source(value: Any, k: int) -> Source:
+    """A NumPy array, a ``.npy`` path, a Zarr array or path, or a Dask array."""
+    if isinstance(value, str | os.PathLike):
+        path = Path(value)
+        if not path.exists():
+            raise ArgumentError(f"input {k} {str(path)!r} does not exist.")
+        if path.is_file() and path.suffix == ".npy":
+            try:
+                with open(path, "rb") as f:
+                    version = np.lib.format.read_magic(f)
+                    shape, fortran, dtype = np.lib.format._read_array_header(f, version)  # type: ignore[attr-defined]
+                    offset = f.tell()
+            except (ValueError, OSError) as e:
+                raise ArgumentError(
+                    f"input {k} {str(path)!r} is not a readable .npy file ({e})."
+                ) from None
+            if fortran:
+                raise ArgumentError(
+                    f"input {k} {str(path)!r} is in Fortran order; save it in "
+                    "C order (np.ascontiguousarray) to stream it."
+                )
+            return Source(str(path), tuple(shape), np.dtype(dtype), "npy", path=path, offset=offset)
+        if path.is_dir():
+            arr = _zarr().open_array(str(path), mode="r")
+            return Source(
+                str(path), tuple(arr.shape), np.dtype(arr.dtype), "zarr", obj=arr, path=path
+            )
+        raise ArgumentError(f"input {k} {str(path)!r} is neither a .npy file nor a Zarr directory.")
+    if _is_dask(value):
+        return Source(
+            f"dask array {k}", tuple(value.shape), np.dtype(value.dtype), "dask", obj=value
+        )
+    if type(value).__module__.startswith("zarr"):
+        return Source(
+            f"zarr array {k}", tuple(value.shape), np.dtype(value.dtype), "zarr", obj=value
+        )
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return Source(f"array {k}", tuple(value.shape), np.dtype(value.dtype), "numpy", obj=value)
+    raise ArgumentError(
+        f"input {k} is a {type(value).__name__}; give a NumPy array, a .npy path, a Zarr "
+        "array or directory, or a Dask array."
+    )
+
+
+class Sink:
+    """The output, written chunk by chunk into ``<out>.partial`` and renamed when complete."""
+
+    def __init__(self, path: Path, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        self.path = path
+        self.shape = shape
+        self.dtype = dtype
+        self.zarr = path.suffix != ".npy"
+        self.partial = path.with_name(path.name + ".partial")
+        self.offset = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def create(self) -> None:
+        """Allocate the partial output (checks space and permissions up front)."""
+        parent = self.path.parent if str(self.path.parent) else Path(".")
+        if not parent.exists():
+            raise ArgumentError(
+                f"cannot write {str(self.path)!r}: folder {str(parent)!r} does not exist."
+            )
+        free = _free_bytes(parent)
+        if free is not None and free < self.nbytes:
+            raise ShardwiseError(
+                f"not enough disk space for {str(self.path)!r}: it needs {self.nbytes:,} bytes "
+                f"and {free:,} are free on its disk."
+            )
+        try:
+            if self.zarr:
+                _zarr().open_array(str(self.partial), mode="w", shape=self.shape, dtype=self.dtype)
+                return
+            header = {
+                "descr": np.lib.format.dtype_to_descr(self.dtype),
+                "fortran_order": False,
+                "shape": self.shape,
+            }
+            with open(self.partial, "wb") as f:
+                np.lib.format.write_array_header_1_0(f, header)
+                self.offset = f.tell()
+                if self.nbytes:
+                    os.posix_fallocate(f.fileno(), self.offset, self.nbytes)
+        except PermissionError:
+            raise ShardwiseError(
+                f"cannot write {str(self.path)!r}: permission denied. Choose "
+                "an output in a folder you can write to."
+            ) from None
+        except OSError as e:
+            raise ShardwiseError(f"cannot write {str(self.path)!r}: {e.strerror or e}.") from None
+
+    def open_existing(self) -> None:
+        """Reopen a partial output left by an interrupted run."""
+        if not self.zarr:
+            with open(self.partial, "rb") as f:
+                np.lib.format.read_magic(f)
+                np.lib.format.read_array_header_1_0(f)
+                self.offset = f.tell()
+
+    def write(self, axis: int, start: int, block: np.ndarray) -> None:
+        """Write ``block`` at ``start`` along ``axis``, durably."""
+        block = np.ascontiguousarray(block, dtype=self.dtype)
+        try:
+            if self.zarr:
+                arr = _zarr().open_array(str(self.partial), mode="r+")
+                index = [slice(None)] * len(self.shape)
+                index[axis] = slice(start, start + block.shape[axis])
+                arr[tuple(index)] = block
+                return
+            if axis != 0 and self.shape:
+                raise ShardwiseError("a .npy output is written along its first axis only.")
+            row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
+            with open(self.partial, "r+b", buffering=0) as f:
+                data = memoryview(block.reshape(-1).view(np.uint8))
+                pos = self.offset + start * row
+                done = 0
+                while done < len(data):
+                    done += os.pwritev(f.fileno(), [data[done:]], pos + done)
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise ShardwiseError(
+                f"cannot write {str(self.path)!r}: {e.strerror or e}. Earlier "
+                "chunks are kept; free space and run the same command to "
+                "resume."
+            ) from None
+
+    def finish(self) -> None:
+        """Make the output visible under its real name, atomically."""
+        os.replace(self.partial, self.path)
+
+
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        import shutil
+
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
