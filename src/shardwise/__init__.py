@@ -33,6 +33,8 @@ from shardwise._op import Op as Op
 from shardwise._plan import Plan as Plan
 from shardwise._spec import Layout as Layout
 from shardwise._spec import Spec as Spec
+from shardwise._stream import StreamResult as StreamResult
+from shardwise._stream import stream as stream
 
 __version__ = "0.1.0"
 
@@ -53,11 +55,13 @@ __all__ = [
     "ShardwiseError",
     "Spec",
     "SpecError",
+    "StreamResult",
     "einsum",
     "explain",
     "explain_einsum",
     "mesh",
     "shard",
+    "stream",
     "use_cpu_devices",
 ]
 

@@ -8,6 +8,7 @@ of streaming is that it stays within a budget.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ class Source:
             row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
             out = np.empty((stop - start, *self.shape[1:]), self.dtype)
             with open(self.path, "rb", buffering=0) as f:
-                view = memoryview(out.reshape(-1).view(np.uint8))
+                view = out.reshape(-1).view(np.uint8).data
                 done, want, pos = 0, (stop - start) * row, self.offset + start * row
                 while done < want:
                     n = os.preadv(f.fileno(), [view[done:]], pos + done)
@@ -68,6 +69,7 @@ class Source:
         index = [slice(None)] * len(self.shape)
         index[axis] = slice(start, stop)
         if self.kind == "npy":
+            assert self.path is not None
             arr = np.load(self.path, mmap_mode="r")
             return np.array(arr[tuple(index)])
         part = self.obj[tuple(index)]
@@ -95,7 +97,7 @@ class Source:
                 h = hashlib.sha256()
                 for p in paths:
                     with open(p, "rb") as f:
-                        for block in iter(lambda f=f: f.read(1 << 20), b""):
+                        for block in iter(functools.partial(f.read, 1 << 20), b""):
                             h.update(block)
                 data["sha256"] = h.hexdigest()
         return data
@@ -111,7 +113,12 @@ def open_source(value: Any, k: int) -> Source:
             try:
                 with open(path, "rb") as f:
                     version = np.lib.format.read_magic(f)
-                    shape, fortran, dtype = np.lib.format._read_array_header(f, version)  # type: ignore[attr-defined]
+                    read_header = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, fortran, dtype = read_header(f)
                     offset = f.tell()
             except (ValueError, OSError) as e:
                 raise ArgumentError(
@@ -217,7 +224,7 @@ class Sink:
                 raise ShardwiseError("a .npy output is written along its first axis only.")
             row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
             with open(self.partial, "r+b", buffering=0) as f:
-                data = memoryview(block.reshape(-1).view(np.uint8))
+                data = block.reshape(-1).view(np.uint8).data
                 pos = self.offset + start * row
                 done = 0
                 while done < len(data):

@@ -80,10 +80,13 @@ def plan_stream(
     """
     sizes = op.sizes([s.shape for s in sources])
     shared = [i for i in op.contracted if all(i in t for t in op.inputs)]
-    if op.batch:
-        index, accumulate = op.batch[0], False
-    elif shared:
-        index, accumulate = shared[0], True
+    candidates = [*op.batch, *shared]
+    if candidates:
+        # the longest index, preferring the leading axis (read with plain pread) and batch
+        index = max(
+            candidates, key=lambda i: (sizes[i], all(t[0] == i for t in op.inputs), i in op.batch)
+        )
+        accumulate = index not in op.batch
     else:
         raise ArgumentError(
             f"cannot stream {op.equation!r}: chunks run along an index that every input has "

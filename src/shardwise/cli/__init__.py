@@ -9,6 +9,7 @@ from shardwise.cli import calibrate as _calibrate
 from shardwise.cli import demo as _demo
 from shardwise.cli import explain as _explain
 from shardwise.cli import plan as _plan
+from shardwise.cli import run as _run
 
 app = typer.Typer(
     name="shardwise",
@@ -22,6 +23,7 @@ app.command("explain")(_explain.explain)
 app.command("plan")(_plan.plan)
 app.command("calibrate")(_calibrate.calibrate)
 app.command("bench")(_bench.bench)
+app.command("run")(_run.run)
 
 
 def main() -> None:

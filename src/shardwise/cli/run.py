@@ -1,0 +1,89 @@
+"""``shardwise run``: stream an einsum over inputs of any size into a file, resumably."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+
+from shardwise.cli._common import Devices, friendly_errors, print_json, setup_devices
+
+
+@friendly_errors
+def run(
+    equation: Annotated[str, typer.Argument(help="Einsum equation, e.g. 'nd,nd->n'.")],
+    inputs: Annotated[list[str], typer.Argument(help=".npy files or Zarr directories.")],
+    out: Annotated[Path, typer.Option("--out", help="Output: a .npy file, or a Zarr folder.")],
+    mesh: Annotated[str, typer.Option("--mesh", help="Mesh each chunk is split over.")] = "auto",
+    budget: Annotated[str, typer.Option("--budget", help="Host memory for data, e.g. 1GiB.")] = (
+        "2GiB"
+    ),
+    chunk: Annotated[
+        str, typer.Option("--chunk", help="Chunk size along the streamed index, or auto.")
+    ] = "auto",
+    checksum: Annotated[
+        bool, typer.Option("--checksum", help="On resume, compare inputs by SHA-256 too.")
+    ] = False,
+    json: Annotated[bool, typer.Option("--json", help="Print what was done as JSON.")] = False,
+    devices: Devices = None,
+) -> None:
+    """Stream an einsum through the mesh a chunk at a time; rerun the same command to resume."""
+    setup_devices(devices)
+    from shardwise._stream import stream
+
+    size: int | str = int(chunk) if chunk.isdigit() else chunk
+    console = Console(stderr=True)
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("chunks"),
+        TextColumn("{task.fields[read]}"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=json) as progress:
+        task = progress.add_task(equation, total=None, read="")
+        start = time.perf_counter()
+
+        def on_chunk(done: int, total: int, nbytes: int) -> None:
+            rate = nbytes / max(time.perf_counter() - start, 1e-9) / 1e6
+            progress.update(
+                task,
+                total=total,
+                completed=done,
+                read=f"{nbytes / 1e6:,.1f} MB read, {rate:,.0f} MB/s",
+            )
+
+        result = stream(
+            equation,
+            *inputs,
+            mesh=mesh,
+            out=out,
+            budget=budget,
+            chunk=size,
+            checksum=checksum,
+            on_chunk=on_chunk,
+        )
+        progress.update(task, total=result.chunks, completed=result.chunks)
+    if json:
+        print_json(result.to_json())
+    elif result.computed == 0:
+        console.print(f"{out} is already complete ({result.chunks} chunks); nothing to do.")
+    else:
+        console.print(
+            f"wrote {out}: {result.computed} chunks computed"
+            + (f", {result.skipped} resumed from an earlier run" if result.skipped else "")
+            + f", {result.bytes_read / 1e6:,.1f} MB read at "
+            f"{result.throughput / 1e6:,.0f} MB/s (chunk {result.plan.chunk} along "
+            f"{result.plan.index!r})"
+        )

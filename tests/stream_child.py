@@ -1,0 +1,39 @@
+"""Run one streamed einsum in a child process (for kill and memory tests).
+
+usage: python stream_child.py EQUATION OUT BUDGET [--slow] [--rss] INPUT...
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import sys
+import time
+
+import shardwise
+
+shardwise.use_cpu_devices(8)
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    slow = "--slow" in args
+    rss = "--rss" in args
+    args = [a for a in args if a not in ("--slow", "--rss")]
+    equation, out, budget, *inputs = args
+
+    def on_chunk(done: int, total: int, nbytes: int) -> None:
+        if slow:
+            time.sleep(random.uniform(0.0, 0.03))
+
+    result = shardwise.stream(
+        equation, *inputs, mesh="devices=8", out=out, budget=budget, on_chunk=on_chunk
+    )
+    if rss:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(json.dumps({"peak_rss": peak, **result.to_json()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Streaming: equal to in-memory, resumable after SIGKILL, bounded memory, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import shardwise
+from shardwise import ArgumentError, ShapeError, ShardwiseError
+from shardwise._op import Op
+from shardwise._sources import Source
+from shardwise._stream import plan_stream
+from shardwise.cli import app
+
+CHILD = Path(__file__).with_name("stream_child.py")
+runner = CliRunner()
+
+
+def _inputs(tmp_path, n=10_001, d=3, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    a, b = rng.random((n, d)).astype(dtype), rng.random((n, d)).astype(dtype)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    return a, b
+
+
+@pytest.mark.parametrize(
+    ("equation", "shape_b"),
+    [("nd,nd->n", None), ("nd,nd->", None), ("nd,nd->d", None), ("nd,ne->de", (10_001, 2))],
+)
+def test_streamed_equals_in_memory(tmp_path, equation, shape_b):
+    a, b = _inputs(tmp_path)
+    if shape_b:
+        b = np.random.default_rng(1).random(shape_b).astype(np.float32)
+        np.save(tmp_path / "b.npy", b)
+    out = tmp_path / "out.npy"
+    r = shardwise.stream(
+        equation, tmp_path / "a.npy", tmp_path / "b.npy", mesh="devices=8", out=out, budget="64KiB"
+    )
+    assert r.chunks > 4 and r.computed == r.chunks
+    expected = np.einsum(equation, a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(np.load(out), expected, rtol=1e-4)
+    assert not out.with_name("out.npy.partial").exists()
+
+
+def test_sources_numpy_zarr_dask_and_zarr_output(tmp_path):
+    import dask.array as da
+    import zarr
+
+    a, b = _inputs(tmp_path)
+    z = zarr.open_array(str(tmp_path / "a.zarr"), mode="w", shape=a.shape, dtype=a.dtype)
+    z[:] = a
+    expected = np.einsum("nd,nd->n", a, b)
+    for first in (a, str(tmp_path / "a.zarr"), da.from_array(a, chunks=(3000, 3))):
+        out = tmp_path / f"out-{random.random()}.zarr"
+        shardwise.stream("nd,nd->n", first, b, out=out, budget="64KiB")
+        np.testing.assert_allclose(zarr.open_array(str(out), mode="r")[:], expected, rtol=1e-5)
+
+
+def test_rerun_after_completion_does_no_work(tmp_path):
+    _inputs(tmp_path)
+    args = ("nd,nd->n", tmp_path / "a.npy", tmp_path / "b.npy")
+    first = shardwise.stream(*args, out=tmp_path / "o.npy", budget="64KiB")
+    before = (tmp_path / "o.npy").stat().st_mtime_ns
+    again = shardwise.stream(*args, out=tmp_path / "o.npy", budget="64KiB")
+    assert first.computed > 0 and again.computed == 0 and again.skipped == first.chunks
+    assert (tmp_path / "o.npy").stat().st_mtime_ns == before
+
+
+def _run_child(args, slow=False):
+    cmd = [sys.executable, str(CHILD), *map(str, args)] + (["--slow"] if slow else [])
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("equation", ["nd,nd->n", "nd,nd->"])
+def test_resume_after_sigkill_gives_identical_output(tmp_path, equation):
+    _inputs(tmp_path, n=40_000)
+    ins = [tmp_path / "a.npy", tmp_path / "b.npy"]
+    reference = tmp_path / "reference.npy"
+    shardwise.stream(equation, *ins, out=reference, budget="64KiB")
+    rng = random.Random(7)
+    trials = 6
+    interrupted = 0
+    for trial in range(trials):
+        out = tmp_path / f"out{trial}.npy"
+        child = _run_child([equation, out, "64KiB", *ins], slow=True)
+        # kill once the child has started writing chunks, at a random moment
+        manifest = out.with_name(out.name + ".manifest.json")
+        deadline = time.time() + 60
+        while not manifest.exists() and time.time() < deadline and child.poll() is None:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.6))
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+            interrupted += 1
+        child.wait()
+        if not out.exists():
+            assert out.with_name(out.name + ".partial").exists()
+        resumed = shardwise.stream(equation, *ins, out=out, budget="64KiB")
+        assert resumed.computed + resumed.skipped == resumed.chunks
+        assert out.read_bytes() == reference.read_bytes()
+    assert interrupted >= trials // 2
+
+
+def test_peak_memory_stays_within_the_budget(tmp_path):
+    budget = 8 * 2**20
+    big_n = 8 * budget // 24  # two (n, 3) float32 inputs: 8× the budget in all
+    rng = np.random.default_rng(0)
+    for name, n in (("big", big_n), ("small", big_n // 64)):
+        for side in "ab":
+            np.save(tmp_path / f"{name}-{side}.npy", rng.random((n, 3), dtype=np.float32))
+    peaks = {}
+    for name in ("big", "small"):
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(CHILD),
+                "nd,nd->n",
+                str(tmp_path / f"{name}.npy"),
+                str(budget),
+                "--rss",
+                str(tmp_path / f"{name}-a.npy"),
+                str(tmp_path / f"{name}-b.npy"),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        peaks[name] = json.loads(out.stdout.strip().splitlines()[-1])["peak_rss"]
+    # the small run's peak is the runtime's fixed overhead plus a small chunk
+    assert peaks["big"] - peaks["small"] <= 1.5 * budget, peaks
+
+
+def test_plan_refuses_a_budget_too_small_and_says_what_would_do():
+    src = Source("a", (1000, 3), np.dtype("float32"), "numpy")
+    with pytest.raises(ArgumentError, match=r"cannot hold the smallest chunk.*use --budget"):
+        plan_stream(Op.parse("nd,nd->n"), [src, src], devices=8, budget=100)
+    with pytest.raises(ArgumentError, match="every input has"):
+        plan_stream(
+            Op.parse("i,j->ij"),
+            [Source("a", (4,), np.dtype("float32"), "numpy")] * 2,
+            devices=1,
+            budget=10**6,
+        )
+
+
+def test_bad_inputs(tmp_path, monkeypatch):
+    a, b = _inputs(tmp_path)
+    np.save(tmp_path / "short.npy", b[:100])
+    np.save(tmp_path / "f64.npy", b.astype(np.float64))
+    with pytest.raises(ShapeError, match="index 'n' has size 10001 in operand 0 but 100"):
+        shardwise.stream(
+            "nd,nd->n", tmp_path / "a.npy", tmp_path / "short.npy", out=tmp_path / "o.npy"
+        )
+    with pytest.raises(ShapeError, match="must share one dtype"):
+        shardwise.stream(
+            "nd,nd->n", tmp_path / "a.npy", tmp_path / "f64.npy", out=tmp_path / "o.npy"
+        )
+    with pytest.raises(ArgumentError, match="does not exist"):
+        shardwise.stream("nd,nd->n", tmp_path / "nope.npy", b, out=tmp_path / "o.npy")
+    with pytest.raises(ArgumentError, match=r"folder .* does not exist"):
+        shardwise.stream("nd,nd->n", a, b, out=tmp_path / "no" / "o.npy")
+    monkeypatch.setattr("shardwise._sources._free_bytes", lambda folder: 10)
+    with pytest.raises(ShardwiseError, match="not enough disk space"):
+        shardwise.stream("nd,nd->n", a, b, out=tmp_path / "full.npy")
+    monkeypatch.undo()
+    (tmp_path / "exists.npy").write_bytes(b"keep me")
+    with pytest.raises(ArgumentError, match="already exists"):
+        shardwise.stream("nd,nd->n", a, b, out=tmp_path / "exists.npy")
+    assert (tmp_path / "exists.npy").read_bytes() == b"keep me"
+
+
+def test_changed_input_is_refused_and_results_kept(tmp_path):
+    a, _ = _inputs(tmp_path, n=40_000)
+    ins = [tmp_path / "a.npy", tmp_path / "b.npy"]
+    out = tmp_path / "o.npy"
+    child = _run_child(["nd,nd->n", out, "64KiB", *ins], slow=True)
+    manifest = out.with_name("o.npy.manifest.json")
+    while not manifest.exists() and child.poll() is None:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    if out.exists():
+        pytest.skip("the child finished before it could be interrupted")
+    partial = out.with_name("o.npy.partial").read_bytes()
+    np.save(ins[0], a + 1)
+    with pytest.raises(ShardwiseError, match=r"input 0 .* changed since the last run"):
+        shardwise.stream("nd,nd->n", *ins, out=out, budget="64KiB")
+    assert out.with_name("o.npy.partial").read_bytes() == partial
+    assert manifest.exists()
+
+
+def test_zarr_missing_names_the_extra(tmp_path, monkeypatch):
+    import sys as _sys
+
+    (tmp_path / "z").mkdir()
+    monkeypatch.setitem(_sys.modules, "zarr", None)
+    with pytest.raises(ImportError, match=r"shardwise\[zarr\]"):
+        shardwise.stream("nd,nd->n", tmp_path / "z", np.ones((8, 3)), out=tmp_path / "o.npy")
+
+
+def test_cli_run(tmp_path):
+    a, b = _inputs(tmp_path)
+    out = tmp_path / "o.npy"
+    args = [
+        "run",
+        "nd,nd->n",
+        str(tmp_path / "a.npy"),
+        str(tmp_path / "b.npy"),
+        "--out",
+        str(out),
+        "--budget",
+        "64KiB",
+    ]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["computed"] == data["chunks"] > 1
+    np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "nothing to do" in again.output
+    small = runner.invoke(app, [*args[:4], str(tmp_path / "other.npy"), "--budget", "100B"])
+    assert small.exit_code == 2
+    assert "cannot hold the smallest chunk" in " ".join(small.output.split())
+    os.remove(out)
