@@ -230,7 +230,9 @@ def test_cli_run(tmp_path):
     np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "nothing to do" in again.output
-    small = runner.invoke(app, [*args[:4], str(tmp_path / "other.npy"), "--budget", "100B"])
+    small = runner.invoke(
+        app, [*args[:4], "--out", str(tmp_path / "other.npy"), "--budget", "100B"]
+    )
     assert small.exit_code == 2
     assert "cannot hold the smallest chunk" in " ".join(small.output.split())
     os.remove(out)
