@@ -22,7 +22,13 @@ def test_demo_small_json_follows_the_contract():
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["devices"] == {"platform": "cpu", "count": 8}
-    assert [s["name"] for s in data["scenarios"]] == ["S1", "S2", "S3", "S4"]
+    assert [s["name"] for s in data["scenarios"]] == ["S1", "S2", "S3", "S4", "S5"]
+    s5 = data["scenarios"].pop()
+    assert s5["ok"] and [p["name"] for p in s5["parts"]] == [
+        "data.mean()",
+        "dot(data, data).mean()",
+    ]
+    assert all(p["max_abs_error"] <= 1e-9 * abs(p["dask_value"]) for p in s5["parts"])
     for s in data["scenarios"]:
         assert s["ok"] is True
         assert 0 <= s["max_abs_error"] <= s["tolerance"]
@@ -63,7 +69,7 @@ def test_demo_exits_nonzero_on_a_wrong_result(monkeypatch):
     monkeypatch.setattr(demo, "check_einsum", wrong)
     result = runner.invoke(app, ["demo", "--size", "small", "--repeat", "1"])
     assert result.exit_code == 1
-    assert "wrong results in S1, S2, S3, S4" in result.output
+    assert "wrong results in S1, S2, S3, S4" in result.output  # S5 is checked against Dask
 
 
 def test_demo_bad_size():

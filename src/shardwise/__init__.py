@@ -14,6 +14,7 @@ from shardwise._api import Sharded as Sharded
 from shardwise._api import einsum as einsum
 from shardwise._api import explain as explain
 from shardwise._api import explain_einsum as explain_einsum
+from shardwise._api import mean as mean
 from shardwise._api import shard as shard
 from shardwise._cause import Cause as Cause
 from shardwise._devices import apply_env as _apply_env
@@ -59,6 +60,7 @@ __all__ = [
     "einsum",
     "explain",
     "explain_einsum",
+    "mean",
     "mesh",
     "shard",
     "stream",

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from shardwise._dask import dask_einsum, dask_mean, is_dask
 from shardwise._errors import ArgumentError, SpecError
 from shardwise._explain import Explanation, compile_plan, explain_compiled, explain_function
 from shardwise._lower import is_explicit, lower, named
@@ -57,17 +58,26 @@ def auto_layout(
     Uses the calibrated profile of these devices if ``shardwise calibrate`` stored one, else a
     built-in profile for the platform.
     """
+    in_specs, out_spec, why = _auto_layout(
+        equation, tuple(tuple(int(n) for n in s) for s in shapes), np.dtype(dtype).name, mesh
+    )
+    log.info("auto layout for %s on mesh %s: %s", equation, MeshSpec.parse(mesh).describe(), why)
+    return list(in_specs), out_spec, why
+
+
+@functools.lru_cache(maxsize=256)
+def _auto_layout(
+    equation: str, shapes: tuple[tuple[int, ...], ...], dtype: str, mesh: Mesh
+) -> tuple[tuple[Spec, ...], Spec, str]:
     from shardwise._planner import rank
     from shardwise._profile import default_profile
 
     spec = MeshSpec.parse(mesh)
     op = Op.parse(equation)
     profile = default_profile(mesh.devices.flat[0].platform, spec.size)
-    report = rank(op, shapes, spec, np.dtype(dtype).name, profile)
+    report = rank(op, shapes, spec, dtype, profile)
     best = report.best.strategy
-    why = report.why()
-    log.info("auto layout for %s on mesh %s: %s", op.equation, spec.describe(), why)
-    return list(best.in_specs(op)), best.out_spec, why
+    return best.in_specs(op), best.out_spec, report.why()
 
 
 def _make_plan(
@@ -178,13 +188,13 @@ def jitted(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.A
 def einsum(
     equation: str,
     *arrays: Any,
-    mesh: MeshLike,
+    mesh: MeshLike = "auto",
     layout: LayoutLike | Literal["auto"] | None = None,
     in_specs: Sequence[SpecLike] | None = None,
     out_spec: SpecLike | Literal["infer"] = "infer",
     mode: str = "auto",
     precision: Any = None,
-) -> jax.Array:
+) -> Any:
     """Compute an einsum sharded over a device mesh.
 
     Give the layout either per index (``layout="n=x,d=y"``) or per operand
@@ -194,7 +204,8 @@ def einsum(
     Args:
         equation: an einsum equation, e.g. ``"nd,nd->n"``.
         *arrays: NumPy or JAX arrays.
-        mesh: a JAX ``Mesh`` or a description such as ``"x=2,y=4"``.
+        mesh: a JAX ``Mesh`` or a description such as ``"x=2,y=4"``; by default every
+            device on one axis.
         layout: index → mesh axes, or ``"auto"`` for the planner's best strategy (logged on
             the ``shardwise`` logger with the reason).
         in_specs: one partition spec per operand (``None`` for replicated).
@@ -204,7 +215,9 @@ def einsum(
         precision: passed to ``jnp.einsum``.
 
     Returns:
-        A ``jax.Array`` with the output sharding.
+        A ``jax.Array`` with the output sharding; given Dask arrays, a lazy Dask array whose
+        blocks each run on the mesh (``.compute()`` runs it, on ``dask.distributed`` workers
+        where a client is active).
 
     >>> import numpy as np
     >>> a = np.arange(24.0, dtype=np.float32).reshape(8, 3)
@@ -212,6 +225,13 @@ def einsum(
     >>> out.sharding.spec, bool(np.allclose(out, (a * a).sum(1)))
     (P('devices',), True)
     """
+    if any(is_dask(a) for a in arrays):
+        if layout not in (None, "auto") or in_specs is not None or mode != "auto":
+            raise ArgumentError(
+                "with Dask arrays each block gets the planner's best layout; leave out layout=, "
+                "in_specs= and mode= (or compute the Dask arrays first)."
+            )
+        return dask_einsum(equation, *arrays, mesh=None if mesh == "auto" else mesh)
     jmesh = _jax_mesh(mesh)
     key = _plan_key(equation, arrays, jmesh, layout, in_specs, out_spec, mode, precision)
     cached = _PLANS.get(key) if key is not None else None
@@ -429,3 +449,21 @@ def explain(
             **einsum_options,
         )
     return shard(fn, mesh, in_specs, out_specs).explain(*args)
+
+
+def mean(x: Any, *, mesh: MeshLike = "auto") -> Any:
+    """The mean of an array on the mesh: NumPy or JAX arrays give a scalar ``jax.Array``
+    (split along the first axis); Dask arrays give a lazy Dask scalar, each block on the mesh.
+
+    >>> import numpy as np
+    >>> float(mean(np.arange(16.0).reshape(8, 2), mesh="devices=8"))
+    7.5
+    """
+    if is_dask(x):
+        return dask_mean(x, mesh=None if mesh == "auto" else mesh)
+    letters = "abcdefghijklmnopqrstuvwxyz"[: x.ndim]
+    jmesh = _jax_mesh(mesh)
+    first = {letters[0]: MeshSpec.parse(jmesh).names} if x.ndim else {}
+    with jax.enable_x64(np.dtype(x.dtype) == np.float64):
+        total = einsum(f"{letters}->", x, mesh=jmesh, layout=first)
+        return total / x.size
