@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-import resource
 import sys
 import time
 
@@ -31,8 +30,9 @@ def main() -> None:
         equation, *inputs, mesh="devices=8", out=out, budget=budget, on_chunk=on_chunk
     )
     if rss:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        print(json.dumps({"peak_rss": peak, **result.to_json()}))
+        from shardwise._stream import peak_rss
+
+        print(json.dumps({"peak_rss": peak_rss(), **result.to_json()}))
 
 
 if __name__ == "__main__":

@@ -51,12 +51,17 @@ class Source:
     def nbytes(self) -> int:
         return int(np.prod(self.shape)) * self.dtype.itemsize
 
-    def read(self, axis: int, start: int, stop: int) -> np.ndarray:
-        """The slice ``[start:stop]`` along ``axis``, as a new in-memory array."""
+    def read(self, axis: int, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The slice ``[start:stop]`` along ``axis``: into the leading part of ``out`` when
+        given (reusing warm memory is much faster than faulting in fresh pages), else a new
+        array."""
         if self.kind == "npy" and axis == 0:
             assert self.path is not None
             row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
-            out = np.empty((stop - start, *self.shape[1:]), self.dtype)
+            if out is None:
+                out = np.empty((stop - start, *self.shape[1:]), self.dtype)
+            else:
+                out = out[: stop - start]
             with open(self.path, "rb", buffering=0) as f:
                 view = out.reshape(-1).view(np.uint8).data
                 done, want, pos = 0, (stop - start) * row, self.offset + start * row
@@ -71,11 +76,21 @@ class Source:
         if self.kind == "npy":
             assert self.path is not None
             arr = np.load(self.path, mmap_mode="r")
-            return np.array(arr[tuple(index)])
+            data = np.array(arr[tuple(index)])
+            if out is None:
+                return data
+            target = out[tuple(slice(0, n) for n in data.shape)]
+            np.copyto(target, data)
+            return target
         part = self.obj[tuple(index)]
         if self.kind == "dask":
             part = part.compute()
-        return np.asarray(part, dtype=self.dtype)
+        data = np.asarray(part, dtype=self.dtype)
+        if out is None:
+            return data
+        target = out[tuple(slice(0, n) for n in data.shape)]
+        np.copyto(target, data)
+        return target
 
     def fingerprint(self, checksum: bool = False) -> dict[str, Any]:
         """What identifies this input's contents (size and mtime, or a checksum on request)."""

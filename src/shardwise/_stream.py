@@ -157,6 +157,19 @@ class StreamResult:
         }
 
 
+def peak_rss() -> int | None:
+    """This process's peak resident memory in bytes (Linux ``VmHWM``: the address space made
+    by exec, unlike ``ru_maxrss``, which keeps the peak of a forked parent's copy)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
@@ -285,25 +298,64 @@ def stream(
     start_time = time.perf_counter()
     bytes_read = 0
 
-    def read(c: int) -> list[np.ndarray]:
+    # two warm buffers per input, used in turn: chunk c+1 is read into one while chunk c
+    # computes from the other (fresh pages cost more to fault in than to fill)
+    buffers: list[list[np.ndarray]] = [[], []]
+
+    def read(c: int, slot: int) -> list[np.ndarray]:
         lo, hi = c * plan.chunk, min((c + 1) * plan.chunk, plan.total)
+        if not buffers[slot]:
+            for k, s in enumerate(sources):
+                shape = list(s.shape)
+                shape[axis_of[k]] = plan.chunk
+                buffers[slot].append(np.empty(shape, s.dtype))
         blocks = []
         for k, s in enumerate(sources):
-            block = s.read(axis_of[k], lo, hi)
+            buf = buffers[slot][k]
+            s.read(axis_of[k], lo, hi, out=buf)
             if hi - lo < plan.chunk:  # pad the last chunk to split evenly; zeros add nothing
-                pad = [(0, 0)] * block.ndim
-                pad[axis_of[k]] = (0, plan.chunk - (hi - lo))
-                block = np.pad(block, pad)
-            blocks.append(block)
+                tail = [slice(None)] * buf.ndim
+                tail[axis_of[k]] = slice(hi - lo, None)
+                buf[tuple(tail)] = 0
+            blocks.append(buf)
         return blocks
 
     program = None
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(read, todo[0]) if todo else None
+
+    def commit(c: int, result: np.ndarray) -> None:
+        """Land chunk ``c``'s result, then record it in the manifest (the commit point)."""
+        nonlocal acc
+        lo, hi = c * plan.chunk, min((c + 1) * plan.chunk, plan.total)
+        if plan.accumulate:
+            assert acc is not None
+            acc = acc + result
+            name = f"{target.name}.acc.{c}.npy"
+            _save_array(target.parent / name, acc)
+            old = manifest.get("accumulator")
+            manifest["accumulator"] = name
+        else:
+            out_axis = op.output.index(plan.index)
+            index = [slice(None)] * result.ndim
+            index[out_axis] = slice(0, hi - lo)
+            sink.write(out_axis, lo, result[tuple(index)])
+            old = None
+        done.add(c)
+        manifest["done"] = sorted(done)
+        _write_json(manifest_path, manifest)
+        if old:
+            (target.parent / old).unlink(missing_ok=True)
+        if on_chunk is not None:
+            on_chunk(len(done), plan.chunks, bytes_read)
+
+    # three stages overlap: reading chunk c+1, computing chunk c, writing chunk c-1; each
+    # stage runs in order on its own thread, so the manifest still records chunks in order
+    with ThreadPoolExecutor(max_workers=1) as reader, ThreadPoolExecutor(max_workers=1) as writer:
+        pending = reader.submit(read, todo[0], 0) if todo else None
+        writing = None
         for n, c in enumerate(todo):
             assert pending is not None
             blocks = pending.result()
-            pending = pool.submit(read, todo[n + 1]) if n + 1 < len(todo) else None
+            pending = reader.submit(read, todo[n + 1], (n + 1) % 2) if n + 1 < len(todo) else None
             bytes_read += sum(b.nbytes for b in blocks)
             if program is None:
                 the_plan, _ = plan_einsum(op.equation, *blocks, mesh=jmesh, layout=layout)
@@ -311,28 +363,11 @@ def stream(
             the_plan, fn = program
             result = np.asarray(jax.device_get(fn(*place(the_plan, jmesh, blocks))))
             del blocks
-            lo, hi = c * plan.chunk, min((c + 1) * plan.chunk, plan.total)
-            if plan.accumulate:
-                assert acc is not None
-                acc = acc + result
-                name = f"{target.name}.acc.{c}.npy"
-                _save_array(target.parent / name, acc)
-                old = manifest.get("accumulator")
-                manifest["accumulator"] = name
-                manifest["done"] = sorted(done | {c})
-                _write_json(manifest_path, manifest)
-                if old:
-                    (target.parent / old).unlink(missing_ok=True)
-            else:
-                out_axis = op.output.index(plan.index)
-                index = [slice(None)] * result.ndim
-                index[out_axis] = slice(0, hi - lo)
-                sink.write(out_axis, lo, result[tuple(index)])
-                manifest["done"] = sorted(done | {c})
-                _write_json(manifest_path, manifest)
-            done.add(c)
-            if on_chunk is not None:
-                on_chunk(len(done), plan.chunks, bytes_read)
+            if writing is not None:
+                writing.result()  # at most one result waits to be written (bounded memory)
+            writing = writer.submit(commit, c, result)
+        if writing is not None:
+            writing.result()
     if plan.accumulate:
         assert acc is not None
         sink.write(0, 0, acc) if acc.ndim else _write_scalar(sink, acc)

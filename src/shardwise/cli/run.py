@@ -76,7 +76,9 @@ def run(
         )
         progress.update(task, total=result.chunks, completed=result.chunks)
     if json:
-        print_json(result.to_json())
+        from shardwise._stream import peak_rss
+
+        print_json({**result.to_json(), "peak_rss_bytes": peak_rss()})
     elif result.computed == 0:
         console.print(f"{out} is already complete ({result.chunks} chunks); nothing to do.")
     else:
