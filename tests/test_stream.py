@@ -67,6 +67,22 @@ def test_sources_numpy_zarr_dask_and_zarr_output(tmp_path):
         np.testing.assert_allclose(zarr.open_array(str(out), mode="r")[:], expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["auto", "n=x,d=y"])
+def test_chunk_layouts(tmp_path, layout):
+    a, b = _inputs(tmp_path, d=4)
+    out = tmp_path / "o.npy"
+    shardwise.stream(
+        "nd,nd->n",
+        tmp_path / "a.npy",
+        tmp_path / "b.npy",
+        mesh="x=2,y=2",
+        out=out,
+        budget="64KiB",
+        layout=layout,
+    )
+    np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)
+
+
 def test_rerun_after_completion_does_no_work(tmp_path):
     _inputs(tmp_path)
     args = ("nd,nd->n", tmp_path / "a.npy", tmp_path / "b.npy")

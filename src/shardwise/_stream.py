@@ -206,6 +206,7 @@ def stream(
     budget: str | int = "2GiB",
     chunk: int | str = "auto",
     checksum: bool = False,
+    layout: Any = None,
     on_chunk: Callable[[int, int, int], None] | None = None,
 ) -> StreamResult:
     """Run an einsum over inputs of any size, a chunk at a time, within a memory budget.
@@ -219,6 +220,9 @@ def stream(
             compiled programs) comes on top.
         chunk: size of a chunk along the streamed index, or ``"auto"`` (the largest that fits).
         checksum: compare inputs by SHA-256 on resume, not only by size and mtime.
+        layout: each chunk's layout on the mesh: by default the streamed index split over
+            every mesh axis; ``"auto"`` for the planner's best for the chunk's shapes; or an
+            index layout such as ``"n=x,d=y"`` (it must divide the chunk).
         on_chunk: called after each chunk with (chunks done, chunk count, bytes read).
 
     Returns:
@@ -294,7 +298,7 @@ def stream(
         acc = np.load(target.parent / acc_name) if acc_name else np.zeros(out_shape, dtype)
     axis_of = {k: t.index(plan.index) for k, t in enumerate(op.inputs)}
     todo = [c for c in range(plan.chunks) if c not in done]
-    layout = {plan.index: spec.names}
+    chunk_layout = {plan.index: spec.names} if layout is None else layout
     start_time = time.perf_counter()
     bytes_read = 0
 
@@ -358,7 +362,7 @@ def stream(
             pending = reader.submit(read, todo[n + 1], (n + 1) % 2) if n + 1 < len(todo) else None
             bytes_read += sum(b.nbytes for b in blocks)
             if program is None:
-                the_plan, _ = plan_einsum(op.equation, *blocks, mesh=jmesh, layout=layout)
+                the_plan, _ = plan_einsum(op.equation, *blocks, mesh=jmesh, layout=chunk_layout)
                 program = (the_plan, jitted(the_plan, jmesh))
             the_plan, fn = program
             result = np.asarray(jax.device_get(fn(*place(the_plan, jmesh, blocks))))

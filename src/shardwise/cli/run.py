@@ -31,6 +31,17 @@ def run(
     chunk: Annotated[
         str, typer.Option("--chunk", help="Chunk size along the streamed index, or auto.")
     ] = "auto",
+    layout: Annotated[
+        str | None,
+        typer.Option(
+            "--layout",
+            help="Each chunk's index layout, e.g. n=x,d=y "
+            "(default: the streamed index over every mesh axis).",
+        ),
+    ] = None,
+    auto: Annotated[
+        bool, typer.Option("--auto", help="Each chunk on the planner's best layout.")
+    ] = False,
     checksum: Annotated[
         bool, typer.Option("--checksum", help="On resume, compare inputs by SHA-256 too.")
     ] = False,
@@ -72,6 +83,7 @@ def run(
             budget=budget,
             chunk=size,
             checksum=checksum,
+            layout="auto" if auto else layout,
             on_chunk=on_chunk,
         )
         progress.update(task, total=result.chunks, completed=result.chunks)
