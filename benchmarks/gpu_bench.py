@@ -15,21 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from typing import Any
-
-
-def median_seconds(fn: Any, repeat: int) -> float:
-    import jax
-
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -46,6 +32,7 @@ def main() -> None:
 
     import shardwise
     from shardwise._api import jitted, place, plan_einsum
+    from shardwise.bench.timing import median_seconds
 
     devices = jax.devices()
     mesh = shardwise.mesh(f"devices={len(devices)}")

@@ -7,11 +7,9 @@ cost model needs (on simulated CPU devices the devices share the host's cores).
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,16 +20,7 @@ from jax.sharding import PartitionSpec as P
 from shardwise._mesh import MeshSpec
 from shardwise._profile import Link, Profile, local_name
 from shardwise._resources import device_capacity
-
-
-def _median_time(fn: Callable[[], Any], repeat: int) -> float:
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from shardwise.bench.timing import median_seconds
 
 
 def _flat(mesh: Mesh) -> P:
@@ -51,8 +40,8 @@ def memory_bandwidth(mesh: Mesh, per_device_bytes: int, repeat: int) -> float:
         )
     )
     scale = jax.jit(lambda b: b * 1.0001)
-    read = per_device_bytes / _median_time(lambda: local_sum(x), repeat)
-    copy = 2 * per_device_bytes / _median_time(lambda: scale(x), repeat)
+    read = per_device_bytes / median_seconds(lambda: local_sum(x), repeat)
+    copy = 2 * per_device_bytes / median_seconds(lambda: scale(x), repeat)
     return max(read, copy)
 
 
@@ -60,7 +49,7 @@ def matmul_flops(mesh: Mesh, size: int, dtype: str, repeat: int) -> float:
     """FLOP/s of one device doing a ``size``³ matmul while every device does one."""
     a = jax.device_put(jnp.ones((mesh.size, size, size), dtype), NamedSharding(mesh, _flat(mesh)))
     mm = jax.jit(lambda x: jnp.einsum("bij,bjk->bik", x, x))
-    return 2 * size**3 / _median_time(lambda: mm(a), repeat)
+    return 2 * size**3 / median_seconds(lambda: mm(a), repeat)
 
 
 def collective_link(mesh: Mesh, axis: str, kind: str, small: int, large: int, repeat: int) -> Link:
@@ -86,7 +75,7 @@ def collective_link(mesh: Mesh, axis: str, kind: str, small: int, large: int, re
         f = jax.jit(
             jax.shard_map(body, mesh=mesh, in_specs=_flat(mesh), out_specs=out, check_vma=False)
         )
-        return _median_time(lambda: f(x), repeat)
+        return median_seconds(lambda: f(x), repeat)
 
     t_small, t_large = timed(small), timed(large)
     latency = max(t_small / max(steps, 1), 1e-7)

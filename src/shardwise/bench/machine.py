@@ -9,23 +9,13 @@ machine can move.
 
 from __future__ import annotations
 
+import functools
 import os
-import time
 from typing import Any
 
 import numpy as np
 
-
-def _best(fn: Any, repeat: int) -> float:
-    from shardwise.bench.timing import block
-
-    block(fn())
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        block(fn())
-        best = min(best, time.perf_counter() - start)
-    return best
+from shardwise.bench.timing import best_seconds
 
 
 def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5) -> dict[str, Any]:
@@ -39,8 +29,8 @@ def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5
     n = nbytes // 4
     x = np.ones(n, np.float32)
     y = np.empty_like(x)
-    read = nbytes / _best(lambda: x.sum(), repeat) / 1e9
-    copy = 2 * nbytes / _best(lambda: np.copyto(y, x), repeat) / 1e9
+    read = nbytes / best_seconds(lambda: x.sum(), repeat) / 1e9
+    copy = 2 * nbytes / best_seconds(lambda: np.copyto(y, x), repeat) / 1e9
     devices = jax.devices()
     results = {"numpy_read_gbps": read, "numpy_copy_gbps": copy}
     for label, count in (
@@ -49,24 +39,25 @@ def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5
     ):
         mesh = Mesh(np.array(devices[:count]), ("d",))
         arr = jax.device_put(x[: n - n % count], NamedSharding(mesh, P("d")))
-        results[label] = arr.nbytes / _best(lambda a=arr: jax.jit(jnp.sum)(a), repeat) / 1e9
+        total = functools.partial(jax.jit(jnp.sum), arr)
+        results[label] = arr.nbytes / best_seconds(total, repeat) / 1e9
     mesh = Mesh(np.array(devices), ("d",))
     m = n // 2 - (n // 2) % len(devices)
     a = jax.device_put(x[:m], NamedSharding(mesh, P("d")))
     b = jax.device_put(x[:m], NamedSharding(mesh, P("d")))
     triad = jax.jit(lambda a, b: a + 1.5 * b)
-    results["jax_triad_gbps"] = 3 * a.nbytes / _best(lambda: triad(a, b), repeat) / 1e9
+    results["jax_triad_gbps"] = 3 * a.nbytes / best_seconds(lambda: triad(a, b), repeat) / 1e9
     try:  # PyTorch's reductions and copies use every core: often the best figure
         import torch
 
         torch.set_num_threads(cores)
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-        results["torch_read_gbps"] = nbytes / _best(lambda: tx.sum(), repeat) / 1e9
-        results["torch_copy_gbps"] = 2 * nbytes / _best(lambda: ty.copy_(tx), repeat) / 1e9
+        results["torch_read_gbps"] = nbytes / best_seconds(lambda: tx.sum(), repeat) / 1e9
+        results["torch_copy_gbps"] = 2 * nbytes / best_seconds(lambda: ty.copy_(tx), repeat) / 1e9
     except ImportError:
         pass
     g = np.ones((gemm, gemm), np.float32)
-    sgemm = 2 * gemm**3 / _best(lambda: g @ g, max(2, repeat // 2)) / 1e9
+    sgemm = 2 * gemm**3 / best_seconds(lambda: g @ g, max(2, repeat // 2)) / 1e9
     return {
         "cores": cores,
         "memory_read_gbps": max(v for k, v in results.items() if "read" in k),

@@ -31,3 +31,25 @@ def alternate(runners: Mapping[str, Callable[[], Any]], repeat: int) -> dict[str
             block(runners[name]())
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def median_seconds(fn: Callable[[], Any], repeat: int) -> float:
+    """Median seconds of ``repeat`` calls after one warm-up call."""
+    block(fn())
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        block(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def best_seconds(fn: Callable[[], Any], repeat: int) -> float:
+    """Fastest of ``repeat`` calls after one warm-up call (for a machine's limits)."""
+    block(fn())
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        block(fn())
+        best = min(best, time.perf_counter() - start)
+    return best

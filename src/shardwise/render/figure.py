@@ -124,6 +124,35 @@ def _array(
     return x0, y0, bw, bh
 
 
+def _array_column(
+    ax: Any,
+    expl: Explanation,
+    arrays: list[Any],
+    colours: dict[str, str],
+    top: float,
+    body: float,
+    x: float,
+    width: float,
+    gid: str,
+) -> None:
+    """Whole arrays stacked in one column, each labelled with its layout."""
+    slot = body / max(len(arrays), 1)
+    for k, (name, info, _, letters, _) in enumerate(arrays):
+        y = top - (k + 1) * slot
+        _, by, _, _ = _array(
+            ax, expl, info, x, y + 0.5, width, slot - 0.7, colours[name], f"{gid}-{k}"
+        )
+        ax.text(
+            x + width / 2,
+            by - 0.1,
+            f"{name} {letters}  {_shape(info.shape)}\n{info.spec.describe()}"
+            f"  {expl.placements(info)}",
+            fontsize=8,
+            ha="center",
+            va="top",
+        )
+
+
 def figure_size(expl: Explanation) -> tuple[float, float]:
     """Width and height in inches (the PNG is this times :data:`DPI`)."""
     rows, _ = _grid(expl)
@@ -174,21 +203,7 @@ def draw(expl: Explanation) -> Any:
 
     # inputs, stacked in the left column
     operands = [n for n in named if n[0].startswith("operand")]
-    slot = body / max(len(operands), 1)
-    for k, (name, info, _, letters, _) in enumerate(operands):
-        y = top - (k + 1) * slot
-        _, by, _, _ = _array(
-            ax, expl, info, 0.3, y + 0.5, 3.2, slot - 0.7, colours[name], f"full-{k}"
-        )
-        ax.text(
-            1.9,
-            by - 0.1,
-            f"{name} {letters}  {_shape(info.shape)}\n{info.spec.describe()}"
-            f"  {expl.placements(info)}",
-            fontsize=8,
-            ha="center",
-            va="top",
-        )
+    _array_column(ax, expl, operands, colours, top, body, x=0.3, width=3.2, gid="full")
 
     # the device mesh
     gx0, gx1 = 4.2, 11.3
@@ -260,21 +275,7 @@ def draw(expl: Explanation) -> Any:
 
     # the output
     outputs = [n for n in named if n[0].startswith("output")]
-    oslot = body / max(len(outputs), 1)
-    for k, (name, info, _, letters, _) in enumerate(outputs):
-        y = top - (k + 1) * oslot
-        _, by, _, _ = _array(
-            ax, expl, info, 12.9, y + 0.5, 2.8, oslot - 0.7, colours[name], f"out-{k}"
-        )
-        ax.text(
-            14.3,
-            by - 0.1,
-            f"{name} {letters}  {_shape(info.shape)}\n{info.spec.describe()}"
-            f"  {expl.placements(info)}",
-            fontsize=8,
-            ha="center",
-            va="top",
-        )
+    _array_column(ax, expl, outputs, colours, top, body, x=12.9, width=2.8, gid="out")
 
     # arrows: inputs → devices, devices → output (one per collective, labelled)
     mid = top - body / 2

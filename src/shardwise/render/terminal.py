@@ -14,6 +14,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 from shardwise._spec import blocks
+from shardwise._units import format_bytes
 
 if TYPE_CHECKING:
     from shardwise._explain import Explanation
@@ -27,14 +28,6 @@ MAX_ROW = 8
 
 def _shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(n) for n in shape) + ")"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def arrays_of(expl: Explanation) -> list[tuple[str, ArrayInfo, tuple[str, ...], str, str]]:
@@ -94,21 +87,21 @@ def summary(expl: Explanation) -> Any:
     if expl.memory is not None:
         m = expl.memory
         cap = (
-            f" of {_bytes(m.capacity_bytes)} ({m.fraction:.1%})"
+            f" of {format_bytes(m.capacity_bytes)} ({m.fraction:.1%})"
             if m.capacity_bytes and m.fraction is not None
             else " (the platform reports no capacity)"
         )
         lines.append(
-            f"memory per device: {_bytes(m.total_bytes)}{cap} = arguments "
-            f"{_bytes(m.argument_bytes)} + output {_bytes(m.output_bytes)} + temporaries "
-            f"{_bytes(m.temp_bytes)}"
-            + (f" − aliased {_bytes(m.alias_bytes)}" if m.alias_bytes else "")
+            f"memory per device: {format_bytes(m.total_bytes)}{cap} = arguments "
+            f"{format_bytes(m.argument_bytes)} + output {format_bytes(m.output_bytes)} + "
+            f"temporaries {format_bytes(m.temp_bytes)}"
+            + (f" − aliased {format_bytes(m.alias_bytes)}" if m.alias_bytes else "")
         )
     if expl.compute is not None:
         work = expl.compute
         ratio = f", {work.intensity:.2f} FLOP/byte" if work.intensity is not None else ""
         lines.append(
-            f"compute per device: {work.flops:,.0f} FLOPs, {_bytes(work.bytes_accessed)} "
+            f"compute per device: {work.flops:,.0f} FLOPs, {format_bytes(work.bytes_accessed)} "
             f"accessed{ratio}"
         )
     if lines:
