@@ -21,7 +21,7 @@ def test_demo_small_json_follows_the_contract():
     result = runner.invoke(app, ["demo", "--size", "small", "--json", "--repeat", "1"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["devices"] == {"platform": "cpu", "count": 8}
+    assert data["devices"] == {"platform": "cpu", "count": 8, "processes": 1}
     assert [s["name"] for s in data["scenarios"]] == ["S1", "S2", "S3", "S4", "S5"]
     s5 = data["scenarios"].pop()
     assert s5["ok"] and [p["name"] for p in s5["parts"]] == [

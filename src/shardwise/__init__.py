@@ -19,6 +19,9 @@ from shardwise._api import shard as shard
 from shardwise._cause import Cause as Cause
 from shardwise._devices import apply_env as _apply_env
 from shardwise._devices import use_cpu_devices as use_cpu_devices
+from shardwise._distributed import DistributedError as DistributedError
+from shardwise._distributed import initialize as initialize_distributed
+from shardwise._distributed import initialize_from_env as _join_from_env
 from shardwise._errors import ArgumentError as ArgumentError
 from shardwise._errors import EquationError as EquationError
 from shardwise._errors import IndivisibleError as IndivisibleError
@@ -43,6 +46,7 @@ __all__ = [
     "ArgumentError",
     "Cause",
     "Collective",
+    "DistributedError",
     "EquationError",
     "Explanation",
     "IndivisibleError",
@@ -60,6 +64,7 @@ __all__ = [
     "einsum",
     "explain",
     "explain_einsum",
+    "initialize_distributed",
     "mean",
     "mesh",
     "shard",
@@ -68,3 +73,10 @@ __all__ = [
 ]
 
 _apply_env()
+try:
+    _join_from_env()
+except DistributedError as _e:  # the environment asked to join a runtime; failing is fatal
+    import sys as _sys
+
+    _sys.stderr.write(f"error: {_e}\n")
+    raise SystemExit(2) from None

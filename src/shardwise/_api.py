@@ -16,6 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from shardwise._dask import dask_einsum, dask_mean, is_dask
+from shardwise._distributed import put
 from shardwise._errors import ArgumentError, SpecError
 from shardwise._explain import Explanation, compile_plan, explain_compiled, explain_function
 from shardwise._lower import is_explicit, lower, named
@@ -153,7 +154,7 @@ def place(
         if isinstance(array, jax.Array) and array.sharding == target:
             placed.append(array)
         else:
-            placed.append(jax.device_put(array, target))
+            placed.append(put(array, target))
     return placed
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from shardwise._api import place
 from shardwise._check import Check, check_einsum
 from shardwise._devices import device_summary
+from shardwise._distributed import multi_process, to_host
 from shardwise._explain import Explanation, compile_plan, explain_compiled
 from shardwise._mesh import MeshSpec, build_mesh
 from shardwise._plan import Mode, Plan
@@ -164,7 +165,7 @@ def run_scenario(scenario: Scenario, repeat: int = 3, seed: int = 0) -> Outcome:
     return Outcome(
         scenario=scenario,
         explanation=explain_compiled(plan, compiled, mesh),
-        check=check_einsum(plan.op, arrays, np.asarray(result)),
+        check=check_einsum(plan.op, arrays, to_host(result)),
         sharding_ok=bool(sharding_ok),
         seconds=statistics.median(times),
         compile_seconds=compile_seconds,
@@ -245,7 +246,9 @@ def run_demo(
     if with_dask is None:
         import importlib.util
 
-        with_dask = importlib.util.find_spec("dask") is not None
+        # blocks run in whatever order Dask picks, but across processes every process must
+        # run the same programs in the same order: S5 runs on one process only
+        with_dask = importlib.util.find_spec("dask") is not None and not multi_process()
     outcomes = []
     for scenario in scenarios(size):
         if on_start is not None:

@@ -67,6 +67,11 @@ def apply_env() -> None:
 
 
 def device_summary() -> dict[str, object]:
-    """Platform and count of the default devices, e.g. ``{"platform": "cpu", "count": 8}``."""
+    """Platform, count and processes of the default devices, e.g.
+    ``{"platform": "cpu", "count": 8, "processes": 1}``."""
     devices = jax.devices()
-    return {"platform": devices[0].platform, "count": len(devices)}
+    return {
+        "platform": devices[0].platform,
+        "count": len(devices),
+        "processes": int(jax.process_count()),
+    }

@@ -8,6 +8,7 @@ from shardwise.cli import bench as _bench
 from shardwise.cli import calibrate as _calibrate
 from shardwise.cli import demo as _demo
 from shardwise.cli import explain as _explain
+from shardwise.cli import launch as _launch
 from shardwise.cli import plan as _plan
 from shardwise.cli import run as _run
 
@@ -24,6 +25,7 @@ app.command("plan")(_plan.plan)
 app.command("calibrate")(_calibrate.calibrate)
 app.command("bench")(_bench.bench)
 app.command("run")(_run.run)
+app.command("launch", context_settings={"allow_interspersed_args": False})(_launch.launch)
 
 
 def main() -> None:

@@ -42,7 +42,9 @@ def demo_table(report: dict[str, Any]) -> Table:
     dev = report["devices"]
     table = Table(
         title=f"shardwise demo — the tutorial's scenarios on {dev['count']} {dev['platform']} "
-        f"devices ({report['size']} size)",
+        f"devices"
+        + (f" in {dev['processes']} processes" if dev.get("processes", 1) > 1 else "")
+        + f" ({report['size']} size)",
         title_justify="left",
         caption_justify="left",
     )

@@ -1,0 +1,163 @@
+"""Many processes, one mesh: `shardwise launch` on loopback (gloo collectives)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CHILD = Path(__file__).with_name("mp_child.py")
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("SHARDWISE_")}
+
+
+def shardwise(*args: str, env: dict[str, str] | None = None, timeout: float = 240):
+    return subprocess.run(
+        [sys.executable, "-m", "shardwise.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**ENV, **(env or {})},
+    )
+
+
+def _json(text: str):
+    return json.loads(text)  # launched processes send native noise to stderr, not stdout
+
+
+def test_demo_on_two_processes_matches_one():
+    one = shardwise("demo", "--size", "small", "--json", "--repeat", "1", "--devices", "8")
+    two = shardwise(
+        "launch",
+        "-n",
+        "2",
+        "--devices-per-process",
+        "4",
+        "--",
+        "shardwise",
+        "demo",
+        "--size",
+        "small",
+        "--json",
+        "--repeat",
+        "1",
+    )
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    a, b = _json(one.stdout), _json(two.stdout)
+    assert b["devices"] == {"platform": "cpu", "count": 8, "processes": 2}
+    assert b["ok"]
+    for s1, s2 in zip(a["scenarios"][:4], b["scenarios"], strict=False):
+        assert s1["name"] == s2["name"]
+        assert s2["ok"] and s2["max_abs_error"] <= s2["tolerance"]
+        if not s1["explain"]["collectives"]:  # no cross-device sums: bit for bit the same
+            assert s1["max_abs_error"] == s2["max_abs_error"]
+        for key in ("operands", "output"):
+            assert s1["explain"][key] == s2["explain"][key]
+        assert [(c["kind"], c["mesh_axes"]) for c in s1["explain"]["collectives"]] == [
+            (c["kind"], c["mesh_axes"]) for c in s2["explain"]["collectives"]
+        ]
+    assert [s["name"] for s in b["scenarios"]] == ["S1", "S2", "S3", "S4"]
+
+
+def test_property_family_on_two_processes_matches_one():
+    one = subprocess.run(
+        [sys.executable, str(CHILD)],
+        capture_output=True,
+        text=True,
+        env={**ENV, "SHARDWISE_CPU_DEVICES": "8"},
+        timeout=240,
+    )
+    two = shardwise(
+        "launch", "-n", "2", "--devices-per-process", "4", "--", sys.executable, str(CHILD)
+    )
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    a, b = _json(one.stdout), _json(two.stdout)
+    assert len(a) > 40
+    assert [r["case"] for r in a] == [r["case"] for r in b]
+    for r1, r2 in zip(a, b, strict=True):
+        # gloo may add partial sums in another order than the in-process all-reduce
+        assert r2["sum"] == pytest.approx(r1["sum"], rel=1e-5), r1["case"]
+        assert r2["max_error"] <= 1e-4, r1["case"]
+        assert r1["collectives"] == r2["collectives"], r1["case"]
+
+
+def test_a_killed_process_ends_the_launch_in_bounded_time():
+    start = time.monotonic()
+    result = shardwise(
+        "launch",
+        "-n",
+        "2",
+        "--devices-per-process",
+        "2",
+        "--timeout",
+        "10",
+        "--",
+        sys.executable,
+        str(CHILD),
+        "--die",
+        "1",
+        timeout=120,
+    )
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert "process 1 was killed by SIGKILL" in result.stderr
+    assert elapsed < 60
+
+
+def test_port_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = shardwise("launch", "-n", "2", "--port", str(port), "--", "shardwise", "demo")
+    assert result.returncode == 2
+    assert f"port {port} on 127.0.0.1 is in use" in " ".join(result.stderr.split())
+
+
+def test_wrong_coordinator_fails_with_a_clear_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing will listen here
+    result = shardwise(
+        "demo",
+        "--size",
+        "small",
+        env={
+            "SHARDWISE_COORDINATOR": f"127.0.0.1:{port}",
+            "SHARDWISE_NUM_PROCESSES": "2",
+            "SHARDWISE_PROCESS_ID": "1",
+            "SHARDWISE_INIT_TIMEOUT": "3",
+        },
+        timeout=120,
+    )
+    assert result.returncode != 0
+    text = " ".join(result.stderr.split())
+    assert "could not join the runtime" in text and f"127.0.0.1:{port}" in text
+    assert "Traceback" not in result.stderr
+
+
+def test_mismatched_process_settings():
+    result = shardwise(
+        "demo",
+        "--size",
+        "small",
+        env={
+            "SHARDWISE_COORDINATOR": "127.0.0.1:1",
+            "SHARDWISE_NUM_PROCESSES": "2",
+            "SHARDWISE_PROCESS_ID": "5",
+        },
+    )
+    assert result.returncode != 0
+    assert "outside 0..1" in result.stderr
+
+
+def test_launch_needs_a_command():
+    result = shardwise("launch", "-n", "2")
+    assert result.returncode == 2
