@@ -10,35 +10,90 @@ which collectives XLA inserted.
 ()
 """
 
-from shardwise._api import Sharded as Sharded
-from shardwise._api import einsum as einsum
-from shardwise._api import explain as explain
-from shardwise._api import explain_einsum as explain_einsum
-from shardwise._api import mean as mean
-from shardwise._api import shard as shard
-from shardwise._cause import Cause as Cause
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from shardwise._devices import apply_env as _apply_env
-from shardwise._devices import use_cpu_devices as use_cpu_devices
-from shardwise._distributed import DistributedError as DistributedError
-from shardwise._distributed import initialize as initialize_distributed
+from shardwise._distributed import DistributedError
 from shardwise._distributed import initialize_from_env as _join_from_env
-from shardwise._errors import ArgumentError as ArgumentError
-from shardwise._errors import EquationError as EquationError
-from shardwise._errors import IndivisibleError as IndivisibleError
-from shardwise._errors import MeshError as MeshError
-from shardwise._errors import ShapeError as ShapeError
-from shardwise._errors import ShardwiseError as ShardwiseError
-from shardwise._errors import SpecError as SpecError
-from shardwise._explain import Explanation as Explanation
-from shardwise._hlo import Collective as Collective
-from shardwise._mesh import MeshSpec as MeshSpec
-from shardwise._mesh import mesh as mesh
-from shardwise._op import Op as Op
-from shardwise._plan import Plan as Plan
-from shardwise._spec import Layout as Layout
-from shardwise._spec import Spec as Spec
-from shardwise._stream import StreamResult as StreamResult
-from shardwise._stream import stream as stream
+
+if TYPE_CHECKING:
+    from shardwise._api import Sharded as Sharded
+    from shardwise._api import einsum as einsum
+    from shardwise._api import explain as explain
+    from shardwise._api import explain_einsum as explain_einsum
+    from shardwise._api import mean as mean
+    from shardwise._api import shard as shard
+    from shardwise._cause import Cause as Cause
+    from shardwise._devices import use_cpu_devices as use_cpu_devices
+    from shardwise._distributed import DistributedError as DistributedError
+    from shardwise._distributed import initialize as initialize_distributed
+    from shardwise._errors import ArgumentError as ArgumentError
+    from shardwise._errors import EquationError as EquationError
+    from shardwise._errors import IndivisibleError as IndivisibleError
+    from shardwise._errors import MeshError as MeshError
+    from shardwise._errors import ShapeError as ShapeError
+    from shardwise._errors import ShardwiseError as ShardwiseError
+    from shardwise._errors import SpecError as SpecError
+    from shardwise._explain import Explanation as Explanation
+    from shardwise._hlo import Collective as Collective
+    from shardwise._mesh import MeshSpec as MeshSpec
+    from shardwise._mesh import mesh as mesh
+    from shardwise._op import Op as Op
+    from shardwise._plan import Plan as Plan
+    from shardwise._spec import Layout as Layout
+    from shardwise._spec import Spec as Spec
+    from shardwise._stream import StreamResult as StreamResult
+    from shardwise._stream import stream as stream
+
+# Public names resolve on first use (PEP 562), so `import shardwise` does not import JAX
+# unless the environment asks for simulated devices or a distributed runtime, and
+# `shardwise launch` starts its processes without paying for a JAX import itself.
+_EXPORTS = {
+    "Sharded": ("shardwise._api", "Sharded"),
+    "einsum": ("shardwise._api", "einsum"),
+    "explain": ("shardwise._api", "explain"),
+    "explain_einsum": ("shardwise._api", "explain_einsum"),
+    "mean": ("shardwise._api", "mean"),
+    "shard": ("shardwise._api", "shard"),
+    "Cause": ("shardwise._cause", "Cause"),
+    "use_cpu_devices": ("shardwise._devices", "use_cpu_devices"),
+    "DistributedError": ("shardwise._distributed", "DistributedError"),
+    "initialize_distributed": ("shardwise._distributed", "initialize"),
+    "ArgumentError": ("shardwise._errors", "ArgumentError"),
+    "EquationError": ("shardwise._errors", "EquationError"),
+    "IndivisibleError": ("shardwise._errors", "IndivisibleError"),
+    "MeshError": ("shardwise._errors", "MeshError"),
+    "ShapeError": ("shardwise._errors", "ShapeError"),
+    "ShardwiseError": ("shardwise._errors", "ShardwiseError"),
+    "SpecError": ("shardwise._errors", "SpecError"),
+    "Explanation": ("shardwise._explain", "Explanation"),
+    "Collective": ("shardwise._hlo", "Collective"),
+    "MeshSpec": ("shardwise._mesh", "MeshSpec"),
+    "mesh": ("shardwise._mesh", "mesh"),
+    "Op": ("shardwise._op", "Op"),
+    "Plan": ("shardwise._plan", "Plan"),
+    "Layout": ("shardwise._spec", "Layout"),
+    "Spec": ("shardwise._spec", "Spec"),
+    "StreamResult": ("shardwise._stream", "StreamResult"),
+    "stream": ("shardwise._stream", "stream"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module, attr = _EXPORTS[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'shardwise' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __version__ = "0.1.0"
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 
-import jax
-
 from shardwise._errors import MeshError
 
 ENV_CPU_DEVICES = "SHARDWISE_CPU_DEVICES"
@@ -36,6 +34,8 @@ def use_cpu_devices(count: int) -> None:
         MeshError: when ``count`` is not positive, or JAX has already started
             with a different number of CPU devices.
     """
+    import jax
+
     if count < 1:
         raise MeshError(f"cannot simulate {count} CPU devices: the count must be at least 1.")
     if backend_started():
@@ -69,6 +69,8 @@ def apply_env() -> None:
 def device_summary() -> dict[str, object]:
     """Platform, count and processes of the default devices, e.g.
     ``{"platform": "cpu", "count": 8, "processes": 1}``."""
+    import jax
+
     devices = jax.devices()
     return {
         "platform": devices[0].platform,

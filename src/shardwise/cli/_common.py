@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from shardwise._devices import ENV_CPU_DEVICES, use_cpu_devices
+from shardwise._devices import ENV_CPU_DEVICES
 from shardwise._errors import ShardwiseError
 
 DEFAULT_CPU_DEVICES = 8
@@ -38,6 +38,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def setup_devices(devices: int | None) -> None:
     """Simulate CPU devices before JAX starts: ``--devices``, else the environment, else 8."""
+    from shardwise._devices import use_cpu_devices
+
     if devices is None:
         raw = os.environ.get(ENV_CPU_DEVICES, "").strip()
         devices = int(raw) if raw.isdigit() else DEFAULT_CPU_DEVICES

@@ -115,6 +115,14 @@ def demo(
     ] = "tutorial",
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per scenario.")] = 3,
     json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    dask: Annotated[
+        bool,
+        typer.Option(
+            "--dask/--no-dask",
+            help="Run S5, the tutorial's Dask workloads "
+            "(when Dask is installed and the mesh is in one process).",
+        ),
+    ] = True,
     pictures: Annotated[
         Path | None,
         typer.Option(
@@ -138,6 +146,7 @@ def demo(
             repeat=repeat,
             on_start=lambda s: status.update(f"{s.name}: {s.title}"),
             pictures=pictures,
+            with_dask=None if dask else False,
         )
     if json:
         print_json(report)
