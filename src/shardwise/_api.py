@@ -342,8 +342,25 @@ class Sharded:
         self._check(args)
         if is_explicit(self.mesh):  # give host arrays their sharded type before tracing
             args = tuple(jax.device_put(args, self._in_shardings))
+        elif self.mesh.is_multi_process and self._per_arg_shardings(args):
+            # a mesh across processes: each process creates only its own shards
+            args = tuple(
+                jax.tree.map(functools.partial(_put_leaf, sharding=s), a)
+                for a, s in zip(args, self._per_arg_shardings(args), strict=True)
+            )
         with _explicit_hints():
             return self._jitted(*args)
+
+    def _per_arg_shardings(self, args: tuple[Any, ...]) -> list[NamedSharding]:
+        """One sharding per positional argument, when the specs give one per argument."""
+        shardings = self._in_shardings
+        if isinstance(shardings, NamedSharding):
+            return [shardings] * len(args)
+        if isinstance(shardings, tuple | list) and all(
+            isinstance(s, NamedSharding) for s in shardings
+        ):
+            return list(shardings)
+        return []
 
     def lower(self, *args: Any) -> Any:
         """``jax.jit(...).lower`` for these arguments (arrays or ``jax.ShapeDtypeStruct``)."""
@@ -355,6 +372,10 @@ class Sharded:
         """Compile for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and explain each device's
         shards, every collective with its cause and source line, memory and compute."""
         return explain_function(self.lower(*args).compile(), args, self.mesh)
+
+
+def _put_leaf(x: Any, sharding: NamedSharding) -> Any:
+    return put(x, sharding) if hasattr(x, "shape") and hasattr(x, "dtype") else x
 
 
 def _is_auto(x: Any) -> bool:
