@@ -30,6 +30,10 @@ from shardwise._op import Op
 from shardwise._sources import Sink, Source, open_source
 from shardwise._units import format_bytes, parse_bytes
 
+ALIGN_ROWS = 16
+"""Rows per device in a chunk come in multiples of this, so every device's block starts on a
+64-byte boundary whatever the dtype."""
+
 BUFFERS = 3
 """Copies of each input chunk alive at once: the one computing (on CPU devices its device
 copy is host memory too), and the next one being read."""
@@ -74,9 +78,9 @@ def plan_stream(
 
     >>> from shardwise._sources import Source
     >>> src = Source("a", (1000, 3), np.dtype("float32"), "numpy")
-    >>> p = plan_stream(Op.parse("nd,nd->n"), [src, src], devices=8, budget=4096)
-    >>> (p.index, p.chunk, p.chunks, p.peak_bytes <= 4096)
-    ('n', 48, 21, True)
+    >>> p = plan_stream(Op.parse("nd,nd->n"), [src, src], devices=8, budget=32768)
+    >>> (p.index, p.chunk, p.chunks, p.peak_bytes <= 32768)
+    ('n', 384, 3, True)
     """
     sizes = op.sizes([s.shape for s in sources])
     shared = [i for i in op.contracted if all(i in t for t in op.inputs)]
@@ -99,19 +103,22 @@ def plan_stream(
     if not accumulate:
         per_row += 2 * out_rest
     total = sizes[index]
-    smallest = devices
+    # each device's rows start on a 64-byte boundary (16 rows of any dtype), so the CPU
+    # devices can use the read buffers in place instead of copying them
+    granule = devices * ALIGN_ROWS
+    smallest = granule
     need = fixed + smallest * per_row
     if isinstance(chunk, str):
         if chunk != "auto":
             raise ArgumentError(f"chunk {chunk!r} is neither 'auto' nor a whole number.")
-        rows = (budget - fixed) // per_row // devices * devices if budget > fixed else 0
-        rows = min(rows, -(-total // devices) * devices)
+        rows = (budget - fixed) // per_row // granule * granule if budget > fixed else 0
+        rows = min(rows, -(-total // granule) * granule)
     else:
         rows = int(chunk)
-        if rows < 1 or rows % devices:
+        if rows < 1 or rows % granule:
             raise ArgumentError(
-                f"chunk {rows} must be a positive multiple of the {devices} "
-                "devices it is split over."
+                f"chunk {rows} must be a positive multiple of {granule} ({ALIGN_ROWS} rows for "
+                f"each of the {devices} devices it is split over)."
             )
         need = fixed + rows * per_row
     if rows < smallest or fixed + rows * per_row > budget:
@@ -155,6 +162,27 @@ class StreamResult:
             "accumulate": self.plan.accumulate,
             "predicted_peak_bytes": self.plan.peak_bytes,
         }
+
+
+def aligned_empty(shape: Sequence[int], dtype: np.dtype[Any], align: int = 4096) -> np.ndarray:
+    """An uninitialised array whose data start on an ``align``-byte boundary."""
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + align, np.uint8)
+    offset = (-raw.ctypes.data) % align
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+def in_place(block: np.ndarray, sharding: Any) -> Any:
+    """``block`` as a global array, each CPU device using its own aligned rows of it in place
+    (``jax.device_put`` to a single CPU device does not copy aligned host memory; to a
+    sharding it does). The caller must not change ``block`` until the computation is done."""
+    import jax
+
+    devices = sharding.addressable_devices_indices_map(block.shape)
+    if not sharding.is_fully_addressable or any(d.platform != "cpu" for d in devices):
+        return jax.device_put(block, sharding)
+    pieces = [jax.device_put(block[index], device) for device, index in devices.items()]
+    return jax.make_array_from_single_device_arrays(block.shape, sharding, pieces)
 
 
 def peak_rss() -> int | None:
@@ -230,7 +258,7 @@ def stream(
     """
     import jax
 
-    from shardwise._api import _jax_mesh, jitted, place, plan_einsum
+    from shardwise._api import _jax_mesh, jitted, plan_einsum, shardings
 
     op = Op.parse(equation)
     sources = [open_source(x, k) for k, x in enumerate(inputs)]
@@ -312,7 +340,7 @@ def stream(
             for k, s in enumerate(sources):
                 shape = list(s.shape)
                 shape[axis_of[k]] = plan.chunk
-                buffers[slot].append(np.empty(shape, s.dtype))
+                buffers[slot].append(aligned_empty(shape, s.dtype))
         blocks = []
         for k, s in enumerate(sources):
             buf = buffers[slot][k]
@@ -365,7 +393,11 @@ def stream(
                 the_plan, _ = plan_einsum(op.equation, *blocks, mesh=jmesh, layout=chunk_layout)
                 program = (the_plan, jitted(the_plan, jmesh))
             the_plan, fn = program
-            result = np.asarray(jax.device_get(fn(*place(the_plan, jmesh, blocks))))
+            placed = [
+                in_place(b, s) for b, s in zip(blocks, shardings(the_plan, jmesh), strict=True)
+            ]
+            result = np.asarray(jax.device_get(fn(*placed)))
+            del placed
             del blocks
             if writing is not None:
                 writing.result()  # at most one result waits to be written (bounded memory)
