@@ -31,7 +31,8 @@ def main() -> None:
     import numpy as np
 
     import shardwise
-    from shardwise._api import jitted, place, plan_einsum
+    from shardwise._api import place, plan_einsum
+    from shardwise._lower import jitted
     from shardwise.bench.timing import median_seconds
 
     devices = jax.devices()

@@ -19,7 +19,7 @@ from shardwise._dask import dask_einsum, dask_mean, is_dask
 from shardwise._distributed import put
 from shardwise._errors import ArgumentError, SpecError
 from shardwise._explain import Explanation, compile_plan, explain_compiled, explain_function
-from shardwise._lower import is_explicit, lower, named
+from shardwise._lower import is_explicit, jitted, named
 from shardwise._mesh import MeshSpec
 from shardwise._mesh import mesh as make_mesh
 from shardwise._op import Op
@@ -178,12 +178,6 @@ def _plan_key(
     except TypeError:
         return None
     return key
-
-
-@functools.lru_cache(maxsize=128)
-def jitted(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Array]:
-    """The jitted program of ``plan`` (JAX's fast C++ dispatch path on every call)."""
-    return lower(plan, mesh, precision)
 
 
 def einsum(

@@ -138,10 +138,10 @@ def mesh_matches(plan: Plan, mesh: Mesh) -> None:
 @functools.lru_cache(maxsize=128)
 def compile_plan(plan: Plan, mesh: Mesh, precision: Any = None) -> jax.stages.Compiled:
     """Lower and compile ``plan`` on ``mesh`` from shapes alone (no data needed)."""
-    from shardwise._lower import lower
+    from shardwise._lower import jitted
 
     mesh_matches(plan, mesh)
-    fn = lower(plan, mesh, precision)
+    fn = jitted(plan, mesh, precision)
     args = [
         jax.ShapeDtypeStruct(info.shape, np.dtype(plan.dtype), sharding=named(mesh, info.spec))
         for info in plan.operands

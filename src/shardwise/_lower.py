@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,13 @@ def _agree(plan: Plan) -> bool:
     except SpecError:
         return False
     return True
+
+
+@functools.lru_cache(maxsize=128)
+def jitted(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Array]:
+    """The jitted program of ``plan``, built once per plan, mesh and precision: calls take
+    JAX's fast dispatch path, and explaining or compiling it reuses the same program."""
+    return lower(plan, mesh, precision)
 
 
 def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Array]:

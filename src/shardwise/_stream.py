@@ -258,7 +258,8 @@ def stream(
     """
     import jax
 
-    from shardwise._api import _jax_mesh, jitted, plan_einsum, shardings
+    from shardwise._api import _jax_mesh, plan_einsum, shardings
+    from shardwise._lower import jitted
 
     op = Op.parse(equation)
     sources = [open_source(x, k) for k, x in enumerate(inputs)]

@@ -88,7 +88,8 @@ def batched_dot(
     import jax.numpy as jnp
 
     import shardwise
-    from shardwise._api import jitted, place, plan_einsum
+    from shardwise._api import place, plan_einsum
+    from shardwise._lower import jitted
 
     rng = np.random.default_rng(0)
     a = rng.random((n, d), dtype=np.float32)
@@ -163,7 +164,8 @@ def matmul(size: int) -> Workload:
     import jax.numpy as jnp
 
     import shardwise
-    from shardwise._api import auto_layout, jitted, place, plan_einsum
+    from shardwise._api import auto_layout, place, plan_einsum
+    from shardwise._lower import jitted
 
     a = np.random.default_rng(1).random((size, size), dtype=np.float32)
     mesh = shardwise.mesh("x=2,y=4")
@@ -225,7 +227,8 @@ def mean(size: int, chunk: int) -> Workload:
     import jax.numpy as jnp
 
     import shardwise
-    from shardwise._api import jitted, place, plan_einsum
+    from shardwise._api import place, plan_einsum
+    from shardwise._lower import jitted
 
     x = np.random.default_rng(2).random((size, size))
     mesh = shardwise.mesh("devices=8")
