@@ -244,38 +244,19 @@ def test_cli_plan_verify_and_table():
 
 
 def test_cli_plan_without_devices_and_budget_error():
-    result = runner.invoke(
-        app,
-        [
-            "plan",
-            "mk,kn->mn",
-            "--shapes",
-            "65536x65536,65536x65536",
-            "--mesh",
-            "x=16,y=16",
-            "--profile",
-            "tpu-v5e",
-            "--budget",
-            "1MiB",
-        ],
-    )
+    plan = [
+        "plan",
+        "mk,kn->mn",
+        "--shapes",
+        "65536x65536,65536x65536",
+        "--mesh",
+        "x=16,y=16",
+        "--profile",
+        "tpu-v5e",
+    ]
+    result = runner.invoke(app, [*plan, "--budget", "1MiB"])
     assert result.exit_code == 2
     assert "fits the budget of 1.0 MiB" in " ".join(result.output.split())
-    result = runner.invoke(
-        app,
-        [
-            "plan",
-            "mk,kn->mn",
-            "--shapes",
-            "65536x65536,65536x65536",
-            "--mesh",
-            "x=16,y=16",
-            "--profile",
-            "tpu-v5e",
-            "--budget",
-            "16GB",
-            "--json",
-        ],
-    )
+    result = runner.invoke(app, [*plan, "--budget", "16GB", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["refused"]

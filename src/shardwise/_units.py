@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from shardwise._errors import ArgumentError
 
@@ -49,3 +50,12 @@ def format_bytes(n: float) -> str:
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def format_shape(shape: Sequence[int]) -> str:
+    """``(4000, 10000)`` style, the same for tuples and JSON lists.
+
+    >>> format_shape([4000]), format_shape(())
+    ('(4000)', '()')
+    """
+    return "(" + ", ".join(str(n) for n in shape) + ")"

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from shardwise._units import format_shape
 from shardwise.cli._common import (
     EXIT_WRONG,
     Devices,
@@ -31,10 +32,6 @@ def _spec(s: Any) -> str:
         )
         + ")"
     )
-
-
-def _shape(s: list[int]) -> str:
-    return "(" + ", ".join(str(n) for n in s) + ")"
 
 
 def demo_table(report: dict[str, Any]) -> Table:
@@ -81,9 +78,9 @@ def demo_table(report: dict[str, Any]) -> Table:
             " ".join(_spec(o["spec"]) for o in e["operands"]) + " → " + _spec(e["output"]["spec"])
         )
         shards = (
-            " ".join(_shape(o["shard_shape"]) for o in e["operands"])
+            " ".join(format_shape(o["shard_shape"]) for o in e["operands"])
             + " → "
-            + _shape(e["output"]["shard_shape"])
+            + format_shape(e["output"]["shard_shape"])
         )
         comms = (
             "\n".join(
@@ -102,7 +99,7 @@ def demo_table(report: dict[str, Any]) -> Table:
             f"{s['max_abs_error']:.1e}",
             "[green]yes[/]" if s["ok"] else "[bold red]NO[/]",
         )
-        shapes = " · ".join(_shape(o["shape"]) for o in e["operands"])
+        shapes = " · ".join(format_shape(o["shape"]) for o in e["operands"])
         legend.append(f"{s['name']}: {s['title']} — {e['equation']} on {shapes}")
     table.caption = "\n".join(legend)
     return table

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardwise._errors import MissingExtraError, ShardwiseError
 from shardwise._spec import blocks
+from shardwise._units import format_shape
 
 if TYPE_CHECKING:
     from shardwise._explain import Explanation
@@ -47,10 +48,6 @@ def _import_matplotlib() -> Any:
             "pip install 'shardwise[pictures]' (or pip install matplotlib)."
         ) from None
     return Figure
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(n) for n in shape) + ")"
 
 
 def _grid(expl: Explanation) -> tuple[int, int]:
@@ -145,7 +142,7 @@ def _array_column(
         ax.text(
             x + width / 2,
             by - 0.1,
-            f"{name} {letters}  {_shape(info.shape)}\n{info.spec.describe()}"
+            f"{name} {letters}  {format_shape(info.shape)}\n{info.spec.describe()}"
             f"  {expl.placements(info)}",
             fontsize=8,
             ha="center",

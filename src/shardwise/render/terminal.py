@@ -14,7 +14,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 from shardwise._spec import blocks
-from shardwise._units import format_bytes
+from shardwise._units import format_bytes, format_shape
 
 if TYPE_CHECKING:
     from shardwise._explain import Explanation
@@ -24,10 +24,6 @@ COLOURS = ("cyan", "magenta", "yellow", "blue", "red", "green")
 """One colour per operand, the output last; the same order as the figures."""
 MAX_ROW = 8
 """Devices per row in the mesh view of a 1-D mesh."""
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(n) for n in shape) + ")"
 
 
 def arrays_of(expl: Explanation) -> list[tuple[str, ArrayInfo, tuple[str, ...], str, str]]:
@@ -66,11 +62,11 @@ def summary(expl: Explanation) -> Any:
     for name, info, partial, _, colour in arrays_of(expl):
         arrays.add_row(
             f"[{colour}]{name}[/]",
-            _shape(info.shape),
+            format_shape(info.shape),
             info.dtype,
             info.spec.describe(),
             expl.placements(info, partial),
-            _shape(info.shard_shape),
+            format_shape(info.shard_shape),
         )
     comms = Table(title="collectives (from the compiled HLO) and why", title_justify="left")
     for col in ("kind", "mesh axes", "bytes per device", "cause"):
@@ -139,7 +135,7 @@ def mesh_view(
         f"rows {names[0]}, columns {'×'.join(names[1:])}" if len(names) > 1 else f"axis {names[0]}"
     )
     grid = Table(
-        title=f"[{colour}]{name}[/] {_shape(info.shape)} {expl.placements(info, partial)}"
+        title=f"[{colour}]{name}[/] {format_shape(info.shape)} {expl.placements(info, partial)}"
         + f"\n[dim]on the mesh: {layout_note}[/]",
         title_justify="left",
         show_header=False,
