@@ -193,7 +193,11 @@ def put(x: Any, sharding: Any) -> Any:
     """Place a host array with ``sharding``; across processes each creates only its shards."""
     import jax
 
-    if isinstance(x, jax.Array) or sharding.is_fully_addressable:
+    if isinstance(x, jax.Array):
         return jax.device_put(x, sharding)
+    if sharding.is_fully_addressable:
+        from shardwise._hostmem import put_cpu
+
+        return put_cpu(np.asarray(x), sharding)
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

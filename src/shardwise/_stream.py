@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from shardwise._errors import ArgumentError, ShapeError, ShardwiseError
+from shardwise._hostmem import aligned_empty, in_place
 from shardwise._mesh import MeshSpec
 from shardwise._op import Op
 from shardwise._sources import Sink, Source, open_source
@@ -162,27 +163,6 @@ class StreamResult:
             "accumulate": self.plan.accumulate,
             "predicted_peak_bytes": self.plan.peak_bytes,
         }
-
-
-def aligned_empty(shape: Sequence[int], dtype: np.dtype[Any], align: int = 4096) -> np.ndarray:
-    """An uninitialised array whose data start on an ``align``-byte boundary."""
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(nbytes + align, np.uint8)
-    offset = (-raw.ctypes.data) % align
-    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
-
-
-def in_place(block: np.ndarray, sharding: Any) -> Any:
-    """``block`` as a global array, each CPU device using its own aligned rows of it in place
-    (``jax.device_put`` to a single CPU device does not copy aligned host memory; to a
-    sharding it does). The caller must not change ``block`` until the computation is done."""
-    import jax
-
-    devices = sharding.addressable_devices_indices_map(block.shape)
-    if not sharding.is_fully_addressable or any(d.platform != "cpu" for d in devices):
-        return jax.device_put(block, sharding)
-    pieces = [jax.device_put(block[index], device) for device, index in devices.items()]
-    return jax.make_array_from_single_device_arrays(block.shape, sharding, pieces)
 
 
 def peak_rss() -> int | None:

@@ -1,0 +1,60 @@
+"""Host memory for CPU devices: huge-page shards equal their host array and never alias it."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardwise
+from shardwise._hostmem import HUGE_PAGE, MIN_HUGE_BYTES, aligned_empty, put_cpu
+
+
+@pytest.mark.parametrize("spec", [P("devices"), P(None, "devices"), P()])
+def test_large_shards_land_in_aligned_private_buffers(spec):
+    mesh = shardwise.mesh("devices=8")
+    rows = 8 * MIN_HUGE_BYTES // (64 * 4)
+    host = np.random.default_rng(0).random((rows, 64), dtype=np.float32)
+    placed = put_cpu(host, NamedSharding(mesh, spec))
+    assert placed.sharding == NamedSharding(mesh, spec)
+    np.testing.assert_array_equal(np.asarray(placed), host)
+    for shard in placed.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), host[shard.index])
+        # each device uses its own huge-page buffer in place (a copy would not be aligned so)
+        assert shard.data.unsafe_buffer_pointer() % HUGE_PAGE == 0
+    host[:] = -1  # the devices hold copies: changing the host array changes nothing
+    assert float(np.asarray(placed).min()) >= 0
+
+
+def test_small_arrays_take_jax_device_put(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a small array must not get huge-page buffers")
+
+    monkeypatch.setattr("shardwise._hostmem.aligned_empty", refuse)
+    mesh = shardwise.mesh("devices=8")
+    host = np.arange(64.0, dtype=np.float32).reshape(8, 8)
+    placed = put_cpu(host, NamedSharding(mesh, P("devices")))
+    np.testing.assert_array_equal(np.asarray(placed), host)
+
+
+def test_einsum_places_host_arrays_in_huge_pages():
+    from shardwise._api import place, plan_einsum
+
+    rows = 8 * MIN_HUGE_BYTES // (16 * 4)
+    a = np.random.default_rng(1).random((rows, 16), dtype=np.float32)
+    specs = ["devices", "devices"]
+    plan, mesh = plan_einsum("nd,nd->n", a, a, mesh="devices=8", in_specs=specs)
+    for placed in place(plan, mesh, [a, a]):
+        assert all(
+            s.data.unsafe_buffer_pointer() % HUGE_PAGE == 0 for s in placed.addressable_shards
+        )
+    out = shardwise.einsum("nd,nd->n", a, a, mesh="devices=8", in_specs=specs)
+    np.testing.assert_allclose(np.asarray(out), np.einsum("nd,nd->n", a, a), rtol=1e-5)
+
+
+def test_aligned_empty_is_aligned():
+    for align in (64, 4096, HUGE_PAGE):
+        assert aligned_empty((5, 7), np.float64, align=align).ctypes.data % align == 0
+    assert jax.devices()[0].platform == "cpu"
