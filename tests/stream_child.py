@@ -9,6 +9,7 @@ import json
 import random
 import sys
 import time
+from typing import Any
 
 import shardwise
 
@@ -25,6 +26,17 @@ def main() -> None:
     def on_chunk(done: int, total: int, nbytes: int) -> None:
         if slow:
             time.sleep(random.uniform(0.0, 0.03))
+
+    if slow:  # a slow disk too: kills then land mid-write and between writes and flushes
+        from shardwise._sources import Sink
+
+        write = Sink.write
+
+        def slow_write(self: Sink, *args: Any, **kwargs: Any) -> None:
+            time.sleep(random.uniform(0.0, 0.03))
+            write(self, *args, **kwargs)
+
+        Sink.write = slow_write  # type: ignore[method-assign]
 
     result = shardwise.stream(
         equation, *inputs, mesh="devices=8", out=out, budget=budget, on_chunk=on_chunk

@@ -252,3 +252,72 @@ def test_cli_run(tmp_path):
     assert small.exit_code == 2
     assert "cannot hold the smallest chunk" in " ".join(small.output.split())
     os.remove(out)
+
+
+@pytest.mark.parametrize("equation", ["nd,nd->n", "nd,nd->"])
+def test_npy_chunks_are_computed_from_the_page_cache(tmp_path, monkeypatch, equation):
+    # 10 001 rows in chunks of 1280: the last chunk has 1041 rows, so on 8 devices of 160
+    # rows one device holds the end of the file and one lies wholly past it (zero padding)
+    a, b = _inputs(tmp_path)
+
+    def no_reads(*args, **kwargs):
+        raise AssertionError("full .npy chunks on CPU devices must be mapped, not read")
+
+    monkeypatch.setattr(Source, "read", no_reads)
+    out = tmp_path / "out.npy"
+    r = shardwise.stream(
+        equation,
+        tmp_path / "a.npy",
+        tmp_path / "b.npy",
+        mesh="devices=8",
+        out=out,
+        budget="1MiB",
+        chunk=1280,
+    )
+    assert r.chunks == 8
+    expected = np.einsum(equation, a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(np.load(out), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("mesh", "spec"), [("devices=8", ("devices",)), ("x=2,y=4", ("x", "y"))])
+def test_in_place_pads_missing_rows_with_zeros(mesh, spec):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from shardwise._hostmem import in_place
+
+    block = np.arange(37 * 8, dtype=np.float32).reshape(37, 8) + 1
+    sharding = NamedSharding(shardwise.mesh(mesh), P(*spec))
+    placed = in_place(block, sharding, (64, 8))
+    expected = np.zeros((64, 8), np.float32)
+    expected[:37] = block
+    np.testing.assert_array_equal(np.asarray(placed), expected)
+    for shard in placed.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), expected[shard.index])
+
+
+def test_a_disk_failing_mid_run_keeps_earlier_chunks_and_resumes(tmp_path, monkeypatch):
+    import errno
+
+    a, b = _inputs(tmp_path, n=40_000)
+    ins = [tmp_path / "a.npy", tmp_path / "b.npy"]
+    out = tmp_path / "o.npy"
+    flushes = []
+    real = os.fdatasync
+
+    def failing(fd):
+        flushes.append(fd)
+        if len(flushes) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(ShardwiseError, match=r"No space left on device\. Earlier chunks are kept"):
+        shardwise.stream("nd,nd->n", *ins, out=out, budget="64KiB")
+    monkeypatch.undo()
+    assert not out.exists()
+    recorded = json.loads(out.with_name("o.npy.manifest.json").read_text())["done"]
+    assert recorded  # the chunks flushed before the failure stay recorded
+    resumed = shardwise.stream("nd,nd->n", *ins, out=out, budget="64KiB")
+    assert resumed.skipped == len(recorded) and resumed.computed == resumed.chunks - len(recorded)
+    np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)

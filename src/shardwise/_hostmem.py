@@ -12,6 +12,7 @@ uses 64-byte-aligned host memory in place), so shardwise's kernels read huge pag
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +40,21 @@ def aligned_empty(shape: Sequence[int], dtype: Any, align: int = 4096) -> np.nda
     return out
 
 
+def lazy_zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """A page-aligned array of zeros whose memory is allocated only where it is written
+    (an anonymous memory map: reading untouched pages costs no memory and no zeroing).
+
+    >>> z = lazy_zeros((4, 1000), np.float32)
+    >>> float(z.sum()), z.ctypes.data % 4096
+    (0.0, 0)
+    """
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    if count == 0:
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, count * dtype.itemsize), dtype).reshape(shape)
+
+
 def _cpu_only(sharding: Any, shape: tuple[int, ...]) -> dict[Any, Any] | None:
     """Each device's index into ``shape``, if every device is a CPU device of this process."""
     if not sharding.is_fully_addressable:
@@ -49,17 +65,37 @@ def _cpu_only(sharding: Any, shape: tuple[int, ...]) -> dict[Any, Any] | None:
     return dict(devices)
 
 
-def in_place(block: np.ndarray, sharding: Any) -> Any:
+def in_place(block: np.ndarray, sharding: Any, shape: Sequence[int] | None = None) -> Any:
     """``block`` as a global array, each CPU device using its own aligned rows of it in place
     (``jax.device_put`` to a single CPU device does not copy aligned host memory; to a
-    sharding it does). The caller must not change ``block`` until the computation is done."""
+    sharding it does). The caller must not change ``block`` until the computation is done.
+
+    ``shape`` (default ``block.shape``) may be longer than ``block`` along the first axis:
+    the missing rows are zeros, and only the devices that hold some of them get a buffer of
+    their own.
+    """
     import jax
 
-    devices = _cpu_only(sharding, block.shape)
+    full = tuple(block.shape if shape is None else shape)
+    devices = _cpu_only(sharding, full)
     if devices is None:
+        if full != block.shape:
+            padded = np.zeros(full, block.dtype)
+            padded[: block.shape[0]] = block
+            block = padded
         return jax.device_put(block, sharding)
-    pieces = [jax.device_put(block[index], device) for device, index in devices.items()]
-    return jax.make_array_from_single_device_arrays(block.shape, sharding, pieces)
+    pieces = []
+    for device, index in devices.items():
+        bounds = [i.indices(n) for i, n in zip(index, full, strict=False)]
+        if not full or bounds[0][1] <= block.shape[0]:
+            pieces.append(jax.device_put(block[index], device))
+            continue
+        part = lazy_zeros([len(range(*b)) for b in bounds], block.dtype)
+        start = bounds[0][0]
+        have = max(0, block.shape[0] - start)
+        part[:have] = block[(slice(start, start + have), *index[1:])]
+        pieces.append(jax.device_put(part, device))
+    return jax.make_array_from_single_device_arrays(full, sharding, pieces)
 
 
 def put_cpu(host: np.ndarray, sharding: Any) -> Any:

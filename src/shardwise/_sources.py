@@ -1,15 +1,19 @@
 """Where streamed data come from and go to: NumPy arrays, ``.npy`` files, Zarr arrays and
 Dask arrays in; ``.npy`` files and Zarr arrays out.
 
-``.npy`` files are read and written with plain ``pread``/``pwrite`` at the data offset,
-not memory-mapped: mapped pages count towards the process's resident memory, and the point
-of streaming is that it stays within a budget.
+``.npy`` files are written with plain ``pwrite`` at the data offset. They are read either
+with ``pread`` into warm buffers or, where the devices can use host memory in place (CPU
+devices), one chunk at a time through a memory map of just that chunk
+(:meth:`Source.map_rows`): the devices then compute from the page cache with no copy at
+all, and the map is dropped when the chunk is done, so mapped pages never pile up in the
+process's resident memory.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +95,44 @@ class Source:
         target = out[tuple(slice(0, n) for n in data.shape)]
         np.copyto(target, data)
         return target
+
+    @property
+    def mappable(self) -> bool:
+        """Whether :meth:`map_rows` can serve this source."""
+        return self.kind == "npy" and self.path is not None and os.name == "posix"
+
+    def map_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start:stop]`` of a ``.npy`` file as a read-only array over a memory map of
+        just those rows, its pages already mapped (read from disk if they were not cached).
+        The map is released with the last reference."""
+        assert self.mappable and self.path is not None and stop > start
+        row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
+        pos = self.offset + start * row
+        base = pos - pos % mmap.ALLOCATIONGRANULARITY
+        length = (stop - start) * row
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        with open(self.path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < pos + length:
+                raise ShardwiseError(f"{self.name} ended early: is it truncated?")
+            mapped = mmap.mmap(
+                f.fileno(), pos - base + length, flags=flags, prot=mmap.PROT_READ, offset=base
+            )
+        count = (stop - start) * int(np.prod(self.shape[1:]))
+        rows = np.frombuffer(mapped, self.dtype, count=count, offset=pos - base)
+        return rows.reshape(stop - start, *self.shape[1:])
+
+    @staticmethod
+    def release_rows(rows: np.ndarray) -> None:
+        """Drop the pages of rows from :meth:`map_rows` from this process's resident memory
+        now, rather than whenever the last reference goes (they stay in the page cache;
+        touching them again maps them again)."""
+        base: Any = rows
+        while isinstance(base, np.ndarray):
+            base = base.base
+        if isinstance(base, memoryview):
+            base = base.obj
+        if isinstance(base, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+            base.madvise(mmap.MADV_DONTNEED)
 
     def fingerprint(self, checksum: bool = False) -> dict[str, Any]:
         """What identifies this input's contents (size and mtime, or a checksum on request)."""
@@ -225,8 +267,9 @@ class Sink:
                 np.lib.format.read_array_header_1_0(f)
                 self.offset = f.tell()
 
-    def write(self, axis: int, start: int, block: np.ndarray) -> None:
-        """Write ``block`` at ``start`` along ``axis``, durably."""
+    def write(self, axis: int, start: int, block: np.ndarray, durable: bool = True) -> None:
+        """Write ``block`` at ``start`` along ``axis``; durably unless told otherwise (then
+        :meth:`sync` makes every write so far durable at once)."""
         block = np.ascontiguousarray(block, dtype=self.dtype)
         try:
             if self.zarr:
@@ -244,7 +287,25 @@ class Sink:
                 done = 0
                 while done < len(data):
                     done += os.pwritev(f.fileno(), [data[done:]], pos + done)
-                os.fsync(f.fileno())
+                if durable:
+                    # the file was allocated in full up front: only the data need to reach
+                    # the disk, not the metadata
+                    os.fdatasync(f.fileno())
+        except OSError as e:
+            raise ShardwiseError(
+                f"cannot write {str(self.path)!r}: {e.strerror or e}. Earlier "
+                "chunks are kept; free space and run the same command to "
+                "resume."
+            ) from None
+
+    def sync(self) -> None:
+        """Make every write so far durable (one flush for many chunks costs less disk time
+        than a flush per chunk)."""
+        if self.zarr:
+            return
+        try:
+            with open(self.partial, "r+b", buffering=0) as f:
+                os.fdatasync(f.fileno())
         except OSError as e:
             raise ShardwiseError(
                 f"cannot write {str(self.path)!r}: {e.strerror or e}. Earlier "

@@ -4,10 +4,11 @@ budget, resumably.
 The inputs are cut into chunks along one index — a batch index (each chunk gives its own
 slice of the output) or, where there is none, a contracted index every input shares (the
 chunks' partial sums are added up). Each chunk is read while the previous one computes
-(double buffering), split over every device of the mesh, and its result lands in the output
-before a manifest records it as done. The manifest is the single commit point: an
-interrupted run leaves ``OUT.partial`` and ``OUT.manifest.json``, never a file that looks
-complete, and the same command resumes where it stopped.
+(double buffering; on CPU devices a ``.npy`` chunk is memory-mapped instead and used in
+place), split over every device of the mesh, and its result is written on another thread
+and flushed to disk on a third, before a manifest records it as done. The manifest is the
+single commit point: an interrupted run leaves ``OUT.partial`` and ``OUT.manifest.json``,
+never a file that looks complete, and the same command resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,11 @@ ALIGN_ROWS = 16
 
 BUFFERS = 3
 """Copies of each input chunk alive at once: the one computing (on CPU devices its device
-copy is host memory too), and the next one being read."""
+copy is host memory too), and the next one being read. (Mapped ``.npy`` chunks need two.)"""
+
+OUT_COPIES = 3
+"""Copies of each chunk's result alive at once: the devices' result, its host copy, and the
+previous chunk's result being written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +108,7 @@ def plan_stream(
     out_rest = math.prod(sizes[i] for i in op.output if i != index) * width
     fixed = 2 * out_rest if accumulate else 0
     if not accumulate:
-        per_row += 2 * out_rest
+        per_row += OUT_COPIES * out_rest
     total = sizes[index]
     # each device's rows start on a 64-byte boundary (16 rows of any dtype), so the CPU
     # devices can use the read buffers in place instead of copying them
@@ -311,17 +317,28 @@ def stream(
     start_time = time.perf_counter()
     bytes_read = 0
 
+    shapes = []  # every chunk's padded shape per input: one compiled program serves them all
+    for k, s in enumerate(sources):
+        shape = list(s.shape)
+        shape[axis_of[k]] = plan.chunk
+        shapes.append(tuple(shape))
     # two warm buffers per input, used in turn: chunk c+1 is read into one while chunk c
     # computes from the other (fresh pages cost more to fault in than to fill)
     buffers: list[list[np.ndarray]] = [[], []]
 
+    # on CPU devices a full chunk of .npy inputs is computed straight from the page cache
+    mappable = all(s.mappable and axis_of[k] == 0 for k, s in enumerate(sources)) and all(
+        d.platform == "cpu" for d in jmesh.devices.flat
+    )
+
     def read(c: int, slot: int) -> list[np.ndarray]:
         lo, hi = c * plan.chunk, min((c + 1) * plan.chunk, plan.total)
+        if mappable:  # the last chunk's missing rows are padded per device when placed
+            return [s.map_rows(lo, hi) for s in sources]
         if not buffers[slot]:
-            for k, s in enumerate(sources):
-                shape = list(s.shape)
-                shape[axis_of[k]] = plan.chunk
-                buffers[slot].append(aligned_empty(shape, s.dtype))
+            buffers[slot] = [
+                aligned_empty(shape, s.dtype) for shape, s in zip(shapes, sources, strict=True)
+            ]
         blocks = []
         for k, s in enumerate(sources):
             buf = buffers[slot][k]
@@ -335,56 +352,95 @@ def stream(
 
     program = None
 
+    landed: list[int] = []  # chunks written but not yet durable nor in the manifest
+    lock = threading.Lock()
+
+    def record(batch: list[int]) -> None:
+        done.update(batch)
+        manifest["done"] = sorted(done)
+        _write_json(manifest_path, manifest)
+        if on_chunk is not None:
+            on_chunk(len(done), plan.chunks, bytes_read)
+
+    def sync() -> None:
+        """Make every landed chunk durable with one flush, then record them all in the
+        manifest (the commit point). Runs on its own thread while later chunks compute and
+        land, so the disk flushes many chunks at once and nobody waits for it."""
+        with lock:
+            batch = landed[:]
+            landed.clear()
+        if batch:
+            sink.sync()
+            record(batch)
+
     def commit(c: int, result: np.ndarray) -> None:
-        """Land chunk ``c``'s result, then record it in the manifest (the commit point)."""
+        """Land chunk ``c``'s result; its record follows once it is durable."""
         nonlocal acc
         lo, hi = c * plan.chunk, min((c + 1) * plan.chunk, plan.total)
-        if plan.accumulate:
+        if plan.accumulate:  # the running sum is saved durably, then recorded, chunk by chunk
             assert acc is not None
             acc = acc + result
             name = f"{target.name}.acc.{c}.npy"
             _save_array(target.parent / name, acc)
             old = manifest.get("accumulator")
             manifest["accumulator"] = name
-        else:
-            out_axis = op.output.index(plan.index)
-            index = [slice(None)] * result.ndim
-            index[out_axis] = slice(0, hi - lo)
-            sink.write(out_axis, lo, result[tuple(index)])
-            old = None
-        done.add(c)
-        manifest["done"] = sorted(done)
-        _write_json(manifest_path, manifest)
-        if old:
-            (target.parent / old).unlink(missing_ok=True)
-        if on_chunk is not None:
-            on_chunk(len(done), plan.chunks, bytes_read)
+            record([c])
+            if old:
+                (target.parent / old).unlink(missing_ok=True)
+            return
+        out_axis = op.output.index(plan.index)
+        index = [slice(None)] * result.ndim
+        index[out_axis] = slice(0, hi - lo)
+        sink.write(out_axis, lo, result[tuple(index)], durable=False)
+        with lock:
+            landed.append(c)
 
-    # three stages overlap: reading chunk c+1, computing chunk c, writing chunk c-1; each
-    # stage runs in order on its own thread, so the manifest still records chunks in order
-    with ThreadPoolExecutor(max_workers=1) as reader, ThreadPoolExecutor(max_workers=1) as writer:
+    # four stages overlap: reading chunk c+1, computing chunk c, writing chunk c-1 and
+    # flushing what was written before; each runs in order on its own thread
+    with (
+        ThreadPoolExecutor(max_workers=1) as reader,
+        ThreadPoolExecutor(max_workers=1) as writer,
+        ThreadPoolExecutor(max_workers=1) as syncer,
+    ):
         pending = reader.submit(read, todo[0], 0) if todo else None
         writing = None
+        flushes: list[Future[None]] = []
         for n, c in enumerate(todo):
             assert pending is not None
             blocks = pending.result()
             pending = reader.submit(read, todo[n + 1], (n + 1) % 2) if n + 1 < len(todo) else None
             bytes_read += sum(b.nbytes for b in blocks)
             if program is None:
-                the_plan, _ = plan_einsum(op.equation, *blocks, mesh=jmesh, layout=chunk_layout)
+                the_plan, _ = plan_einsum(
+                    op.equation,
+                    *(jax.ShapeDtypeStruct(shape, dtype) for shape in shapes),
+                    mesh=jmesh,
+                    layout=chunk_layout,
+                )
                 program = (the_plan, jitted(the_plan, jmesh))
             the_plan, fn = program
             placed = [
-                in_place(b, s) for b, s in zip(blocks, shardings(the_plan, jmesh), strict=True)
+                in_place(b, s, shape)
+                for b, s, shape in zip(blocks, shardings(the_plan, jmesh), shapes, strict=True)
             ]
             result = np.asarray(jax.device_get(fn(*placed)))
             del placed
+            if mappable:
+                for b in blocks:
+                    Source.release_rows(b)
             del blocks
             if writing is not None:
                 writing.result()  # at most one result waits to be written (bounded memory)
+                for finished in [f for f in flushes if f.done()]:
+                    finished.result()  # a failed flush (disk full) stops the run here
+                    flushes.remove(finished)
+                flushes.append(syncer.submit(sync))
             writing = writer.submit(commit, c, result)
         if writing is not None:
             writing.result()
+        flushes.append(syncer.submit(sync))
+        for f in flushes:
+            f.result()
     if plan.accumulate:
         assert acc is not None
         sink.write(0, 0, acc) if acc.ndim else _write_scalar(sink, acc)
