@@ -70,3 +70,36 @@ def test_blocks_run_on_distributed_workers():
         assert _local_mesh.cache_info().misses == 0
         devices = client.run(lambda: __import__("jax").device_count())
         assert set(devices.values()) == {2}
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_large_blocks_split_over_the_mesh_small_ones_run_whole(monkeypatch, split):
+    from shardwise import _dask
+
+    if split:  # every block counts as large: sharded over the whole mesh
+        monkeypatch.setattr(_dask, "SPLIT_MIN_BYTES", 0)
+    calls = []
+    real = _dask._program
+    monkeypatch.setattr(_dask, "_program", lambda *a: calls.append(a) or real(*a))
+    rng = np.random.default_rng(3)
+    x, y = rng.random((64, 48)), rng.random((48, 32))
+    got = shardwise.einsum(
+        "ij,jk->ik", da.from_array(x, chunks=(16, 16)), da.from_array(y, chunks=(16, 16))
+    )
+    np.testing.assert_allclose(got.compute(), x @ y, rtol=1e-12)
+    assert bool(calls) is not split  # whole blocks on single devices use _program
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int32])
+@pytest.mark.parametrize("offset", range(0, 9))
+def test_sums_in_place_at_any_alignment(dtype, offset):
+    import jax
+
+    from shardwise._dask import _sum_in_place
+
+    raw = np.arange(1, 2000, dtype=dtype)
+    block = raw[offset : offset + 1500]  # starts 0..8 elements past an allocation's start
+    with jax.enable_x64(True):
+        got = np.asarray(_sum_in_place(block, jax.devices()[offset % 8], 2))
+    assert got.shape == (1, 1)
+    assert got[0, 0] == pytest.approx(block.sum(dtype=np.float64), rel=1e-6)

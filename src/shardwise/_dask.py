@@ -2,8 +2,15 @@
 
 ``shardwise.einsum`` given a Dask array builds the same blockwise graph Dask's own
 ``einsum`` does — every combination of blocks computes its partial einsum, and partial
-sums over contracted indices are added up by Dask — but each block's einsum runs sharded
-on the mesh, with the planner's best layout. Under ``dask.distributed`` the blocks run on
+sums over contracted indices are added up by Dask — but each block's einsum runs in JAX
+on the mesh's devices. A large block is sharded over the whole mesh with the planner's
+best layout; a small one (under :data:`SPLIT_MIN_BYTES` per device) runs whole on one
+device, the devices taking blocks in turn, because a collective per block costs more than
+a small block's compute: the tutorial's 8 MB blocks took 1.1 ms each split over 8
+simulated devices, and run 3× faster one per device (see ``benchmarks/``). A block that
+is summed whole (``data.mean()``) is not even copied: its 64-byte-aligned part is used in
+place by its device, and the few elements before and after it are added on the host.
+Under ``dask.distributed`` the blocks run on
 the workers, each with its own devices (set ``SHARDWISE_CPU_DEVICES`` in the workers'
 environment to simulate CPU devices there): the path for CPU clusters larger than one
 machine. float64 blocks are computed in float64 (JAX's x64 mode, inside the block only).
@@ -12,6 +19,7 @@ machine. float64 blocks are computed in float64 (JAX's x64 mode, inside the bloc
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import numpy as np
@@ -44,17 +52,109 @@ def _local_mesh(spec: MeshSpec | None) -> Any:
     return mesh("auto") if spec is None else build_mesh(spec)
 
 
-def _block(*blocks: np.ndarray, equation: str, spec: MeshSpec | None, extra: int) -> np.ndarray:
-    """One block's einsum on the mesh; singleton axes stand for the contracted indices."""
+SPLIT_MIN_BYTES = 4 << 20
+"""A block is sharded over the mesh only when each device's share is at least this."""
+
+_turns = itertools.count()
+"""Which device takes the next small block (blocks run in turn on every device)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _program(equation: str, shapes: tuple[tuple[int, ...], ...], extra: int) -> Any:
+    """The jitted local einsum for blocks of ``shapes`` on one device, with ``extra``
+    singleton axes appended (one dispatch per block: each costs about 50 µs)."""
+    import jax
+
+    from shardwise._kernels import choose_kernel, local_einsum
+
+    op = Op.parse(equation)
+    kernel = choose_kernel(op, op.sizes(list(shapes)))
+
+    def block(*xs: Any) -> Any:
+        out = local_einsum(op, kernel, *xs)
+        return out.reshape(out.shape + (1,) * extra)
+
+    return jax.jit(block)
+
+
+@functools.lru_cache(maxsize=64)
+def _sum_program(extra: int) -> Any:
+    """The jitted sum of a block's aligned part plus the sum of the rest, as ``extra``
+    singleton axes."""
+    import jax
+
+    return jax.jit(lambda middle, rest: (middle.sum() + rest).reshape((1,) * extra))
+
+
+def _sum_in_place(block: np.ndarray, device: Any, extra: int) -> Any:
+    """The sum of every element of ``block``, its aligned part used in place by ``device``
+    (a JAX array, perhaps still being computed)."""
+    import jax
+
+    flat = np.ascontiguousarray(block).reshape(-1)
+    margin = 64 // flat.itemsize if 64 % flat.itemsize == 0 else 0
+    if not margin or flat.size <= 2 * margin:
+        return _program("i->", (flat.shape,), extra)(jax.device_put(flat, device))
+    skip = (-flat.ctypes.data % 64) // flat.itemsize  # elements before the first aligned one
+    stop = skip + flat.size - margin  # the same length whatever the alignment: one program
+    rest = np.concatenate([flat[:skip], flat[stop:]]).sum(dtype=flat.dtype)
+    return _sum_program(extra)(jax.device_put(flat[skip:stop], device), rest)
+
+
+def _in_worker() -> bool:
+    """Whether this runs on a ``dask.distributed`` worker (whose results travel by pickle)."""
+    try:
+        from distributed import get_worker
+
+        get_worker()
+    except (ImportError, ValueError):
+        return False
+    return True
+
+
+def _block(
+    *blocks: np.ndarray, equation: str, spec: MeshSpec | None, extra: int, fetch: bool = True
+) -> Any:
+    """One block's einsum in JAX on the mesh's devices; singleton axes stand for the
+    contracted indices. With ``fetch=False`` (partial sums, in this process) the result is
+    the JAX array, returned while its devices may still compute: Dask moves on to the next
+    block at once, and :func:`_add` waits for all of them together."""
     import jax
 
     from shardwise._api import einsum
 
+    mesh = _local_mesh(spec)
+    share = max(b.nbytes for b in blocks) // mesh.devices.size
+    op = Op.parse(equation)
     wide = any(np.dtype(b.dtype) == np.float64 for b in blocks)
     with jax.enable_x64(wide):
-        out = einsum(equation, *blocks, mesh=_local_mesh(spec), layout="auto")
-        result = np.asarray(out)
-    return result.reshape(result.shape + (1,) * extra)
+        if share >= SPLIT_MIN_BYTES or mesh.devices.size == 1:
+            whole = np.asarray(einsum(equation, *blocks, mesh=mesh, layout="auto"))
+            return whole.reshape(whole.shape + (1,) * extra)
+        devices = mesh.devices.flat
+        device = devices[next(_turns) % len(devices)]
+        if len(op.inputs) == 1 and not op.output:
+            result = _sum_in_place(blocks[0], device, extra)
+        else:
+            placed = [jax.device_put(b, device) for b in blocks]
+            result = _program(op.equation, tuple(b.shape for b in blocks), extra)(*placed)
+    return np.asarray(result) if fetch or _in_worker() else result
+
+
+def _keep(x: Any, axis: Any = None, keepdims: bool = True) -> Any:
+    """A block's partial sum as it is (the chunk step of the reduction over blocks)."""
+    return x
+
+
+def _add(parts: Any, axis: tuple[int, ...] = (), keepdims: bool = False) -> np.ndarray:
+    """The sum of partial sums (nested lists of NumPy or JAX arrays) over ``axis``."""
+    while isinstance(parts, list) and parts and isinstance(parts[0], list):
+        parts = [p for group in parts for p in group]
+    items = parts if isinstance(parts, list) else [parts]
+    total = np.asarray(items[0]).copy()
+    for p in items[1:]:
+        total += np.asarray(p)
+    return total if keepdims else total.sum(axis=axis)
 
 
 def dask_einsum(equation: str, *arrays: Any, mesh: Any = None) -> Any:
@@ -97,12 +197,24 @@ def dask_einsum(equation: str, *arrays: Any, mesh: Any = None) -> Any:
         equation=op.equation,
         spec=spec,
         extra=len(op.contracted),
+        fetch=not op.contracted,
         concatenate=True,
         meta=np.empty((0,) * len(keep), dtype),  # so Dask never calls the block function here
     )
     if not op.contracted:
         return blocks
-    return blocks.sum(axis=tuple(range(len(op.output), len(keep))), dtype=dtype)
+    # the partial sums are added up by a tree reduction that fetches them only when it needs
+    # them: every block's computation has been started by then
+    return da.reduction(
+        blocks,
+        chunk=_keep,
+        combine=_add,
+        aggregate=_add,
+        axis=tuple(range(len(op.output), len(keep))),
+        dtype=dtype,
+        concatenate=False,
+        meta=np.empty((0,) * len(op.output), dtype),
+    )
 
 
 def dask_mean(x: Any, mesh: Any = None) -> Any:

@@ -63,8 +63,8 @@ def demo_table(report: dict[str, Any]) -> Table:
             for part in s["parts"]:
                 table.add_row(
                     s["name"],
-                    "per block",
-                    "planner's best",
+                    "all devices",
+                    "one block per device",
                     part["name"],
                     f"Dask alone: {part['dask_seconds'] * 1e3:.0f} ms",
                     f"{part['seconds'] * 1e3:.0f} ms",
