@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from shardwise.bench import run_bench
 from shardwise.bench.run import correct
-from shardwise.bench.timing import alternate
+from shardwise.bench.timing import alternate, paired_ratio
 from shardwise.bench.workloads import PEERS, installed
 from shardwise.cli import app
 
@@ -72,6 +72,25 @@ def test_alternate_runs_every_runner():
 
     medians = alternate({"a": make("a"), "b": make("b")}, repeat=4)
     assert set(medians) == {"a", "b"} and calls == {"a": 5, "b": 5}
+
+
+def test_paired_ratio_compares_runs_pair_by_pair(monkeypatch):
+    # a fake clock: "a" takes 3 units, "b" 2, plus a drift that grows every call and would
+    # skew medians taken over a whole round; paired ratios stay near 1.5
+    now = [0.0]
+    calls = []
+
+    def tick(cost):
+        def run():
+            calls.append(cost)
+            now[0] += cost * (1 + 0.001 * len(calls))
+
+        return run
+
+    monkeypatch.setattr("shardwise.bench.timing.time.perf_counter", lambda: now[0])
+    ratio = paired_ratio(tick(3.0), tick(2.0), pairs=9)
+    assert ratio == pytest.approx(1.5, rel=0.01)
+    assert len(calls) == 2 + 2 * 9  # one warm-up each, then the pairs
 
 
 def test_cli_bench_json_contract():

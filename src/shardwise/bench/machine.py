@@ -66,3 +66,28 @@ def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5
         "sgemm_gflops": sgemm,
         "tests": results,
     }
+
+
+def bandwidth_probe(nbytes: int = 320 * 10**6) -> tuple[Any, int]:
+    """A read of ``nbytes`` by the usually fastest reader (PyTorch's multi-threaded ``sum``,
+    else a jitted ``sum`` over every device), to be timed in turn with a workload's runners:
+    the bandwidth it shows in that same window is the workload's fair roofline, since this
+    machine's bandwidth swings by 2× from minute to minute. Returns the call and its bytes.
+    """
+    x = np.ones(nbytes // 4, np.float32)
+    try:
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        tx = torch.from_numpy(x)
+        return (lambda: tx.sum()), x.nbytes
+    except ImportError:
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import Mesh, NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        devices = jax.devices()
+        mesh = Mesh(np.array(devices), ("d",))
+        arr = jax.device_put(x[: x.size - x.size % len(devices)], NamedSharding(mesh, P("d")))
+        return functools.partial(jax.jit(jnp.sum), arr), arr.nbytes

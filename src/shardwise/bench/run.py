@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwise.bench.timing import alternate
+from shardwise.bench.timing import alternate, paired_ratio
 from shardwise.bench.workloads import PEERS, Workload, installed, seed_workloads
 
 SUITES = ("seed", "full", "tiny")
@@ -29,31 +29,49 @@ def correct(result: Any, reference: np.ndarray, terms: int) -> tuple[bool, float
 
 
 def run_workload(
-    w: Workload, peers: Sequence[str], repeat: int, machine: dict[str, Any]
+    w: Workload,
+    peers: Sequence[str],
+    repeat: int,
+    machine: dict[str, Any],
+    probe: tuple[Callable[[], Any], int] | None = None,
 ) -> dict[str, Any]:
-    """Time one workload; every runner's result is checked against float64 NumPy first."""
+    """Time one workload; every runner's result is checked against float64 NumPy first.
+
+    ``probe`` (a read and its bytes, see :func:`~shardwise.bench.machine.bandwidth_probe`)
+    takes turns with the runners; the bandwidth it shows in that window gives
+    ``roofline_fraction``, the machine's best figure ``roofline_fraction_machine``."""
     runners = {"shardwise": w.shardwise(), "raw": w.raw()}
     for p in peers:
         if p in w.peers and installed(p):
             runners[p] = w.peers[p]()
     reference = w.reference()
     checks = {name: correct(fn(), reference, w.terms) for name, fn in runners.items()}
-    seconds = alternate(runners, repeat)
+    timed: dict[str, Callable[[], Any]] = dict(runners)
+    if probe is not None:
+        timed["probe"] = probe[0]
+    seconds = alternate(timed, repeat)
     ours = seconds["shardwise"]
-    roofline = max(
-        w.nbytes / (machine["memory_gbps"] * 1e9), w.flops / (machine["sgemm_gflops"] * 1e9)
-    )
+    window_gbps = probe[1] / seconds["probe"] / 1e9 if probe is not None else None
+    # the layer's cost is a few tens of microseconds a call: measured in close pairs, about
+    # two seconds of them, so that the machine's drift does not swamp it
+    pairs = min(101, max(repeat, int(1.0 / max(seconds["raw"], 1e-6))))
+    overhead = paired_ratio(runners["shardwise"], runners["raw"], pairs) - 1
+    flop_time = w.flops / (machine["sgemm_gflops"] * 1e9)
+    best = max(w.nbytes / (machine["memory_gbps"] * 1e9), flop_time)
+    roofline = max(w.nbytes / (window_gbps * 1e9), flop_time) if window_gbps else best
     peer_times = {p: seconds[p] for p in runners if p in PEERS}
     return {
         "name": w.name,
         "title": w.title,
         "shardwise_seconds": ours,
         "raw_jax_seconds": seconds["raw"],
-        "layer_overhead": ours / seconds["raw"] - 1,
+        "layer_overhead": overhead,
         "bytes": w.nbytes,
         "flops": w.flops,
         "roofline_seconds": roofline,
         "roofline_fraction": roofline / ours,
+        "memory_gbps_window": window_gbps,
+        "roofline_fraction_machine": best / ours,
         "gflops": w.flops / ours / 1e9,
         "peers": peer_times,
         "ratios": {p: t / ours for p, t in peer_times.items()},
@@ -89,7 +107,7 @@ def run_bench(
     """The ``shardwise bench --json`` document."""
     import jax
 
-    from shardwise.bench.machine import measure_machine
+    from shardwise.bench.machine import bandwidth_probe, measure_machine
 
     def step(what: str) -> None:
         if on_step is not None:
@@ -105,11 +123,12 @@ def run_bench(
             gemm=128 if tiny else 2048,
             repeat=3 if tiny else 5,
         )
+        probe = bandwidth_probe(8 * 10**6 if tiny else 320 * 10**6)
         results = []
         for build in seed_workloads(suite):
             w = build()
             step(f"{w.name}: {w.title}")
-            results.append(run_workload(w, peers, repeat, machine))
+            results.append(run_workload(w, peers, repeat, machine, probe))
             del w
             gc.collect()
         doc: dict[str, Any] = {

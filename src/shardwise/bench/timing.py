@@ -33,6 +33,23 @@ def alternate(runners: Mapping[str, Callable[[], Any]], repeat: int) -> dict[str
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def paired_ratio(a: Callable[[], Any], b: Callable[[], Any], pairs: int) -> float:
+    """Median over back-to-back pairs of ``a``'s time ÷ ``b``'s, the order swapped every
+    pair: each ratio compares two runs a few milliseconds apart, so the machine's drift
+    (which moves medians taken across a whole round by several percent) cancels."""
+    block(a())
+    block(b())
+    ratios = []
+    for k in range(pairs):
+        took = {}
+        for name, fn in (("a", a), ("b", b)) if k % 2 == 0 else (("b", b), ("a", a)):
+            start = time.perf_counter()
+            block(fn())
+            took[name] = time.perf_counter() - start
+        ratios.append(took["a"] / took["b"])
+    return statistics.median(ratios)
+
+
 def median_seconds(fn: Callable[[], Any], repeat: int) -> float:
     """Median seconds of ``repeat`` calls after one warm-up call."""
     block(fn())
