@@ -70,6 +70,12 @@ def test_blocks_run_on_distributed_workers():
         assert _local_mesh.cache_info().misses == 0
         devices = client.run(lambda: __import__("jax").device_count())
         assert set(devices.values()) == {2}
+        # with a cluster, a mean is not grouped (that would move blocks between workers)
+        from shardwise._dask import _client_active, _grouped_sum
+
+        assert _client_active()
+        assert _grouped_sum(d, None, d.dtype) is None
+        assert float(shardwise.mean(d).compute()) == pytest.approx(x.mean(), rel=1e-12)
 
 
 @pytest.mark.parametrize("split", [True, False])
@@ -103,3 +109,25 @@ def test_sums_in_place_at_any_alignment(dtype, offset):
         got = np.asarray(_sum_in_place(block, jax.devices()[offset % 8], 2))
     assert got.shape == (1, 1)
     assert got[0, 0] == pytest.approx(block.sum(dtype=np.float64), rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("chunks", [(10, 15), (7, 9), (40, 30)])
+def test_full_sums_run_as_groups_of_blocks(monkeypatch, dtype, chunks):
+    from shardwise import _dask
+
+    groups = []
+    real = _dask._sum_group
+    monkeypatch.setattr(
+        _dask, "_sum_group", lambda *b, spec: groups.append(len(b)) or real(*b, spec=spec)
+    )
+    x = np.random.default_rng(4).random((40, 30)).astype(dtype)
+    d = da.from_array(x, chunks=chunks)
+    got = float(shardwise.einsum("ij->", d, mesh="devices=8").compute())
+    assert got == pytest.approx(
+        float(x.sum(dtype=np.float64)), rel=1e-12 if dtype == np.float64 else 1e-5
+    )
+    if d.npartitions > 1:  # every block summed once, in groups of at most two per device
+        assert sum(groups) == d.npartitions and max(groups) <= 16
+    else:
+        assert not groups

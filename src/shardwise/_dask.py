@@ -9,7 +9,9 @@ device, the devices taking blocks in turn, because a collective per block costs 
 a small block's compute: the tutorial's 8 MB blocks took 1.1 ms each split over 8
 simulated devices, and run 3× faster one per device (see ``benchmarks/``). A block that
 is summed whole (``data.mean()``) is not even copied: its 64-byte-aligned part is used in
-place by its device, and the few elements before and after it are added on the host.
+place by its device, and the few elements before and after it are added on the host; a
+whole-array sum takes its blocks in groups, two per device, so that the devices sum them
+at once (:func:`_grouped_sum`).
 Under ``dask.distributed`` the blocks run on
 the workers, each with its own devices (set ``SHARDWISE_CPU_DEVICES`` in the workers'
 environment to simulate CPU devices there): the path for CPU clusters larger than one
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -141,6 +144,60 @@ def _block(
     return np.asarray(result) if fetch or _in_worker() else result
 
 
+GROUP_BYTES = 256 << 20
+"""Most bytes of blocks one task of a grouped sum holds (see :func:`_grouped_sum`)."""
+
+
+def _sum_group(*blocks: np.ndarray, spec: MeshSpec | None) -> np.ndarray:
+    """The sum of every element of several blocks, each summed on its own device and all
+    of them at once."""
+    import jax
+
+    devices = _local_mesh(spec).devices.flat
+    wide = any(np.dtype(b.dtype) == np.float64 for b in blocks)
+    with jax.enable_x64(wide):
+        parts = [_sum_in_place(b, devices[next(_turns) % len(devices)], 0) for b in blocks]
+        return _add(parts)
+
+
+def _client_active() -> bool:
+    """Whether a ``dask.distributed`` client will run the graph (blocks then stay where the
+    cluster keeps them: grouping them would move them between workers)."""
+    try:
+        from distributed import default_client
+
+        default_client()  # type: ignore[no-untyped-call]
+    except (ImportError, ValueError):
+        return False
+    return True
+
+
+def _grouped_sum(x: Any, spec: MeshSpec | None, dtype: Any) -> Any | None:
+    """The sum of every element of ``x`` as a few tasks that each take a group of blocks —
+    two per device — and sum them on the devices at once, or ``None`` where that does not
+    apply (large blocks, which are split over the mesh instead; a distributed cluster).
+
+    Dask's own ``mean`` spends about 0.3 ms of scheduling per block; with one task per
+    block, JAX's dispatch came on top of that and the tutorial's ``data.mean()`` ran at
+    1.3–1.9× Dask's time. Grouped, it is level with Dask's (47–49 against 50–52 ms,
+    medians of 7 on the 2-core CI machine kind)."""
+    from dask.delayed import delayed
+
+    da = _dask_array()
+    devices = _local_mesh(spec).devices.size
+    block_bytes = max(1, math.prod(max(c) for c in x.chunks) * x.dtype.itemsize)
+    if _client_active() or block_bytes // devices >= SPLIT_MIN_BYTES or x.npartitions < 2:
+        return None
+    size = max(1, min(2 * devices, GROUP_BYTES // block_bytes))
+    blocks = list(x.to_delayed().ravel())
+    partials = [
+        delayed(_sum_group, pure=True)(*blocks[k : k + size], spec=spec)
+        for k in range(0, len(blocks), size)
+    ]
+    total = delayed(_add, pure=True)(partials)
+    return da.from_delayed(total, shape=(), dtype=dtype)
+
+
 def _keep(x: Any, axis: Any = None, keepdims: bool = True) -> Any:
     """A block's partial sum as it is (the chunk step of the reduction over blocks)."""
     return x
@@ -187,6 +244,10 @@ def dask_einsum(equation: str, *arrays: Any, mesh: Any = None) -> Any:
     for term, x in zip(op.inputs, wrapped, strict=True):
         args += [x, term]
     dtype = np.result_type(*(a.dtype for a in args[::2]))
+    if len(op.inputs) == 1 and not op.output and len(set(op.inputs[0])) == len(op.inputs[0]):
+        grouped = _grouped_sum(wrapped[0], spec, dtype)
+        if grouped is not None:
+            return grouped
     keep = op.output + op.contracted
     blocks = da.blockwise(
         _block,
