@@ -292,11 +292,7 @@ class Sink:
                     # the disk, not the metadata
                     os.fdatasync(f.fileno())
         except OSError as e:
-            raise ShardwiseError(
-                f"cannot write {str(self.path)!r}: {e.strerror or e}. Earlier "
-                "chunks are kept; free space and run the same command to "
-                "resume."
-            ) from None
+            raise self._failed(e) from None
 
     def sync(self) -> None:
         """Make every write so far durable (one flush for many chunks costs less disk time
@@ -307,11 +303,13 @@ class Sink:
             with open(self.partial, "r+b", buffering=0) as f:
                 os.fdatasync(f.fileno())
         except OSError as e:
-            raise ShardwiseError(
-                f"cannot write {str(self.path)!r}: {e.strerror or e}. Earlier "
-                "chunks are kept; free space and run the same command to "
-                "resume."
-            ) from None
+            raise self._failed(e) from None
+
+    def _failed(self, e: OSError) -> ShardwiseError:
+        return ShardwiseError(
+            f"cannot write {str(self.path)!r}: {e.strerror or e}. Earlier chunks are kept; "
+            "free space and run the same command to resume."
+        )
 
     def finish(self) -> None:
         """Make the output visible under its real name, atomically."""
