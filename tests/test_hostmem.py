@@ -58,3 +58,17 @@ def test_aligned_empty_is_aligned():
     for align in (64, 4096, HUGE_PAGE):
         assert aligned_empty((5, 7), np.float64, align=align).ctypes.data % align == 0
     assert jax.devices()[0].platform == "cpu"
+
+
+def test_malloc_tuning_can_be_turned_off(monkeypatch):
+    from shardwise import _hostmem
+
+    _hostmem.keep_freed_memory_warm.cache_clear()
+    monkeypatch.setenv(_hostmem.MALLOC_ENV, "0")
+    assert _hostmem.keep_freed_memory_warm() is False
+    _hostmem.keep_freed_memory_warm.cache_clear()
+    monkeypatch.delenv(_hostmem.MALLOC_ENV)
+    import platform
+
+    took = _hostmem.keep_freed_memory_warm()
+    assert took == (platform.libc_ver()[0] == "glibc")

@@ -19,6 +19,7 @@ from shardwise._dask import dask_einsum, dask_mean, is_dask
 from shardwise._distributed import put
 from shardwise._errors import ArgumentError, SpecError
 from shardwise._explain import Explanation, compile_plan, explain_compiled, explain_function
+from shardwise._hostmem import keep_freed_memory_warm
 from shardwise._lower import is_explicit, jitted, named
 from shardwise._mesh import MeshSpec
 from shardwise._mesh import mesh as make_mesh
@@ -145,7 +146,12 @@ def place(
     arrays: Sequence[Any],
     targets: Sequence[NamedSharding] | None = None,
 ) -> list[jax.Array]:
-    """Put each operand on the devices with its planned sharding (a no-op if already there)."""
+    """Put each operand on the devices with its planned sharding (a no-op if already there).
+    On CPU devices this also keeps freed memory warm for their outputs
+    (:func:`~shardwise._hostmem.keep_freed_memory_warm`; streaming, which holds to a memory
+    budget, does not place arrays this way)."""
+    if mesh.devices.flat[0].platform == "cpu":
+        keep_freed_memory_warm()
     placed = []
     dtype = np.dtype(plan.dtype)
     for array, target in zip(arrays, targets or shardings(plan, mesh), strict=True):

@@ -245,7 +245,7 @@ def stream(
     import jax
 
     from shardwise._api import _jax_mesh, plan_einsum, shardings
-    from shardwise._lower import jitted
+    from shardwise._explain import compile_plan
 
     op = Op.parse(equation)
     sources = [open_source(x, k) for k, x in enumerate(inputs)]
@@ -350,7 +350,7 @@ def stream(
             blocks.append(buf)
         return blocks
 
-    program = None
+    program: tuple[Any, Any] | None = None
 
     landed: list[int] = []  # chunks written but not yet durable nor in the manifest
     lock = threading.Lock()
@@ -403,6 +403,14 @@ def stream(
         ThreadPoolExecutor(max_workers=1) as syncer,
     ):
         pending = reader.submit(read, todo[0], 0) if todo else None
+        if todo:  # compile the one program every chunk runs while the first chunk is read
+            the_plan, _ = plan_einsum(
+                op.equation,
+                *(jax.ShapeDtypeStruct(shape, dtype) for shape in shapes),
+                mesh=jmesh,
+                layout=chunk_layout,
+            )
+            program = (the_plan, compile_plan(the_plan, jmesh))
         writing = None
         flushes: list[Future[None]] = []
         for n, c in enumerate(todo):
@@ -410,14 +418,7 @@ def stream(
             blocks = pending.result()
             pending = reader.submit(read, todo[n + 1], (n + 1) % 2) if n + 1 < len(todo) else None
             bytes_read += sum(b.nbytes for b in blocks)
-            if program is None:
-                the_plan, _ = plan_einsum(
-                    op.equation,
-                    *(jax.ShapeDtypeStruct(shape, dtype) for shape in shapes),
-                    mesh=jmesh,
-                    layout=chunk_layout,
-                )
-                program = (the_plan, jitted(the_plan, jmesh))
+            assert program is not None
             the_plan, fn = program
             placed = [
                 in_place(b, s, shape)
