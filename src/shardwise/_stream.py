@@ -426,9 +426,8 @@ def stream(
             ]
             result = np.asarray(jax.device_get(fn(*placed)))
             del placed
-            if mappable:
-                for b in blocks:
-                    Source.release_rows(b)
+            if mappable:  # on the reader's thread, before it maps the chunk after next
+                reader.submit(lambda done: [Source.release_rows(b) for b in done], blocks)
             del blocks
             if writing is not None:
                 writing.result()  # at most one result waits to be written (bounded memory)
