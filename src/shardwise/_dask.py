@@ -62,6 +62,19 @@ _turns = itertools.count()
 """Which device takes the next small block (blocks run in turn on every device)."""
 
 
+def _next_device(mesh: Any) -> Any:
+    """The device whose turn it is to take a whole block."""
+    devices = mesh.devices.flat
+    return devices[next(_turns) % len(devices)]
+
+
+def _precision(blocks: tuple[np.ndarray, ...]) -> Any:
+    """JAX's x64 mode, on while float64 blocks are computed (in float64, as Dask would)."""
+    import jax
+
+    return jax.enable_x64(any(np.dtype(b.dtype) == np.float64 for b in blocks))
+
+
 @functools.lru_cache(maxsize=64)
 def _program(equation: str, shapes: tuple[tuple[int, ...], ...], extra: int) -> Any:
     """The jitted local einsum for blocks of ``shapes`` on one device, with ``extra``
@@ -129,13 +142,11 @@ def _block(
     mesh = _local_mesh(spec)
     share = max(b.nbytes for b in blocks) // mesh.devices.size
     op = Op.parse(equation)
-    wide = any(np.dtype(b.dtype) == np.float64 for b in blocks)
-    with jax.enable_x64(wide):
+    with _precision(blocks):
         if share >= SPLIT_MIN_BYTES or mesh.devices.size == 1:
             whole = np.asarray(einsum(equation, *blocks, mesh=mesh, layout="auto"))
             return whole.reshape(whole.shape + (1,) * extra)
-        devices = mesh.devices.flat
-        device = devices[next(_turns) % len(devices)]
+        device = _next_device(mesh)
         if len(op.inputs) == 1 and not op.output:
             result = _sum_in_place(blocks[0], device, extra)
         else:
@@ -151,13 +162,9 @@ GROUP_BYTES = 256 << 20
 def _sum_group(*blocks: np.ndarray, spec: MeshSpec | None) -> np.ndarray:
     """The sum of every element of several blocks, each summed on its own device and all
     of them at once."""
-    import jax
-
-    devices = _local_mesh(spec).devices.flat
-    wide = any(np.dtype(b.dtype) == np.float64 for b in blocks)
-    with jax.enable_x64(wide):
-        parts = [_sum_in_place(b, devices[next(_turns) % len(devices)], 0) for b in blocks]
-        return _add(parts)
+    mesh = _local_mesh(spec)
+    with _precision(blocks):
+        return _add([_sum_in_place(b, _next_device(mesh), 0) for b in blocks])
 
 
 def _client_active() -> bool:

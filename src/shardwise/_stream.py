@@ -350,7 +350,9 @@ def stream(
             blocks.append(buf)
         return blocks
 
-    program: tuple[Any, Any] | None = None
+    def release(mapped: list[np.ndarray]) -> None:
+        for rows in mapped:
+            Source.release_rows(rows)
 
     landed: list[int] = []  # chunks written but not yet durable nor in the manifest
     lock = threading.Lock()
@@ -410,7 +412,8 @@ def stream(
                 mesh=jmesh,
                 layout=chunk_layout,
             )
-            program = (the_plan, compile_plan(the_plan, jmesh))
+            fn = compile_plan(the_plan, jmesh)
+            targets = shardings(the_plan, jmesh)
         writing = None
         flushes: list[Future[None]] = []
         for n, c in enumerate(todo):
@@ -418,16 +421,13 @@ def stream(
             blocks = pending.result()
             pending = reader.submit(read, todo[n + 1], (n + 1) % 2) if n + 1 < len(todo) else None
             bytes_read += sum(b.nbytes for b in blocks)
-            assert program is not None
-            the_plan, fn = program
             placed = [
-                in_place(b, s, shape)
-                for b, s, shape in zip(blocks, shardings(the_plan, jmesh), shapes, strict=True)
+                in_place(b, t, shape) for b, t, shape in zip(blocks, targets, shapes, strict=True)
             ]
             result = np.asarray(jax.device_get(fn(*placed)))
             del placed
             if mappable:  # on the reader's thread, before it maps the chunk after next
-                reader.submit(lambda done: [Source.release_rows(b) for b in done], blocks)
+                reader.submit(release, blocks)
             del blocks
             if writing is not None:
                 writing.result()  # at most one result waits to be written (bounded memory)
