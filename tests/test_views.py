@@ -170,23 +170,29 @@ def test_explicit_mode_contraction_hint():
     assert "sharded on `y`" in msg and "out_sharding=P(...)" in msg and "axis_types='auto'" in msg
 
 
+S4_EXPLAIN = [
+    "explain",
+    "nd,nd->n",
+    "--shapes",
+    "16x8,16x8",
+    "--mesh",
+    "x=2,y=4",
+    "--in",
+    "x,y",
+    "--in",
+    "x,y",
+    "--out",
+    "x",
+]
+"""``shardwise explain`` of S4's layout at a small size."""
+
+
 def test_cli_explain_quiet_svg_png(tmp_path):
     svg, png = tmp_path / "a.svg", tmp_path / "a.png"
     result = runner.invoke(
         app,
         [
-            "explain",
-            "nd,nd->n",
-            "--shapes",
-            "16x8,16x8",
-            "--mesh",
-            "x=2,y=4",
-            "--in",
-            "x,y",
-            "--in",
-            "x,y",
-            "--out",
-            "x",
+            *S4_EXPLAIN,
             "--quiet",
             "--svg",
             str(svg),
@@ -204,21 +210,7 @@ def test_cli_explain_quiet_svg_png(tmp_path):
 def test_cli_explain_json_has_causes_memory_compute():
     result = runner.invoke(
         app,
-        [
-            "explain",
-            "nd,nd->n",
-            "--shapes",
-            "16x8,16x8",
-            "--mesh",
-            "x=2,y=4",
-            "--in",
-            "x,y",
-            "--in",
-            "x,y",
-            "--out",
-            "x",
-            "--json",
-        ],
+        [*S4_EXPLAIN, "--json"],
     )
     data = json.loads(result.stdout)
     assert data["collectives"][0]["cause"]["reason"] == "partial-sum"
