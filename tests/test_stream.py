@@ -83,6 +83,78 @@ def test_chunk_layouts(tmp_path, layout):
     np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("mesh", "equation", "spec", "blocks"),
+    [
+        ("devices=8", "nd,nd->n", ("devices",), 8),  # one block per device
+        ("x=2,y=4", "nd,nd->n", ("x",), 2),  # replicated over y: one copy of each written
+        ("x=2,y=4", "nd,nd->nd", ("x", "y"), None),  # split along d too: assembled instead
+    ],
+)
+def test_results_are_written_from_the_devices_own_blocks(tmp_path, mesh, equation, spec, blocks):
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from shardwise._stream import _shard_blocks
+
+    a, b = _inputs(tmp_path, n=1000, d=4)
+    value = np.einsum(equation, a, b)
+    result = jax.device_put(value, NamedSharding(shardwise.mesh(mesh), P(*spec)))
+    found = _shard_blocks(result, 0)
+    if blocks is None:
+        assert found is None
+    else:
+        assert [start for start, _ in found] == [k * 1000 // blocks for k in range(blocks)]
+        np.testing.assert_array_equal(np.concatenate([block for _, block in found]), value)
+    layout = ",".join(f"{i}={axis}" for i, axis in zip("nd", spec, strict=False))
+    out = tmp_path / "o.npy"
+    shardwise.stream(
+        equation,
+        tmp_path / "a.npy",
+        tmp_path / "b.npy",
+        mesh=mesh,
+        out=out,
+        budget="64KiB",
+        layout=layout,
+    )
+    np.testing.assert_allclose(np.load(out), value, rtol=1e-5)
+
+
+def test_output_leaves_the_page_cache_once_on_disk(tmp_path, monkeypatch):
+    a, b = _inputs(tmp_path)
+    events: list[tuple[str, int, int]] = []
+    flush, advise = os.fdatasync, os.posix_fadvise
+
+    def fdatasync(fd):
+        events.append(("flush", 0, 0))
+        flush(fd)
+
+    def fadvise(fd, pos, length, advice):
+        assert advice == os.POSIX_FADV_DONTNEED
+        events.append(("drop", pos, length))
+        advise(fd, pos, length, advice)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    out = tmp_path / "o.npy"
+    r = shardwise.stream(
+        "nd,nd->n",
+        *(tmp_path / f for f in ("a.npy", "b.npy")),
+        out=out,
+        mesh="devices=8",
+        budget="64KiB",
+    )
+    np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)
+    drops = [(pos, length) for kind, pos, length in events if kind == "drop"]
+    assert r.chunks > 4 and events[0][0] == "flush"  # nothing dropped before it is on disk
+    header = os.path.getsize(out) - a.shape[0] * 4
+    covered = np.zeros(a.shape[0] * 4, bool)
+    for pos, length in drops:
+        covered[pos - header : pos - header + length] = True
+    assert covered.all()  # every byte of the result was let go
+
+
 def test_rerun_after_completion_does_no_work(tmp_path):
     _inputs(tmp_path)
     args = ("nd,nd->n", tmp_path / "a.npy", tmp_path / "b.npy")

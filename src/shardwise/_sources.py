@@ -15,6 +15,7 @@ import functools
 import hashlib
 import mmap
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,8 @@ class Sink:
         self.zarr = path.suffix != ".npy"
         self.partial = path.with_name(path.name + ".partial")
         self.offset = 0
+        self._unsynced: list[tuple[int, int]] = []  # (position, length) of writes not flushed
+        self._lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
@@ -291,6 +294,10 @@ class Sink:
                     # the file was allocated in full up front: only the data need to reach
                     # the disk, not the metadata
                     os.fdatasync(f.fileno())
+                    _drop_cached(f.fileno(), [(pos, len(data))])
+                else:
+                    with self._lock:
+                        self._unsynced.append((pos, len(data)))
         except OSError as e:
             raise self._failed(e) from None
 
@@ -299,9 +306,12 @@ class Sink:
         than a flush per chunk)."""
         if self.zarr:
             return
+        with self._lock:
+            written, self._unsynced = self._unsynced, []
         try:
             with open(self.partial, "r+b", buffering=0) as f:
                 os.fdatasync(f.fileno())
+                _drop_cached(f.fileno(), written)
         except OSError as e:
             raise self._failed(e) from None
 
@@ -314,6 +324,23 @@ class Sink:
     def finish(self) -> None:
         """Make the output visible under its real name, atomically."""
         os.replace(self.partial, self.path)
+
+
+def _drop_cached(fd: int, spans: list[tuple[int, int]]) -> None:
+    """Let the page cache drop these spans of the output, now on disk.
+
+    A streamed run writes as much output as it likes, so its pages would otherwise crowd
+    the page cache (and the inputs in it) until the kernel evicts them. Freeing them at
+    once also lets the next chunk's writes reuse the same, recently used memory: in a
+    virtual machine that hands free memory back to its host (as the CI machine kind does),
+    writing into memory that has been handed back costs a fault on the host for every page
+    (measured there: 28 writes of 50 MB with their flushes, 3.1–3.4 s without this,
+    0.68–0.82 s with it).
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for pos, length in spans:
+        os.posix_fadvise(fd, pos, length, os.POSIX_FADV_DONTNEED)
 
 
 def _free_bytes(folder: Path) -> int | None:

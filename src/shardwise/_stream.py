@@ -312,6 +312,7 @@ def stream(
         acc_name = manifest.get("accumulator")
         acc = np.load(target.parent / acc_name) if acc_name else np.zeros(out_shape, dtype)
     axis_of = {k: t.index(plan.index) for k, t in enumerate(op.inputs)}
+    out_axis = op.output.index(plan.index) if not plan.accumulate else -1
     todo = [c for c in range(plan.chunks) if c not in done]
     chunk_layout = {plan.index: spec.names} if layout is None else layout
     start_time = time.perf_counter()
@@ -375,12 +376,14 @@ def stream(
             sink.sync()
             record(batch)
 
-    def commit(c: int, result: np.ndarray) -> None:
-        """Land chunk ``c``'s result; its record follows once it is durable."""
+    def commit(c: int, pieces: list[tuple[int, np.ndarray]]) -> None:
+        """Land chunk ``c``'s result, given as blocks and where each starts along the streamed
+        index; its record follows once it is durable."""
         nonlocal acc
         lo, hi = c * plan.chunk, min((c + 1) * plan.chunk, plan.total)
         if plan.accumulate:  # the running sum is saved durably, then recorded, chunk by chunk
             assert acc is not None
+            ((_, result),) = pieces
             acc = acc + result
             name = f"{target.name}.acc.{c}.npy"
             _save_array(target.parent / name, acc)
@@ -390,10 +393,11 @@ def stream(
             if old:
                 (target.parent / old).unlink(missing_ok=True)
             return
-        out_axis = op.output.index(plan.index)
-        index = [slice(None)] * result.ndim
-        index[out_axis] = slice(0, hi - lo)
-        sink.write(out_axis, lo, result[tuple(index)], durable=False)
+        for start, block in pieces:  # each block's rows past the chunk's end are padding
+            if start < hi - lo:
+                index = [slice(None)] * block.ndim
+                index[out_axis] = slice(0, hi - lo - start)
+                sink.write(out_axis, lo + start, block[tuple(index)], durable=False)
         with lock:
             landed.append(c)
 
@@ -424,8 +428,12 @@ def stream(
             placed = [
                 in_place(b, t, shape) for b, t, shape in zip(blocks, targets, shapes, strict=True)
             ]
-            result = np.asarray(jax.device_get(fn(*placed)))
+            result = fn(*placed)
             del placed
+            pieces = None if plan.accumulate else _shard_blocks(result, out_axis)
+            if pieces is None:
+                pieces = [(0, np.asarray(jax.device_get(result)))]
+            del result
             if mappable:  # on the reader's thread, before it maps the chunk after next
                 reader.submit(release, blocks)
             del blocks
@@ -435,7 +443,8 @@ def stream(
                     finished.result()  # a failed flush (disk full) stops the run here
                     flushes.remove(finished)
                 flushes.append(syncer.submit(sync))
-            writing = writer.submit(commit, c, result)
+            writing = writer.submit(commit, c, pieces)
+            del pieces
         if writing is not None:
             writing.result()
         flushes.append(syncer.submit(sync))
@@ -460,6 +469,24 @@ def stream(
         bytes_read,
         plan,
     )
+
+
+def _shard_blocks(result: Any, axis: int) -> list[tuple[int, np.ndarray]] | None:
+    """The devices' own blocks of ``result`` with where each starts along ``axis``, as host
+    arrays without a copy (CPU devices), when every block is whole along the other axes;
+    else None. Writing these spares assembling the chunk's result in a fresh host array."""
+    if not result.is_fully_addressable or any(
+        d.platform != "cpu" for d in result.sharding.device_set
+    ):
+        return None
+    blocks: dict[int, np.ndarray] = {}
+    for shard in result.addressable_shards:
+        for k, (part, size) in enumerate(zip(shard.index, result.shape, strict=True)):
+            if k != axis and part.indices(size) != (0, size, 1):
+                return None
+        start = shard.index[axis].indices(result.shape[axis])[0]
+        blocks.setdefault(start, np.asarray(shard.data))  # replicas: write one
+    return sorted(blocks.items(), key=lambda item: item[0])
 
 
 def _write_scalar(sink: Sink, value: np.ndarray) -> None:
