@@ -56,3 +56,44 @@ def test_unrolled_program_has_no_dot():
         "nd,nd->n", [(8, 8)] * 2, mesh="devices=8", in_specs=["-,devices", "-,devices"]
     )
     assert [c.kind for c in e.collectives] == ["all-reduce"]
+
+
+def test_long_sums_over_trailing_indices_are_products_with_ones():
+    big = {"i": 64, "j": 64, "k": 64}
+    assert choose_kernel(Op.parse("ij->"), big) == "ones"
+    assert choose_kernel(Op.parse("ijk->i"), big) == "ones"
+    assert choose_kernel(Op.parse("ijk->ij"), big) == "ones"
+    assert choose_kernel(Op.parse("ij->j"), big) == "einsum"  # a leading index summed
+    assert choose_kernel(Op.parse("ijk->ik"), big) == "einsum"
+    assert choose_kernel(Op.parse("i->"), big) == "einsum"
+    assert choose_kernel(Op.parse("ij->"), {"i": 2, "j": 3}) == "unrolled"
+
+
+@pytest.mark.parametrize("mode", ["auto", "manual"])
+@pytest.mark.parametrize(
+    ("equation", "shape", "layout"),
+    [
+        ("ij->", (64, 40), "i=devices"),  # the tutorial's data.mean()
+        ("ij->", (64, 40), "j=devices"),  # the summed trailing index split too
+        ("ij->", (32, 40), "i=x,j=y"),
+        ("ijk->i", (16, 8, 12), "i=x,k=y"),
+        ("ijk->ij", (16, 8, 10), "j=devices"),
+    ],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_products_with_ones_equal_numpy(mode, equation, shape, layout, dtype):
+    import jax
+
+    from shardwise._api import plan_einsum
+    from shardwise._lower import jitted
+
+    mesh = "x=2,y=4" if "x" in layout else "devices=8"
+    x = np.random.default_rng(2).standard_normal(shape).astype(dtype)
+    with jax.enable_x64(dtype == np.float64):
+        got = shardwise.einsum(equation, x, mesh=mesh, layout=layout, mode=mode)
+        plan, jmesh = plan_einsum(equation, x, mesh=mesh, layout=layout, mode=mode)
+        hlo = jitted(plan, jmesh).lower(x).compile().as_text()
+    expected = np.einsum(equation, x.astype(np.float64))
+    tol = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}[dtype]
+    np.testing.assert_allclose(np.asarray(got, np.float64), expected, rtol=tol, atol=tol * 10)
+    assert (" dot(" in hlo) == (dtype != np.float16)  # float16 sums stay jnp.einsum's

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from shardwise._errors import SpecError
-from shardwise._kernels import choose_kernel, local_einsum, unrolled_einsum
+from shardwise._kernels import choose_kernel, local_einsum
 from shardwise._plan import Plan
 from shardwise._spec import Layout, Spec
 
@@ -71,7 +71,7 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
         explicit_out = out_sharding if is_explicit(mesh) else None
         # unrolling slices the contracted indices: only where no device boundary cuts them,
         # and where the operands agree on a layout (else XLA reshards one dot more cheaply
-        # than many slices)
+        # than many slices); a product with ones is one dot, whatever the layout
         split = {
             i
             for t, s in zip(op.inputs, plan.in_specs, strict=True)
@@ -79,12 +79,14 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
             if e
         }
         kernel = choose_kernel(op, sizes)
-        if explicit_out is not None or split & set(op.contracted) or not _agree(plan):
+        if explicit_out is not None or (
+            kernel == "unrolled" and (split & set(op.contracted) or not _agree(plan))
+        ):
             kernel = "einsum"
 
         def sharded_einsum(*xs: jax.Array) -> jax.Array:
-            if kernel == "unrolled":
-                return unrolled_einsum(op, *xs)
+            if kernel != "einsum":
+                return local_einsum(op, kernel, *xs, precision=precision)
             return jnp.einsum(equation, *xs, precision=precision, out_sharding=explicit_out)
 
         return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
