@@ -28,6 +28,20 @@ def test_large_shards_land_in_aligned_private_buffers(spec):
     assert float(np.asarray(placed).min()) >= 0
 
 
+def test_a_replicated_array_is_judged_by_its_shard_size():
+    # 2× the threshold in all: each device's shard is the whole array (replicated), so it is
+    # large; split 8 ways its shards would be small
+    mesh = shardwise.mesh("devices=8")
+    host = np.ones((2 * MIN_HUGE_BYTES // (64 * 4), 64), dtype=np.float32)
+    replicated = put_cpu(host, NamedSharding(mesh, P()))
+    assert all(
+        s.data.unsafe_buffer_pointer() % HUGE_PAGE == 0 for s in replicated.addressable_shards
+    )
+    split = put_cpu(host, NamedSharding(mesh, P("devices")))
+    assert any(s.data.unsafe_buffer_pointer() % HUGE_PAGE for s in split.addressable_shards)
+    np.testing.assert_array_equal(np.asarray(split), host)
+
+
 def test_small_arrays_take_jax_device_put(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a small array must not get huge-page buffers")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import mmap
 import os
 from collections.abc import Sequence
@@ -147,7 +148,7 @@ def put_cpu(host: np.ndarray, sharding: Any) -> Any:
     import jax
 
     devices = _cpu_only(sharding, host.shape)
-    shard_bytes = host.nbytes // max(1, len(devices or ()))
+    shard_bytes = math.prod(sharding.shard_shape(host.shape)) * host.dtype.itemsize
     if devices is None or shard_bytes < MIN_HUGE_BYTES:
         return jax.device_put(host, sharding)
     pieces = []
