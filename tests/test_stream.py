@@ -393,3 +393,17 @@ def test_a_disk_failing_mid_run_keeps_earlier_chunks_and_resumes(tmp_path, monke
     resumed = shardwise.stream("nd,nd->n", *ins, out=out, budget="64KiB")
     assert resumed.skipped == len(recorded) and resumed.computed == resumed.chunks - len(recorded)
     np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)
+
+
+def test_a_page_cache_that_refuses_advice_changes_nothing(tmp_path, monkeypatch):
+    import errno
+
+    a, b = _inputs(tmp_path)
+
+    def refuse(*args):
+        raise OSError(errno.EINVAL, "advice not supported here")
+
+    monkeypatch.setattr(os, "posix_fadvise", refuse)
+    out = tmp_path / "o.npy"
+    shardwise.stream("nd,nd->n", tmp_path / "a.npy", tmp_path / "b.npy", out=out, budget="64KiB")
+    np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)

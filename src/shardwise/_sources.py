@@ -340,7 +340,10 @@ def _drop_cached(fd: int, spans: list[tuple[int, int]]) -> None:
     if not hasattr(os, "posix_fadvise"):
         return
     for pos, length in spans:
-        os.posix_fadvise(fd, pos, length, os.POSIX_FADV_DONTNEED)
+        try:
+            os.posix_fadvise(fd, pos, length, os.POSIX_FADV_DONTNEED)
+        except OSError:  # only advice: the data are on disk whatever the cache does
+            return
 
 
 def _free_bytes(folder: Path) -> int | None:
