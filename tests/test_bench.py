@@ -74,6 +74,17 @@ def test_alternate_runs_every_runner():
     assert set(medians) == {"a", "b"} and calls == {"a": 5, "b": 5}
 
 
+def test_alternate_starts_every_timed_call_on_a_quiet_machine(monkeypatch):
+    from shardwise.bench import timing
+
+    events = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: events.append(("idle", s)))
+    alternate({"a": lambda: events.append("a"), "b": lambda: events.append("b")}, repeat=3)
+    timed = events[2:]  # after one warm-up call each
+    assert timed[0::2] == [("idle", timing.QUIET_SECONDS)] * 6
+    assert timed[1::2] == ["a", "b", "b", "a", "a", "b"]
+
+
 def test_paired_ratio_compares_runs_pair_by_pair(monkeypatch):
     # a fake clock: "a" takes 3 units, "b" 2, plus a drift that grows every call and would
     # skew medians taken over a whole round; paired ratios stay near 1.5

@@ -17,9 +17,18 @@ def block(x: Any) -> Any:
     return x
 
 
+QUIET_SECONDS = 0.01
+"""Idle time before each timed call of :func:`alternate`. PyTorch's OpenMP workers spin for
+a few milliseconds after each call, holding the cores: on the 2-core CI machine kind a JAX
+program started right after a PyTorch ``sum`` ran 13.2–14.6 ms against 11.5–12.8 ms after
+NumPy, and 10 ms of idle time removed the difference (PyTorch's own times do not change)."""
+
+
 def alternate(runners: Mapping[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
     """Median seconds of each runner, the runners taking turns (A B C A B C …) so that
-    drift in the machine's speed falls on all of them alike. One warm-up call each first."""
+    drift in the machine's speed falls on all of them alike, each call started on a quiet
+    machine (:data:`QUIET_SECONDS`), so that no runner pays for the one before it. One
+    warm-up call each first."""
     for fn in runners.values():
         block(fn())
     times: dict[str, list[float]] = {name: [] for name in runners}
@@ -27,6 +36,7 @@ def alternate(runners: Mapping[str, Callable[[], Any]], repeat: int) -> dict[str
     for r in range(repeat):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
+            time.sleep(QUIET_SECONDS)
             start = time.perf_counter()
             block(runners[name]())
             times[name].append(time.perf_counter() - start)
