@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from shardwise._errors import ArgumentError, ShapeError, ShardwiseError
-from shardwise._hostmem import aligned_empty, in_place
+from shardwise._hostmem import _cpu_only, aligned_empty, in_place
 from shardwise._mesh import MeshSpec
 from shardwise._op import Op
 from shardwise._sources import Sink, Source, open_source
@@ -42,8 +42,9 @@ BUFFERS = 3
 copy is host memory too), and the next one being read. (Mapped ``.npy`` chunks need two.)"""
 
 OUT_COPIES = 3
-"""Copies of each chunk's result alive at once: the devices' result, its host copy, and the
-previous chunk's result being written."""
+"""Copies of each chunk's result alive at once: the devices' result, its host copy (none on
+CPU devices, whose blocks are written as they are), and the previous chunk's result being
+written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,9 +476,7 @@ def _shard_blocks(result: Any, axis: int) -> list[tuple[int, np.ndarray]] | None
     """The devices' own blocks of ``result`` with where each starts along ``axis``, as host
     arrays without a copy (CPU devices), when every block is whole along the other axes;
     else None. Writing these spares assembling the chunk's result in a fresh host array."""
-    if not result.is_fully_addressable or any(
-        d.platform != "cpu" for d in result.sharding.device_set
-    ):
+    if _cpu_only(result.sharding, result.shape) is None:
         return None
     blocks: dict[int, np.ndarray] = {}
     for shard in result.addressable_shards:
