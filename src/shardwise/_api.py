@@ -157,7 +157,9 @@ def place(
     for array, target in zip(arrays, targets or shardings(plan, mesh), strict=True):
         if array.dtype != dtype:
             array = array.astype(dtype)
-        if isinstance(array, jax.Array) and array.sharding == target:
+        if isinstance(array, jax.core.Tracer):  # inside jit, grad or vmap: lay it out
+            placed.append(jax.lax.with_sharding_constraint(array, target))
+        elif isinstance(array, jax.Array) and array.sharding == target:
             placed.append(array)
         else:
             placed.append(put(array, target))

@@ -17,13 +17,16 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from shardwise._cause import Cause, einsum_cause, generic_cause
+from shardwise._cost import predict
 from shardwise._errors import SpecError
 from shardwise._hlo import Collective, collectives
 from shardwise._lower import named
 from shardwise._mesh import MeshSpec
 from shardwise._plan import ArrayInfo, Plan
+from shardwise._profile import BUILTIN
 from shardwise._resources import Compute, Memory, compute_of, memory_of
 from shardwise._spec import Spec, placements
+from shardwise._strategy import Strategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,10 +159,8 @@ def _device_ids(mesh: Mesh) -> tuple[int, ...]:
 def explain_compiled(plan: Plan, compiled: Any, mesh: Mesh | None = None) -> Explanation:
     """The explanation of a compiled einsum plan."""
     # the source lines of an einsum's collectives are shardwise's own lowering: leave them out
-    found = tuple(
-        dataclasses.replace(c, source="")
-        for c in collectives(compiled.as_text() or "", plan.mesh.shape)
-    )
+    text = compiled.as_text() or ""
+    found = tuple(dataclasses.replace(c, source="") for c in collectives(text, plan.mesh.shape))
     out_shape = plan.output_shape
     local = None
     try:  # the textbook local result exists when the operands agree on one layout
@@ -179,11 +180,27 @@ def explain_compiled(plan: Plan, compiled: Any, mesh: Mesh | None = None) -> Exp
         collectives=found,
         causes=tuple(einsum_cause(plan, c) for c in found),
         memory=memory_of(compiled, device),
-        compute=compute_of(compiled),
+        # XLA counts a call into native code as -1 FLOPs and bytes: count the einsum instead
+        compute=_counted(plan) if NATIVE_CALL in text else compute_of(compiled),
         local=local,
         partial_axes=plan.reduce_axes if local is not None else (),
         device_ids=_device_ids(mesh) if mesh is not None else tuple(range(plan.mesh.size)),
     )
+
+
+NATIVE_CALL = 'custom_call_target="shardwise_'
+"""How a call into one of :mod:`shardwise._native`'s kernels reads in compiled HLO."""
+
+
+def _counted(plan: Plan) -> Compute | None:
+    """The local einsum's FLOPs and bytes as the cost model counts them: for a program that
+    XLA cannot count (it calls a native kernel, see :mod:`shardwise._native`)."""
+    try:
+        strategy = Strategy(plan.layout, plan.out_spec)
+    except SpecError:
+        return None
+    p = predict(plan.op, plan.shapes, plan.dtype, plan.mesh, strategy, BUILTIN["cpu-2core"])
+    return Compute(flops=p.flops, bytes_accessed=float(p.bytes_accessed), transcendentals=0.0)
 
 
 def explain_function(compiled: Any, args: Sequence[Any], mesh: Mesh) -> Explanation:

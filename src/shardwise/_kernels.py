@@ -10,8 +10,12 @@ is used. A sum over the trailing indices of one array (``ij->``, ``ijk->i``) run
 with ones, which XLA's CPU backend hands to its matrix-vector kernel: it keeps several
 sums going at once and reads at the memory limit, where XLA's own reduction loop does
 not (a (10000, 10000) float64 sum on 8 simulated devices: 19–22 ms against 15–16 ms,
-PyTorch 13–14 ms, in one run on the 2-core CI machine kind). All give results equal to
-NumPy within the dtype's tolerance.
+PyTorch 13–14 ms, in one run on the 2-core CI machine kind). A dot product of two arrays
+along their trailing indices (``nd,nd->n`` with long rows, S4's local step) runs, on CPU
+devices where the native kernels build, as :func:`shardwise._native.rowdot`, which reads at
+the memory limit where XLA's fused multiply-and-reduce does not (S4's (4000, 10000) float32
+on 8 simulated devices: 10.8 ms against 9.5 ms, NumPy 9.5 ms); lowering picks it (see
+:func:`native_kernel`). All give results equal to NumPy within the dtype's tolerance.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import jax.numpy as jnp
 
 from shardwise._op import Op
 
-Kernel: TypeAlias = Literal["unrolled", "ones", "einsum"]
+Kernel: TypeAlias = Literal["unrolled", "ones", "rowdot", "einsum"]
 
 UNROLL_MAX = 8
 """Most products per output element that are unrolled (terms of the contraction). At 3 the
@@ -50,6 +54,39 @@ def choose_kernel(op: Op, sizes: dict[str, int]) -> Kernel:
     if terms <= UNROLL_MAX:
         return "unrolled"
     return "ones" if _trailing_sum(op) else "einsum"
+
+
+def native_kernel(op: Op, sizes: dict[str, int], on_cpu: bool) -> Kernel:
+    """:func:`choose_kernel`, with ``"rowdot"`` in place of ``"einsum"`` for a dot product
+    along the trailing indices (:func:`row_dot`) on CPU devices where the native kernel is
+    available (built on first need, so other programs never wait for the compiler).
+
+    >>> native_kernel(Op.parse("nd,nd->n"), {"n": 4000, "d": 10000}, on_cpu=False)
+    'einsum'
+    >>> native_kernel(Op.parse("nd,nd->n"), {"n": 10**7, "d": 3}, on_cpu=True)
+    'unrolled'
+    """
+    kernel = choose_kernel(op, sizes)
+    if kernel == "einsum" and on_cpu and row_dot(op):
+        from shardwise import _native
+
+        if _native.available():
+            return "rowdot"
+    return kernel
+
+
+def row_dot(op: Op) -> bool:
+    """Whether ``op`` is a dot product of two arrays with one index string along every index
+    after those it keeps, in order (``nd,nd->n``, ``bnd,bnd->bn``, ``ij,ij->``).
+
+    >>> row_dot(Op.parse("nd,nd->n")), row_dot(Op.parse("nd,dn->n")), row_dot(Op.parse("nd,nd->d"))
+    (True, False, False)
+    """
+    if len(op.inputs) != 2:
+        return False
+    a, b = op.inputs
+    kept = len(op.output)
+    return a == b and len(set(a)) == len(a) and a[:kept] == op.output and len(a) > kept
 
 
 def _trailing_sum(op: Op) -> bool:
@@ -81,6 +118,27 @@ def ones_einsum(op: Op, x: jax.Array, precision: Any = None) -> jax.Array:
     dims = ((summed, tuple(range(len(summed)))), ((), ()))
     sums = jax.lax.dot_general(x, ones, dims, precision=precision)
     return sums if op.output else jnp.sum(sums)
+
+
+def rowdot_einsum(op: Op, x: jax.Array, y: jax.Array, precision: Any = None) -> jax.Array:
+    """A :func:`row_dot` einsum by the native kernel, on both arrays seen as (rows, cols).
+    Operands of other dtypes than float32 and float64, or of two dtypes, use ``jnp.einsum``.
+
+    >>> import numpy as np
+    >>> from shardwise import _native
+    >>> a = np.arange(24.0, dtype=np.float32).reshape(2, 3, 4)
+    >>> not _native.available() or rowdot_einsum(Op.parse("ijk,ijk->i"), a, a).tolist() == [
+    ...     506.0, 3818.0]
+    True
+    """
+    from shardwise import _native
+
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    if x.dtype != y.dtype or x.dtype not in _native.TARGETS or x.shape != y.shape:
+        return jnp.einsum(op.equation, x, y, precision=precision)
+    kept = x.shape[: len(op.output)]
+    rows, cols = math.prod(kept), math.prod(x.shape[len(kept) :])
+    return _native.rowdot(x.reshape(rows, cols), y.reshape(rows, cols)).reshape(kept)
 
 
 def _aligned(term: str, output: str, x: jax.Array) -> jax.Array:
@@ -127,4 +185,7 @@ def local_einsum(op: Op, kernel: Kernel, *arrays: jax.Array, precision: Any = No
     if kernel == "ones":
         (x,) = arrays
         return ones_einsum(op, x, precision=precision)
+    if kernel == "rowdot":
+        x, y = arrays
+        return rowdot_einsum(op, x, y, precision=precision)
     return jnp.einsum(op.equation, *arrays, precision=precision)

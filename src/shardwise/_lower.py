@@ -5,6 +5,10 @@
 - ``manual``: ``jax.shard_map`` around a local einsum on each device's block, then an explicit
   ``psum`` over the mesh axes that split a contracted index — "partial dot products, then
   aggregate", written out.
+
+On CPU devices an auto-mode einsum whose local step is the native ``rowdot`` kernel (see
+:mod:`shardwise._kernels`) is built the manual way: XLA cannot partition a call into native
+code, and the collectives it would have inserted are the same ``psum``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from shardwise._errors import SpecError
-from shardwise._kernels import choose_kernel, local_einsum
+from shardwise._kernels import choose_kernel, local_einsum, native_kernel, row_dot
 from shardwise._plan import Plan
 from shardwise._spec import Layout, Spec
 
@@ -33,6 +37,11 @@ def is_explicit(mesh: Mesh) -> bool:
     return any(t == AxisType.Explicit for t in mesh.axis_types)
 
 
+def on_cpu(mesh: Mesh) -> bool:
+    """Whether the mesh's devices are CPU devices."""
+    return bool(mesh.devices.flat[0].platform == "cpu")
+
+
 def _agree(plan: Plan) -> bool:
     """The operands' splits merge into one layout (a replicated operand agrees with any)."""
     merged: dict[str, tuple[str, ...]] = {}
@@ -45,6 +54,13 @@ def _agree(plan: Plan) -> bool:
     except SpecError:
         return False
     return True
+
+
+def _keeps_output(plan: Plan) -> bool:
+    """Whether the output stays laid out as the operands' layout leaves it (no scatter or
+    gather after the sum, which XLA may fuse into its collectives)."""
+    n = len(plan.op.output)
+    return plan.out_spec.padded(n) == plan.layout.spec_for(plan.op.output).padded(n)
 
 
 @functools.lru_cache(maxsize=128)
@@ -79,6 +95,15 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
             if e
         }
         kernel = choose_kernel(op, sizes)
+        if (
+            kernel == "einsum"
+            and explicit_out is None
+            and row_dot(op)
+            and _agree(plan)
+            and _keeps_output(plan)
+            and native_kernel(op, sizes, on_cpu(mesh)) == "rowdot"
+        ):
+            return _shard_mapped(plan, mesh, precision)
         if explicit_out is not None or (
             kernel == "unrolled" and (split & set(op.contracted) or not _agree(plan))
         ):
@@ -90,7 +115,15 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
             return jnp.einsum(equation, *xs, precision=precision, out_sharding=explicit_out)
 
         return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
+    return _shard_mapped(plan, mesh, precision)
 
+
+def _shard_mapped(plan: Plan, mesh: Mesh, precision: Any) -> Callable[..., jax.Array]:
+    """``jax.shard_map`` of the local einsum on each device's block, then ``psum``."""
+    op = plan.op
+    sizes = op.sizes(plan.shapes)
+    in_shardings = tuple(named(mesh, s) for s in plan.in_specs)
+    out_sharding = named(mesh, plan.out_spec)
     layout = plan.layout
     local_in = tuple(layout.spec_for(t).to_partition_spec() for t in plan.op.inputs)
     local_out = layout.spec_for(plan.op.output).to_partition_spec()
@@ -109,7 +142,7 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
         local_sizes.update(
             zip(term, layout.spec_for(term).shard_shape(plan.mesh, shape), strict=True)
         )
-    kernel = choose_kernel(op, local_sizes)
+    kernel = native_kernel(op, local_sizes, on_cpu(mesh))
 
     def per_device(*blocks: jax.Array) -> jax.Array:
         partial = local_einsum(op, kernel, *blocks, precision=precision)

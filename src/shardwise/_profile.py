@@ -176,10 +176,15 @@ BUILTIN: dict[str, Profile] = {
 }
 
 
-def cache_dir() -> Path:
-    """Where calibrated profiles live: ``$XDG_CACHE_HOME/shardwise`` or ``~/.cache/shardwise``."""
+def cache_root() -> Path:
+    """shardwise's cache: ``$XDG_CACHE_HOME/shardwise`` or ``~/.cache/shardwise``."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "shardwise" / "profiles"
+    return Path(base) / "shardwise"
+
+
+def cache_dir() -> Path:
+    """Where calibrated profiles live: ``profiles`` in :func:`cache_root`."""
+    return cache_root() / "profiles"
 
 
 def local_name(platform: str, count: int) -> str:
