@@ -86,7 +86,7 @@ def test_einsums_on_the_mesh_use_it_and_equal_numpy(
     assert CALL in hlo
     assert hlo.count(" all-reduce(") == reduces
     # XLA cannot count the native call; explain counts the local einsum instead
-    assert explained.compute is not None
+    assert explained.compute is not None and explained.compute.counted_by == "einsum"
     assert explained.compute.flops >= 2 * a.size / jmesh.size
 
 

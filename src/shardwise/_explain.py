@@ -200,7 +200,7 @@ def _counted(plan: Plan) -> Compute | None:
     except SpecError:
         return None
     p = predict(plan.op, plan.shapes, plan.dtype, plan.mesh, strategy, BUILTIN["cpu-2core"])
-    return Compute(flops=p.flops, bytes_accessed=float(p.bytes_accessed), transcendentals=0.0)
+    return Compute(p.flops, float(p.bytes_accessed), 0.0, counted_by="einsum")
 
 
 def explain_function(compiled: Any, args: Sequence[Any], mesh: Mesh) -> Explanation:

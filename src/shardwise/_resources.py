@@ -54,11 +54,14 @@ class Compute:
         flops: floating-point operations.
         bytes_accessed: bytes read and written to memory.
         transcendentals: exp, tanh and the like.
+        counted_by: ``"xla"`` (its cost analysis), or ``"einsum"`` where the local step is a
+            native kernel that XLA cannot count and the einsum's own count is used.
     """
 
     flops: float
     bytes_accessed: float
     transcendentals: float
+    counted_by: str = "xla"
 
     @property
     def intensity(self) -> float | None:
@@ -71,6 +74,7 @@ class Compute:
             "bytes_accessed": self.bytes_accessed,
             "transcendentals": self.transcendentals,
             "flops_per_byte": self.intensity,
+            "counted_by": self.counted_by,
         }
 
 

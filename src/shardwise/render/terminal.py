@@ -99,6 +99,12 @@ def summary(expl: Explanation) -> Any:
         lines.append(
             f"compute per device: {work.flops:,.0f} FLOPs, {format_bytes(work.bytes_accessed)} "
             f"accessed{ratio}"
+            + (
+                " (counted from the einsum: the local step is shardwise's native kernel, "
+                "which XLA does not count)"
+                if work.counted_by == "einsum"
+                else ""
+            )
         )
     if lines:
         parts.append(Text("\n".join(lines)))
