@@ -76,15 +76,18 @@ def _precision(blocks: tuple[np.ndarray, ...]) -> Any:
 
 
 @functools.lru_cache(maxsize=64)
-def _program(equation: str, shapes: tuple[tuple[int, ...], ...], extra: int) -> Any:
-    """The jitted local einsum for blocks of ``shapes`` on one device, with ``extra``
-    singleton axes appended (one dispatch per block: each costs about 50 µs)."""
+def _program(
+    equation: str, shapes: tuple[tuple[int, ...], ...], extra: int, on_cpu: bool = False
+) -> Any:
+    """The jitted local einsum for blocks of ``shapes`` on one device (a CPU device if
+    ``on_cpu``), with ``extra`` singleton axes appended (one dispatch per block: each costs
+    about 50 µs)."""
     import jax
 
-    from shardwise._kernels import choose_kernel, local_einsum
+    from shardwise._kernels import local_einsum, native_kernel
 
     op = Op.parse(equation)
-    kernel = choose_kernel(op, op.sizes(list(shapes)))
+    kernel = native_kernel(op, op.sizes(list(shapes)), on_cpu)
 
     def block(*xs: Any) -> Any:
         out = local_einsum(op, kernel, *xs)
@@ -151,7 +154,9 @@ def _block(
             result = _sum_in_place(blocks[0], device, extra)
         else:
             placed = [jax.device_put(b, device) for b in blocks]
-            result = _program(op.equation, tuple(b.shape for b in blocks), extra)(*placed)
+            shapes = tuple(b.shape for b in blocks)
+            on_cpu = device.platform == "cpu"
+            result = _program(op.equation, shapes, extra, on_cpu)(*placed)
     return np.asarray(result) if fetch or _in_worker() else result
 
 
