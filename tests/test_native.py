@@ -15,18 +15,20 @@ import pytest
 
 import shardwise
 from helpers import assert_shards, tolerance
-from shardwise import Op, Spec, _native
+from shardwise import Op, Spec, _kernels, _native
 from shardwise._api import plan_einsum
 from shardwise._kernels import native_kernel, row_dot
 from shardwise._lower import jitted
 
 CALL = 'custom_call_target="shardwise_rowdot_'
+MATMUL = 'custom_call_target="shardwise_matmul_'
 
 
-def test_the_kernel_builds_on_this_machine():
+@pytest.mark.parametrize("name", ["rowdot", "matmul"])
+def test_the_kernels_build_on_this_machine(name):
     # CI runs where a C++ compiler is installed: a failed build here is a defect, not a skip
-    assert _native.available(), _native.why_unavailable()
-    assert _native.library_path(_native.compiler() or "").exists()
+    assert _native.available(name), _native.why_unavailable(name)
+    assert _native.library_path(_native.KERNELS[name], _native.compiler() or "").exists()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -134,7 +136,7 @@ def test_gradients_and_vmap_go_through_it():
 
 def test_a_failed_build_says_why_and_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="failed"):
-        _native.build("false", tmp_path / "k.so")
+        _native.build(_native.KERNELS["rowdot"], "false", tmp_path / "k.so")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -168,3 +170,58 @@ def test_without_a_compiler_einsums_run_on_xlas_kernels(tmp_path):
     assert not (tmp_path / "shardwise" / "native").exists() or not any(
         (tmp_path / "shardwise" / "native").glob("*.so")
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "shape", [(5, 7, 3), (1, 1, 1), (4, 0, 3), (0, 5, 2), (3, 2, 0), (64, 33, 17)]
+)
+def test_matmul_equals_numpy(dtype, shape):
+    m, k, n = shape
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    with jax.enable_x64(dtype == np.float64):
+        got = np.asarray(_native.matmul(a, b))
+    assert got.dtype == dtype and got.shape == (m, n)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, **tolerance(dtype, k))
+
+
+@pytest.mark.parametrize("mode", ["auto", "manual"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    ("specs", "out", "reduces"),
+    [
+        (["x", "-,y"], "x,y", 0),  # W3's layout: each device one block of the product
+        (["devices"] * 1 + ["-"], "devices", 0),  # rows split, b replicated
+        (["-,y", "y"], "", 1),  # k split: partial products, summed
+    ],
+)
+def test_matmuls_on_the_mesh_use_it_and_equal_numpy(mode, dtype, specs, out, reduces):
+    mesh = "devices=8" if "devices" in specs[0] else "x=2,y=4"
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((64, 48)).astype(dtype), rng.standard_normal((48, 32)).astype(dtype)
+    with jax.enable_x64(dtype == np.float64):
+        plan, jmesh = plan_einsum(
+            "mk,kn->mn", a, b, mesh=mesh, in_specs=specs, out_spec=out, mode=mode
+        )
+        got = shardwise.einsum(
+            "mk,kn->mn", a, b, mesh=mesh, in_specs=specs, out_spec=out, mode=mode
+        )
+        hlo = jitted(plan, jmesh).lower(a, b).compile().as_text()
+        g = jax.grad(
+            lambda x: shardwise.einsum(
+                "mk,kn->mn", x, b, mesh=mesh, in_specs=specs, out_spec=out
+            ).sum()
+        )(a)
+    assert_shards(got, a.astype(np.float64) @ b, jmesh, Spec.parse(out), **tolerance(dtype, 48))
+    assert MATMUL in hlo
+    assert hlo.count(" all-reduce(") == reduces
+    np.testing.assert_allclose(np.asarray(g), np.ones((64, 32)) @ b.T, **tolerance(dtype, 32))
+
+
+def test_matmul_needs_a_device_per_core():
+    big = {"m": 64, "k": 64, "n": 64}
+    op = Op.parse("mk,kn->mn")
+    assert native_kernel(op, big, on_cpu=True, devices=_kernels.cores()) == "matmul"
+    assert native_kernel(op, big, on_cpu=True, devices=1) == "einsum"
+    assert native_kernel(Op.parse("mk,nk->mn"), big, on_cpu=True, devices=8) == "einsum"

@@ -91,6 +91,7 @@ def test_predicted_flops_and_memory_match_xla():
     op = Op.parse("mk,kn->mn")
     mesh = MeshSpec.parse("x=2,y=4")
     report = rank(op, [(64, 32), (32, 64)], mesh, "float32", CPU)
+    counted_by_xla = 0
     for cand in report.strategies:
         s = cand.strategy
         plan = Plan.make(
@@ -104,9 +105,12 @@ def test_predicted_flops_and_memory_match_xla():
             out_spec=s.out_spec,
         )
         assert e.compute is not None and e.memory is not None
-        assert cand.predicted.flops == pytest.approx(e.compute.flops, rel=0.05)
+        if e.compute.counted_by == "xla":  # (a native kernel's count is the model's own)
+            assert cand.predicted.flops == pytest.approx(e.compute.flops, rel=0.05)
+            counted_by_xla += 1
         operands = sum(np.prod(o.shard_shape) * 4 for o in plan.operands)
         assert e.memory.argument_bytes == operands
+    assert counted_by_xla >= 10
 
 
 def test_rank_is_sorted_and_refuses_over_budget():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from typing import Any, Literal, TypeAlias
 
 import jax
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 
 from shardwise._op import Op
 
-Kernel: TypeAlias = Literal["unrolled", "ones", "rowdot", "einsum"]
+Kernel: TypeAlias = Literal["unrolled", "ones", "rowdot", "matmul", "einsum"]
 
 UNROLL_MAX = 8
 """Most products per output element that are unrolled (terms of the contraction). At 3 the
@@ -56,23 +57,53 @@ def choose_kernel(op: Op, sizes: dict[str, int]) -> Kernel:
     return "ones" if _trailing_sum(op) else "einsum"
 
 
-def native_kernel(op: Op, sizes: dict[str, int], on_cpu: bool) -> Kernel:
-    """:func:`choose_kernel`, with ``"rowdot"`` in place of ``"einsum"`` for a dot product
-    along the trailing indices (:func:`row_dot`) on CPU devices where the native kernel is
-    available (built on first need, so other programs never wait for the compiler).
+def native_kernel(op: Op, sizes: dict[str, int], on_cpu: bool, devices: int = 1) -> Kernel:
+    """:func:`choose_kernel`, with a native kernel of :mod:`shardwise._native` in place of
+    ``"einsum"`` on CPU devices where it is available (built on first need, so other
+    programs never wait for the compiler): ``"rowdot"`` for a dot product along the
+    trailing indices (:func:`row_dot`); ``"matmul"`` for a plain matrix product
+    (:func:`mat_mul`) in a program of ``devices`` CPU devices, at least one per core (each
+    call runs on one thread).
 
     >>> native_kernel(Op.parse("nd,nd->n"), {"n": 4000, "d": 10000}, on_cpu=False)
     'einsum'
     >>> native_kernel(Op.parse("nd,nd->n"), {"n": 10**7, "d": 3}, on_cpu=True)
     'unrolled'
+    >>> native_kernel(Op.parse("mk,kn->mn"), {"m": 64, "k": 64, "n": 64}, True, devices=1)
+    'einsum'
     """
     kernel = choose_kernel(op, sizes)
-    if kernel == "einsum" and on_cpu and row_dot(op):
-        from shardwise import _native
+    if kernel != "einsum" or not on_cpu:
+        return kernel
+    from shardwise import _native
 
-        if _native.available():
-            return "rowdot"
+    if row_dot(op) and _native.available("rowdot"):
+        return "rowdot"
+    if mat_mul(op) and devices >= cores() and _native.available("matmul"):
+        return "matmul"
     return kernel
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def mat_mul(op: Op) -> bool:
+    """Whether ``op`` is a plain matrix product, ``mk,kn->mn`` under any index names.
+
+    >>> [mat_mul(Op.parse(e)) for e in ("ij,jk->ik", "ij,kj->ik", "ij,jk->ki")]
+    [True, False, False]
+    """
+    if len(op.inputs) != 2 or len(op.output) != 2:
+        return False
+    a, b = op.inputs
+    if len(a) != 2 or len(b) != 2 or len(set(a + b)) != 3:
+        return False
+    return b[0] == a[1] and op.output == a[0] + b[1]
 
 
 def row_dot(op: Op) -> bool:
@@ -134,11 +165,23 @@ def rowdot_einsum(op: Op, x: jax.Array, y: jax.Array, precision: Any = None) -> 
     from shardwise import _native
 
     x, y = jnp.asarray(x), jnp.asarray(y)
-    if x.dtype != y.dtype or x.dtype not in _native.TARGETS or x.shape != y.shape:
+    supported = _native.KERNELS["rowdot"].target(x.dtype) is not None
+    if x.dtype != y.dtype or not supported or x.shape != y.shape:
         return jnp.einsum(op.equation, x, y, precision=precision)
     kept = x.shape[: len(op.output)]
     rows, cols = math.prod(kept), math.prod(x.shape[len(kept) :])
     return _native.rowdot(x.reshape(rows, cols), y.reshape(rows, cols)).reshape(kept)
+
+
+def matmul_einsum(op: Op, a: jax.Array, b: jax.Array, precision: Any = None) -> jax.Array:
+    """A :func:`mat_mul` einsum by the native kernel. Operands of other dtypes than float32
+    and float64, or of two dtypes, use ``jnp.einsum``."""
+    from shardwise import _native
+
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    if a.dtype != b.dtype or _native.KERNELS["matmul"].target(a.dtype) is None:
+        return jnp.einsum(op.equation, a, b, precision=precision)
+    return _native.matmul(a, b)
 
 
 def _aligned(term: str, output: str, x: jax.Array) -> jax.Array:
@@ -188,4 +231,7 @@ def local_einsum(op: Op, kernel: Kernel, *arrays: jax.Array, precision: Any = No
     if kernel == "rowdot":
         x, y = arrays
         return rowdot_einsum(op, x, y, precision=precision)
+    if kernel == "matmul":
+        a, b = arrays
+        return matmul_einsum(op, a, b, precision=precision)
     return jnp.einsum(op.equation, *arrays, precision=precision)

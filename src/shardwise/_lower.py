@@ -6,9 +6,9 @@
   ``psum`` over the mesh axes that split a contracted index — "partial dot products, then
   aggregate", written out.
 
-On CPU devices an auto-mode einsum whose local step is the native ``rowdot`` kernel (see
-:mod:`shardwise._kernels`) is built the manual way: XLA cannot partition a call into native
-code, and the collectives it would have inserted are the same ``psum``.
+On CPU devices an auto-mode einsum whose local step is a native kernel (``rowdot`` or
+``matmul``, see :mod:`shardwise._kernels`) is built the manual way: XLA cannot partition
+a call into native code, and the collectives it would have inserted are the same ``psum``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from shardwise._errors import SpecError
-from shardwise._kernels import choose_kernel, local_einsum, native_kernel, row_dot
+from shardwise._kernels import choose_kernel, local_einsum, mat_mul, native_kernel, row_dot
 from shardwise._plan import Plan
 from shardwise._spec import Layout, Spec
 
@@ -98,10 +98,11 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
         if (
             kernel == "einsum"
             and explicit_out is None
-            and row_dot(op)
+            and (row_dot(op) or mat_mul(op))
             and _agree(plan)
             and _keeps_output(plan)
-            and native_kernel(op, sizes, on_cpu(mesh)) == "rowdot"
+            and native_kernel(op, _local_sizes(plan), on_cpu(mesh), mesh.size)
+            in ("rowdot", "matmul")
         ):
             return _shard_mapped(plan, mesh, precision)
         if explicit_out is not None or (
@@ -118,31 +119,33 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
     return _shard_mapped(plan, mesh, precision)
 
 
+def _local_sizes(plan: Plan) -> dict[str, int]:
+    """Each index's size in one device's block, under the operands' common layout."""
+    op, layout = plan.op, plan.layout
+    sizes = op.sizes(plan.shapes)
+    local = dict(
+        zip(
+            op.output,
+            layout.spec_for(op.output).shard_shape(plan.mesh, tuple(sizes[i] for i in op.output)),
+            strict=True,
+        )
+    )
+    for term in op.inputs:
+        shape = tuple(sizes[i] for i in term)
+        local.update(zip(term, layout.spec_for(term).shard_shape(plan.mesh, shape), strict=True))
+    return local
+
+
 def _shard_mapped(plan: Plan, mesh: Mesh, precision: Any) -> Callable[..., jax.Array]:
     """``jax.shard_map`` of the local einsum on each device's block, then ``psum``."""
     op = plan.op
-    sizes = op.sizes(plan.shapes)
     in_shardings = tuple(named(mesh, s) for s in plan.in_specs)
     out_sharding = named(mesh, plan.out_spec)
     layout = plan.layout
     local_in = tuple(layout.spec_for(t).to_partition_spec() for t in plan.op.inputs)
     local_out = layout.spec_for(plan.op.output).to_partition_spec()
     reduce_axes = plan.reduce_axes
-    local_sizes = dict(
-        zip(
-            op.output,
-            plan.layout.spec_for(op.output).shard_shape(
-                plan.mesh, tuple(sizes[i] for i in op.output)
-            ),
-            strict=True,
-        )
-    )
-    for term in op.inputs:
-        shape = tuple(sizes[i] for i in term)
-        local_sizes.update(
-            zip(term, layout.spec_for(term).shard_shape(plan.mesh, shape), strict=True)
-        )
-    kernel = native_kernel(op, local_sizes, on_cpu(mesh))
+    kernel = native_kernel(op, _local_sizes(plan), on_cpu(mesh), mesh.size)
 
     def per_device(*blocks: jax.Array) -> jax.Array:
         partial = local_einsum(op, kernel, *blocks, precision=precision)
