@@ -62,8 +62,8 @@ def native_kernel(op: Op, sizes: dict[str, int], on_cpu: bool, devices: int = 1)
     ``"einsum"`` on CPU devices where it is available (built on first need, so other
     programs never wait for the compiler): ``"rowdot"`` for a dot product along the
     trailing indices (:func:`row_dot`); ``"matmul"`` for a plain matrix product
-    (:func:`mat_mul`) in a program of ``devices`` CPU devices, at least one per core (each
-    call runs on one thread).
+    (:func:`mat_mul`) in a program that drives ``devices`` CPU devices in this process, at
+    least one per core (each call runs on one thread).
 
     >>> native_kernel(Op.parse("nd,nd->n"), {"n": 4000, "d": 10000}, on_cpu=False)
     'einsum'

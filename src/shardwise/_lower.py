@@ -42,6 +42,12 @@ def on_cpu(mesh: Mesh) -> bool:
     return bool(mesh.devices.flat[0].platform == "cpu")
 
 
+def local_devices(mesh: Mesh) -> int:
+    """How many of the mesh's devices this process drives (they share its cores)."""
+    me = jax.process_index()
+    return sum(1 for d in mesh.devices.flat if d.process_index == me)
+
+
 def _agree(plan: Plan) -> bool:
     """The operands' splits merge into one layout (a replicated operand agrees with any)."""
     merged: dict[str, tuple[str, ...]] = {}
@@ -101,7 +107,7 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
             and (row_dot(op) or mat_mul(op))
             and _agree(plan)
             and _keeps_output(plan)
-            and native_kernel(op, _local_sizes(plan), on_cpu(mesh), mesh.size)
+            and native_kernel(op, _local_sizes(plan), on_cpu(mesh), local_devices(mesh))
             in ("rowdot", "matmul")
         ):
             return _shard_mapped(plan, mesh, precision)
@@ -145,7 +151,7 @@ def _shard_mapped(plan: Plan, mesh: Mesh, precision: Any) -> Callable[..., jax.A
     local_in = tuple(layout.spec_for(t).to_partition_spec() for t in plan.op.inputs)
     local_out = layout.spec_for(plan.op.output).to_partition_spec()
     reduce_axes = plan.reduce_axes
-    kernel = native_kernel(op, _local_sizes(plan), on_cpu(mesh), mesh.size)
+    kernel = native_kernel(op, _local_sizes(plan), on_cpu(mesh), local_devices(mesh))
 
     def per_device(*blocks: jax.Array) -> jax.Array:
         partial = local_einsum(op, kernel, *blocks, precision=precision)

@@ -208,6 +208,15 @@ def _target(name: str, dtype: Any) -> str:
     return target
 
 
+def _call(name: str, shape: tuple[int, ...], vmap_method: str, *arrays: jax.Array) -> jax.Array:
+    """Call kernel ``name`` on ``arrays``; its result, of ``shape``, has their dtype and
+    varying manual axes."""
+    out: Any = jax.typeof(arrays[0]).update(shape=shape)
+    call = jax.ffi.ffi_call(_target(name, arrays[0].dtype), out, vmap_method=vmap_method)
+    result: jax.Array = call(*arrays)  # type: ignore[no-untyped-call]
+    return result
+
+
 def _varying(*arrays: jax.Array) -> tuple[jax.Array, ...]:
     """The arrays made to vary over the same manual mesh axes (inside ``shard_map``), so
     a native call's result varies over all of them."""
@@ -233,11 +242,7 @@ def rowdot(x: jax.Array, y: jax.Array) -> jax.Array:
     True
     """
     x, y = _varying(jnp.asarray(x), jnp.asarray(y))
-    out: Any = jax.typeof(x).update(shape=x.shape[:-1])
-    target = _target("rowdot", x.dtype)
-    call = jax.ffi.ffi_call(target, out, vmap_method="broadcast_all")
-    result: jax.Array = call(x, y)  # type: ignore[no-untyped-call]
-    return result
+    return _call("rowdot", x.shape[:-1], "broadcast_all", x, y)
 
 
 @rowdot.defjvp
@@ -260,11 +265,7 @@ def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
     True
     """
     a, b = _varying(jnp.asarray(a), jnp.asarray(b))
-    out: Any = jax.typeof(a).update(shape=(a.shape[0], b.shape[1]))
-    target = _target("matmul", a.dtype)
-    call = jax.ffi.ffi_call(target, out, vmap_method="sequential")
-    result: jax.Array = call(a, b)  # type: ignore[no-untyped-call]
-    return result
+    return _call("matmul", (a.shape[0], b.shape[1]), "sequential", a, b)
 
 
 @matmul.defjvp

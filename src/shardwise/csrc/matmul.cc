@@ -32,37 +32,38 @@ ffi::Error Check(ffi::Buffer<D>& a, ffi::Buffer<D>& b, ffi::ResultBuffer<D>& out
   m = da[0];
   k = da[1];
   n = db[1];
+  if (m > INT32_MAX || k > INT32_MAX || n > INT32_MAX) {  // OpenBLAS's 32-bit interface
+    return ffi::Error::InvalidArgument("matmul: a dimension is larger than 2^31 - 1");
+  }
   return ffi::Error::Success();
 }
 
-ffi::Error MatmulF32(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
-                     ffi::ResultBuffer<ffi::F32> out) {
-  int64_t m, k, n;
-  if (auto e = Check(a, b, out, m, k, n); e.failure()) return e;
-  if (m == 0 || n == 0) return ffi::Error::Success();
-  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.typed_data(),
-                    k > 0 ? k : 1, b.typed_data(), n, 0.0f, out->typed_data(), n);
-  return ffi::Error::Success();
+// C = A @ B, row-major, through OpenBLAS's single- or double-precision product.
+void Gemm(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k > 0 ? k : 1,
+                    b, n, 0.0f, c, n);
+}
+void Gemm(int64_t m, int64_t n, int64_t k, const double* a, const double* b, double* c) {
+  scipy_cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, a, k > 0 ? k : 1, b,
+                    n, 0.0, c, n);
 }
 
-ffi::Error MatmulF64(ffi::Buffer<ffi::F64> a, ffi::Buffer<ffi::F64> b,
-                     ffi::ResultBuffer<ffi::F64> out) {
+template <ffi::DataType D>
+ffi::Error Matmul(ffi::Buffer<D> a, ffi::Buffer<D> b, ffi::ResultBuffer<D> out) {
   int64_t m, k, n;
   if (auto e = Check(a, b, out, m, k, n); e.failure()) return e;
-  if (m == 0 || n == 0) return ffi::Error::Success();
-  scipy_cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, a.typed_data(),
-                    k > 0 ? k : 1, b.typed_data(), n, 0.0, out->typed_data(), n);
+  if (m > 0 && n > 0) Gemm(m, n, k, a.typed_data(), b.typed_data(), out->typed_data());
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ShardwiseMatmulF32, MatmulF32,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ShardwiseMatmulF32, Matmul<ffi::F32>,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ShardwiseMatmulF64, MatmulF64,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ShardwiseMatmulF64, Matmul<ffi::F64>,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F64>>()
                                   .Arg<ffi::Buffer<ffi::F64>>()
