@@ -95,7 +95,7 @@ def lazy_zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, count * dtype.itemsize), dtype).reshape(shape)
 
 
-def _cpu_only(sharding: Any, shape: tuple[int, ...]) -> dict[Any, Any] | None:
+def cpu_only(sharding: Any, shape: tuple[int, ...]) -> dict[Any, Any] | None:
     """Each device's index into ``shape``, if every device is a CPU device of this process."""
     if not sharding.is_fully_addressable:
         return None
@@ -117,7 +117,7 @@ def in_place(block: np.ndarray, sharding: Any, shape: Sequence[int] | None = Non
     import jax
 
     full = tuple(block.shape if shape is None else shape)
-    devices = _cpu_only(sharding, full)
+    devices = cpu_only(sharding, full)
     if devices is None:
         if full != block.shape:
             padded = np.zeros(full, block.dtype)
@@ -147,7 +147,7 @@ def put_cpu(host: np.ndarray, sharding: Any) -> Any:
     """
     import jax
 
-    devices = _cpu_only(sharding, host.shape)
+    devices = cpu_only(sharding, host.shape)
     shard_bytes = math.prod(sharding.shard_shape(host.shape)) * host.dtype.itemsize
     if devices is None or shard_bytes < MIN_HUGE_BYTES:
         return jax.device_put(host, sharding)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from shardwise._errors import SpecError
-from shardwise._kernels import choose_kernel, local_einsum, mat_mul, native_kernel, row_dot
+from shardwise._kernels import choose_kernel, local_einsum, native_kernel
 from shardwise._plan import Plan
 from shardwise._spec import Layout, Spec
 
@@ -104,7 +104,6 @@ def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Ar
         if (
             kernel == "einsum"
             and explicit_out is None
-            and (row_dot(op) or mat_mul(op))
             and _agree(plan)
             and _keeps_output(plan)
             and native_kernel(op, _local_sizes(plan), on_cpu(mesh), local_devices(mesh))

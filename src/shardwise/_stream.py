@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from shardwise._errors import ArgumentError, ShapeError, ShardwiseError
-from shardwise._hostmem import _cpu_only, aligned_empty, in_place
+from shardwise._hostmem import aligned_empty, cpu_only, in_place
 from shardwise._mesh import MeshSpec
 from shardwise._op import Op
 from shardwise._sources import Sink, Source, open_source
@@ -476,7 +476,7 @@ def _shard_blocks(result: Any, axis: int) -> list[tuple[int, np.ndarray]] | None
     """The devices' own blocks of ``result`` with where each starts along ``axis``, as host
     arrays without a copy (CPU devices), when every block is whole along the other axes;
     else None. Writing these spares assembling the chunk's result in a fresh host array."""
-    if _cpu_only(result.sharding, result.shape) is None:
+    if cpu_only(result.sharding, result.shape) is None:
         return None
     blocks: dict[int, np.ndarray] = {}
     for shard in result.addressable_shards:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,6 @@ from shardwise.bench.timing import best_seconds
 def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5) -> dict[str, Any]:
     """Memory bandwidth (GB/s, several tests and their best) and sgemm GFLOP/s."""
     import jax
-    import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -37,10 +37,8 @@ def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5
         ("jax_read_gbps", min(cores, len(devices))),
         ("jax_read_all_devices_gbps", len(devices)),
     ):
-        mesh = Mesh(np.array(devices[:count]), ("d",))
-        arr = jax.device_put(x[: n - n % count], NamedSharding(mesh, P("d")))
-        total = functools.partial(jax.jit(jnp.sum), arr)
-        results[label] = arr.nbytes / best_seconds(total, repeat) / 1e9
+        total, read_bytes = _jax_sum(x, devices[:count])
+        results[label] = read_bytes / best_seconds(total, repeat) / 1e9
     mesh = Mesh(np.array(devices), ("d",))
     m = n // 2 - (n // 2) % len(devices)
     a = jax.device_put(x[:m], NamedSharding(mesh, P("d")))
@@ -83,11 +81,18 @@ def bandwidth_probe(nbytes: int = 320 * 10**6) -> tuple[Any, int]:
         return (lambda: tx.sum()), x.nbytes
     except ImportError:
         import jax
-        import jax.numpy as jnp
-        from jax.sharding import Mesh, NamedSharding
-        from jax.sharding import PartitionSpec as P
 
-        devices = jax.devices()
-        mesh = Mesh(np.array(devices), ("d",))
-        arr = jax.device_put(x[: x.size - x.size % len(devices)], NamedSharding(mesh, P("d")))
-        return functools.partial(jax.jit(jnp.sum), arr), arr.nbytes
+        return _jax_sum(x, jax.devices())
+
+
+def _jax_sum(x: np.ndarray, devices: Sequence[Any]) -> tuple[Callable[[], Any], int]:
+    """A jitted ``sum`` of ``x`` split over ``devices`` (its tail trimmed to divide evenly),
+    and the bytes it reads."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(devices), ("d",))
+    arr = jax.device_put(x[: x.size - x.size % len(devices)], NamedSharding(mesh, P("d")))
+    return functools.partial(jax.jit(jnp.sum), arr), arr.nbytes
