@@ -40,6 +40,26 @@ def test_mean_of_numpy_jax_and_dask():
     assert float(shardwise.mean(d).compute()) == pytest.approx(x.mean(), rel=1e-12)
 
 
+def test_mean_is_one_program_with_the_sum_and_the_division():
+    import jax
+
+    from shardwise._api import place, plan_einsum
+    from shardwise._lower import divided
+
+    x = np.random.default_rng(3).random((64, 15)).astype(np.float32)
+    plan, jm = plan_einsum("ij->", x, mesh="devices=8", layout="i=devices")
+    (px,) = place(plan, jm, [x])
+    hlo = divided(plan, jm, x.size).lower(px).compile().as_text()
+    # XLA may turn the division by a constant into a product with its reciprocal
+    assert hlo.count("all-reduce(") == 1 and '/div"' in hlo
+    got = shardwise.mean(px, mesh=jm)
+    assert isinstance(got, jax.Array) and got.sharding.is_fully_replicated
+    assert float(got) == pytest.approx(x.mean(dtype=np.float64), rel=1e-6)
+    # a second mean of another shape reuses nothing it should not
+    y = np.arange(12.0).reshape(3, 4)
+    assert float(shardwise.mean(y, mesh="devices=1")) == pytest.approx(5.5)
+
+
 def test_dask_rejects_explicit_layouts():
     d = da.ones((8, 8), chunks=(4, 4))
     with pytest.raises(shardwise.ArgumentError, match="planner's best layout"):

@@ -20,7 +20,7 @@ from shardwise._distributed import put
 from shardwise._errors import ArgumentError, SpecError
 from shardwise._explain import Explanation, compile_plan, explain_compiled, explain_function
 from shardwise._hostmem import keep_freed_memory_warm
-from shardwise._lower import is_explicit, jitted, named
+from shardwise._lower import divided, is_explicit, jitted, named
 from shardwise._mesh import MeshSpec
 from shardwise._mesh import mesh as make_mesh
 from shardwise._op import Op
@@ -236,6 +236,25 @@ def einsum(
             )
         return dask_einsum(equation, *arrays, mesh=None if mesh == "auto" else mesh)
     jmesh = _jax_mesh(mesh)
+    plan, fn, targets = _program(
+        equation, arrays, jmesh, layout, in_specs, out_spec, mode, precision
+    )
+    return fn(*place(plan, jmesh, arrays, targets))
+
+
+def _program(
+    equation: str,
+    arrays: Sequence[Any],
+    jmesh: Mesh,
+    layout: LayoutLike | Literal["auto"] | None,
+    in_specs: Sequence[SpecLike] | None,
+    out_spec: SpecLike | Literal["infer"],
+    mode: str,
+    precision: Any,
+) -> tuple[Plan, Callable[..., jax.Array], tuple[NamedSharding, ...]]:
+    """The plan, jitted program and operand shardings of an einsum call, cached by the
+    call's key (equation, shapes, dtypes, mesh, layout) so that repeated calls skip
+    planning."""
     key = _plan_key(equation, arrays, jmesh, layout, in_specs, out_spec, mode, precision)
     cached = _PLANS.get(key) if key is not None else None
     if cached is None:
@@ -253,8 +272,7 @@ def einsum(
             if len(_PLANS) >= 512:
                 _PLANS.clear()
             _PLANS[key] = cached
-    plan, fn, targets = cached
-    return fn(*place(plan, jmesh, arrays, targets))
+    return cached
 
 
 def explain_einsum(
@@ -489,5 +507,6 @@ def mean(x: Any, *, mesh: MeshLike = "auto") -> Any:
     jmesh = _jax_mesh(mesh)
     first = {letters[0]: MeshSpec.parse(jmesh).names} if x.ndim else {}
     with jax.enable_x64(np.dtype(x.dtype) == np.float64):
-        total = einsum(f"{letters}->", x, mesh=jmesh, layout=first)
-        return total / x.size
+        plan, _, targets = _program(f"{letters}->", (x,), jmesh, first, None, "infer", "auto", None)
+        # the sum and the division in one program: one dispatch on every device
+        return divided(plan, jmesh, x.size)(*place(plan, jmesh, (x,), targets))

@@ -76,6 +76,15 @@ def jitted(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.A
     return lower(plan, mesh, precision)
 
 
+@functools.lru_cache(maxsize=32)
+def divided(plan: Plan, mesh: Mesh, divisor: int) -> Callable[..., jax.Array]:
+    """``plan``'s program with its result divided by ``divisor``, as one program: a mean is
+    one dispatch, not an einsum and then a division on every device (on the 8 simulated
+    devices of the 2-core CI machine kind, the second dispatch alone took 0.4–0.8 ms)."""
+    program = jitted(plan, mesh)
+    return jax.jit(lambda *arrays: program(*arrays) / divisor)
+
+
 def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Array]:
     """The jitted function that computes ``plan`` on ``mesh``.
 

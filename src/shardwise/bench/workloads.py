@@ -228,7 +228,7 @@ def mean(size: int, chunk: int) -> Workload:
 
     import shardwise
     from shardwise._api import place, plan_einsum
-    from shardwise._lower import jitted
+    from shardwise._lower import divided
 
     x = np.random.default_rng(2).random((size, size))
     mesh = shardwise.mesh("devices=8")
@@ -236,13 +236,13 @@ def mean(size: int, chunk: int) -> Workload:
     def ours() -> Runner:
         plan, jm = plan_einsum("ij->", x, mesh=mesh, layout="i=devices")
         (px,) = place(plan, jm, [x])
-        return lambda: shardwise.einsum("ij->", px, mesh=mesh, layout="i=devices") / x.size
+        return lambda: shardwise.mean(px, mesh=mesh)
 
     def raw() -> Runner:
         plan, jm = plan_einsum("ij->", x, mesh=mesh, layout="i=devices")
-        compiled = jitted(plan, jm)
+        compiled = divided(plan, jm, x.size)
         (px,) = place(plan, jm, [x])
-        return lambda: compiled(px) / x.size
+        return lambda: compiled(px)
 
     def torch() -> Runner:
         import torch as th
