@@ -86,3 +86,82 @@ def test_malloc_tuning_can_be_turned_off(monkeypatch):
 
     took = _hostmem.keep_freed_memory_warm()
     assert took == (platform.libc_ver()[0] == "glibc")
+
+
+@pytest.mark.parametrize(
+    ("environ", "libc", "thp", "expected"),
+    [
+        ({}, "glibc 2.36", "always [madvise] never", "glibc.malloc.hugetlb=1"),
+        (
+            {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
+            "glibc 2.35",
+            "always [madvise] never",
+            "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1",
+        ),
+        (
+            {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"},
+            "glibc 2.36",
+            "always [madvise] never",
+            None,
+        ),
+        ({"SHARDWISE_MALLOC_TUNING": "0"}, "glibc 2.36", "always [madvise] never", None),
+        ({}, "glibc 2.34", "always [madvise] never", None),  # no such tunable yet
+        ({}, None, "always [madvise] never", None),  # not glibc (musl answers no version)
+        ({}, "glibc 2.36", "[always] madvise never", None),  # huge pages without asking
+        ({}, "glibc 2.36", "always madvise [never]", None),
+        ({}, "glibc 2.36", None, None),
+    ],
+)
+def test_huge_page_environ(environ, libc, thp, expected):
+    from shardwise._hostmem import huge_page_environ
+
+    env = huge_page_environ(environ, libc, thp)
+    if expected is None:
+        assert env is None
+    else:
+        assert env == {**environ, "GLIBC_TUNABLES": expected}
+
+
+def test_the_command_reruns_itself_once_with_huge_pages():
+    import os
+    import subprocess
+    import sys
+
+    from shardwise._hostmem import huge_page_environ
+
+    code = (
+        "import os\n"
+        "print('start', os.environ.get('GLIBC_TUNABLES'), flush=True)\n"
+        "from shardwise._hostmem import rerun_with_huge_pages\n"
+        "rerun_with_huge_pages()\n"
+        "print('ran', flush=True)\n"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GLIBC_TUNABLES", "SHARDWISE_MALLOC_TUNING")
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp: str | None = f.read()
+    except OSError:
+        thp = None
+    libc = os.confstr("CS_GNU_LIBC_VERSION") if sys.platform.startswith("linux") else None
+    if huge_page_environ(env, libc, thp) is None:
+        assert lines == ["start None", "ran"]
+    else:  # once as started, once with the setting; then it runs on
+        assert lines == ["start None", "start glibc.malloc.hugetlb=1", "ran"]
+    # asked not to: runs on as it is
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "SHARDWISE_MALLOC_TUNING": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.splitlines() == ["start None", "ran"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from shardwise._hostmem import rerun_with_huge_pages
 from shardwise.cli import bench as _bench
 from shardwise.cli import calibrate as _calibrate
 from shardwise.cli import demo as _demo
@@ -30,4 +31,5 @@ app.command("launch", context_settings={"allow_interspersed_args": False})(_laun
 
 def main() -> None:
     """Entry point of the ``shardwise`` console script."""
+    rerun_with_huge_pages()
     app()
