@@ -40,6 +40,11 @@ def test_machine_limits_are_measured(tiny):
     assert m["cores"] >= 1
     assert m["memory_gbps"] >= max(m["memory_read_gbps"], m["memory_copy_gbps"]) > 0
     assert m["sgemm_gflops"] > 0
+    import os
+
+    assert m["malloc_huge_pages"] is (
+        "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
+    )
 
 
 def test_curve(tiny):

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from shardwise._hostmem import HUGE_PAGE_TUNABLE
 from shardwise.bench.timing import best_seconds
 
 
@@ -62,6 +63,9 @@ def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5
         "memory_copy_gbps": max(v for k, v in results.items() if "copy" in k),
         "memory_gbps": max(results.values()),
         "sgemm_gflops": sgemm,
+        # whether glibc's malloc asks for huge pages in this process (the shardwise command
+        # sets it up; it speeds every large fresh buffer, the peers' too)
+        "malloc_huge_pages": HUGE_PAGE_TUNABLE in os.environ.get("GLIBC_TUNABLES", ""),
         "tests": results,
     }
 

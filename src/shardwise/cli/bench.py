@@ -68,7 +68,8 @@ def bench(
     table = Table(
         title=f"shardwise bench ({suite}) on {m['cores']} cores, {doc['devices']['count']} "
         f"{doc['devices']['platform']} devices — memory {m['memory_gbps']:.1f} GB/s, sgemm "
-        f"{m['sgemm_gflops']:.0f} GFLOP/s; medians of {repeat}",
+        f"{m['sgemm_gflops']:.0f} GFLOP/s"
+        f"{'; malloc in huge pages' if m.get('malloc_huge_pages') else ''}; medians of {repeat}",
         title_justify="left",
     )
     present = [p for p in PEERS if any(p in w["peers"] for w in doc["workloads"])]
