@@ -127,7 +127,7 @@ def test_the_command_reruns_itself_once_with_huge_pages():
     import subprocess
     import sys
 
-    from shardwise._hostmem import huge_page_environ
+    from shardwise._hostmem import huge_page_environ, huge_page_facts
 
     code = (
         "import os\n"
@@ -146,13 +146,7 @@ def test_the_command_reruns_itself_once_with_huge_pages():
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            thp: str | None = f.read()
-    except OSError:
-        thp = None
-    libc = os.confstr("CS_GNU_LIBC_VERSION") if sys.platform.startswith("linux") else None
-    if huge_page_environ(env, libc, thp) is None:
+    if huge_page_environ(env, *huge_page_facts()) is None:
         assert lines == ["start None", "ran"]
     else:  # once as started, once with the setting; then it runs on
         assert lines == ["start None", "start glibc.malloc.hugetlb=1", "ran"]

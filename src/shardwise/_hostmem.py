@@ -112,20 +112,25 @@ def huge_page_environ(
     }
 
 
+def huge_page_facts() -> tuple[str | None, str | None]:
+    """What :func:`huge_page_environ` decides on, read from this machine: the C library's
+    name and version, and Linux's transparent huge page mode (None where unknown)."""
+    if not sys.platform.startswith("linux"):
+        return None, None
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION")
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return libc, f.read()
+    except (OSError, ValueError):
+        return None, None
+
+
 def rerun_with_huge_pages() -> None:
     """Replace this process by the same command run with :data:`HUGE_PAGE_TUNABLE`, where
     :func:`huge_page_environ` says it gains something; otherwise return. Called first thing
     by the ``shardwise`` command (about 0.1 s: nothing heavy is imported yet); the new
     process inherits the setting, so it and its children run on."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = os.confstr("CS_GNU_LIBC_VERSION")
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            thp = f.read()
-    except (OSError, ValueError):
-        return
-    env = huge_page_environ(os.environ, libc, thp)
+    env = huge_page_environ(os.environ, *huge_page_facts())
     if env is None:
         return
     try:
