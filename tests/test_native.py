@@ -92,7 +92,7 @@ def test_einsums_on_the_mesh_use_it_and_equal_numpy(
     assert explained.compute.flops >= 2 * a.size / jmesh.size
 
 
-def test_other_programs_keep_xlas_kernels():
+def test_other_programs_keep_xlas_kernels_and_disagreeing_operands_are_resharded_first():
     rng = np.random.default_rng(2)
     a = rng.standard_normal((64, 100)).astype(np.float32)
 
@@ -102,8 +102,10 @@ def test_other_programs_keep_xlas_kernels():
 
     # auto mode scattering the sum onto the output: XLA fuses the scatter into its collective
     assert CALL not in hlo(a, a, in_specs=["x,y", "x,y"], out_spec="(x,y)")
-    # operands that disagree on a layout: XLA reshards one of them
-    assert CALL not in hlo(a, a, in_specs=["x,y", "y,x"], out_spec="x")
+    # operands that disagree on a layout are resharded to one layout first; then the kernel runs
+    assert CALL in hlo(a, a, in_specs=["x,y", "y,x"], out_spec="x")
+    out = shardwise.einsum("nd,nd->n", a, a, mesh="x=2,y=4", in_specs=["x,y", "y,x"], out_spec="x")
+    np.testing.assert_allclose(np.asarray(out), np.einsum("nd,nd->n", a, a), rtol=1e-5)
     # float16 and mixed dtypes fall back to jnp.einsum inside the same program
     half = a.astype(np.float16)
     assert CALL not in hlo(half, half, in_specs=["x,y", "x,y"], out_spec="x", mode="manual")

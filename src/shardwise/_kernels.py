@@ -52,7 +52,7 @@ def choose_kernel(op: Op, sizes: dict[str, int]) -> Kernel:
     >>> choose_kernel(Op.parse("ij->"), {"i": 10000, "j": 10000})
     'ones'
     """
-    if not op.contracted:
+    if not op.contracted or 0 in sizes.values():  # nothing summed, or nothing to sum
         return "einsum"
     terms = math.prod(sizes[i] for i in op.contracted)
     if terms <= UNROLL_MAX:
@@ -76,7 +76,7 @@ def native_kernel(op: Op, sizes: dict[str, int], on_cpu: bool, devices: int = 1)
     'einsum'
     """
     kernel = choose_kernel(op, sizes)
-    if kernel != "einsum" or not on_cpu:
+    if kernel != "einsum" or not on_cpu or 0 in sizes.values():
         return kernel
     from shardwise import _native
 

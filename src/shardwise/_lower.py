@@ -1,19 +1,25 @@
 """Build the JAX program for a :class:`Plan`.
 
 - ``auto``: ``jax.jit`` with a ``NamedSharding`` per operand and for the output; XLA's SPMD
-  partitioner inserts whatever collectives the layouts need (the tutorial's ``pjit``).
+  partitioner inserts whatever collectives the layouts need (the tutorial's ``pjit``). Operands
+  that split a shared index differently are first resharded to one agreed layout
+  (:func:`target_layout`), because XLA can lose a partial sum when it partitions a contraction
+  whose operands disagree (see :mod:`shardwise._reshard`).
 - ``manual``: ``jax.shard_map`` around a local einsum on each device's block, then an explicit
   ``psum`` over the mesh axes that split a contracted index — "partial dot products, then
   aggregate", written out.
 
-On CPU devices an auto-mode einsum whose local step is a native kernel (``rowdot`` or
-``matmul``, see :mod:`shardwise._kernels`) is built the manual way: XLA cannot partition
-a call into native code, and the collectives it would have inserted are the same ``psum``.
+An auto-mode einsum whose local step is a kernel other than ``jnp.einsum`` (unrolled
+multiply-adds, a product with ones, or on CPU a native kernel; see :mod:`shardwise._kernels`)
+is built the manual way on the agreed layout: XLA cannot partition a call into native code,
+and left to partition an unrolled kernel it may gather every slice separately; in
+``shard_map`` the only collective is the ``psum`` the layout needs.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -21,10 +27,12 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 
-from shardwise._errors import SpecError
-from shardwise._kernels import choose_kernel, local_einsum, native_kernel
+from shardwise._kernels import Kernel, choose_kernel, local_einsum, native_kernel
 from shardwise._plan import Plan
+from shardwise._profile import default_profile
+from shardwise._reshard import agreed_layout
 from shardwise._spec import Layout, Spec
+from shardwise._strategy import reduce_axes
 
 
 def named(mesh: Mesh, spec: Spec) -> NamedSharding:
@@ -48,25 +56,17 @@ def local_devices(mesh: Mesh) -> int:
     return sum(1 for d in mesh.devices.flat if d.process_index == me)
 
 
-def _agree(plan: Plan) -> bool:
-    """The operands' splits merge into one layout (a replicated operand agrees with any)."""
-    merged: dict[str, tuple[str, ...]] = {}
-    for term, spec in zip(plan.op.inputs, plan.in_specs, strict=True):
-        for index, entry in zip(term, spec.padded(len(term)), strict=True):
-            if entry and merged.setdefault(index, entry) != entry:
-                return False
-    try:
-        Layout(tuple(sorted(merged.items())))
-    except SpecError:
-        return False
-    return True
-
-
-def _keeps_output(plan: Plan) -> bool:
-    """Whether the output stays laid out as the operands' layout leaves it (no scatter or
-    gather after the sum, which XLA may fuse into its collectives)."""
-    n = len(plan.op.output)
-    return plan.out_spec.padded(n) == plan.layout.spec_for(plan.op.output).padded(n)
+@functools.lru_cache(maxsize=256)
+def target_layout(plan: Plan, platform: str = "cpu") -> Layout:
+    """The one layout the operands are brought to before they meet: their own where they
+    agree, else the cheapest agreed layout by the cost model (:func:`~shardwise._reshard.
+    agreed_layout`). In manual mode, the layout the operands must already agree on."""
+    if plan.mode == "manual":
+        return plan.layout
+    profile = default_profile(platform, plan.mesh.size)
+    return agreed_layout(
+        plan.op, plan.shapes, plan.in_specs, plan.out_spec, plan.dtype, plan.mesh, profile
+    )
 
 
 @functools.lru_cache(maxsize=128)
@@ -85,85 +85,108 @@ def divided(plan: Plan, mesh: Mesh, divisor: int) -> Callable[..., jax.Array]:
     return jax.jit(lambda *arrays: program(*arrays) / divisor)
 
 
-def lower(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Array]:
+def lower(
+    plan: Plan, mesh: Mesh, precision: Any = None, *, kernels: bool = True
+) -> Callable[..., jax.Array]:
     """The jitted function that computes ``plan`` on ``mesh``.
+
+    In auto mode the operands are first resharded to :func:`target_layout` (a no-op where they
+    already agree), so XLA never partitions a contraction whose operands disagree. Then a
+    local kernel other than ``jnp.einsum`` (see :mod:`shardwise._kernels`) runs in
+    ``shard_map`` on each device's block, where it can add no collective; where the requested
+    output is not the layout's own (or the mesh's axes are Explicit), ``jnp.einsum`` runs and
+    XLA places the result.
 
     Args:
         plan: a validated plan; ``mesh`` must have the plan's axes and sizes.
         mesh: the JAX mesh to run on.
         precision: passed to ``jnp.einsum`` (e.g. ``"highest"``).
+        kernels: ``False`` always uses ``jnp.einsum`` (the reference the kernels are held to).
     """
     op = plan.op
-    equation = op.equation
     in_shardings = tuple(named(mesh, s) for s in plan.in_specs)
     out_sharding = named(mesh, plan.out_spec)
-    sizes = op.sizes(plan.shapes)
-    if plan.mode == "auto":
-        explicit_out = out_sharding if is_explicit(mesh) else None
-        # unrolling slices the contracted indices: only where no device boundary cuts them,
-        # and where the operands agree on a layout (else XLA reshards one dot more cheaply
-        # than many slices); a product with ones is one dot, whatever the layout
-        split = {
-            i
-            for t, s in zip(op.inputs, plan.in_specs, strict=True)
-            for i, e in zip(t, s.padded(len(t)), strict=True)
-            if e
-        }
-        kernel = choose_kernel(op, sizes)
-        if (
-            kernel == "einsum"
-            and explicit_out is None
-            and _agree(plan)
-            and _keeps_output(plan)
-            and native_kernel(op, _local_sizes(plan), on_cpu(mesh), local_devices(mesh))
-            in ("rowdot", "matmul")
-        ):
-            return _shard_mapped(plan, mesh, precision)
-        if explicit_out is not None or (
-            kernel == "unrolled" and (split & set(op.contracted) or not _agree(plan))
-        ):
-            kernel = "einsum"
-
-        def sharded_einsum(*xs: jax.Array) -> jax.Array:
-            if kernel != "einsum":
-                return local_einsum(op, kernel, *xs, precision=precision)
-            return jnp.einsum(equation, *xs, precision=precision, out_sharding=explicit_out)
-
-        return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
-    return _shard_mapped(plan, mesh, precision)
-
-
-def _local_sizes(plan: Plan) -> dict[str, int]:
-    """Each index's size in one device's block, under the operands' common layout."""
-    op, layout = plan.op, plan.layout
-    sizes = op.sizes(plan.shapes)
-    local = dict(
-        zip(
-            op.output,
-            layout.spec_for(op.output).shard_shape(plan.mesh, tuple(sizes[i] for i in op.output)),
-            strict=True,
-        )
+    if plan.mode == "manual":
+        return _shard_mapped(plan, mesh, precision, plan.layout, kernels)
+    target = target_layout(plan, mesh.devices.flat[0].platform)
+    explicit = is_explicit(mesh)
+    kernel = _auto_kernel(plan, mesh, target) if kernels and not explicit else "einsum"
+    if kernel != "einsum" and plan.out_spec.canonical() == target.spec_for(op.output):
+        return _shard_mapped(plan, mesh, precision, target, kernel)
+    moves = tuple(
+        None if spec.canonical() == target.spec_for(term) else named(mesh, target.spec_for(term))
+        for term, spec in zip(op.inputs, plan.in_specs, strict=True)
     )
-    for term in op.inputs:
-        shape = tuple(sizes[i] for i in term)
-        local.update(zip(term, layout.spec_for(term).shard_shape(plan.mesh, shape), strict=True))
-    return local
+    explicit_out = out_sharding if explicit else None
+
+    def sharded_einsum(*xs: jax.Array) -> jax.Array:
+        xs = tuple(
+            x if m is None else _reshard(x, m, explicit) for x, m in zip(xs, moves, strict=True)
+        )
+        return jnp.einsum(op.equation, *xs, precision=precision, out_sharding=explicit_out)
+
+    return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
 
 
-def _shard_mapped(plan: Plan, mesh: Mesh, precision: Any) -> Callable[..., jax.Array]:
-    """``jax.shard_map`` of the local einsum on each device's block, then ``psum``."""
+def _auto_kernel(plan: Plan, mesh: Mesh, layout: Layout) -> Kernel:
+    """The local step of an auto-mode plan on ``layout``: chosen by the einsum's own sizes
+    (:func:`~shardwise._kernels.choose_kernel`); a contraction is unrolled only where no
+    device boundary cuts its terms, and a native kernel replaces ``jnp.einsum`` where one fits
+    each device's block."""
+    op = plan.op
+    kernel = choose_kernel(op, op.sizes(plan.shapes))
+    split = any(plan.mesh.shape[a] > 1 for a in reduce_axes(op, layout, plan.mesh))
+    if kernel == "unrolled" and split:
+        return "einsum"
+    if kernel == "einsum":
+        native = native_kernel(op, _local_sizes(plan, layout), on_cpu(mesh), local_devices(mesh))
+        return native if native in ("rowdot", "matmul") else "einsum"
+    return kernel
+
+
+def _reshard(x: jax.Array, sharding: NamedSharding, explicit: bool) -> jax.Array:
+    """``x`` laid out as ``sharding`` inside a jitted program."""
+    if explicit:
+        return jax.sharding.reshard(x, sharding)  # type: ignore[no-any-return]
+    return jax.lax.with_sharding_constraint(x, sharding)  # type: ignore[no-any-return]
+
+
+def _local_sizes(plan: Plan, layout: Layout) -> dict[str, int]:
+    """Each index's size in one device's block under ``layout``."""
+    sizes = plan.op.sizes(plan.shapes)
+    return {
+        i: n // math.prod(plan.mesh.shape[a] for a in layout.axes_of(i)) for i, n in sizes.items()
+    }
+
+
+def _shard_mapped(
+    plan: Plan, mesh: Mesh, precision: Any, layout: Layout, kernel: Kernel | bool = True
+) -> Callable[..., jax.Array]:
+    """``jax.shard_map`` of the local einsum on each device's block under ``layout``, then
+    ``psum`` over the mesh axes that split a contracted index. ``kernel`` is the local step,
+    or ``True`` to choose it by the block's sizes, ``False`` for ``jnp.einsum``."""
     op = plan.op
     in_shardings = tuple(named(mesh, s) for s in plan.in_specs)
     out_sharding = named(mesh, plan.out_spec)
-    layout = plan.layout
-    local_in = tuple(layout.spec_for(t).to_partition_spec() for t in plan.op.inputs)
-    local_out = layout.spec_for(plan.op.output).to_partition_spec()
-    reduce_axes = plan.reduce_axes
-    kernel = native_kernel(op, _local_sizes(plan), on_cpu(mesh), local_devices(mesh))
+    local_in = tuple(layout.spec_for(t).to_partition_spec() for t in op.inputs)
+    local_out = layout.spec_for(op.output).to_partition_spec()
+    # a sum over an axis of one device does nothing, and would still compile to an all-reduce;
+    # without it shard_map cannot prove the result whole along that axis, so it is told
+    axes = reduce_axes(op, layout, plan.mesh)
+    summed = tuple(a for a in axes if plan.mesh.shape[a] > 1)
+    if kernel is True:
+        kernel = native_kernel(op, _local_sizes(plan, layout), on_cpu(mesh), local_devices(mesh))
+    local: Kernel = kernel or "einsum"
 
     def per_device(*blocks: jax.Array) -> jax.Array:
-        partial = local_einsum(op, kernel, *blocks, precision=precision)
-        return jax.lax.psum(partial, reduce_axes) if reduce_axes else partial
+        partial = local_einsum(op, local, *blocks, precision=precision)
+        return jax.lax.psum(partial, summed) if summed else partial
 
-    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=local_in, out_specs=local_out)
+    mapped = jax.shard_map(
+        per_device,
+        mesh=mesh,
+        in_specs=local_in,
+        out_specs=local_out,
+        check_vma=summed == axes,
+    )
     return jax.jit(mapped, in_shardings=in_shardings, out_shardings=out_sharding)

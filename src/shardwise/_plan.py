@@ -60,6 +60,19 @@ def layout_from_specs(op: Op, specs: Sequence[Spec]) -> Layout:
                     "let XLA move the data."
                 )
             found.setdefault(index, (entry, k))
+    owner: dict[str, tuple[str, int]] = {}
+    for index, (entry, k) in sorted(found.items()):
+        for axis in entry:
+            if axis in owner:
+                other, j = owner[axis]
+                raise SpecError(
+                    f"mesh axis {axis!r} splits index {other!r} of {op.equation!r} in operand "
+                    f"{j} and index {index!r} in operand {k}. Manual mode computes each "
+                    "device's block locally, so a mesh axis can split only one index across "
+                    "all operands: split one of them over another axis, or use mode='auto' and "
+                    "let XLA move the data."
+                )
+            owner[axis] = (index, k)
     return Layout(tuple(sorted((i, e) for i, (e, _) in found.items() if e)))
 
 

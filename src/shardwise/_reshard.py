@@ -1,0 +1,225 @@
+"""Resharding: what moving an array from one layout to another costs, and the one layout that
+operands which disagree should be moved to before they meet.
+
+Pure functions; no devices needed.
+
+When the operands of an einsum split a shared index differently (one splits ``j`` over ``x``,
+another leaves it whole), something must move data before each device can compute its block.
+XLA's SPMD partitioner chooses that itself, and with JAX 0.10.2 on CPU it can choose wrongly:
+``jnp.einsum("abc,abc->", u, v)`` with ``u`` laid out ``P("x", "y")`` and ``v``
+``P("x", None, "y")`` on a ``x=2,y=4`` mesh loses the partial sum over ``x`` and returns half
+the answer (openxla/xla#40034 is a related report). shardwise therefore never hands XLA a
+contraction whose operands disagree: it picks one agreed :class:`~shardwise._spec.Layout`
+(:func:`agreed_layout`, the cheapest by the cost model) and reshards every operand to it first.
+
+Per mesh axis of size ``p`` a resharding is, as XLA emits it:
+
+- the axis stops splitting a dimension: an **all-gather** over it (the result is ``p`` times
+  the shard);
+- the axis starts splitting a dimension it did not split: a **local slice**, free;
+- the axis moves from one dimension to another: an **all-to-all** over it (the shard's size
+  is unchanged).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+
+from shardwise._cost import PredictedCollective, predict, ring_seconds
+from shardwise._errors import SpecError
+from shardwise._mesh import MeshSpec
+from shardwise._op import Op
+from shardwise._profile import Profile
+from shardwise._spec import Entry, Layout, Spec
+from shardwise._strategy import Strategy, output_choices
+
+MAX_CANDIDATES = 4096
+"""Most candidate layouts :func:`agreed_layout` costs; past it, disagreeing indices are
+gathered (left whole), which is always valid."""
+
+
+def reshard_collectives(
+    src: Spec,
+    dst: Spec,
+    shape: Sequence[int],
+    dtype: str,
+    mesh: MeshSpec,
+    profile: Profile,
+) -> tuple[PredictedCollective, ...]:
+    """The collectives that move an array of ``shape`` from layout ``src`` to ``dst``.
+
+    >>> from shardwise._profile import BUILTIN
+    >>> mesh, cpu = MeshSpec.parse("x=2,y=4"), BUILTIN["cpu-2core"]
+    >>> [(c.kind, c.mesh_axes, c.bytes) for c in reshard_collectives(
+    ...     Spec.parse("x,y"), Spec.parse("-,y"), (8, 8), "float32", mesh, cpu)]
+    [('all-gather', ('x',), 64)]
+    >>> [(c.kind, c.mesh_axes, c.bytes) for c in reshard_collectives(
+    ...     Spec.parse("x"), Spec.parse("-,x"), (8, 8), "float32", mesh, cpu)]
+    [('all-to-all', ('x',), 128)]
+    >>> reshard_collectives(Spec.parse(None), Spec.parse("x,y"), (8, 8), "float32", mesh, cpu)
+    ()
+    """
+    rank = len(shape)
+    width = jnp.dtype(dtype).itemsize
+    current = [list(e) for e in src.padded(rank)]
+    target = dst.padded(rank)
+    out: list[PredictedCollective] = []
+
+    def shard_bytes() -> int:
+        return width * math.prod(
+            n // math.prod(mesh.shape[a] for a in e) for n, e in zip(shape, current, strict=True)
+        )
+
+    def dim_of(axis: str, entries: Sequence[Sequence[str]]) -> int | None:
+        return next((d for d, e in enumerate(entries) if axis in e), None)
+
+    for axis in mesh.names:
+        if mesh.shape[axis] == 1:
+            continue
+        have, want = dim_of(axis, current), dim_of(axis, target)
+        if have is None or have == want:
+            continue
+        if want is None:
+            current[have].remove(axis)
+            n = shard_bytes()
+            out.append(
+                PredictedCollective(
+                    "all-gather", (axis,), n, ring_seconds("all-gather", (axis,), n, mesh, profile)
+                )
+            )
+        else:
+            n = shard_bytes()
+            current[have].remove(axis)
+            current[want].append(axis)
+            out.append(
+                PredictedCollective(
+                    "all-to-all", (axis,), n, ring_seconds("all-to-all", (axis,), n, mesh, profile)
+                )
+            )
+    # an axis that keeps its dimension but changes its place among that dimension's axes
+    # ((x,y) → (y,x)) moves every block: a permute of the whole shard
+    moved = tuple(
+        a
+        for have, want in zip(current, target, strict=True)
+        if set(have) == set(want) and tuple(have) != tuple(want)
+        for a in want
+    )
+    if moved:
+        n = shard_bytes()
+        seconds = sum(
+            profile.link_for(a).latency_s + n / profile.link_for(a).bandwidth_Bps for a in moved
+        )
+        axes = tuple(a for a in mesh.names if a in moved)
+        out.append(PredictedCollective("collective-permute", axes, n, seconds))
+    return tuple(out)
+
+
+def common_layout(op: Op, in_specs: Sequence[Spec]) -> Layout | None:
+    """The layout every operand already follows, or ``None`` when two operands split a shared
+    index differently (a replicated index counts as a way of splitting it) or one mesh axis
+    splits two indices.
+
+    >>> op = Op.parse("ij,jk->ik")
+    >>> common_layout(op, [Spec.parse("x,y"), Spec.parse("y")]).describe()
+    'i=x,j=y'
+    >>> common_layout(op, [Spec.parse("-,x"), Spec.parse(None)]) is None
+    True
+    """
+    found: dict[str, Entry] = {}
+    for term, spec in zip(op.inputs, in_specs, strict=True):
+        for index, entry in zip(term, spec.padded(len(term)), strict=True):
+            if found.setdefault(index, entry) != entry:
+                return None
+    try:
+        return Layout(tuple(sorted((i, e) for i, e in found.items() if e)))
+    except SpecError:
+        return None
+
+
+def agreed_layout(
+    op: Op,
+    shapes: Sequence[Sequence[int]],
+    in_specs: Sequence[Spec],
+    out_spec: Spec,
+    dtype: str,
+    mesh: MeshSpec,
+    profile: Profile,
+) -> Layout:
+    """The layout to reshard disagreeing operands to before the contraction: of the layouts
+    that give each index one of the ways the operands split it (or leave it whole), the one
+    with the least predicted time for resharding the operands, computing, and laying the
+    result out as ``out_spec``.
+
+    Operands that already agree keep their layout.
+
+    >>> from shardwise._profile import BUILTIN
+    >>> op, mesh = Op.parse("abc,abc->"), MeshSpec.parse("x=2,y=4")
+    >>> agreed_layout(op, [(2, 4, 4)] * 2, [Spec.parse("x,y"), Spec.parse("x,-,y")],
+    ...               Spec(()), "float32", mesh, BUILTIN["cpu-2core"]).describe()
+    'a=x'
+    >>> big = [(2, 4096, 4096)] * 2  # here moving one split costs less than gathering both
+    >>> agreed_layout(op, big, [Spec.parse("x,y"), Spec.parse("x,-,y")],
+    ...               Spec(()), "float32", mesh, BUILTIN["cpu-2core"]).describe()
+    'a=x,c=y'
+    """
+    common = common_layout(op, in_specs)
+    if common is not None:
+        return common
+    options: dict[str, list[Entry]] = {}
+    given: dict[str, set[Entry]] = {}
+    for term, spec in zip(op.inputs, in_specs, strict=True):
+        for index, entry in zip(term, spec.padded(len(term)), strict=True):
+            given.setdefault(index, set()).add(entry)
+            choices = options.setdefault(index, [()])
+            if entry not in choices:
+                choices.append(entry)
+    indices = sorted(options)
+    if math.prod(len(options[i]) for i in indices) > MAX_CANDIDATES:
+        agreed = tuple((i, next(iter(e))) for i, e in sorted(given.items()) if len(e) == 1)
+        try:
+            return Layout(tuple((i, e) for i, e in agreed if e))
+        except SpecError:
+            return Layout(())
+    best: tuple[float, int, Layout] | None = None
+    for pick in itertools.product(*(options[i] for i in indices)):
+        try:
+            layout = Layout(tuple((i, e) for i, e in zip(indices, pick, strict=True) if e))
+        except SpecError:
+            continue
+        seconds = _seconds(op, shapes, in_specs, out_spec, dtype, mesh, profile, layout)
+        moved = sum(e != () for e in pick)
+        key = (seconds, -moved, layout)
+        if best is None or key[:2] < best[:2]:
+            best = key
+    assert best is not None  # leaving every index whole is always a layout
+    return best[2]
+
+
+def _seconds(
+    op: Op,
+    shapes: Sequence[Sequence[int]],
+    in_specs: Sequence[Spec],
+    out_spec: Spec,
+    dtype: str,
+    mesh: MeshSpec,
+    profile: Profile,
+    layout: Layout,
+) -> float:
+    """Predicted time of resharding to ``layout``, computing there, and producing ``out_spec``."""
+    moves = [
+        c
+        for term, spec, shape in zip(op.inputs, in_specs, shapes, strict=True)
+        for c in reshard_collectives(spec, layout.spec_for(term), shape, dtype, mesh, profile)
+    ]
+    produced = layout.spec_for(op.output)
+    choices = output_choices(op, layout, mesh)
+    out = out_spec.canonical() if out_spec.canonical() in choices else produced
+    cost = predict(op, shapes, dtype, mesh, Strategy(layout, out), profile).seconds
+    if out != out_spec.canonical():
+        out_shape = op.output_shape(shapes)
+        moves += reshard_collectives(produced, out_spec, out_shape, dtype, mesh, profile)
+    return cost + sum(c.seconds for c in moves)
