@@ -79,12 +79,18 @@ def test_jax_arrays_with_another_sharding_are_moved():
     assert_shards(out, np.full((8, 8), 8.0), mesh, Spec.parse("x"), rtol=0)
 
 
-def test_float64_follows_jax_x64_setting_without_warnings():
-    a = np.ones((8, 2), np.float64)
+def test_64_bit_inputs_are_computed_in_64_bits_without_warnings():
+    a = 1 + np.arange(16, dtype=np.float64).reshape(8, 2) * 1e-9  # steps float32 cannot hold
     out = shardwise.einsum("nd,nd->n", a, a, mesh="devices=8", in_specs=["devices"] * 2)
-    assert out.dtype == jax.dtypes.canonicalize_dtype(np.float64)
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(np.asarray(out), np.einsum("nd,nd->n", a, a), rtol=1e-15)
+    big = np.full((4, 4), 8 * 2**40, np.int64)  # int32 would wrap these to 0
+    out = shardwise.einsum("ij,jk->ik", big, np.ones((4, 4), np.int64), mesh="x=2,y=4")
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(np.asarray(out), np.full((4, 4), 32 * 2**40))
+    assert not jax.config.jax_enable_x64  # the 64-bit mode ends with shardwise's program
     e = shardwise.explain_einsum("nd,nd->n", [(8, 2)] * 2, mesh="devices=8", dtype="float64")
-    assert e.operands[0].dtype == np.dtype(out.dtype).name
+    assert e.operands[0].dtype == "float64"
     e = shardwise.explain_einsum("nd,nd->n", [(8, 2)] * 2, mesh="devices=8", dtype="bfloat16")
     assert e.operands[0].dtype == "bfloat16"
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from shardwise._errors import EquationError as EquationError
     from shardwise._errors import IndivisibleError as IndivisibleError
     from shardwise._errors import MeshError as MeshError
+    from shardwise._errors import MiscompileError as MiscompileError
     from shardwise._errors import ShapeError as ShapeError
     from shardwise._errors import ShardwiseError as ShardwiseError
     from shardwise._errors import SpecError as SpecError
@@ -66,6 +67,7 @@ _EXPORTS = {
     "EquationError": ("shardwise._errors", "EquationError"),
     "IndivisibleError": ("shardwise._errors", "IndivisibleError"),
     "MeshError": ("shardwise._errors", "MeshError"),
+    "MiscompileError": ("shardwise._errors", "MiscompileError"),
     "ShapeError": ("shardwise._errors", "ShapeError"),
     "ShardwiseError": ("shardwise._errors", "ShardwiseError"),
     "SpecError": ("shardwise._errors", "SpecError"),
@@ -108,6 +110,7 @@ __all__ = [
     "Layout",
     "MeshError",
     "MeshSpec",
+    "MiscompileError",
     "Op",
     "Plan",
     "ShapeError",

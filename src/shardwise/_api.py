@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -15,12 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from shardwise._check import check_einsum, ensure_sound
 from shardwise._dask import dask_einsum, dask_mean, is_dask
 from shardwise._distributed import put
-from shardwise._errors import ArgumentError, SpecError
+from shardwise._errors import ArgumentError, MiscompileError, SpecError
 from shardwise._explain import Explanation, compile_plan, explain_compiled, explain_function
+from shardwise._hlo import collectives
 from shardwise._hostmem import keep_freed_memory_warm
-from shardwise._lower import divided, is_explicit, jitted, named
+from shardwise._lower import divided, is_explicit, jitted, named, target_layout
 from shardwise._mesh import MeshSpec
 from shardwise._mesh import mesh as make_mesh
 from shardwise._op import Op
@@ -35,21 +38,68 @@ def _jax_mesh(value: MeshLike) -> Mesh:
     return value if isinstance(value, Mesh) else make_mesh(value)
 
 
-def _canonical(dtype: Any) -> np.dtype[Any]:
-    """The dtype JAX computes in for ``dtype``, as JAX's x64 setting allows (float64 → float32
-    unless ``jax_enable_x64`` is on)."""
+def _supported(dtype: Any, what: str = "the operands") -> np.dtype[Any]:
+    """``dtype`` as a NumPy dtype, if JAX computes in it; else an error naming it and the fix."""
     try:
-        given = jnp.dtype(dtype)
+        given: np.dtype[Any] = np.dtype(jnp.dtype(dtype))
     except TypeError:
         raise ArgumentError(
-            f"dtype {dtype!r} is not a dtype; use a name like float32 or bfloat16."
+            f"dtype {dtype!r} of {what} is not a dtype; use a name like float32 or bfloat16."
         ) from None
-    return np.dtype(jax.dtypes.canonicalize_dtype(given))
+    if not given.isnative:
+        raise ArgumentError(
+            f"{what} have dtype {given.str!r}, which is not in this machine's byte order; JAX "
+            f"computes only in native order. Convert first: "
+            f"a.astype(a.dtype.newbyteorder('='))."
+        )
+    if given != np.bool_ and not jnp.issubdtype(given, jnp.number):
+        raise ArgumentError(
+            f"{what} have dtype {given} ({_kind(given)}); an einsum needs numbers: booleans, "
+            "integers, floating point (bfloat16 to float64) or complex. Convert first, e.g. "
+            "a.astype(np.float32)."
+        )
+    return given
+
+
+def _kind(dtype: np.dtype[Any]) -> str:
+    if dtype.fields is not None:
+        return "a structured dtype"
+    return {
+        "O": "Python objects",
+        "U": "strings",
+        "S": "bytes",
+        "M": "dates",
+        "m": "time differences",
+    }.get(dtype.kind, "not a number")
+
+
+def _canonical(dtype: Any) -> np.dtype[Any]:
+    """``dtype``, checked (:func:`_supported`); 64-bit types stay 64-bit (see :func:`wide`)."""
+    return _supported(dtype)
 
 
 def _dtype(arrays: Sequence[Any]) -> np.dtype[Any]:
-    """The dtype JAX computes in: the operands' common type, canonicalized."""
-    return _canonical(functools.reduce(jnp.promote_types, (a.dtype for a in arrays)))
+    """The dtype NumPy's einsum gives these operands (JAX's promotion where a type is JAX's
+    own, such as bfloat16); 64-bit types are computed in 64 bits (:func:`wide`)."""
+    dtypes = [_supported(a.dtype, f"operand {k}") for k, a in enumerate(arrays)]
+    if all(d.kind in "biufc" for d in dtypes):
+        return np.result_type(*dtypes)
+    return np.dtype(functools.reduce(jnp.promote_types, dtypes))
+
+
+def wide(dtype: Any) -> contextlib.AbstractContextManager[Any]:
+    """JAX's 64-bit mode for as long as shardwise builds and runs a program in ``dtype``, when
+    that is a 64-bit type (float64, int64, uint64, complex128) that JAX would otherwise narrow.
+
+    >>> import numpy as np
+    >>> with wide("int64"):
+    ...     str(jnp.asarray(np.int64(2) ** 40).dtype)
+    'int64'
+    """
+    given = np.dtype(jnp.dtype(dtype))
+    if np.dtype(jax.dtypes.canonicalize_dtype(given)) == given:
+        return contextlib.nullcontext()
+    return jax.enable_x64(True)  # type: ignore[no-any-return]
 
 
 def auto_layout(
@@ -197,6 +247,7 @@ def einsum(
     out_spec: SpecLike | Literal["infer"] = "infer",
     mode: str = "auto",
     precision: Any = None,
+    check: bool | None = None,
 ) -> Any:
     """Compute an einsum sharded over a device mesh.
 
@@ -216,6 +267,15 @@ def einsum(
         mode: ``"auto"`` (``jax.jit``; XLA inserts collectives) or ``"manual"``
             (``shard_map`` with a local einsum and an explicit ``psum``).
         precision: passed to ``jnp.einsum``.
+        check: also compute the einsum with NumPy (in float64, or exactly for integers) and
+            raise :class:`~shardwise.MiscompileError` if the result is off by more than
+            rounding allows. It costs a NumPy einsum per call: meant for small inputs and
+            tests. ``None`` reads the environment variable ``SHARDWISE_CHECK`` (``1`` turns it
+            on). Whatever this says, every program is checked once, when it is built, for a
+            sum over a mesh axis that XLA left out.
+
+    The result has NumPy's dtype for these operands: int64 and float64 are computed in 64 bits
+    (in JAX's 64-bit mode, for shardwise's programs only).
 
     Returns:
         A ``jax.Array`` with the output sharding; given Dask arrays, a lazy Dask array whose
@@ -236,10 +296,34 @@ def einsum(
             )
         return dask_einsum(equation, *arrays, mesh=None if mesh == "auto" else mesh)
     jmesh = _jax_mesh(mesh)
-    plan, fn, targets = _program(
-        equation, arrays, jmesh, layout, in_specs, out_spec, mode, precision
-    )
-    return fn(*place(plan, jmesh, arrays, targets))
+    dtype = _dtype(arrays) if arrays else np.dtype("float32")
+    with wide(dtype):
+        plan, fn, targets = _program(
+            equation, arrays, jmesh, layout, in_specs, out_spec, mode, precision
+        )
+        if any(0 in shape for shape in plan.shapes):
+            # a sum over nothing is zeros, and an empty output is empty; JAX 0.10.2 cannot read
+            # back a sharded empty array that a program returns, so it is placed, not computed
+            zeros = np.zeros(plan.output_shape, plan.dtype)
+            result = put(zeros, named(jmesh, plan.out_spec))
+        else:
+            result = fn(*place(plan, jmesh, arrays, targets))
+    if check if check is not None else os.environ.get("SHARDWISE_CHECK", "") == "1":
+        _compare(plan, arrays, result)
+    return result
+
+
+def _compare(plan: Plan, arrays: Sequence[Any], result: jax.Array) -> None:
+    """Raise :class:`MiscompileError` unless ``result`` is NumPy's within rounding."""
+    found = check_einsum(plan.op, [np.asarray(a).astype(plan.dtype) for a in arrays], result)
+    if not found.ok:
+        raise MiscompileError(
+            f"{plan.op.equation!r} on mesh {plan.mesh.describe()} with operands laid out "
+            f"{', '.join(s.describe() for s in plan.in_specs)} ({plan.mode} mode) returned a "
+            f"result {found.max_abs_error:.3g} away from NumPy's, where rounding allows "
+            f"{found.tolerance:.3g}. Please report it with the equation, shapes and layouts; "
+            "mode='manual' computes it another way."
+        )
 
 
 def _program(
@@ -268,6 +352,10 @@ def _program(
             mode=mode,
         )
         cached = (plan, jitted(plan, jmesh, precision), shardings(plan, jmesh))
+        if not any(0 in shape for shape in plan.shapes):  # (an empty einsum is not run)
+            compiled = compile_plan(plan, jmesh, precision)
+            found = collectives(compiled.as_text() or "", plan.mesh.shape)
+            ensure_sound(plan, found, target_layout(plan, jmesh.devices.flat[0].platform))
         if key is not None and (not isinstance(layout, str) or layout != "auto"):
             if len(_PLANS) >= 512:
                 _PLANS.clear()
@@ -294,10 +382,10 @@ def explain_einsum(
     ((2000,), [{'kind': 'all-reduce', 'mesh_axes': ['y'], 'bytes': 8000}])
     """
     jmesh = _jax_mesh(mesh)
-    plan, why = _make_plan(
-        equation, shapes, _canonical(dtype), jmesh, layout, in_specs, out_spec, mode
-    )
-    expl = explain_compiled(plan, compile_plan(plan, jmesh), jmesh)
+    given = _canonical(dtype)
+    with wide(given):
+        plan, why = _make_plan(equation, shapes, given, jmesh, layout, in_specs, out_spec, mode)
+        expl = explain_compiled(plan, compile_plan(plan, jmesh), jmesh)
     return dataclasses.replace(expl, auto=why) if why else expl
 
 
@@ -506,7 +594,7 @@ def mean(x: Any, *, mesh: MeshLike = "auto") -> Any:
     letters = "abcdefghijklmnopqrstuvwxyz"[: x.ndim]
     jmesh = _jax_mesh(mesh)
     first = {letters[0]: MeshSpec.parse(jmesh).names} if x.ndim else {}
-    with jax.enable_x64(np.dtype(x.dtype) == np.float64):
+    with wide(_dtype([x])):
         plan, _, targets = _program(f"{letters}->", (x,), jmesh, first, None, "infer", "auto", None)
         # the sum and the division in one program: one dispatch on every device
         return divided(plan, jmesh, x.size)(*place(plan, jmesh, (x,), targets))

@@ -53,3 +53,8 @@ def did_you_mean(given: str, choices: Iterable[str]) -> str:
 
 class MissingExtraError(ShardwiseError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
+
+
+class MiscompileError(ShardwiseError, RuntimeError):
+    """The compiled program would return a wrong result (XLA dropped a sum it needs), or a
+    result failed its check against NumPy; shardwise returns nothing from it."""

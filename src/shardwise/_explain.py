@@ -17,16 +17,16 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from shardwise._cause import Cause, einsum_cause, generic_cause
+from shardwise._check import contraction_problems
 from shardwise._cost import predict
-from shardwise._errors import SpecError
 from shardwise._hlo import Collective, collectives
-from shardwise._lower import named
+from shardwise._lower import named, target_layout
 from shardwise._mesh import MeshSpec
 from shardwise._plan import ArrayInfo, Plan
 from shardwise._profile import BUILTIN
 from shardwise._resources import Compute, Memory, compute_of, memory_of
-from shardwise._spec import Spec, placements
-from shardwise._strategy import Strategy
+from shardwise._spec import Layout, Spec, placements
+from shardwise._strategy import Strategy, reduce_axes
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,9 @@ class Explanation:
         partial_axes: mesh axes over which ``local`` holds partial sums.
         device_ids: the JAX device id at each mesh position.
         auto: with ``layout="auto"``, which strategy the planner chose and why.
+        problems: why the compiled program would return a wrong result (a sum XLA left out,
+            see :func:`~shardwise._check.contraction_problems`); ``()`` when none is found.
+            shardwise refuses to run such a program.
     """
 
     equation: str | None
@@ -62,6 +65,7 @@ class Explanation:
     partial_axes: tuple[str, ...] = ()
     device_ids: tuple[int, ...] = field(default=())
     auto: str | None = None
+    problems: tuple[str, ...] = ()
 
     @property
     def output(self) -> ArrayInfo:
@@ -97,6 +101,7 @@ class Explanation:
             "memory": self.memory.to_json() if self.memory else None,
             "compute": self.compute.to_json() if self.compute else None,
             "device_ids": list(self.device_ids),
+            "problems": list(self.problems),
         }
         if self.auto is not None:
             data["auto"] = self.auto
@@ -162,15 +167,11 @@ def explain_compiled(plan: Plan, compiled: Any, mesh: Mesh | None = None) -> Exp
     text = compiled.as_text() or ""
     found = tuple(dataclasses.replace(c, source="") for c in collectives(text, plan.mesh.shape))
     out_shape = plan.output_shape
-    local = None
-    try:  # the textbook local result exists when the operands agree on one layout
-        produced = plan.layout.spec_for(plan.op.output)
-        local = ArrayInfo(
-            out_shape, plan.dtype, produced, produced.shard_shape(plan.mesh, out_shape)
-        )
-    except SpecError:
-        pass
     device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+    # each device's result before any collective, on the layout the operands are brought to
+    layout = target_layout(plan, device.platform)
+    produced = layout.spec_for(plan.op.output)
+    local = ArrayInfo(out_shape, plan.dtype, produced, produced.shard_shape(plan.mesh, out_shape))
     return Explanation(
         equation=plan.op.equation,
         mesh=plan.mesh,
@@ -181,10 +182,11 @@ def explain_compiled(plan: Plan, compiled: Any, mesh: Mesh | None = None) -> Exp
         causes=tuple(einsum_cause(plan, c) for c in found),
         memory=memory_of(compiled, device),
         # XLA counts a call into native code as -1 FLOPs and bytes: count the einsum instead
-        compute=_counted(plan) if NATIVE_CALL in text else compute_of(compiled),
+        compute=_counted(plan, layout) if NATIVE_CALL in text else compute_of(compiled),
         local=local,
-        partial_axes=plan.reduce_axes if local is not None else (),
+        partial_axes=tuple(a for a in reduce_axes(plan.op, layout, plan.mesh)),
         device_ids=_device_ids(mesh) if mesh is not None else tuple(range(plan.mesh.size)),
+        problems=contraction_problems(plan, found, layout),
     )
 
 
@@ -192,13 +194,10 @@ NATIVE_CALL = 'custom_call_target="shardwise_'
 """How a call into one of :mod:`shardwise._native`'s kernels reads in compiled HLO."""
 
 
-def _counted(plan: Plan) -> Compute | None:
+def _counted(plan: Plan, layout: Layout) -> Compute | None:
     """The local einsum's FLOPs and bytes as the cost model counts them: for a program that
     XLA cannot count (it calls a native kernel, see :mod:`shardwise._native`)."""
-    try:
-        strategy = Strategy(plan.layout, plan.out_spec)
-    except SpecError:
-        return None
+    strategy = Strategy(layout, plan.out_spec)
     p = predict(plan.op, plan.shapes, plan.dtype, plan.mesh, strategy, BUILTIN["cpu-2core"])
     return Compute(p.flops, float(p.bytes_accessed), 0.0, counted_by="einsum")
 

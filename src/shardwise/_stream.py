@@ -13,6 +13,7 @@ never a file that looks complete, and the same command resumes where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -243,10 +244,32 @@ def stream(
     Returns:
         What was done; a finished run repeated does nothing (``computed == 0``).
     """
+    with contextlib.ExitStack() as scope:
+        return _stream(
+            scope, equation, inputs, mesh, out, budget, chunk, checksum, layout, on_chunk
+        )
+
+
+def _stream(
+    scope: contextlib.ExitStack,
+    equation: str,
+    inputs: Sequence[Any],
+    mesh: Any,
+    out: str | os.PathLike[str],
+    budget: str | int,
+    chunk: int | str,
+    checksum: bool,
+    layout: Any,
+    on_chunk: Callable[[int, int, int], None] | None,
+) -> StreamResult:
+    """:func:`stream`, with ``scope`` to hold JAX's 64-bit mode for 64-bit inputs."""
     import jax
 
-    from shardwise._api import _jax_mesh, plan_einsum, shardings
+    from shardwise._api import _jax_mesh, _supported, plan_einsum, shardings, wide
+    from shardwise._check import ensure_sound
     from shardwise._explain import compile_plan
+    from shardwise._hlo import collectives
+    from shardwise._lower import target_layout
 
     op = Op.parse(equation)
     sources = [open_source(x, k) for k, x in enumerate(inputs)]
@@ -258,7 +281,8 @@ def stream(
             f"inputs of {op.equation!r} must share one dtype, but {names}; "
             "convert them to one dtype first."
         )
-    dtype = sources[0].dtype
+    dtype = _supported(sources[0].dtype, "the inputs")
+    scope.enter_context(wide(dtype))  # int64 and float64 are computed in 64 bits
     jmesh = _jax_mesh(mesh)
     spec = MeshSpec.parse(jmesh)
     limit = parse_bytes(budget)
@@ -418,6 +442,8 @@ def stream(
                 layout=chunk_layout,
             )
             fn = compile_plan(the_plan, jmesh)
+            found = collectives(fn.as_text() or "", the_plan.mesh.shape)
+            ensure_sound(the_plan, found, target_layout(the_plan, jmesh.devices.flat[0].platform))
             targets = shardings(the_plan, jmesh)
         writing = None
         flushes: list[Future[None]] = []

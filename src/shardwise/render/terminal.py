@@ -79,6 +79,8 @@ def summary(expl: Explanation) -> Any:
     parts: list[Any] = [arrays, comms]
     if expl.auto:
         parts.insert(0, Text(f"auto layout (the planner's best): {expl.auto}", style="bold"))
+    for problem in expl.problems:
+        parts.insert(0, Text(f"WRONG RESULT: {problem}", style="bold red"))
     lines = []
     if expl.memory is not None:
         m = expl.memory
