@@ -1,14 +1,20 @@
-"""Property test: equations × shapes × meshes × every valid layout × both modes, against NumPy."""
+"""Property tests against NumPy: every enumerated layout of a few equations, and random
+sharded einsums of every kind (see ``property_cases``; ``benchmarks/property_sweep.py`` runs
+thousands of the same cases)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import shardwise
 from helpers import assert_shards, tolerance
+from property_cases import Case, Raw, cases, run_case
 from shardwise import MeshSpec, Op
+from shardwise._hlo import KINDS
 from shardwise._mesh import build_mesh
 from shardwise._strategy import layouts
 
@@ -27,7 +33,7 @@ SIZES = [1, 2, 3, 4, 6, 8, 12]
 
 
 @st.composite
-def cases(draw):
+def enumerated(draw):
     op = Op.parse(draw(st.sampled_from(EQUATIONS)))
     sizes = {i: draw(st.sampled_from(SIZES), label=f"size of {i}") for i in op.indices}
     mesh = MeshSpec.parse(draw(st.sampled_from(MESHES)))
@@ -35,12 +41,12 @@ def cases(draw):
 
 
 @settings(
-    max_examples=60,
+    max_examples=30,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(cases())
+@given(enumerated())
 def test_every_layout_and_mode_matches_numpy(case):
     op, sizes, mesh_spec, dtype = case
     mesh = build_mesh(mesh_spec)
@@ -56,3 +62,42 @@ def test_every_layout_and_mode_matches_numpy(case):
             out = shardwise.einsum(op.equation, *arrays, mesh=mesh, layout=layout, mode=mode)
             assert out.dtype == dtype
             assert_shards(out, expected, mesh, plan_spec, **tolerance(dtype, terms))
+
+
+def _check_collectives(case: Case, expl: Any, raw: Raw | None) -> None:
+    """Every collective of shardwise's program (``expl``) and of plain ``jax.jit(jnp.einsum)``
+    with the same shardings (``raw``) was read: a known kind, axes of this mesh, a size. (The
+    comparisons between the programs are :func:`property_cases.run_case`'s.)"""
+    names = set(MeshSpec.parse(case.mesh).names)
+    found = [
+        *(expl.collectives if expl is not None else ()),
+        *(raw.collectives if raw is not None else ()),
+    ]
+    for c in found:
+        assert c.kind in KINDS, c
+        assert set(c.mesh_axes) <= names, c
+        assert c.bytes >= 0, c
+    assert raw is None or not raw.unparsed, raw.unparsed
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+)
+@given(cases())
+def test_random_einsums_match_numpy(case: Case) -> None:
+    """Any layout jax.jit accepts runs (manual mode refuses operands that disagree, saying
+    so), keeps the inputs' dtype, and equals NumPy within rounding; shardwise's program passes
+    the contraction check and a kernel adds no collective to the plain einsum's; a wrong raw
+    jit program is flagged by the check. See ``run_case`` for each check and
+    ``property_cases.PROBLEMS`` for what a failure class means."""
+    note(case.describe())
+    outcome = run_case(case)
+    _check_collectives(case, outcome.explanation, outcome.raw)
+    assert outcome.ok, outcome.report()
