@@ -81,7 +81,12 @@ def _canonical(dtype: Any) -> np.dtype[Any]:
 def _dtype(arrays: Sequence[Any]) -> np.dtype[Any]:
     """The dtype NumPy's einsum gives these operands (JAX's promotion where a type is JAX's
     own, such as bfloat16); 64-bit types are computed in 64 bits (:func:`wide`)."""
-    dtypes = [_supported(a.dtype, f"operand {k}") for k, a in enumerate(arrays)]
+    return _result_dtype(tuple(a.dtype for a in arrays))
+
+
+@functools.lru_cache(maxsize=64)
+def _result_dtype(given: tuple[Any, ...]) -> np.dtype[Any]:
+    dtypes = [_supported(d, f"operand {k}") for k, d in enumerate(given)]
     if all(d.kind in "biufc" for d in dtypes):
         return np.result_type(*dtypes)
     return np.dtype(functools.reduce(jnp.promote_types, dtypes))
@@ -96,10 +101,15 @@ def wide(dtype: Any) -> contextlib.AbstractContextManager[Any]:
     ...     str(jnp.asarray(np.int64(2) ** 40).dtype)
     'int64'
     """
-    given = np.dtype(jnp.dtype(dtype))
-    if np.dtype(jax.dtypes.canonicalize_dtype(given)) == given:
+    if not _narrowed(np.dtype(jnp.dtype(dtype)), bool(jax.config.read("jax_enable_x64"))):
         return contextlib.nullcontext()
     return jax.enable_x64(True)  # type: ignore[no-any-return]
+
+
+@functools.lru_cache(maxsize=64)
+def _narrowed(dtype: np.dtype[Any], x64: bool) -> bool:
+    """Whether JAX, with 64-bit mode ``x64``, would compute in a narrower type than ``dtype``."""
+    return bool(np.dtype(jax.dtypes.canonicalize_dtype(dtype)) != dtype)
 
 
 def auto_layout(
@@ -228,7 +238,7 @@ def _plan_key(
     try:
         key = (
             equation,
-            tuple((tuple(a.shape), str(a.dtype)) for a in arrays),
+            tuple((tuple(a.shape), a.dtype) for a in arrays),
             mesh,
             *(repr(o) for o in options),
         )
@@ -297,7 +307,7 @@ def einsum(
         return dask_einsum(equation, *arrays, mesh=None if mesh == "auto" else mesh)
     jmesh = _jax_mesh(mesh)
     dtype = _dtype(arrays) if arrays else np.dtype("float32")
-    with wide(dtype):
+    with wide(dtype) if dtype.itemsize >= 8 else contextlib.nullcontext():
         plan, fn, targets = _program(
             equation, arrays, jmesh, layout, in_specs, out_spec, mode, precision
         )

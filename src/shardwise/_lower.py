@@ -113,10 +113,7 @@ def lower(
     kernel = _auto_kernel(plan, mesh, target) if kernels and not explicit else "einsum"
     if kernel != "einsum" and plan.out_spec.canonical() == target.spec_for(op.output):
         return _shard_mapped(plan, mesh, precision, target, kernel)
-    moves = tuple(
-        None if spec.canonical() == target.spec_for(term) else named(mesh, target.spec_for(term))
-        for term, spec in zip(op.inputs, plan.in_specs, strict=True)
-    )
+    moves = _moves(plan, mesh, target)
     explicit_out = out_sharding if explicit else None
 
     def sharded_einsum(*xs: jax.Array) -> jax.Array:
@@ -189,4 +186,23 @@ def _shard_mapped(
         out_specs=local_out,
         check_vma=summed == axes,
     )
-    return jax.jit(mapped, in_shardings=in_shardings, out_shardings=out_sharding)
+    # operands not yet on ``layout`` are moved inside the program, as for jnp.einsum
+    moves = _moves(plan, mesh, layout)
+    explicit = is_explicit(mesh)
+
+    def program(*xs: jax.Array) -> jax.Array:
+        xs = tuple(
+            x if m is None else _reshard(x, m, explicit) for x, m in zip(xs, moves, strict=True)
+        )
+        return mapped(*xs)
+
+    return jax.jit(program, in_shardings=in_shardings, out_shardings=out_sharding)
+
+
+def _moves(plan: Plan, mesh: Mesh, layout: Layout) -> tuple[NamedSharding | None, ...]:
+    """For each operand, the sharding it must be moved to for ``layout``; ``None`` if it is
+    there already."""
+    return tuple(
+        None if spec.canonical() == layout.spec_for(term) else named(mesh, layout.spec_for(term))
+        for term, spec in zip(plan.op.inputs, plan.in_specs, strict=True)
+    )
