@@ -36,6 +36,7 @@ def _clear_caches():
     _lower.target_layout.cache_clear()
     _explain.compile_plan.cache_clear()
     _api._PLANS.clear()
+    _api._ensure_sound.cache_clear()
 
 
 @pytest.mark.xfail(
@@ -208,3 +209,38 @@ def test_streaming_keeps_64_bit_inputs_in_64_bits(tmp_path, dtype):
     out = np.load(tmp_path / "o.npy")
     assert out.dtype == a.dtype
     np.testing.assert_allclose(out, np.einsum("nd,nd->n", a, a), rtol=1e-15)
+
+
+def test_booleans_summed_across_devices_stay_booleans():
+    a = np.random.default_rng(0).random((8, 128)) > 0.7
+    for equation, specs, mode in [
+        ("ij->i", ["-,x"], "auto"),
+        ("ij->", ["x,y"], "auto"),
+        ("ij,jk->ik", ["-,x", "x"], "manual"),
+    ]:
+        arrays = [a] if "," not in equation.split("->")[0] else [a, a.T.copy()]
+        out = shardwise.einsum(equation, *arrays, mesh=MESH, in_specs=specs, mode=mode)
+        assert out.dtype == np.bool_, equation
+        want = np.einsum(equation, *(x.astype(np.int64) for x in arrays)) != 0
+        np.testing.assert_array_equal(np.asarray(out), want)
+
+
+def test_the_numpy_check_steps_aside_under_jit(monkeypatch):
+    monkeypatch.setenv("SHARDWISE_CHECK", "1")
+    a = np.arange(16.0, dtype=np.float32).reshape(8, 2)
+    fn = jax.jit(lambda x: shardwise.einsum("ij,ij->i", x, x, mesh="x=8", in_specs=["x", "x"]))
+    np.testing.assert_allclose(np.asarray(fn(a)), (a * a).sum(1))
+
+
+def test_a_collective_whose_groups_cannot_be_read_is_not_called_missing():
+    plan = Plan.make("ij,jk->ik", [(8, 8)] * 2, mesh="x=2", in_specs=["-,x", "x"])
+    unread = shardwise.Collective("all-reduce", (), 256, (), "ar")
+    assert contraction_problems(plan, [unread]) == ()
+    assert contraction_problems(plan, []) != ()
+
+
+def test_dask_blocks_of_int64_are_computed_in_64_bits():
+    da = pytest.importorskip("dask.array")
+    a = np.full((8, 2), 2**20, np.int64)
+    out = shardwise.einsum("nd,nd->n", da.from_array(a, chunks=(4, 2)), da.from_array(a)).compute()
+    np.testing.assert_array_equal(out, np.einsum("nd,nd->n", a, a))

@@ -70,7 +70,10 @@ split away (all-gather, all-to-all)."""
 
 
 def contraction_problems(
-    plan: Plan, found: Sequence[Collective], layout: Layout | None = None
+    plan: Plan,
+    found: Sequence[Collective],
+    layout: Layout | None = None,
+    platform: str = "cpu",
 ) -> tuple[str, ...]:
     """What is wrong with a compiled einsum program, from its collectives.
 
@@ -83,8 +86,12 @@ def contraction_problems(
       away (all-reduce, reduce-scatter, all-gather, all-to-all): a collective-permute only
       moves blocks.
 
-    ``()`` when nothing is wrong. They find the miscompile of JAX 0.10.2's partitioner on
-    operands that disagree on how a contracted index is split (openxla/xla#40034 is related).
+    A collective whose device groups could not be read counts as spanning every axis, and off
+    CPU the second rule accepts any collective (XLA's windowed einsum on TPU sums a
+    contraction with a loop of collective-permutes): the check never refuses a program it
+    cannot read. ``()`` when nothing is wrong. They find the miscompile of JAX 0.10.2's
+    partitioner on operands that disagree on how a contracted index is split
+    (openxla/xla#40034 is related).
 
     >>> from shardwise._hlo import collectives
     >>> plan = Plan.make("ij,jk->ik", [(8, 8)] * 2, mesh="x=2", in_specs=["-,x", "x"])
@@ -105,7 +112,9 @@ def contraction_problems(
     for axis in plan.mesh.names:
         if plan.mesh.shape[axis] == 1:
             continue
-        over = {c.kind for c in found if axis in c.mesh_axes}
+        over = {c.kind for c in found if axis in c.mesh_axes or not c.groups}
+        if platform != "cpu" and over:
+            continue
         for k, (term, spec) in enumerate(arrays):
             where = [
                 i
@@ -125,9 +134,11 @@ def contraction_problems(
     return tuple(problems)
 
 
-def ensure_sound(plan: Plan, found: Sequence[Collective], layout: Layout | None = None) -> None:
+def ensure_sound(
+    plan: Plan, found: Sequence[Collective], layout: Layout | None = None, platform: str = "cpu"
+) -> None:
     """Raise :class:`MiscompileError` when :func:`contraction_problems` finds anything."""
-    problems = contraction_problems(plan, found, layout)
+    problems = contraction_problems(plan, found, layout, platform)
     if problems:
         given = ", ".join(s.describe() for s in plan.in_specs)
         raise MiscompileError(

@@ -69,10 +69,11 @@ def _next_device(mesh: Any) -> Any:
 
 
 def _precision(blocks: tuple[np.ndarray, ...]) -> Any:
-    """JAX's x64 mode, on while float64 blocks are computed (in float64, as Dask would)."""
+    """JAX's x64 mode, on while 64-bit blocks (float64, int64, …) are computed, so they are
+    computed in 64 bits as Dask would."""
     import jax
 
-    return jax.enable_x64(any(np.dtype(b.dtype) == np.float64 for b in blocks))
+    return jax.enable_x64(any(np.dtype(b.dtype).itemsize >= 8 for b in blocks))
 
 
 @functools.lru_cache(maxsize=64)

@@ -186,7 +186,7 @@ def explain_compiled(plan: Plan, compiled: Any, mesh: Mesh | None = None) -> Exp
         local=local,
         partial_axes=tuple(a for a in reduce_axes(plan.op, layout, plan.mesh)),
         device_ids=_device_ids(mesh) if mesh is not None else tuple(range(plan.mesh.size)),
-        problems=contraction_problems(plan, found, layout),
+        problems=contraction_problems(plan, found, layout, device.platform),
     )
 
 

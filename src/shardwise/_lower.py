@@ -177,7 +177,13 @@ def _shard_mapped(
 
     def per_device(*blocks: jax.Array) -> jax.Array:
         partial = local_einsum(op, local, *blocks, precision=precision)
-        return jax.lax.psum(partial, summed) if summed else partial
+        if not summed:
+            return partial
+        if partial.dtype == jnp.bool_:  # psum counts booleans; an einsum's sum of them is "any"
+            counts: jax.Array = jax.lax.psum(partial.astype(jnp.int32), summed)
+            return counts != 0
+        total: jax.Array = jax.lax.psum(partial, summed)
+        return total
 
     mapped = jax.shard_map(
         per_device,

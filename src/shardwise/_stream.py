@@ -443,7 +443,8 @@ def _stream(
             )
             fn = compile_plan(the_plan, jmesh)
             found = collectives(fn.as_text() or "", the_plan.mesh.shape)
-            ensure_sound(the_plan, found, target_layout(the_plan, jmesh.devices.flat[0].platform))
+            platform = jmesh.devices.flat[0].platform
+            ensure_sound(the_plan, found, target_layout(the_plan, platform), platform)
             targets = shardings(the_plan, jmesh)
         writing = None
         flushes: list[Future[None]] = []
