@@ -36,7 +36,7 @@ def _clear_caches():
     _lower.target_layout.cache_clear()
     _explain.compile_plan.cache_clear()
     _api._PLANS.clear()
-    _api._ensure_sound.cache_clear()
+    _explain.compile_sound.cache_clear()
 
 
 @pytest.mark.xfail(

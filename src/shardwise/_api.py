@@ -16,14 +16,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from shardwise._check import check_einsum, ensure_sound
+from shardwise._check import check_einsum
 from shardwise._dask import dask_einsum, dask_mean, is_dask
 from shardwise._distributed import put
 from shardwise._errors import ArgumentError, MiscompileError, SpecError
-from shardwise._explain import Explanation, compile_plan, explain_compiled, explain_function
-from shardwise._hlo import collectives
+from shardwise._explain import (
+    Explanation,
+    compile_plan,
+    compile_sound,
+    explain_compiled,
+    explain_function,
+)
 from shardwise._hostmem import keep_freed_memory_warm
-from shardwise._lower import divided, is_explicit, jitted, named, target_layout
+from shardwise._lower import divided, is_explicit, jitted, named
 from shardwise._mesh import MeshSpec
 from shardwise._mesh import mesh as make_mesh
 from shardwise._op import Op
@@ -73,11 +78,6 @@ def _kind(dtype: np.dtype[Any]) -> str:
     }.get(dtype.kind, "not a number")
 
 
-def _canonical(dtype: Any) -> np.dtype[Any]:
-    """``dtype``, checked (:func:`_supported`); 64-bit types stay 64-bit (see :func:`wide`)."""
-    return _supported(dtype)
-
-
 def _dtype(arrays: Sequence[Any]) -> np.dtype[Any]:
     """The dtype NumPy's einsum gives these operands (JAX's promotion where a type is JAX's
     own, such as bfloat16); 64-bit types are computed in 64 bits (:func:`wide`)."""
@@ -101,7 +101,8 @@ def wide(dtype: Any) -> contextlib.AbstractContextManager[Any]:
     ...     str(jnp.asarray(np.int64(2) ** 40).dtype)
     'int64'
     """
-    if not _narrowed(np.dtype(jnp.dtype(dtype)), bool(jax.config.read("jax_enable_x64"))):
+    given = dtype if isinstance(dtype, np.dtype) else np.dtype(jnp.dtype(dtype))
+    if given.itemsize < 8 or not _narrowed(given, bool(jax.config.read("jax_enable_x64"))):
         return contextlib.nullcontext()
     return jax.enable_x64(True)  # type: ignore[no-any-return]
 
@@ -307,7 +308,7 @@ def einsum(
         return dask_einsum(equation, *arrays, mesh=None if mesh == "auto" else mesh)
     jmesh = _jax_mesh(mesh)
     dtype = _dtype(arrays) if arrays else np.dtype("float32")
-    with wide(dtype) if dtype.itemsize >= 8 else contextlib.nullcontext():
+    with wide(dtype):
         plan, fn, targets = _program(
             equation, arrays, jmesh, layout, in_specs, out_spec, mode, precision
         )
@@ -364,22 +365,12 @@ def _program(
         )
         cached = (plan, jitted(plan, jmesh, precision), shardings(plan, jmesh))
         if not any(0 in shape for shape in plan.shapes):  # (an empty einsum is not run)
-            _ensure_sound(plan, jmesh, precision)
+            compile_sound(plan, jmesh, precision)
         if key is not None and (not isinstance(layout, str) or layout != "auto"):
             if len(_PLANS) >= 512:
                 _PLANS.clear()
             _PLANS[key] = cached
     return cached
-
-
-@functools.lru_cache(maxsize=256)
-def _ensure_sound(plan: Plan, jmesh: Mesh, precision: Any) -> None:
-    """Compile ``plan`` and raise :class:`MiscompileError` if the program leaves out a sum
-    (see :func:`~shardwise._check.contraction_problems`); once per program."""
-    compiled = compile_plan(plan, jmesh, precision)
-    found = collectives(compiled.as_text() or "", plan.mesh.shape)
-    platform = jmesh.devices.flat[0].platform
-    ensure_sound(plan, found, target_layout(plan, platform), platform)
 
 
 def explain_einsum(
@@ -401,7 +392,7 @@ def explain_einsum(
     ((2000,), [{'kind': 'all-reduce', 'mesh_axes': ['y'], 'bytes': 8000}])
     """
     jmesh = _jax_mesh(mesh)
-    given = _canonical(dtype)
+    given = _supported(dtype)
     with wide(given):
         plan, why = _make_plan(equation, shapes, given, jmesh, layout, in_specs, out_spec, mode)
         expl = explain_compiled(plan, compile_plan(plan, jmesh), jmesh)

@@ -31,7 +31,7 @@ import opt_einsum  # type: ignore[import-untyped]  # (a dependency of JAX, untyp
 from shardwise._mesh import MeshSpec
 from shardwise._op import Op
 from shardwise._profile import Profile
-from shardwise._spec import Entry
+from shardwise._spec import Entry, Layout
 from shardwise._strategy import Strategy, reduce_axes
 
 Step = tuple[tuple[int, ...], tuple[str, ...], str]
@@ -122,14 +122,9 @@ def ring_seconds(
     return total
 
 
-def local_sizes(
-    op: Op, sizes: Mapping[str, int], strategy: Strategy, mesh: MeshSpec
-) -> dict[str, int]:
-    """Each index's size on one device."""
-    return {
-        i: n // math.prod(mesh.shape[a] for a in strategy.layout.axes_of(i))
-        for i, n in sizes.items()
-    }
+def local_sizes(sizes: Mapping[str, int], layout: Layout, mesh: MeshSpec) -> dict[str, int]:
+    """Each index's size on one device under ``layout``."""
+    return {i: n // math.prod(mesh.shape[a] for a in layout.axes_of(i)) for i, n in sizes.items()}
 
 
 @functools.lru_cache(maxsize=512)
@@ -320,7 +315,7 @@ def predict(
     """
     sizes = op.sizes(shapes)
     width = jnp.dtype(dtype).itemsize
-    local = local_sizes(op, sizes, strategy, mesh)
+    local = local_sizes(sizes, strategy.layout, mesh)
     operand_bytes = sum(math.prod(local[i] for i in t) * width for t in op.inputs)
     partial_bytes = math.prod(local[i] for i in op.output) * width
     out_local = {

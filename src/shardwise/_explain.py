@@ -17,7 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from shardwise._cause import Cause, einsum_cause, generic_cause
-from shardwise._check import contraction_problems
+from shardwise._check import contraction_problems, ensure_sound
 from shardwise._cost import predict
 from shardwise._hlo import Collective, collectives
 from shardwise._lower import named, target_layout
@@ -157,6 +157,18 @@ def compile_plan(plan: Plan, mesh: Mesh, precision: Any = None) -> jax.stages.Co
     return fn.lower(*args).compile()  # type: ignore[attr-defined,no-any-return]
 
 
+@functools.lru_cache(maxsize=256)
+def compile_sound(plan: Plan, mesh: Mesh, precision: Any = None) -> jax.stages.Compiled:
+    """:func:`compile_plan`, then raise :class:`~shardwise.MiscompileError` if the program
+    leaves out a sum (:func:`~shardwise._check.contraction_problems`); checked once per
+    program, as every program shardwise runs is."""
+    compiled = compile_plan(plan, mesh, precision)
+    platform = mesh.devices.flat[0].platform
+    found = collectives(compiled.as_text() or "", plan.mesh.shape)
+    ensure_sound(plan, found, target_layout(plan, platform), platform)
+    return compiled
+
+
 def _device_ids(mesh: Mesh) -> tuple[int, ...]:
     return tuple(int(d.id) for d in mesh.devices.flat)
 
@@ -184,7 +196,7 @@ def explain_compiled(plan: Plan, compiled: Any, mesh: Mesh | None = None) -> Exp
         # XLA counts a call into native code as -1 FLOPs and bytes: count the einsum instead
         compute=_counted(plan, layout) if NATIVE_CALL in text else compute_of(compiled),
         local=local,
-        partial_axes=tuple(a for a in reduce_axes(plan.op, layout, plan.mesh)),
+        partial_axes=reduce_axes(plan.op, layout, plan.mesh),
         device_ids=_device_ids(mesh) if mesh is not None else tuple(range(plan.mesh.size)),
         problems=contraction_problems(plan, found, layout, device.platform),
     )

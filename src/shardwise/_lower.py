@@ -19,7 +19,6 @@ and left to partition an unrolled kernel it may gather every slice separately; i
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 
+from shardwise._cost import local_sizes
 from shardwise._kernels import Kernel, choose_kernel, local_einsum, native_kernel
 from shardwise._plan import Plan
 from shardwise._profile import default_profile
@@ -107,20 +107,23 @@ def lower(
     in_shardings = tuple(named(mesh, s) for s in plan.in_specs)
     out_sharding = named(mesh, plan.out_spec)
     if plan.mode == "manual":
-        return _shard_mapped(plan, mesh, precision, plan.layout, kernels)
+        layout = plan.layout
+        kernel: Kernel = (
+            native_kernel(op, _local_sizes(plan, layout), on_cpu(mesh), local_devices(mesh))
+            if kernels
+            else "einsum"
+        )
+        return _shard_mapped(plan, mesh, precision, layout, kernel)
     target = target_layout(plan, mesh.devices.flat[0].platform)
     explicit = is_explicit(mesh)
     kernel = _auto_kernel(plan, mesh, target) if kernels and not explicit else "einsum"
     if kernel != "einsum" and plan.out_spec.canonical() == target.spec_for(op.output):
         return _shard_mapped(plan, mesh, precision, target, kernel)
-    moves = _moves(plan, mesh, target)
+    move = _mover(plan, mesh, target)
     explicit_out = out_sharding if explicit else None
 
     def sharded_einsum(*xs: jax.Array) -> jax.Array:
-        xs = tuple(
-            x if m is None else _reshard(x, m, explicit) for x, m in zip(xs, moves, strict=True)
-        )
-        return jnp.einsum(op.equation, *xs, precision=precision, out_sharding=explicit_out)
+        return jnp.einsum(op.equation, *move(xs), precision=precision, out_sharding=explicit_out)
 
     return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
 
@@ -148,20 +151,35 @@ def _reshard(x: jax.Array, sharding: NamedSharding, explicit: bool) -> jax.Array
     return jax.lax.with_sharding_constraint(x, sharding)  # type: ignore[no-any-return]
 
 
+def _mover(
+    plan: Plan, mesh: Mesh, layout: Layout
+) -> Callable[[tuple[jax.Array, ...]], tuple[jax.Array, ...]]:
+    """Inside a jitted program: the operands, each moved to its spec under ``layout`` where it
+    is not laid out so already."""
+    moves = tuple(
+        None if spec.canonical() == layout.spec_for(term) else named(mesh, layout.spec_for(term))
+        for term, spec in zip(plan.op.inputs, plan.in_specs, strict=True)
+    )
+    explicit = is_explicit(mesh)
+
+    def move(xs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        return tuple(
+            x if m is None else _reshard(x, m, explicit) for x, m in zip(xs, moves, strict=True)
+        )
+
+    return move
+
+
 def _local_sizes(plan: Plan, layout: Layout) -> dict[str, int]:
     """Each index's size in one device's block under ``layout``."""
-    sizes = plan.op.sizes(plan.shapes)
-    return {
-        i: n // math.prod(plan.mesh.shape[a] for a in layout.axes_of(i)) for i, n in sizes.items()
-    }
+    return local_sizes(plan.op.sizes(plan.shapes), layout, plan.mesh)
 
 
 def _shard_mapped(
-    plan: Plan, mesh: Mesh, precision: Any, layout: Layout, kernel: Kernel | bool = True
+    plan: Plan, mesh: Mesh, precision: Any, layout: Layout, kernel: Kernel
 ) -> Callable[..., jax.Array]:
-    """``jax.shard_map`` of the local einsum on each device's block under ``layout``, then
-    ``psum`` over the mesh axes that split a contracted index. ``kernel`` is the local step,
-    or ``True`` to choose it by the block's sizes, ``False`` for ``jnp.einsum``."""
+    """``jax.shard_map`` of the local step ``kernel`` on each device's block under ``layout``,
+    then ``psum`` over the mesh axes that split a contracted index."""
     op = plan.op
     in_shardings = tuple(named(mesh, s) for s in plan.in_specs)
     out_sharding = named(mesh, plan.out_spec)
@@ -171,12 +189,9 @@ def _shard_mapped(
     # without it shard_map cannot prove the result whole along that axis, so it is told
     axes = reduce_axes(op, layout, plan.mesh)
     summed = tuple(a for a in axes if plan.mesh.shape[a] > 1)
-    if kernel is True:
-        kernel = native_kernel(op, _local_sizes(plan, layout), on_cpu(mesh), local_devices(mesh))
-    local: Kernel = kernel or "einsum"
 
     def per_device(*blocks: jax.Array) -> jax.Array:
-        partial = local_einsum(op, local, *blocks, precision=precision)
+        partial = local_einsum(op, kernel, *blocks, precision=precision)
         if not summed:
             return partial
         if partial.dtype == jnp.bool_:  # psum counts booleans; an einsum's sum of them is "any"
@@ -192,23 +207,9 @@ def _shard_mapped(
         out_specs=local_out,
         check_vma=summed == axes,
     )
-    # operands not yet on ``layout`` are moved inside the program, as for jnp.einsum
-    moves = _moves(plan, mesh, layout)
-    explicit = is_explicit(mesh)
+    move = _mover(plan, mesh, layout)  # as for jnp.einsum, operands are moved in the program
 
     def program(*xs: jax.Array) -> jax.Array:
-        xs = tuple(
-            x if m is None else _reshard(x, m, explicit) for x, m in zip(xs, moves, strict=True)
-        )
-        return mapped(*xs)
+        return mapped(*move(xs))
 
     return jax.jit(program, in_shardings=in_shardings, out_shardings=out_sharding)
-
-
-def _moves(plan: Plan, mesh: Mesh, layout: Layout) -> tuple[NamedSharding | None, ...]:
-    """For each operand, the sharding it must be moved to for ``layout``; ``None`` if it is
-    there already."""
-    return tuple(
-        None if spec.canonical() == layout.spec_for(term) else named(mesh, layout.spec_for(term))
-        for term, spec in zip(plan.op.inputs, plan.in_specs, strict=True)
-    )

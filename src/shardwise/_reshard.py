@@ -33,6 +33,7 @@ from shardwise._cost import PredictedCollective, predict, ring_seconds
 from shardwise._errors import SpecError
 from shardwise._mesh import MeshSpec
 from shardwise._op import Op
+from shardwise._plan import layout_from_specs
 from shardwise._profile import Profile
 from shardwise._spec import Entry, Layout, Spec
 from shardwise._strategy import Strategy, output_choices
@@ -129,13 +130,8 @@ def common_layout(op: Op, in_specs: Sequence[Spec]) -> Layout | None:
     >>> common_layout(op, [Spec.parse("-,x"), Spec.parse(None)]) is None
     True
     """
-    found: dict[str, Entry] = {}
-    for term, spec in zip(op.inputs, in_specs, strict=True):
-        for index, entry in zip(term, spec.padded(len(term)), strict=True):
-            if found.setdefault(index, entry) != entry:
-                return None
     try:
-        return Layout(tuple(sorted((i, e) for i, e in found.items() if e)))
+        return layout_from_specs(op, in_specs)  # manual mode's rule, without its errors
     except SpecError:
         return None
 
