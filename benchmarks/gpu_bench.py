@@ -32,8 +32,8 @@ def main() -> None:
 
     import shardwise
     from shardwise._api import place, plan_einsum
-    from shardwise._lower import divided, jitted
-    from shardwise.bench.timing import median_seconds
+    from shardwise._xla.lower import divided, jitted
+    from shardwise._runtime.timing import median_seconds
 
     devices = jax.devices()
     mesh = shardwise.mesh(f"devices={len(devices)}")

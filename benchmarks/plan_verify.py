@@ -32,9 +32,9 @@ def main() -> None:
     shardwise.use_cpu_devices(8)
     import jax
 
-    from shardwise._mesh import MeshSpec, build_mesh
-    from shardwise._planner import rank, spearman, verify
-    from shardwise._profile import default_profile
+    from shardwise._model.mesh import MeshSpec, build_mesh
+    from shardwise._planner.einsum import rank, spearman, verify
+    from shardwise._model.profile import default_profile
 
     results = []
     pooled_p: list[float] = []

@@ -16,9 +16,9 @@ import time
 import numpy as np
 
 import shardwise
-from shardwise._distributed import process_index, to_host
-from shardwise._op import Op
-from shardwise._strategy import layouts
+from shardwise._model.op import Op
+from shardwise._model.strategy import layouts
+from shardwise._runtime.distributed import process_index, to_host
 
 CASES = [
     ("nd,nd->n", [(16, 6)] * 2, "devices=8"),

@@ -542,7 +542,7 @@ def manual_refusal(case: Case) -> str | None:
     """Why manual mode must refuse ``case`` (``None``: it must not).
 
     ``"disagree"``: two operands split one index differently (replicated ``()`` against split
-    counts), the rule of ``layout_from_specs`` in ``shardwise._plan``. ``"axis-reuse"``: the
+    counts), the rule of ``layout_from_specs`` in ``shardwise._model.plan``. ``"axis-reuse"``: the
     operands agree index by index, but their one layout gives a mesh axis to two indices.
     """
     if case.mode != "manual" or case.in_specs is None:
@@ -626,7 +626,7 @@ def _eps(dtype: np.dtype[Any]) -> float:
 def compare(ref: Reference, result: Any) -> tuple[bool, float, float]:
     """``(ok, max error, tolerance)`` of ``result`` against ``ref``.
 
-    Integers must be exact. Floats: the bound of ``shardwise._check.check_einsum``,
+    Integers must be exact. Floats: the bound of ``shardwise._xla.check.check_einsum``,
     ``(K + 2) * eps * einsum(|a|, ...)`` elementwise, widened by the operand count (each
     product of n operands, and each pairwise step of a many-operand einsum, rounds once
     more); ``eps`` is the result dtype's machine epsilon (bfloat16: 2**-7), so a result
@@ -686,7 +686,7 @@ class Raw:
     collectives: tuple[Any, ...] = ()
     dtype: str = ""
     unparsed: tuple[str, ...] = ()
-    """Collective lines of the compiled HLO that ``shardwise._hlo.collectives`` missed."""
+    """Collective lines of the compiled HLO that ``shardwise._xla.hlo.collectives`` missed."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -769,7 +769,7 @@ _MESHES: dict[str, Any] = {}
 def jax_mesh(text: str) -> Any:
     """The JAX mesh of ``text``, built once."""
     if text not in _MESHES:
-        from shardwise._mesh import MeshSpec, build_mesh
+        from shardwise._model.mesh import MeshSpec, build_mesh
 
         _MESHES[text] = build_mesh(MeshSpec.parse(text))
     return _MESHES[text]
@@ -793,7 +793,7 @@ def _run_raw(case: Case, arrays: Sequence[Any], ref: Reference, out_spec: Any) -
     from jax.sharding import NamedSharding
 
     from shardwise import Spec
-    from shardwise._hlo import collectives
+    from shardwise._xla.hlo import collectives
 
     assert case.in_specs is not None
     mesh = jax_mesh(case.mesh)
@@ -841,7 +841,7 @@ _COLLECTIVE_LINE = re.compile(
     r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*?\s(?:all-reduce|all-gather|reduce-scatter|all-to-all|"
     r"collective-permute|collective-broadcast|ragged-all-to-all)(?:-start)?\("
 )
-"""An HLO instruction line of any collective (those :mod:`shardwise._hlo` reads, and more)."""
+"""An HLO instruction line of any collective (those :mod:`shardwise._xla.hlo` reads, and more)."""
 
 
 def run_case(case: Case, *, compare_raw: bool = True) -> Outcome:
@@ -850,7 +850,7 @@ def run_case(case: Case, *, compare_raw: bool = True) -> Outcome:
     from jax.sharding import NamedSharding
 
     import shardwise
-    from shardwise._hlo import KINDS
+    from shardwise._xla.hlo import KINDS
 
     arrays = arrays_of(case)
     ref = reference(case, arrays)
@@ -961,11 +961,11 @@ def _check_programs(
     import jax
     from jax.sharding import NamedSharding
 
-    from shardwise._check import contraction_problems
-    from shardwise._hlo import collectives
-    from shardwise._lower import _auto_kernel, lower, target_layout
-    from shardwise._plan import Plan
-    from shardwise._reshard import common_layout
+    from shardwise._model.plan import Plan
+    from shardwise._model.reshard import common_layout
+    from shardwise._xla.check import contraction_problems
+    from shardwise._xla.hlo import collectives
+    from shardwise._xla.lower import _auto_kernel, lower, target_layout
 
     if expl.problems:
         problem("unsound", expl.problems[0])

@@ -28,7 +28,7 @@ def main() -> None:
             time.sleep(random.uniform(0.0, 0.03))
 
     if slow:  # a slow disk too: kills then land mid-write and between writes and flushes
-        from shardwise._sources import Sink
+        from shardwise._data.sources import Sink
 
         write = Sink.write
 
@@ -42,7 +42,7 @@ def main() -> None:
         equation, *inputs, mesh="devices=8", out=out, budget=budget, on_chunk=on_chunk
     )
     if rss:
-        from shardwise._stream import peak_rss
+        from shardwise._data.stream import peak_rss
 
         print(json.dumps({"peak_rss": peak_rss(), **result.to_json()}))
 

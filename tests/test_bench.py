@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from shardwise._runtime.timing import alternate, paired_ratio
 from shardwise.bench import run_bench
 from shardwise.bench.run import correct
-from shardwise.bench.timing import alternate, paired_ratio
 from shardwise.bench.workloads import PEERS, installed
 from shardwise.cli import app
 
@@ -80,7 +80,7 @@ def test_alternate_runs_every_runner():
 
 
 def test_alternate_starts_every_timed_call_on_a_quiet_machine(monkeypatch):
-    from shardwise.bench import timing
+    from shardwise._runtime import timing
 
     events = []
     monkeypatch.setattr(timing.time, "sleep", lambda s: events.append(("idle", s)))
@@ -103,7 +103,7 @@ def test_paired_ratio_compares_runs_pair_by_pair(monkeypatch):
 
         return run
 
-    monkeypatch.setattr("shardwise.bench.timing.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("shardwise._runtime.timing.time.perf_counter", lambda: now[0])
     ratio = paired_ratio(tick(3.0), tick(2.0), pairs=9)
     assert ratio == pytest.approx(1.5, rel=0.01)
     assert len(calls) == 2 + 2 * 9  # one warm-up each, then the pairs

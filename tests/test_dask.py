@@ -44,7 +44,7 @@ def test_mean_is_one_program_with_the_sum_and_the_division():
     import jax
 
     from shardwise._api import place, plan_einsum
-    from shardwise._lower import divided
+    from shardwise._xla.lower import divided
 
     x = np.random.default_rng(3).random((64, 15)).astype(np.float32)
     plan, jm = plan_einsum("ij->", x, mesh="devices=8", layout="i=devices")
@@ -80,7 +80,7 @@ def test_blocks_run_on_distributed_workers():
     ):
         x = np.random.default_rng(2).random((400, 300))
         d = da.from_array(x, chunks=(100, 100))
-        from shardwise._dask import _local_mesh
+        from shardwise._data.dask import _local_mesh
 
         _local_mesh.cache_clear()
         got = shardwise.einsum("ij,jk->ik", d, d.T).compute()
@@ -92,7 +92,7 @@ def test_blocks_run_on_distributed_workers():
         devices = client.run(lambda: __import__("jax").device_count())
         assert set(devices.values()) == {2}
         # with a cluster, a mean is not grouped (that would move blocks between workers)
-        from shardwise._dask import _client_active, _grouped_sum
+        from shardwise._data.dask import _client_active, _grouped_sum
 
         assert _client_active()
         assert _grouped_sum(d, None, d.dtype) is None
@@ -101,7 +101,7 @@ def test_blocks_run_on_distributed_workers():
 
 @pytest.mark.parametrize("split", [True, False])
 def test_large_blocks_split_over_the_mesh_small_ones_run_whole(monkeypatch, split):
-    from shardwise import _dask
+    from shardwise._data import dask as _dask
 
     if split:  # every block counts as large: sharded over the whole mesh
         monkeypatch.setattr(_dask, "SPLIT_MIN_BYTES", 0)
@@ -122,7 +122,7 @@ def test_large_blocks_split_over_the_mesh_small_ones_run_whole(monkeypatch, spli
 def test_sums_in_place_at_any_alignment(dtype, offset):
     import jax
 
-    from shardwise._dask import _sum_in_place
+    from shardwise._data.dask import _sum_in_place
 
     raw = np.arange(1, 2000, dtype=dtype)
     block = raw[offset : offset + 1500]  # starts 0..8 elements past an allocation's start
@@ -135,7 +135,7 @@ def test_sums_in_place_at_any_alignment(dtype, offset):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("chunks", [(10, 15), (7, 9), (40, 30)])
 def test_full_sums_run_as_groups_of_blocks(monkeypatch, dtype, chunks):
-    from shardwise import _dask
+    from shardwise._data import dask as _dask
 
     groups = []
     real = _dask._sum_group

@@ -10,7 +10,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardwise
-from shardwise._hlo import collectives, parse_groups
+from shardwise._xla.hlo import collectives, parse_groups
 
 XY = {"x": 2, "y": 4}
 

@@ -9,7 +9,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardwise
-from shardwise._hostmem import HUGE_PAGE, MIN_HUGE_BYTES, aligned_empty, put_cpu
+from shardwise._runtime.hostmem import HUGE_PAGE, MIN_HUGE_BYTES, aligned_empty, put_cpu
 
 
 @pytest.mark.parametrize("spec", [P("devices"), P(None, "devices"), P()])
@@ -46,7 +46,7 @@ def test_small_arrays_take_jax_device_put(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a small array must not get huge-page buffers")
 
-    monkeypatch.setattr("shardwise._hostmem.aligned_empty", refuse)
+    monkeypatch.setattr("shardwise._runtime.hostmem.aligned_empty", refuse)
     mesh = shardwise.mesh("devices=8")
     host = np.arange(64.0, dtype=np.float32).reshape(8, 8)
     placed = put_cpu(host, NamedSharding(mesh, P("devices")))
@@ -75,7 +75,7 @@ def test_aligned_empty_is_aligned():
 
 
 def test_malloc_tuning_can_be_turned_off(monkeypatch):
-    from shardwise import _hostmem
+    from shardwise._runtime import hostmem as _hostmem
 
     _hostmem.keep_freed_memory_warm.cache_clear()
     monkeypatch.setenv(_hostmem.MALLOC_ENV, "0")
@@ -113,7 +113,7 @@ def test_malloc_tuning_can_be_turned_off(monkeypatch):
     ],
 )
 def test_huge_page_environ(environ, libc, thp, expected):
-    from shardwise._hostmem import huge_page_environ
+    from shardwise._runtime.hostmem import huge_page_environ
 
     env = huge_page_environ(environ, libc, thp)
     if expected is None:
@@ -127,12 +127,12 @@ def test_the_command_reruns_itself_once_with_huge_pages():
     import subprocess
     import sys
 
-    from shardwise._hostmem import huge_page_environ, huge_page_facts
+    from shardwise._runtime.hostmem import huge_page_environ, huge_page_facts
 
     code = (
         "import os\n"
         "print('start', os.environ.get('GLIBC_TUNABLES'), flush=True)\n"
-        "from shardwise._hostmem import rerun_with_huge_pages\n"
+        "from shardwise._runtime.hostmem import rerun_with_huge_pages\n"
         "rerun_with_huge_pages()\n"
         "print('ran', flush=True)\n"
     )

@@ -7,7 +7,7 @@ import pytest
 
 import shardwise
 from shardwise import Op
-from shardwise._kernels import UNROLL_MAX, choose_kernel, unrolled_einsum
+from shardwise._xla.kernels import UNROLL_MAX, choose_kernel, unrolled_einsum
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_products_with_ones_equal_numpy(mode, equation, shape, layout, dtype):
     import jax
 
     from shardwise._api import plan_einsum
-    from shardwise._lower import jitted
+    from shardwise._xla.lower import jitted
 
     mesh = "x=2,y=4" if "x" in layout else "devices=8"
     x = np.random.default_rng(2).standard_normal(shape).astype(dtype)

@@ -15,10 +15,12 @@ import pytest
 
 import shardwise
 from helpers import assert_shards, tolerance
-from shardwise import Op, Spec, _kernels, _native
+from shardwise import Op, Spec
 from shardwise._api import plan_einsum
-from shardwise._kernels import native_kernel, row_dot
-from shardwise._lower import jitted
+from shardwise._xla import kernels as _kernels
+from shardwise._xla import native as _native
+from shardwise._xla.kernels import native_kernel, row_dot
+from shardwise._xla.lower import jitted
 
 CALL = 'custom_call_target="shardwise_rowdot_'
 MATMUL = 'custom_call_target="shardwise_matmul_'
@@ -148,9 +150,9 @@ def test_without_a_compiler_einsums_run_on_xlas_kernels(tmp_path):
         import numpy as np, jax
         jax.config.update("jax_num_cpu_devices", 8)
         import shardwise
-        from shardwise import _native
+        from shardwise._xla import native as _native
         from shardwise._api import plan_einsum
-        from shardwise._lower import jitted
+        from shardwise._xla.lower import jitted
         a = np.random.default_rng(0).standard_normal((64, 100)).astype(np.float32)
         got = shardwise.einsum("nd,nd->n", a, a, mesh="x=2,y=4", in_specs=["x,y"] * 2)
         np.testing.assert_allclose(np.asarray(got), np.einsum("nd,nd->n", a, a), rtol=1e-5)

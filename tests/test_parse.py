@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from shardwise import EquationError, Layout, MeshError, MeshSpec, Op, Spec, SpecError
-from shardwise._strategy import layouts
+from shardwise._model.strategy import layouts
 
 
 @pytest.mark.parametrize(

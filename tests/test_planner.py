@@ -12,14 +12,14 @@ from typer.testing import CliRunner
 
 import shardwise
 from shardwise import MeshSpec, Op, Plan
-from shardwise._cost import predict
-from shardwise._explain import compile_plan
-from shardwise._hlo import collectives
-from shardwise._mesh import build_mesh
-from shardwise._planner import collectives_by_kind, rank, spearman, verify
-from shardwise._profile import BUILTIN, default_profile, load_profile
-from shardwise._spec import Layout, Spec
-from shardwise._strategy import Strategy, strategies
+from shardwise._model.cost import predict
+from shardwise._model.mesh import build_mesh
+from shardwise._model.profile import BUILTIN, default_profile, load_profile
+from shardwise._model.spec import Layout, Spec
+from shardwise._model.strategy import Strategy, strategies
+from shardwise._planner.einsum import collectives_by_kind, rank, spearman, verify
+from shardwise._xla.explain import compile_plan
+from shardwise._xla.hlo import collectives
 from shardwise.cli import app
 
 runner = CliRunner()

@@ -14,9 +14,9 @@ import shardwise
 from helpers import assert_shards, tolerance
 from property_cases import Case, Raw, cases, run_case
 from shardwise import MeshSpec, Op
-from shardwise._hlo import KINDS
-from shardwise._mesh import build_mesh
-from shardwise._strategy import layouts
+from shardwise._model.mesh import build_mesh
+from shardwise._model.strategy import layouts
+from shardwise._xla.hlo import KINDS
 
 EQUATIONS = [
     "nd,nd->n",  # batched dot

@@ -8,8 +8,8 @@ import pytest
 import shardwise
 from helpers import assert_shards, tolerance
 from shardwise._demo import run_scenario, scenarios
-from shardwise._explain import compile_plan, explain_compiled
-from shardwise._mesh import build_mesh
+from shardwise._model.mesh import build_mesh
+from shardwise._xla.explain import compile_plan, explain_compiled
 
 SMALL = {s.name: s for s in scenarios("small")}
 TUTORIAL = {s.name: s for s in scenarios("tutorial")}
@@ -88,7 +88,7 @@ def test_run_scenario_reports_a_correct_run(name):
 
 
 def test_check_catches_a_wrong_result():
-    from shardwise._check import check_einsum
+    from shardwise._xla.check import check_einsum
 
     op = shardwise.Op.parse("nd,nd->n")
     a = np.ones((8, 3), np.float32)

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 import shardwise
 from shardwise import ArgumentError, ShapeError, ShardwiseError
-from shardwise._op import Op
-from shardwise._sources import Source
-from shardwise._stream import plan_stream
+from shardwise._data.sources import Source
+from shardwise._data.stream import plan_stream
+from shardwise._model.op import Op
 from shardwise.cli import app
 
 CHILD = Path(__file__).with_name("stream_child.py")
@@ -96,7 +96,7 @@ def test_results_are_written_from_the_devices_own_blocks(tmp_path, mesh, equatio
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from shardwise._stream import _shard_blocks
+    from shardwise._data.stream import _shard_blocks
 
     a, b = _inputs(tmp_path, n=1000, d=4)
     value = np.einsum(equation, a, b)
@@ -258,7 +258,7 @@ def test_bad_inputs(tmp_path, monkeypatch):
         shardwise.stream("nd,nd->n", tmp_path / "nope.npy", b, out=tmp_path / "o.npy")
     with pytest.raises(ArgumentError, match=r"folder .* does not exist"):
         shardwise.stream("nd,nd->n", a, b, out=tmp_path / "no" / "o.npy")
-    monkeypatch.setattr("shardwise._sources._free_bytes", lambda folder: 10)
+    monkeypatch.setattr("shardwise._data.sources._free_bytes", lambda folder: 10)
     with pytest.raises(ShardwiseError, match="not enough disk space"):
         shardwise.stream("nd,nd->n", a, b, out=tmp_path / "full.npy")
     monkeypatch.undo()
@@ -356,7 +356,7 @@ def test_in_place_pads_missing_rows_with_zeros(mesh, spec):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from shardwise._hostmem import in_place
+    from shardwise._runtime.hostmem import in_place
 
     block = np.arange(37 * 8, dtype=np.float32).reshape(37, 8) + 1
     sharding = NamedSharding(shardwise.mesh(mesh), P(*spec))

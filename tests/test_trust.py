@@ -11,12 +11,14 @@ import pytest
 from jax.sharding import NamedSharding
 
 import shardwise
-from shardwise import _api, _explain, _lower
-from shardwise._check import contraction_problems
-from shardwise._explain import compile_plan, explain_compiled
-from shardwise._hlo import collectives
-from shardwise._mesh import MeshSpec, build_mesh
-from shardwise._plan import Plan
+from shardwise import _api
+from shardwise._model.mesh import MeshSpec, build_mesh
+from shardwise._model.plan import Plan
+from shardwise._xla import explain as _explain
+from shardwise._xla import lower as _lower
+from shardwise._xla.check import contraction_problems
+from shardwise._xla.explain import compile_plan, explain_compiled
+from shardwise._xla.hlo import collectives
 
 MESH = "x=2,y=4"
 MISCOMPILED = ("abc,abc->", [(2, 4, 4)] * 2, ["x,y", "x,-,y"])

@@ -15,9 +15,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from shardwise._devices import apply_env as _apply_env
-from shardwise._distributed import DistributedError
-from shardwise._distributed import initialize_from_env as _join_from_env
+from shardwise._runtime.devices import apply_env as _apply_env
+from shardwise._runtime.distributed import DistributedError
+from shardwise._runtime.distributed import initialize_from_env as _join_from_env
 
 if TYPE_CHECKING:
     from shardwise._api import Sharded as Sharded
@@ -26,10 +26,8 @@ if TYPE_CHECKING:
     from shardwise._api import explain_einsum as explain_einsum
     from shardwise._api import mean as mean
     from shardwise._api import shard as shard
-    from shardwise._cause import Cause as Cause
-    from shardwise._devices import use_cpu_devices as use_cpu_devices
-    from shardwise._distributed import DistributedError as DistributedError
-    from shardwise._distributed import initialize as initialize_distributed
+    from shardwise._data.stream import StreamResult as StreamResult
+    from shardwise._data.stream import stream as stream
     from shardwise._errors import ArgumentError as ArgumentError
     from shardwise._errors import EquationError as EquationError
     from shardwise._errors import IndivisibleError as IndivisibleError
@@ -38,16 +36,18 @@ if TYPE_CHECKING:
     from shardwise._errors import ShapeError as ShapeError
     from shardwise._errors import ShardwiseError as ShardwiseError
     from shardwise._errors import SpecError as SpecError
-    from shardwise._explain import Explanation as Explanation
-    from shardwise._hlo import Collective as Collective
-    from shardwise._mesh import MeshSpec as MeshSpec
-    from shardwise._mesh import mesh as mesh
-    from shardwise._op import Op as Op
-    from shardwise._plan import Plan as Plan
-    from shardwise._spec import Layout as Layout
-    from shardwise._spec import Spec as Spec
-    from shardwise._stream import StreamResult as StreamResult
-    from shardwise._stream import stream as stream
+    from shardwise._model.mesh import MeshSpec as MeshSpec
+    from shardwise._model.mesh import mesh as mesh
+    from shardwise._model.op import Op as Op
+    from shardwise._model.plan import Plan as Plan
+    from shardwise._model.spec import Layout as Layout
+    from shardwise._model.spec import Spec as Spec
+    from shardwise._runtime.devices import use_cpu_devices as use_cpu_devices
+    from shardwise._runtime.distributed import DistributedError as DistributedError
+    from shardwise._runtime.distributed import initialize as initialize_distributed
+    from shardwise._xla.cause import Cause as Cause
+    from shardwise._xla.explain import Explanation as Explanation
+    from shardwise._xla.hlo import Collective as Collective
 
 # Public names resolve on first use (PEP 562), so `import shardwise` does not import JAX
 # unless the environment asks for simulated devices or a distributed runtime, and
@@ -59,10 +59,10 @@ _EXPORTS = {
     "explain_einsum": ("shardwise._api", "explain_einsum"),
     "mean": ("shardwise._api", "mean"),
     "shard": ("shardwise._api", "shard"),
-    "Cause": ("shardwise._cause", "Cause"),
-    "use_cpu_devices": ("shardwise._devices", "use_cpu_devices"),
-    "DistributedError": ("shardwise._distributed", "DistributedError"),
-    "initialize_distributed": ("shardwise._distributed", "initialize"),
+    "Cause": ("shardwise._xla.cause", "Cause"),
+    "use_cpu_devices": ("shardwise._runtime.devices", "use_cpu_devices"),
+    "DistributedError": ("shardwise._runtime.distributed", "DistributedError"),
+    "initialize_distributed": ("shardwise._runtime.distributed", "initialize"),
     "ArgumentError": ("shardwise._errors", "ArgumentError"),
     "EquationError": ("shardwise._errors", "EquationError"),
     "IndivisibleError": ("shardwise._errors", "IndivisibleError"),
@@ -71,16 +71,16 @@ _EXPORTS = {
     "ShapeError": ("shardwise._errors", "ShapeError"),
     "ShardwiseError": ("shardwise._errors", "ShardwiseError"),
     "SpecError": ("shardwise._errors", "SpecError"),
-    "Explanation": ("shardwise._explain", "Explanation"),
-    "Collective": ("shardwise._hlo", "Collective"),
-    "MeshSpec": ("shardwise._mesh", "MeshSpec"),
-    "mesh": ("shardwise._mesh", "mesh"),
-    "Op": ("shardwise._op", "Op"),
-    "Plan": ("shardwise._plan", "Plan"),
-    "Layout": ("shardwise._spec", "Layout"),
-    "Spec": ("shardwise._spec", "Spec"),
-    "StreamResult": ("shardwise._stream", "StreamResult"),
-    "stream": ("shardwise._stream", "stream"),
+    "Explanation": ("shardwise._xla.explain", "Explanation"),
+    "Collective": ("shardwise._xla.hlo", "Collective"),
+    "MeshSpec": ("shardwise._model.mesh", "MeshSpec"),
+    "mesh": ("shardwise._model.mesh", "mesh"),
+    "Op": ("shardwise._model.op", "Op"),
+    "Plan": ("shardwise._model.plan", "Plan"),
+    "Layout": ("shardwise._model.spec", "Layout"),
+    "Spec": ("shardwise._model.spec", "Spec"),
+    "StreamResult": ("shardwise._data.stream", "StreamResult"),
+    "stream": ("shardwise._data.stream", "stream"),
 }
 
 

@@ -16,24 +16,24 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from shardwise._check import check_einsum
-from shardwise._dask import dask_einsum, dask_mean, is_dask
-from shardwise._distributed import put
+from shardwise._data.dask import dask_einsum, dask_mean, is_dask
 from shardwise._errors import ArgumentError, MiscompileError, SpecError
-from shardwise._explain import (
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.mesh import mesh as make_mesh
+from shardwise._model.op import Op
+from shardwise._model.plan import Plan
+from shardwise._model.spec import LayoutLike, Spec, SpecLike
+from shardwise._runtime.distributed import put
+from shardwise._runtime.hostmem import keep_freed_memory_warm
+from shardwise._xla.check import check_einsum
+from shardwise._xla.explain import (
     Explanation,
     compile_plan,
     compile_sound,
     explain_compiled,
     explain_function,
 )
-from shardwise._hostmem import keep_freed_memory_warm
-from shardwise._lower import divided, is_explicit, jitted, named
-from shardwise._mesh import MeshSpec
-from shardwise._mesh import mesh as make_mesh
-from shardwise._op import Op
-from shardwise._plan import Plan
-from shardwise._spec import LayoutLike, Spec, SpecLike
+from shardwise._xla.lower import divided, is_explicit, jitted, named
 
 MeshLike = Mesh | MeshSpec | str | Mapping[str, int]
 log = logging.getLogger("shardwise")
@@ -132,8 +132,8 @@ def auto_layout(
 def _auto_layout(
     equation: str, shapes: tuple[tuple[int, ...], ...], dtype: str, mesh: Mesh
 ) -> tuple[tuple[Spec, ...], Spec, str]:
-    from shardwise._planner import rank
-    from shardwise._profile import default_profile
+    from shardwise._model.profile import default_profile
+    from shardwise._planner.einsum import rank
 
     spec = MeshSpec.parse(mesh)
     op = Op.parse(equation)
@@ -209,7 +209,7 @@ def place(
 ) -> list[jax.Array]:
     """Put each operand on the devices with its planned sharding (a no-op if already there).
     On CPU devices this also keeps freed memory warm for their outputs
-    (:func:`~shardwise._hostmem.keep_freed_memory_warm`; streaming, which holds to a memory
+    (:func:`~shardwise._runtime.hostmem.keep_freed_memory_warm`; streaming, which holds to a memory
     budget, does not place arrays this way)."""
     if mesh.devices.flat[0].platform == "cpu":
         keep_freed_memory_warm()

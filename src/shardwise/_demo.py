@@ -22,12 +22,12 @@ import jax
 import numpy as np
 
 from shardwise._api import place
-from shardwise._check import Check, check_einsum
-from shardwise._devices import device_summary
-from shardwise._distributed import multi_process, to_host
-from shardwise._explain import Explanation, compile_plan, explain_compiled
-from shardwise._mesh import MeshSpec, build_mesh
-from shardwise._plan import Mode, Plan
+from shardwise._model.mesh import MeshSpec, build_mesh
+from shardwise._model.plan import Mode, Plan
+from shardwise._runtime.devices import device_summary
+from shardwise._runtime.distributed import multi_process, to_host
+from shardwise._xla.check import Check, check_einsum
+from shardwise._xla.explain import Explanation, compile_plan, explain_compiled
 
 Size = Literal["tutorial", "small"]
 SIZES: tuple[Size, ...] = ("tutorial", "small")

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from shardwise._hostmem import HUGE_PAGE_TUNABLE
-from shardwise.bench.timing import best_seconds
+from shardwise._runtime.hostmem import HUGE_PAGE_TUNABLE
+from shardwise._runtime.timing import best_seconds
 
 
 def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5) -> dict[str, Any]:

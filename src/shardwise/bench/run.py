@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwise.bench.timing import alternate, paired_ratio
+from shardwise._runtime.timing import alternate, paired_ratio
 from shardwise.bench.workloads import PEERS, Workload, installed, seed_workloads
 
 SUITES = ("seed", "full", "tiny")

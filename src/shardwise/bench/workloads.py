@@ -89,7 +89,7 @@ def batched_dot(
 
     import shardwise
     from shardwise._api import place, plan_einsum
-    from shardwise._lower import jitted
+    from shardwise._xla.lower import jitted
 
     rng = np.random.default_rng(0)
     a = rng.random((n, d), dtype=np.float32)
@@ -165,7 +165,7 @@ def matmul(size: int) -> Workload:
 
     import shardwise
     from shardwise._api import auto_layout, place, plan_einsum
-    from shardwise._lower import jitted
+    from shardwise._xla.lower import jitted
 
     a = np.random.default_rng(1).random((size, size), dtype=np.float32)
     mesh = shardwise.mesh("x=2,y=4")
@@ -228,7 +228,7 @@ def mean(size: int, chunk: int) -> Workload:
 
     import shardwise
     from shardwise._api import place, plan_einsum
-    from shardwise._lower import divided
+    from shardwise._xla.lower import divided
 
     x = np.random.default_rng(2).random((size, size))
     mesh = shardwise.mesh("devices=8")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shardwise._hostmem import rerun_with_huge_pages
+from shardwise._runtime.hostmem import rerun_with_huge_pages
 from shardwise.cli import bench as _bench
 from shardwise.cli import calibrate as _calibrate
 from shardwise.cli import demo as _demo

@@ -11,8 +11,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from shardwise._devices import ENV_CPU_DEVICES
 from shardwise._errors import ShardwiseError
+from shardwise._runtime.devices import ENV_CPU_DEVICES
 
 DEFAULT_CPU_DEVICES = 8
 """The CLI simulates this many CPU devices unless told otherwise, so every example runs anywhere."""
@@ -38,7 +38,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def setup_devices(devices: int | None) -> None:
     """Simulate CPU devices before JAX starts: ``--devices``, else the environment, else 8."""
-    from shardwise._devices import use_cpu_devices
+    from shardwise._runtime.devices import use_cpu_devices
 
     if devices is None:
         raw = os.environ.get(ENV_CPU_DEVICES, "").strip()

@@ -27,10 +27,10 @@ def calibrate(
 ) -> None:
     """Measure memory bandwidth, matmul FLOP/s and collectives along each mesh axis."""
     setup_devices(devices)
-    from shardwise._calibrate import calibrate as measure
-    from shardwise._mesh import mesh as make_mesh
-    from shardwise._profile import save_profile
-    from shardwise._units import format_bytes, parse_bytes
+    from shardwise._model.mesh import mesh as make_mesh
+    from shardwise._model.profile import save_profile
+    from shardwise._model.units import format_bytes, parse_bytes
+    from shardwise._planner.calibrate import calibrate as measure
 
     jmesh = make_mesh(mesh)
     console = Console(stderr=True)

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shardwise._units import format_shape
+from shardwise._model.units import format_shape
 from shardwise.cli._common import (
     EXIT_WRONG,
     Devices,

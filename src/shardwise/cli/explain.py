@@ -78,7 +78,7 @@ def explain(
     """Compile a sharded einsum (no data needed); show each device's shard and every collective."""
     setup_devices(devices)
     from shardwise._api import explain_einsum
-    from shardwise._mesh import mesh as make_mesh
+    from shardwise._model.mesh import mesh as make_mesh
 
     jmesh = make_mesh(mesh, axis_types=axis_types)  # type: ignore[arg-type]
     result = explain_einsum(

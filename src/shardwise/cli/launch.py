@@ -37,7 +37,7 @@ def launch(
     ] = 30.0,
 ) -> None:
     """Start N processes on this machine that join one JAX runtime, and end them together."""
-    from shardwise._launch import launch as run_launch
+    from shardwise._runtime.launch import launch as run_launch
 
     outcome = run_launch(command, processes, devices_per_process, port, all_output, timeout)
     if outcome.returncode:

@@ -50,12 +50,12 @@ def plan(
 ) -> None:
     """Enumerate every way to shard an einsum on a mesh, predict each one's cost, rank them."""
     from shardwise._errors import ArgumentError
-    from shardwise._mesh import MeshSpec, build_mesh
-    from shardwise._op import Op
-    from shardwise._planner import rank
-    from shardwise._planner import verify as run_verify
-    from shardwise._profile import default_profile, load_profile
-    from shardwise._units import format_bytes, parse_bytes
+    from shardwise._model.mesh import MeshSpec, build_mesh
+    from shardwise._model.op import Op
+    from shardwise._model.profile import default_profile, load_profile
+    from shardwise._model.units import format_bytes, parse_bytes
+    from shardwise._planner.einsum import rank
+    from shardwise._planner.einsum import verify as run_verify
 
     op = Op.parse(equation)
     shape_list = parse_shapes(shapes)

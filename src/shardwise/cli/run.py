@@ -50,7 +50,7 @@ def run(
 ) -> None:
     """Stream an einsum through the mesh a chunk at a time; rerun the same command to resume."""
     setup_devices(devices)
-    from shardwise._stream import stream
+    from shardwise._data.stream import stream
 
     size: int | str = int(chunk) if chunk.isdigit() else chunk
     console = Console(stderr=True)
@@ -88,7 +88,7 @@ def run(
         )
         progress.update(task, total=result.chunks, completed=result.chunks)
     if json:
-        from shardwise._stream import peak_rss
+        from shardwise._data.stream import peak_rss
 
         print_json({**result.to_json(), "peak_rss_bytes": peak_rss()})
     elif result.computed == 0:

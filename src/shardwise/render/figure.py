@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardwise._errors import MissingExtraError, ShardwiseError
-from shardwise._spec import blocks
-from shardwise._units import format_shape
+from shardwise._model.spec import blocks
+from shardwise._model.units import format_shape
 
 if TYPE_CHECKING:
-    from shardwise._explain import Explanation
-    from shardwise._plan import ArrayInfo
+    from shardwise._model.plan import ArrayInfo
+    from shardwise._xla.explain import Explanation
 
 WIDTH = 16.0
 """Figure width, inches (all coordinates below are inches)."""

@@ -6,7 +6,7 @@ import html
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardwise._explain import Explanation
+    from shardwise._xla.explain import Explanation
 
 
 def explanation_html(expl: Explanation) -> str:

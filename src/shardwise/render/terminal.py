@@ -13,12 +13,12 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
-from shardwise._spec import blocks
-from shardwise._units import format_bytes, format_shape
+from shardwise._model.spec import blocks
+from shardwise._model.units import format_bytes, format_shape
 
 if TYPE_CHECKING:
-    from shardwise._explain import Explanation
-    from shardwise._plan import ArrayInfo
+    from shardwise._model.plan import ArrayInfo
+    from shardwise._xla.explain import Explanation
 
 COLOURS = ("cyan", "magenta", "yellow", "blue", "red", "green")
 """One colour per operand, the output last; the same order as the figures."""

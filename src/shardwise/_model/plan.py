@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from shardwise._errors import ArgumentError, SpecError
-from shardwise._mesh import MeshSpec
-from shardwise._op import Op
-from shardwise._spec import Layout, LayoutLike, Spec, SpecLike
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.op import Op
+from shardwise._model.spec import Layout, LayoutLike, Spec, SpecLike
 
 Mode: TypeAlias = Literal["auto", "manual"]
 MODES: tuple[Mode, ...] = ("auto", "manual")

@@ -4,13 +4,13 @@
   partitioner inserts whatever collectives the layouts need (the tutorial's ``pjit``). Operands
   that split a shared index differently are first resharded to one agreed layout
   (:func:`target_layout`), because XLA can lose a partial sum when it partitions a contraction
-  whose operands disagree (see :mod:`shardwise._reshard`).
+  whose operands disagree (see :mod:`shardwise._model.reshard`).
 - ``manual``: ``jax.shard_map`` around a local einsum on each device's block, then an explicit
   ``psum`` over the mesh axes that split a contracted index — "partial dot products, then
   aggregate", written out.
 
 An auto-mode einsum whose local step is a kernel other than ``jnp.einsum`` (unrolled
-multiply-adds, a product with ones, or on CPU a native kernel; see :mod:`shardwise._kernels`)
+multiply-adds, a product with ones, or on CPU a native kernel; see :mod:`shardwise._xla.kernels`)
 is built the manual way on the agreed layout: XLA cannot partition a call into native code,
 and left to partition an unrolled kernel it may gather every slice separately; in
 ``shard_map`` the only collective is the ``psum`` the layout needs.
@@ -26,13 +26,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 
-from shardwise._cost import local_sizes
-from shardwise._kernels import Kernel, choose_kernel, local_einsum, native_kernel
-from shardwise._plan import Plan
-from shardwise._profile import default_profile
-from shardwise._reshard import agreed_layout
-from shardwise._spec import Layout, Spec
-from shardwise._strategy import reduce_axes
+from shardwise._model.cost import local_sizes
+from shardwise._model.plan import Plan
+from shardwise._model.profile import default_profile
+from shardwise._model.reshard import agreed_layout
+from shardwise._model.spec import Layout, Spec
+from shardwise._model.strategy import reduce_axes
+from shardwise._xla.kernels import Kernel, choose_kernel, local_einsum, native_kernel
 
 
 def named(mesh: Mesh, spec: Spec) -> NamedSharding:
@@ -59,7 +59,7 @@ def local_devices(mesh: Mesh) -> int:
 @functools.lru_cache(maxsize=256)
 def target_layout(plan: Plan, platform: str = "cpu") -> Layout:
     """The one layout the operands are brought to before they meet: their own where they
-    agree, else the cheapest agreed layout by the cost model (:func:`~shardwise._reshard.
+    agree, else the cheapest agreed layout by the cost model (:func:`~shardwise._model.reshard.
     agreed_layout`). In manual mode, the layout the operands must already agree on."""
     if plan.mode == "manual":
         return plan.layout
@@ -92,7 +92,7 @@ def lower(
 
     In auto mode the operands are first resharded to :func:`target_layout` (a no-op where they
     already agree), so XLA never partitions a contraction whose operands disagree. Then a
-    local kernel other than ``jnp.einsum`` (see :mod:`shardwise._kernels`) runs in
+    local kernel other than ``jnp.einsum`` (see :mod:`shardwise._xla.kernels`) runs in
     ``shard_map`` on each device's block, where it can add no collective; where the requested
     output is not the layout's own (or the mesh's axes are Explicit), ``jnp.einsum`` runs and
     XLA places the result.
@@ -130,7 +130,7 @@ def lower(
 
 def _auto_kernel(plan: Plan, mesh: Mesh, layout: Layout) -> Kernel:
     """The local step of an auto-mode plan on ``layout``: chosen by the einsum's own sizes
-    (:func:`~shardwise._kernels.choose_kernel`); a contraction is unrolled only where no
+    (:func:`~shardwise._xla.kernels.choose_kernel`); a contraction is unrolled only where no
     device boundary cuts its terms, and a native kernel replaces ``jnp.einsum`` where one fits
     each device's block."""
     op = plan.op

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from shardwise._cost import Prediction, predict
-from shardwise._mesh import MeshSpec
-from shardwise._op import Op
-from shardwise._profile import Profile
-from shardwise._strategy import Strategy, strategies
-from shardwise._units import format_bytes
+from shardwise._model.cost import Prediction, predict
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.op import Op
+from shardwise._model.profile import Profile
+from shardwise._model.strategy import Strategy, strategies
+from shardwise._model.units import format_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +148,7 @@ def rank(
 ) -> PlanReport:
     """Enumerate, predict and rank every strategy (pure: no devices).
 
-    >>> from shardwise._profile import BUILTIN
+    >>> from shardwise._model.profile import BUILTIN
     >>> r = rank(Op.parse("nd,nd->n"), [(4000, 10000)] * 2, MeshSpec.parse("x=2,y=4"),
     ...          "float32", BUILTIN["h100"])
     >>> r.best.strategy.describe(r.op), r.valid
@@ -235,9 +235,9 @@ def verify(
     import jax
 
     from shardwise._api import place
-    from shardwise._explain import compile_plan
-    from shardwise._hlo import collectives
-    from shardwise._plan import Plan
+    from shardwise._model.plan import Plan
+    from shardwise._xla.explain import compile_plan
+    from shardwise._xla.hlo import collectives
 
     chosen = report.strategies[: top or len(report.strategies)]
     rng = np.random.default_rng(0)

@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from shardwise._profile import cache_root
+from shardwise._model.profile import cache_root
 
 ENV = "SHARDWISE_NATIVE"
 """Set to ``0`` to keep XLA's own kernels everywhere."""
@@ -102,7 +102,7 @@ def _cpu_features() -> str:
 
 
 def _source(kernel: Kernel) -> Path:
-    return Path(str(resources.files("shardwise") / "csrc" / f"{kernel.name}.cc"))
+    return Path(str(resources.files("shardwise._xla") / "csrc" / f"{kernel.name}.cc"))
 
 
 def _openblas() -> tuple[str, str, str, str]:

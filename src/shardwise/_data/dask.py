@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from shardwise._errors import MissingExtraError
-from shardwise._mesh import MeshSpec
-from shardwise._op import Op
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.op import Op
 
 
 def is_dask(x: Any) -> bool:
@@ -50,7 +50,7 @@ def _dask_array() -> Any:
 @functools.lru_cache(maxsize=8)
 def _local_mesh(spec: MeshSpec | None) -> Any:
     """The mesh on this process's devices (each Dask worker builds its own)."""
-    from shardwise._mesh import build_mesh, mesh
+    from shardwise._model.mesh import build_mesh, mesh
 
     return mesh("auto") if spec is None else build_mesh(spec)
 
@@ -85,7 +85,7 @@ def _program(
     about 50 µs)."""
     import jax
 
-    from shardwise._kernels import local_einsum, native_kernel
+    from shardwise._xla.kernels import local_einsum, native_kernel
 
     op = Op.parse(equation)
     kernel = native_kernel(op, op.sizes(list(shapes)), on_cpu)

@@ -196,7 +196,7 @@ def put(x: Any, sharding: Any) -> Any:
     if isinstance(x, jax.Array):
         return jax.device_put(x, sharding)
     if sharding.is_fully_addressable:
-        from shardwise._hostmem import put_cpu
+        from shardwise._runtime.hostmem import put_cpu
 
         return put_cpu(np.asarray(x), sharding)
     host = np.asarray(x)

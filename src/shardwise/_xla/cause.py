@@ -24,9 +24,9 @@ from typing import Literal, TypeAlias
 
 import jax.numpy as jnp
 
-from shardwise._hlo import Collective
-from shardwise._plan import Plan, default_out_spec
-from shardwise._spec import Spec
+from shardwise._model.plan import Plan, default_out_spec
+from shardwise._model.spec import Spec
+from shardwise._xla.hlo import Collective
 
 Reason: TypeAlias = Literal["partial-sum", "gather-operand", "gather-output", "relayout", "unknown"]
 

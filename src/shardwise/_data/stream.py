@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from shardwise._data.sources import Sink, Source, open_source
 from shardwise._errors import ArgumentError, ShapeError, ShardwiseError
-from shardwise._hostmem import aligned_empty, cpu_only, in_place
-from shardwise._mesh import MeshSpec
-from shardwise._op import Op
-from shardwise._sources import Sink, Source, open_source
-from shardwise._units import format_bytes, parse_bytes
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.op import Op
+from shardwise._model.units import format_bytes, parse_bytes
+from shardwise._runtime.hostmem import aligned_empty, cpu_only, in_place
 
 ALIGN_ROWS = 16
 """Rows per device in a chunk come in multiples of this, so every device's block starts on a
@@ -85,7 +85,7 @@ def plan_stream(
 ) -> StreamPlan:
     """Choose the chunk index and size, or say why the budget cannot work and what would.
 
-    >>> from shardwise._sources import Source
+    >>> from shardwise._data.sources import Source
     >>> src = Source("a", (1000, 3), np.dtype("float32"), "numpy")
     >>> p = plan_stream(Op.parse("nd,nd->n"), [src, src], devices=8, budget=32768)
     >>> (p.index, p.chunk, p.chunks, p.peak_bytes <= 32768)
@@ -266,7 +266,7 @@ def _stream(
     import jax
 
     from shardwise._api import _jax_mesh, _supported, plan_einsum, shardings, wide
-    from shardwise._explain import compile_sound
+    from shardwise._xla.explain import compile_sound
 
     op = Op.parse(equation)
     sources = [open_source(x, k) for k, x in enumerate(inputs)]

@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from shardwise._errors import MiscompileError
-from shardwise._hlo import Collective
-from shardwise._op import Op
-from shardwise._plan import Plan
-from shardwise._reshard import common_layout
-from shardwise._spec import Layout
+from shardwise._model.op import Op
+from shardwise._model.plan import Plan
+from shardwise._model.reshard import common_layout
+from shardwise._model.spec import Layout
+from shardwise._xla.hlo import Collective
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ def contraction_problems(
     partitioner on operands that disagree on how a contracted index is split
     (openxla/xla#40034 is related).
 
-    >>> from shardwise._hlo import collectives
+    >>> from shardwise._xla.hlo import collectives
     >>> plan = Plan.make("ij,jk->ik", [(8, 8)] * 2, mesh="x=2", in_specs=["-,x", "x"])
     >>> line = "%ar = f32[8,8]{1,0} all-reduce(%d), replica_groups={{0,1}}, to_apply=%add"
     >>> contraction_problems(plan, collectives(line, {"x": 2}))

@@ -10,9 +10,9 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from shardwise._mesh import MeshSpec
-from shardwise._op import Op
-from shardwise._spec import Layout, Spec
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.op import Op
+from shardwise._model.spec import Layout, Spec
 
 
 def layouts(indices: str, sizes: Mapping[str, int], mesh: MeshSpec) -> Iterator[Layout]:

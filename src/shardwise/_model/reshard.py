@@ -9,7 +9,7 @@ XLA's SPMD partitioner chooses that itself, and with JAX 0.10.2 on CPU it can ch
 ``jnp.einsum("abc,abc->", u, v)`` with ``u`` laid out ``P("x", "y")`` and ``v``
 ``P("x", None, "y")`` on a ``x=2,y=4`` mesh loses the partial sum over ``x`` and returns half
 the answer (openxla/xla#40034 is a related report). shardwise therefore never hands XLA a
-contraction whose operands disagree: it picks one agreed :class:`~shardwise._spec.Layout`
+contraction whose operands disagree: it picks one agreed :class:`~shardwise._model.spec.Layout`
 (:func:`agreed_layout`, the cheapest by the cost model) and reshards every operand to it first.
 
 Per mesh axis of size ``p`` a resharding is, as XLA emits it:
@@ -29,14 +29,14 @@ from collections.abc import Sequence
 
 import jax.numpy as jnp
 
-from shardwise._cost import PredictedCollective, predict, ring_seconds
 from shardwise._errors import SpecError
-from shardwise._mesh import MeshSpec
-from shardwise._op import Op
-from shardwise._plan import layout_from_specs
-from shardwise._profile import Profile
-from shardwise._spec import Entry, Layout, Spec
-from shardwise._strategy import Strategy, output_choices
+from shardwise._model.cost import PredictedCollective, predict, ring_seconds
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.op import Op
+from shardwise._model.plan import layout_from_specs
+from shardwise._model.profile import Profile
+from shardwise._model.spec import Entry, Layout, Spec
+from shardwise._model.strategy import Strategy, output_choices
 
 MAX_CANDIDATES = 4096
 """Most candidate layouts :func:`agreed_layout` costs; past it, disagreeing indices are
@@ -53,7 +53,7 @@ def reshard_collectives(
 ) -> tuple[PredictedCollective, ...]:
     """The collectives that move an array of ``shape`` from layout ``src`` to ``dst``.
 
-    >>> from shardwise._profile import BUILTIN
+    >>> from shardwise._model.profile import BUILTIN
     >>> mesh, cpu = MeshSpec.parse("x=2,y=4"), BUILTIN["cpu-2core"]
     >>> [(c.kind, c.mesh_axes, c.bytes) for c in reshard_collectives(
     ...     Spec.parse("x,y"), Spec.parse("-,y"), (8, 8), "float32", mesh, cpu)]
@@ -152,7 +152,7 @@ def agreed_layout(
 
     Operands that already agree keep their layout.
 
-    >>> from shardwise._profile import BUILTIN
+    >>> from shardwise._model.profile import BUILTIN
     >>> op, mesh = Op.parse("abc,abc->"), MeshSpec.parse("x=2,y=4")
     >>> agreed_layout(op, [(2, 4, 4)] * 2, [Spec.parse("x,y"), Spec.parse("x,-,y")],
     ...               Spec(()), "float32", mesh, BUILTIN["cpu-2core"]).describe()

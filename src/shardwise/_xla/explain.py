@@ -16,17 +16,17 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from shardwise._cause import Cause, einsum_cause, generic_cause
-from shardwise._check import contraction_problems, ensure_sound
-from shardwise._cost import predict
-from shardwise._hlo import Collective, collectives
-from shardwise._lower import named, target_layout
-from shardwise._mesh import MeshSpec
-from shardwise._plan import ArrayInfo, Plan
-from shardwise._profile import BUILTIN
-from shardwise._resources import Compute, Memory, compute_of, memory_of
-from shardwise._spec import Layout, Spec, placements
-from shardwise._strategy import Strategy, reduce_axes
+from shardwise._model.cost import predict
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.plan import ArrayInfo, Plan
+from shardwise._model.profile import BUILTIN
+from shardwise._model.spec import Layout, Spec, placements
+from shardwise._model.strategy import Strategy, reduce_axes
+from shardwise._xla.cause import Cause, einsum_cause, generic_cause
+from shardwise._xla.check import contraction_problems, ensure_sound
+from shardwise._xla.hlo import Collective, collectives
+from shardwise._xla.lower import named, target_layout
+from shardwise._xla.resources import Compute, Memory, compute_of, memory_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class Explanation:
         device_ids: the JAX device id at each mesh position.
         auto: with ``layout="auto"``, which strategy the planner chose and why.
         problems: why the compiled program would return a wrong result (a sum XLA left out,
-            see :func:`~shardwise._check.contraction_problems`); ``()`` when none is found.
+            see :func:`~shardwise._xla.check.contraction_problems`); ``()`` when none is found.
             shardwise refuses to run such a program.
     """
 
@@ -146,7 +146,7 @@ def mesh_matches(plan: Plan, mesh: Mesh) -> None:
 @functools.lru_cache(maxsize=128)
 def compile_plan(plan: Plan, mesh: Mesh, precision: Any = None) -> jax.stages.Compiled:
     """Lower and compile ``plan`` on ``mesh`` from shapes alone (no data needed)."""
-    from shardwise._lower import jitted
+    from shardwise._xla.lower import jitted
 
     mesh_matches(plan, mesh)
     fn = jitted(plan, mesh, precision)
@@ -160,7 +160,7 @@ def compile_plan(plan: Plan, mesh: Mesh, precision: Any = None) -> jax.stages.Co
 @functools.lru_cache(maxsize=256)
 def compile_sound(plan: Plan, mesh: Mesh, precision: Any = None) -> jax.stages.Compiled:
     """:func:`compile_plan`, then raise :class:`~shardwise.MiscompileError` if the program
-    leaves out a sum (:func:`~shardwise._check.contraction_problems`); checked once per
+    leaves out a sum (:func:`~shardwise._xla.check.contraction_problems`); checked once per
     program, as every program shardwise runs is."""
     compiled = compile_plan(plan, mesh, precision)
     platform = mesh.devices.flat[0].platform
@@ -203,12 +203,12 @@ def explain_compiled(plan: Plan, compiled: Any, mesh: Mesh | None = None) -> Exp
 
 
 NATIVE_CALL = 'custom_call_target="shardwise_'
-"""How a call into one of :mod:`shardwise._native`'s kernels reads in compiled HLO."""
+"""How a call into one of :mod:`shardwise._xla.native`'s kernels reads in compiled HLO."""
 
 
 def _counted(plan: Plan, layout: Layout) -> Compute | None:
     """The local einsum's FLOPs and bytes as the cost model counts them: for a program that
-    XLA cannot count (it calls a native kernel, see :mod:`shardwise._native`)."""
+    XLA cannot count (it calls a native kernel, see :mod:`shardwise._xla.native`)."""
     strategy = Strategy(layout, plan.out_spec)
     p = predict(plan.op, plan.shapes, plan.dtype, plan.mesh, strategy, BUILTIN["cpu-2core"])
     return Compute(p.flops, float(p.bytes_accessed), 0.0, counted_by="einsum")

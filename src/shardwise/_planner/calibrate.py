@@ -17,10 +17,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardwise._mesh import MeshSpec
-from shardwise._profile import Link, Profile, local_name
-from shardwise._resources import device_capacity
-from shardwise.bench.timing import median_seconds
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.profile import Link, Profile, local_name
+from shardwise._runtime.timing import median_seconds
+from shardwise._xla.resources import device_capacity
 
 
 def _flat(mesh: Mesh) -> P:

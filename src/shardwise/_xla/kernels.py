@@ -12,10 +12,10 @@ sums going at once and reads at the memory limit, where XLA's own reduction loop
 not (a (10000, 10000) float64 sum on 8 simulated devices: 19–22 ms against 15–16 ms,
 PyTorch 13–14 ms, in one run on the 2-core CI machine kind). A dot product of two arrays
 along their trailing indices (``nd,nd->n`` with long rows, S4's local step) runs, on CPU
-devices where the native kernels build, as :func:`shardwise._native.rowdot`, which reads at
+devices where the native kernels build, as :func:`shardwise._xla.native.rowdot`, which reads at
 the memory limit where XLA's fused multiply-and-reduce does not (S4's (4000, 10000) float32
 on 8 simulated devices: 10.8 ms against 9.5 ms, NumPy 9.5 ms); and a plain matrix product
-(``mk,kn->mn``), in a program with a CPU device per core, as :func:`shardwise._native.matmul`
+(``mk,kn->mn``), in a program with a CPU device per core, as :func:`shardwise._xla.native.matmul`
 (OpenBLAS, one thread per device: W3's 4096×4096 float32 664 ms against XLA's 743–770,
 NumPy 679). Lowering picks them (see :func:`native_kernel`). All give results equal to
 NumPy within the dtype's tolerance.
@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeAlias
 import jax
 import jax.numpy as jnp
 
-from shardwise._op import Op
+from shardwise._model.op import Op
 
 Kernel: TypeAlias = Literal["unrolled", "ones", "rowdot", "matmul", "einsum"]
 
@@ -61,7 +61,7 @@ def choose_kernel(op: Op, sizes: dict[str, int]) -> Kernel:
 
 
 def native_kernel(op: Op, sizes: dict[str, int], on_cpu: bool, devices: int = 1) -> Kernel:
-    """:func:`choose_kernel`, with a native kernel of :mod:`shardwise._native` in place of
+    """:func:`choose_kernel`, with a native kernel of :mod:`shardwise._xla.native` in place of
     ``"einsum"`` on CPU devices where it is available (built on first need, so other
     programs never wait for the compiler): ``"rowdot"`` for a dot product along the
     trailing indices (:func:`row_dot`); ``"matmul"`` for a plain matrix product
@@ -78,7 +78,7 @@ def native_kernel(op: Op, sizes: dict[str, int], on_cpu: bool, devices: int = 1)
     kernel = choose_kernel(op, sizes)
     if kernel != "einsum" or not on_cpu or 0 in sizes.values():
         return kernel
-    from shardwise import _native
+    from shardwise._xla import native as _native
 
     if row_dot(op) and _native.available("rowdot"):
         return "rowdot"
@@ -159,13 +159,13 @@ def rowdot_einsum(op: Op, x: jax.Array, y: jax.Array, precision: Any = None) -> 
     Operands of other dtypes than float32 and float64, or of two dtypes, use ``jnp.einsum``.
 
     >>> import numpy as np
-    >>> from shardwise import _native
+    >>> from shardwise._xla import native as _native
     >>> a = np.arange(24.0, dtype=np.float32).reshape(2, 3, 4)
     >>> not _native.available() or rowdot_einsum(Op.parse("ijk,ijk->i"), a, a).tolist() == [
     ...     506.0, 3818.0]
     True
     """
-    from shardwise import _native
+    from shardwise._xla import native as _native
 
     x, y = jnp.asarray(x), jnp.asarray(y)
     supported = _native.KERNELS["rowdot"].target(x.dtype) is not None
@@ -179,7 +179,7 @@ def rowdot_einsum(op: Op, x: jax.Array, y: jax.Array, precision: Any = None) -> 
 def matmul_einsum(op: Op, a: jax.Array, b: jax.Array, precision: Any = None) -> jax.Array:
     """A :func:`mat_mul` einsum by the native kernel. Operands of other dtypes than float32
     and float64, or of two dtypes, use ``jnp.einsum``."""
-    from shardwise import _native
+    from shardwise._xla import native as _native
 
     a, b = jnp.asarray(a), jnp.asarray(b)
     if a.dtype != b.dtype or _native.KERNELS["matmul"].target(a.dtype) is None:

@@ -18,7 +18,7 @@ from typing import TypeAlias
 from jax.sharding import PartitionSpec
 
 from shardwise._errors import IndivisibleError, SpecError, did_you_mean
-from shardwise._mesh import MeshSpec
+from shardwise._model.mesh import MeshSpec
 
 Entry: TypeAlias = tuple[str, ...]
 """Mesh axes that split one dimension, major to minor; ``()`` means unsharded."""

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from shardwise._distributed import (
+from shardwise._runtime.distributed import (
     ENV_COORDINATOR,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_NUM_PROCESSES,

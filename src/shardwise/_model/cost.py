@@ -28,11 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 import opt_einsum  # type: ignore[import-untyped]  # (a dependency of JAX, untyped)
 
-from shardwise._mesh import MeshSpec
-from shardwise._op import Op
-from shardwise._profile import Profile
-from shardwise._spec import Entry, Layout
-from shardwise._strategy import Strategy, reduce_axes
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.op import Op
+from shardwise._model.profile import Profile
+from shardwise._model.spec import Entry, Layout
+from shardwise._model.strategy import Strategy, reduce_axes
 
 Step = tuple[tuple[int, ...], tuple[str, ...], str]
 """One step of an einsum: the places of its operands in the list of arrays left (each step
@@ -108,7 +108,7 @@ def ring_seconds(
 ) -> float:
     """Alpha-beta time of a ring collective over ``axes``, one ring per axis.
 
-    >>> from shardwise._profile import BUILTIN
+    >>> from shardwise._model.profile import BUILTIN
     >>> t = ring_seconds("all-reduce", ["x"], 10**6, MeshSpec.parse("x=4"), BUILTIN["h100"])
     >>> round(t * 1e6, 2)  # 6 × 10 µs + 1.5 × 1 MB / 450 GB/s
     63.33
@@ -304,8 +304,8 @@ def predict(
 ) -> Prediction:
     """Predict memory, FLOPs, collectives and time per device for one strategy.
 
-    >>> from shardwise._profile import BUILTIN
-    >>> from shardwise._spec import Layout, Spec
+    >>> from shardwise._model.profile import BUILTIN
+    >>> from shardwise._model.spec import Layout, Spec
     >>> op = Op.parse("nd,nd->n")
     >>> s = Strategy(Layout.parse("n=x,d=y"), Spec.parse("x"))
     >>> p = predict(op, [(4000, 10000)] * 2, "float32", MeshSpec.parse("x=2,y=4"), s,

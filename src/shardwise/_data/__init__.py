@@ -1,0 +1,1 @@
+"""Data beyond one memory: streamed sources and outputs, Dask arrays."""

@@ -1,0 +1,4 @@
+"""Pure values and arithmetic, no devices.
+
+Operations, meshes, specs, plans, strategies and the cost model.
+"""

@@ -1,0 +1,1 @@
+"""Planners: one einsum (strategies ranked by the cost model) and device calibration."""

@@ -1,0 +1,4 @@
+"""The process and its machine.
+
+Simulated devices, the distributed runtime, launch, host memory and timing.
+"""
