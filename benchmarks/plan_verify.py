@@ -33,8 +33,8 @@ def main() -> None:
     import jax
 
     from shardwise._model.mesh import MeshSpec, build_mesh
-    from shardwise._planner.einsum import rank, spearman, verify
     from shardwise._model.profile import default_profile
+    from shardwise._planner.einsum import rank, spearman, verify
 
     results = []
     pooled_p: list[float] = []

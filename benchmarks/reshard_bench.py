@@ -40,9 +40,9 @@ def main() -> None:
     from jax.sharding import NamedSharding
 
     import shardwise
-    from shardwise._xla.lower import lower
     from shardwise._model.mesh import MeshSpec, build_mesh
     from shardwise._model.plan import Plan
+    from shardwise._xla.lower import lower
 
     rows: list[dict[str, Any]] = []
     rng = np.random.default_rng(0)

@@ -43,11 +43,11 @@ def test_mean_of_numpy_jax_and_dask():
 def test_mean_is_one_program_with_the_sum_and_the_division():
     import jax
 
-    from shardwise._api import place, plan_einsum
-    from shardwise._xla.lower import divided
+    from shardwise._planner.layout import plan_arrays
+    from shardwise._xla.lower import divided, place
 
     x = np.random.default_rng(3).random((64, 15)).astype(np.float32)
-    plan, jm = plan_einsum("ij->", x, mesh="devices=8", layout="i=devices")
+    plan, jm = plan_arrays("ij->", x, mesh="devices=8", layout="i=devices")
     (px,) = place(plan, jm, [x])
     hlo = divided(plan, jm, x.size).lower(px).compile().as_text()
     # XLA may turn the division by a constant into a product with its reciprocal
@@ -86,10 +86,10 @@ def test_blocks_run_on_distributed_workers():
         got = shardwise.einsum("ij,jk->ik", d, d.T).compute()
         np.testing.assert_allclose(got, x @ x.T, rtol=1e-12)
         # each block built its mesh, and ran, in a worker process, not here
-        built = client.run(lambda: __import__("shardwise")._dask._local_mesh.cache_info().misses)
+        built = client.run(lambda: _local_mesh.cache_info().misses)
         assert sum(built.values()) >= 1
         assert _local_mesh.cache_info().misses == 0
-        devices = client.run(lambda: __import__("jax").device_count())
+        devices = client.run(lambda: _local_mesh(None).devices.size)
         assert set(devices.values()) == {2}
         # with a cluster, a mean is not grouped (that would move blocks between workers)
         from shardwise._data.dask import _client_active, _grouped_sum

@@ -66,8 +66,8 @@ def test_demo_on_two_processes_matches_one():
 
 
 def test_property_family_on_two_processes_matches_one():
-    one = subprocess.run(
-        [sys.executable, str(CHILD)],
+    one = subprocess.run(  # the entry of launched processes, here with no runtime to join
+        [sys.executable, "-m", "shardwise._runtime.child", str(CHILD)],
         capture_output=True,
         text=True,
         env={**ENV, "SHARDWISE_CPU_DEVICES": "8"},

@@ -23,9 +23,24 @@ A = np.ones((16, 8), np.float32)
 
 
 def test_error_family():
-    for cls in (MeshError, SpecError, IndivisibleError, EquationError, ShapeError):
+    bad_values = (MeshError, SpecError, IndivisibleError, EquationError, ShapeError, ArgumentError)
+    for cls in bad_values:
         assert issubclass(cls, ShardwiseError) and issubclass(cls, ValueError)
-    assert issubclass(ArgumentError, TypeError)
+    assert issubclass(shardwise.ArgumentTypeError, ArgumentError)
+    assert issubclass(shardwise.ArgumentTypeError, TypeError)
+    assert issubclass(shardwise.DistributedError, ShardwiseError)
+    assert issubclass(shardwise.DistributedError, RuntimeError)
+
+
+def test_bad_values_are_value_errors_and_bad_types_type_errors():
+    with pytest.raises(ValueError, match="not both"):
+        shardwise.einsum("nd,nd->n", A, A, mesh="x=8", layout="auto", in_specs=["x", "x"])
+    with pytest.raises(TypeError, match="2 operands but 1 in_specs"):
+        shardwise.einsum("nd,nd->n", A, A, mesh="x=8", in_specs=["x"])
+    with pytest.raises(TypeError, match="strings"):
+        shardwise.einsum("i->", np.array(["a", "b"]), mesh="x=2")
+    with pytest.raises(ValueError, match="no profile named"):
+        shardwise.plan_einsum("ij->", [(8, 8)], mesh="x=8", profile="no-such-profile")
 
 
 def test_unknown_mesh_axis_lists_the_axes_and_suggests():

@@ -54,12 +54,13 @@ def test_small_arrays_take_jax_device_put(monkeypatch):
 
 
 def test_einsum_places_host_arrays_in_huge_pages():
-    from shardwise._api import place, plan_einsum
+    from shardwise._planner.layout import plan_arrays
+    from shardwise._xla.lower import place
 
     rows = 8 * MIN_HUGE_BYTES // (16 * 4)
     a = np.random.default_rng(1).random((rows, 16), dtype=np.float32)
     specs = ["devices", "devices"]
-    plan, mesh = plan_einsum("nd,nd->n", a, a, mesh="devices=8", in_specs=specs)
+    plan, mesh = plan_arrays("nd,nd->n", a, a, mesh="devices=8", in_specs=specs)
     for placed in place(plan, mesh, [a, a]):
         assert all(
             s.data.unsafe_buffer_pointer() % HUGE_PAGE == 0 for s in placed.addressable_shards

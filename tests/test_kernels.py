@@ -84,14 +84,14 @@ def test_long_sums_over_trailing_indices_are_products_with_ones():
 def test_products_with_ones_equal_numpy(mode, equation, shape, layout, dtype):
     import jax
 
-    from shardwise._api import plan_einsum
+    from shardwise._planner.layout import plan_arrays
     from shardwise._xla.lower import jitted
 
     mesh = "x=2,y=4" if "x" in layout else "devices=8"
     x = np.random.default_rng(2).standard_normal(shape).astype(dtype)
     with jax.enable_x64(dtype == np.float64):
         got = shardwise.einsum(equation, x, mesh=mesh, layout=layout, mode=mode)
-        plan, jmesh = plan_einsum(equation, x, mesh=mesh, layout=layout, mode=mode)
+        plan, jmesh = plan_arrays(equation, x, mesh=mesh, layout=layout, mode=mode)
         hlo = jitted(plan, jmesh).lower(x).compile().as_text()
     expected = np.einsum(equation, x.astype(np.float64))
     tol = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}[dtype]

@@ -16,7 +16,7 @@ import pytest
 import shardwise
 from helpers import assert_shards, tolerance
 from shardwise import Op, Spec
-from shardwise._api import plan_einsum
+from shardwise._planner.layout import plan_arrays
 from shardwise._xla import kernels as _kernels
 from shardwise._xla import native as _native
 from shardwise._xla.kernels import native_kernel, row_dot
@@ -75,7 +75,7 @@ def test_einsums_on_the_mesh_use_it_and_equal_numpy(
     rng = np.random.default_rng(1)
     a, b = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
     with jax.enable_x64(dtype == np.float64):
-        plan, jmesh = plan_einsum(
+        plan, jmesh = plan_arrays(
             equation, a, b, mesh=mesh, in_specs=[specs] * 2, out_spec=out, mode=mode
         )
         got = shardwise.einsum(
@@ -99,7 +99,7 @@ def test_other_programs_keep_xlas_kernels_and_disagreeing_operands_are_resharded
     a = rng.standard_normal((64, 100)).astype(np.float32)
 
     def hlo(*arrays, **options):
-        plan, jmesh = plan_einsum("nd,nd->n", *arrays, mesh="x=2,y=4", **options)
+        plan, jmesh = plan_arrays("nd,nd->n", *arrays, mesh="x=2,y=4", **options)
         return jitted(plan, jmesh).lower(*arrays).compile().as_text()
 
     # auto mode scattering the sum onto the output: XLA fuses the scatter into its collective
@@ -151,12 +151,12 @@ def test_without_a_compiler_einsums_run_on_xlas_kernels(tmp_path):
         jax.config.update("jax_num_cpu_devices", 8)
         import shardwise
         from shardwise._xla import native as _native
-        from shardwise._api import plan_einsum
+        from shardwise._planner.layout import plan_arrays
         from shardwise._xla.lower import jitted
         a = np.random.default_rng(0).standard_normal((64, 100)).astype(np.float32)
         got = shardwise.einsum("nd,nd->n", a, a, mesh="x=2,y=4", in_specs=["x,y"] * 2)
         np.testing.assert_allclose(np.asarray(got), np.einsum("nd,nd->n", a, a), rtol=1e-5)
-        plan, m = plan_einsum("nd,nd->n", a, a, mesh="x=2,y=4", in_specs=["x,y"] * 2)
+        plan, m = plan_arrays("nd,nd->n", a, a, mesh="x=2,y=4", in_specs=["x,y"] * 2)
         assert "shardwise_rowdot" not in jitted(plan, m).lower(a, a).compile().as_text()
         print(_native.available(), _native.why_unavailable())
         """
@@ -205,7 +205,7 @@ def test_matmuls_on_the_mesh_use_it_and_equal_numpy(mode, dtype, specs, out, red
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((64, 48)).astype(dtype), rng.standard_normal((48, 32)).astype(dtype)
     with jax.enable_x64(dtype == np.float64):
-        plan, jmesh = plan_einsum(
+        plan, jmesh = plan_arrays(
             "mk,kn->mn", a, b, mesh=mesh, in_specs=specs, out_spec=out, mode=mode
         )
         got = shardwise.einsum(

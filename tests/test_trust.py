@@ -14,7 +14,6 @@ import shardwise
 from shardwise import _api
 from shardwise._model.mesh import MeshSpec, build_mesh
 from shardwise._model.plan import Plan
-from shardwise._xla import explain as _explain
 from shardwise._xla import lower as _lower
 from shardwise._xla.check import contraction_problems
 from shardwise._xla.explain import compile_plan, explain_compiled
@@ -34,11 +33,7 @@ def _raw(equation, specs, mesh):
 
 
 def _clear_caches():
-    _lower.jitted.cache_clear()
-    _lower.target_layout.cache_clear()
-    _explain.compile_plan.cache_clear()
-    _api._PLANS.clear()
-    _explain.compile_sound.cache_clear()
+    shardwise.clear_caches()
 
 
 @pytest.mark.xfail(

@@ -21,13 +21,13 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from shardwise._api import place
 from shardwise._model.mesh import MeshSpec, build_mesh
 from shardwise._model.plan import Mode, Plan
 from shardwise._runtime.devices import device_summary
 from shardwise._runtime.distributed import multi_process, to_host
 from shardwise._xla.check import Check, check_einsum
 from shardwise._xla.explain import Explanation, compile_plan, explain_compiled
+from shardwise._xla.lower import place
 
 Size = Literal["tutorial", "small"]
 SIZES: tuple[Size, ...] = ("tutorial", "small")
@@ -182,7 +182,7 @@ def run_s5(size: Size = "tutorial", seed: int = 0) -> dict[str, Any]:
     Dask's ``dot`` forms the N×N product in O(N³). Each is run once untimed first (it
     compiles the blocks' programs; reported as ``first_run_seconds``), as S1–S4 time runs
     after compilation; times are medians of 5 runs taking turns with Dask's (3 of ours and
-    Dask's one for the dot, which takes Dask about 25 s).
+    one of Dask's for the dot, whose O(N³) product is slow).
     """
     import dask.array as da
 

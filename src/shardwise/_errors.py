@@ -35,8 +35,12 @@ class ShapeError(ShardwiseError, ValueError):
     """Operands do not match the equation: wrong count, rank or sizes."""
 
 
-class ArgumentError(ShardwiseError, TypeError):
-    """An argument has the wrong type or the wrong number of entries."""
+class ArgumentError(ShardwiseError, ValueError):
+    """An argument's value is not one shardwise can use (an option, a size, a file)."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument has the wrong type (or dtype), or the wrong number of entries."""
 
 
 def did_you_mean(given: str, choices: Iterable[str]) -> str:
@@ -53,6 +57,10 @@ def did_you_mean(given: str, choices: Iterable[str]) -> str:
 
 class MissingExtraError(ShardwiseError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
+
+
+class DistributedError(ShardwiseError, RuntimeError):
+    """The processes could not form, or keep, one runtime."""
 
 
 class MiscompileError(ShardwiseError, RuntimeError):

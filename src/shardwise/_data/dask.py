@@ -6,8 +6,7 @@ sums over contracted indices are added up by Dask — but each block's einsum ru
 on the mesh's devices. A large block is sharded over the whole mesh with the planner's
 best layout; a small one (under :data:`SPLIT_MIN_BYTES` per device) runs whole on one
 device, the devices taking blocks in turn, because a collective per block costs more than
-a small block's compute: the tutorial's 8 MB blocks took 1.1 ms each split over 8
-simulated devices, and run 3× faster one per device (see ``benchmarks/``). A block that
+a small block's compute (``benchmarks/`` has the figures). A block that
 is summed whole (``data.mean()``) is not even copied: its 64-byte-aligned part is used in
 place by its device, and the few elements before and after it are added on the host; a
 whole-array sum takes its blocks in groups, two per device, so that the devices sum them
@@ -20,13 +19,13 @@ machine. float64 blocks are computed in float64 (JAX's x64 mode, inside the bloc
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from typing import Any
 
 import numpy as np
 
+from shardwise._caches import cached
 from shardwise._errors import MissingExtraError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
@@ -47,11 +46,15 @@ def _dask_array() -> Any:
     return da
 
 
-@functools.lru_cache(maxsize=8)
+@cached(maxsize=8)
 def _local_mesh(spec: MeshSpec | None) -> Any:
-    """The mesh on this process's devices (each Dask worker builds its own)."""
+    """The mesh on this process's devices (each Dask worker builds its own, with
+    ``SHARDWISE_CPU_DEVICES`` simulated CPU devices if its environment sets that)."""
     from shardwise._model.mesh import build_mesh, mesh
+    from shardwise._runtime.devices import apply_env
 
+    if _in_worker():
+        apply_env()
     return mesh("auto") if spec is None else build_mesh(spec)
 
 
@@ -68,21 +71,12 @@ def _next_device(mesh: Any) -> Any:
     return devices[next(_turns) % len(devices)]
 
 
-def _precision(blocks: tuple[np.ndarray, ...]) -> Any:
-    """JAX's x64 mode, on while 64-bit blocks (float64, int64, …) are computed, so they are
-    computed in 64 bits as Dask would."""
-    import jax
-
-    return jax.enable_x64(any(np.dtype(b.dtype).itemsize >= 8 for b in blocks))
-
-
-@functools.lru_cache(maxsize=64)
+@cached(maxsize=64)
 def _program(
     equation: str, shapes: tuple[tuple[int, ...], ...], extra: int, on_cpu: bool = False
 ) -> Any:
     """The jitted local einsum for blocks of ``shapes`` on one device (a CPU device if
-    ``on_cpu``), with ``extra`` singleton axes appended (one dispatch per block: each costs
-    about 50 µs)."""
+    ``on_cpu``), with ``extra`` singleton axes appended, so that a block is one dispatch."""
     import jax
 
     from shardwise._xla.kernels import local_einsum, native_kernel
@@ -97,7 +91,7 @@ def _program(
     return jax.jit(block)
 
 
-@functools.lru_cache(maxsize=64)
+@cached(maxsize=64)
 def _sum_program(extra: int) -> Any:
     """The jitted sum of a block's aligned part plus the sum of the rest, as ``extra``
     singleton axes."""
@@ -121,6 +115,19 @@ def _sum_in_place(block: np.ndarray, device: Any, extra: int) -> Any:
     return _sum_program(extra)(jax.device_put(flat[skip:stop], device), rest)
 
 
+def _on_mesh(equation: str, blocks: tuple[np.ndarray, ...], mesh: Any) -> np.ndarray:
+    """One block's einsum sharded over ``mesh`` with the planner's best layout for it."""
+    from shardwise._planner.layout import plan_arrays
+    from shardwise._xla.explain import compile_sound
+    from shardwise._xla.lower import jitted, place
+
+    plan, _ = plan_arrays(equation, *blocks, mesh=mesh, layout="auto")
+    if plan.empty:  # nothing to compute: NumPy's zeros (or an empty result)
+        return np.zeros(plan.output_shape, plan.dtype)
+    compile_sound(plan, mesh)  # refused if XLA left out a sum
+    return np.asarray(jitted(plan, mesh)(*place(plan, mesh, blocks)))
+
+
 def _in_worker() -> bool:
     """Whether this runs on a ``dask.distributed`` worker (whose results travel by pickle)."""
     try:
@@ -141,14 +148,14 @@ def _block(
     block at once, and :func:`_add` waits for all of them together."""
     import jax
 
-    from shardwise._api import einsum
+    from shardwise._xla.dtypes import wide_blocks
 
     mesh = _local_mesh(spec)
     share = max(b.nbytes for b in blocks) // mesh.devices.size
     op = Op.parse(equation)
-    with _precision(blocks):
+    with wide_blocks(blocks):
         if share >= SPLIT_MIN_BYTES or mesh.devices.size == 1:
-            whole = np.asarray(einsum(equation, *blocks, mesh=mesh, layout="auto"))
+            whole = _on_mesh(equation, blocks, mesh)
             return whole.reshape(whole.shape + (1,) * extra)
         device = _next_device(mesh)
         if len(op.inputs) == 1 and not op.output:
@@ -168,8 +175,10 @@ GROUP_BYTES = 256 << 20
 def _sum_group(*blocks: np.ndarray, spec: MeshSpec | None) -> np.ndarray:
     """The sum of every element of several blocks, each summed on its own device and all
     of them at once."""
+    from shardwise._xla.dtypes import wide_blocks
+
     mesh = _local_mesh(spec)
-    with _precision(blocks):
+    with wide_blocks(blocks):
         return _add([_sum_in_place(b, _next_device(mesh), 0) for b in blocks])
 
 
@@ -190,10 +199,8 @@ def _grouped_sum(x: Any, spec: MeshSpec | None, dtype: Any) -> Any | None:
     two per device — and sum them on the devices at once, or ``None`` where that does not
     apply (large blocks, which are split over the mesh instead; a distributed cluster).
 
-    Dask's own ``mean`` spends about 0.3 ms of scheduling per block; with one task per
-    block, JAX's dispatch came on top of that and the tutorial's ``data.mean()`` ran at
-    1.3–1.9× Dask's time. Grouped, it is level with Dask's (47–49 against 50–52 ms,
-    medians of 7 on the 2-core CI machine kind)."""
+    With one task per block, JAX's dispatch would come on top of Dask's own scheduling of
+    every block; grouped, a whole-array sum schedules a few tasks."""
     from dask.delayed import delayed
 
     da = _dask_array()

@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from shardwise._errors import ArgumentError, MissingExtraError, ShardwiseError
+from shardwise._data.dask import is_dask
+from shardwise._errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    MissingExtraError,
+    ShardwiseError,
+)
 
 
 def _zarr() -> Any:
@@ -34,10 +40,6 @@ def _zarr() -> Any:
             "pip install 'shardwise[zarr]'."
         ) from None
     return zarr
-
-
-def _is_dask(x: Any) -> bool:
-    return type(x).__module__.startswith("dask.") and hasattr(x, "compute")
 
 
 @dataclass
@@ -194,7 +196,7 @@ def open_source(value: Any, k: int) -> Source:
                 str(path), tuple(arr.shape), np.dtype(arr.dtype), "zarr", obj=arr, path=path
             )
         raise ArgumentError(f"input {k} {str(path)!r} is neither a .npy file nor a Zarr directory.")
-    if _is_dask(value):
+    if is_dask(value):
         return Source(
             f"dask array {k}", tuple(value.shape), np.dtype(value.dtype), "dask", obj=value
         )
@@ -204,7 +206,7 @@ def open_source(value: Any, k: int) -> Source:
         )
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return Source(f"array {k}", tuple(value.shape), np.dtype(value.dtype), "numpy", obj=value)
-    raise ArgumentError(
+    raise ArgumentTypeError(
         f"input {k} is a {type(value).__name__}; give a NumPy array, a .npy path, a Zarr "
         "array or directory, or a Dask array."
     )
@@ -332,10 +334,8 @@ def _drop_cached(fd: int, spans: list[tuple[int, int]]) -> None:
     A streamed run writes as much output as it likes, so its pages would otherwise crowd
     the page cache (and the inputs in it) until the kernel evicts them. Freeing them at
     once also lets the next chunk's writes reuse the same, recently used memory: in a
-    virtual machine that hands free memory back to its host (as the CI machine kind does),
-    writing into memory that has been handed back costs a fault on the host for every page
-    (measured there: 28 writes of 50 MB with their flushes, 3.1–3.4 s without this,
-    0.68–0.82 s with it).
+    virtual machine that hands free memory back to its host, writing into memory that has
+    been handed back costs a fault on the host for every page.
     """
     if not hasattr(os, "posix_fadvise"):
         return

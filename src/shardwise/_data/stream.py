@@ -14,10 +14,8 @@ never a file that looks complete, and the same command resumes where it stopped.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
+import functools
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,117 +25,15 @@ from typing import Any
 
 import numpy as np
 
+from shardwise._data.budget import StreamPlan, plan_stream
+from shardwise._data.chunks import Chunking, ChunkReader, ChunkWriter, Pieces
+from shardwise._data.manifest import Manifest, manifest_path
 from shardwise._data.sources import Sink, Source, open_source
-from shardwise._errors import ArgumentError, ShapeError, ShardwiseError
+from shardwise._errors import ArgumentError, ShapeError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.units import format_bytes, parse_bytes
-from shardwise._runtime.hostmem import aligned_empty, cpu_only, in_place
-
-ALIGN_ROWS = 16
-"""Rows per device in a chunk come in multiples of this, so every device's block starts on a
-64-byte boundary whatever the dtype."""
-
-BUFFERS = 3
-"""Copies of each input chunk alive at once: the one computing (on CPU devices its device
-copy is host memory too), and the next one being read. (Mapped ``.npy`` chunks need two.)"""
-
-OUT_COPIES = 3
-"""Copies of each chunk's result alive at once: the devices' result, its host copy (none on
-CPU devices, whose blocks are written as they are), and the previous chunk's result being
-written."""
-
-
-@dataclass(frozen=True, slots=True)
-class StreamPlan:
-    """How a streamed einsum is cut into chunks, checked against the budget before any work.
-
-    Attributes:
-        index: the index the chunks run along.
-        accumulate: whether chunks are partial sums (a contracted index) to be added up.
-        total: that index's size.
-        chunk: its size in one chunk (a multiple of the mesh's device count).
-        chunks: number of chunks.
-        chunk_bytes: host memory one chunk needs, all buffers counted.
-        fixed_bytes: host memory independent of the chunk size (the accumulator).
-    """
-
-    index: str
-    accumulate: bool
-    total: int
-    chunk: int
-    chunks: int
-    chunk_bytes: int
-    fixed_bytes: int
-
-    @property
-    def peak_bytes(self) -> int:
-        """Predicted host memory for the data (the runtime's own overhead comes on top)."""
-        return self.chunk_bytes + self.fixed_bytes
-
-
-def plan_stream(
-    op: Op,
-    sources: Sequence[Source],
-    devices: int,
-    budget: int,
-    chunk: int | str = "auto",
-) -> StreamPlan:
-    """Choose the chunk index and size, or say why the budget cannot work and what would.
-
-    >>> from shardwise._data.sources import Source
-    >>> src = Source("a", (1000, 3), np.dtype("float32"), "numpy")
-    >>> p = plan_stream(Op.parse("nd,nd->n"), [src, src], devices=8, budget=32768)
-    >>> (p.index, p.chunk, p.chunks, p.peak_bytes <= 32768)
-    ('n', 384, 3, True)
-    """
-    sizes = op.sizes([s.shape for s in sources])
-    shared = [i for i in op.contracted if all(i in t for t in op.inputs)]
-    candidates = [*op.batch, *shared]
-    if candidates:
-        # the longest index, preferring the leading axis (read with plain pread) and batch
-        index = max(
-            candidates, key=lambda i: (sizes[i], all(t[0] == i for t in op.inputs), i in op.batch)
-        )
-        accumulate = index not in op.batch
-    else:
-        raise ArgumentError(
-            f"cannot stream {op.equation!r}: chunks run along an index that every input has "
-            "(a batch index, or a contracted one); this equation has none."
-        )
-    width = sources[0].dtype.itemsize
-    per_row = sum(math.prod(sizes[i] for i in t if i != index) * width for t in op.inputs) * BUFFERS
-    out_rest = math.prod(sizes[i] for i in op.output if i != index) * width
-    fixed = 2 * out_rest if accumulate else 0
-    if not accumulate:
-        per_row += OUT_COPIES * out_rest
-    total = sizes[index]
-    # each device's rows start on a 64-byte boundary (16 rows of any dtype), so the CPU
-    # devices can use the read buffers in place instead of copying them
-    granule = devices * ALIGN_ROWS
-    smallest = granule
-    need = fixed + smallest * per_row
-    if isinstance(chunk, str):
-        if chunk != "auto":
-            raise ArgumentError(f"chunk {chunk!r} is neither 'auto' nor a whole number.")
-        rows = (budget - fixed) // per_row // granule * granule if budget > fixed else 0
-        rows = min(rows, -(-total // granule) * granule)
-    else:
-        rows = int(chunk)
-        if rows < 1 or rows % granule:
-            raise ArgumentError(
-                f"chunk {rows} must be a positive multiple of {granule} ({ALIGN_ROWS} rows for "
-                f"each of the {devices} devices it is split over)."
-            )
-        need = fixed + rows * per_row
-    if rows < smallest or fixed + rows * per_row > budget:
-        raise ArgumentError(
-            f"a memory budget of {format_bytes(budget)} cannot hold the smallest chunk of "
-            f"{op.equation!r} ({max(rows, smallest)} along index {index!r}, split over "
-            f"{devices} devices, needs {format_bytes(need)}); use --budget "
-            f"{format_bytes(need * 1.05)} or more."
-        )
-    return StreamPlan(index, accumulate, total, rows, -(-total // rows), rows * per_row, fixed)
+from shardwise._runtime.hostmem import cpu_only, in_place
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,34 +80,6 @@ def peak_rss() -> int | None:
     except OSError:
         pass
     return None
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder if str(folder) else ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _save_array(path: Path, arr: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.save(f, arr)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def stream(
@@ -263,10 +131,8 @@ def _stream(
     on_chunk: Callable[[int, int, int], None] | None,
 ) -> StreamResult:
     """:func:`stream`, with ``scope`` to hold JAX's 64-bit mode for 64-bit inputs."""
-    import jax
-
-    from shardwise._api import _jax_mesh, _supported, plan_einsum, shardings, wide
-    from shardwise._xla.explain import compile_sound
+    from shardwise._xla.dtypes import supported, wide
+    from shardwise._xla.lower import jax_mesh
 
     op = Op.parse(equation)
     sources = [open_source(x, k) for k, x in enumerate(inputs)]
@@ -278,219 +144,162 @@ def _stream(
             f"inputs of {op.equation!r} must share one dtype, but {names}; "
             "convert them to one dtype first."
         )
-    dtype = _supported(sources[0].dtype, "the inputs")
+    dtype = supported(sources[0].dtype, "the inputs")
     scope.enter_context(wide(dtype))  # int64 and float64 are computed in 64 bits
-    jmesh = _jax_mesh(mesh)
+    jmesh = jax_mesh(mesh)
     spec = MeshSpec.parse(jmesh)
-    limit = parse_bytes(budget)
-    target = Path(out)
-    manifest_path = target.with_name(target.name + ".manifest.json")
-    fingerprints = [s.fingerprint(checksum) for s in sources]
     sizes = op.sizes([s.shape for s in sources])
-    out_shape = tuple(sizes[i] for i in op.output)
-    sink = Sink(target, out_shape, dtype)
+    sink = Sink(Path(out), tuple(sizes[i] for i in op.output), dtype)
+    begun = _begin(op, sources, sink, spec.size, parse_bytes(budget), chunk, checksum)
+    if isinstance(begun, StreamResult):
+        return begun
+    manifest, plan = begun, begun.plan
+    cpu = all(d.platform == "cpu" for d in jmesh.devices.flat)
+    chunking = Chunking.of(op, sources, plan, cpu)
+    writer = ChunkWriter(chunking, sink, manifest, on_chunk)
+    todo = manifest.todo()
+    chunk_layout = {plan.index: spec.names} if layout is None else layout
+    start_time = time.perf_counter()
+    compile_ = functools.partial(_compile, op, chunking, dtype, jmesh, chunk_layout)
+    _run_chunks(todo, ChunkReader(chunking), writer, compile_)
+    writer.finish()
+    return StreamResult(
+        sink.path,
+        plan.chunks,
+        len(todo),
+        plan.chunks - len(todo),
+        time.perf_counter() - start_time,
+        writer.bytes_read,
+        plan,
+    )
 
-    manifest: dict[str, Any] | None = None
-    if manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
-        _check_same(manifest, op, fingerprints, out_shape, dtype, checksum, manifest_path)
+
+def _begin(
+    op: Op,
+    sources: Sequence[Source],
+    sink: Sink,
+    devices: int,
+    limit: int,
+    chunk: int | str,
+    checksum: bool,
+) -> Manifest | StreamResult:
+    """The manifest of the run writing ``sink``: the interrupted run's, checked, to resume,
+    or a new one; or the result of a finished run, which has nothing left to do."""
+    target = sink.path
+    path = manifest_path(target)
+    fingerprints = [s.fingerprint(checksum) for s in sources]
+    manifest = Manifest.load(path)
+    if manifest is not None:
+        manifest.check(op, fingerprints, sink.shape, sink.dtype, checksum)
     if target.exists():
-        if manifest is not None and manifest.get("complete"):
-            plan = StreamPlan(**manifest["plan"])
+        if manifest is not None and manifest.complete:
+            plan = manifest.plan
             return StreamResult(target, plan.chunks, 0, plan.chunks, 0.0, 0, plan)
         raise ArgumentError(
             f"{str(target)!r} already exists and no finished run of this "
             "command wrote it; remove it or choose another output."
         )
     if manifest is not None and sink.partial.exists():
-        plan = StreamPlan(**manifest["plan"])
+        plan = manifest.plan
         if plan.peak_bytes > limit:
             raise ArgumentError(
                 f"the interrupted run used chunks needing {format_bytes(plan.peak_bytes)}, "
                 f"over the budget of {format_bytes(limit)}; resume with --budget "
                 f"{format_bytes(plan.peak_bytes)}, or delete {sink.partial.name} and "
-                f"{manifest_path.name} to start over."
+                f"{path.name} to start over."
             )
         sink.open_existing()
-    else:
-        plan = plan_stream(op, sources, spec.size, limit, chunk)
-        sink.create()
-        manifest = {
-            "equation": op.equation,
-            "inputs": fingerprints,
-            "out_shape": list(out_shape),
-            "dtype": dtype.name,
-            "plan": _plan_json(plan),
-            "done": [],
-            "accumulator": None,
-            "complete": False,
-        }
-        _write_json(manifest_path, manifest)
-    assert manifest is not None
+        return manifest
+    plan = plan_stream(op, sources, devices, limit, chunk)
+    sink.create()
+    return Manifest.start(path, op, fingerprints, sink.shape, sink.dtype, plan)
 
-    done = set(manifest["done"])
-    acc: np.ndarray | None = None
-    if plan.accumulate:
-        acc_name = manifest.get("accumulator")
-        acc = np.load(target.parent / acc_name) if acc_name else np.zeros(out_shape, dtype)
-    axis_of = {k: t.index(plan.index) for k, t in enumerate(op.inputs)}
-    out_axis = op.output.index(plan.index) if not plan.accumulate else -1
-    todo = [c for c in range(plan.chunks) if c not in done]
-    chunk_layout = {plan.index: spec.names} if layout is None else layout
-    start_time = time.perf_counter()
-    bytes_read = 0
 
-    shapes = []  # every chunk's padded shape per input: one compiled program serves them all
-    for k, s in enumerate(sources):
-        shape = list(s.shape)
-        shape[axis_of[k]] = plan.chunk
-        shapes.append(tuple(shape))
-    # two warm buffers per input, used in turn: chunk c+1 is read into one while chunk c
-    # computes from the other (fresh pages cost more to fault in than to fill)
-    buffers: list[list[np.ndarray]] = [[], []]
+@dataclass(frozen=True, slots=True)
+class _Program:
+    """The one compiled program every chunk runs, and how its result reaches the host."""
 
-    # on CPU devices a full chunk of .npy inputs is computed straight from the page cache
-    mappable = all(s.mappable and axis_of[k] == 0 for k, s in enumerate(sources)) and all(
-        d.platform == "cpu" for d in jmesh.devices.flat
+    fn: Callable[..., Any]
+    targets: Sequence[Any]
+    chunking: Chunking
+
+    def __call__(self, blocks: list[np.ndarray]) -> Pieces:
+        """A chunk's result, computed from its input ``blocks``, as host arrays."""
+        import jax
+
+        ch = self.chunking
+        placed = [
+            in_place(b, t, shape)
+            for b, t, shape in zip(blocks, self.targets, ch.shapes, strict=True)
+        ]
+        result = self.fn(*placed)
+        del placed
+        pieces = None if ch.plan.accumulate else _shard_blocks(result, ch.out_axis)
+        if pieces is None:
+            pieces = [(0, np.asarray(jax.device_get(result)))]
+        return pieces
+
+
+def _compile(op: Op, chunking: Chunking, dtype: np.dtype[Any], jmesh: Any, layout: Any) -> _Program:
+    """Plan and compile the program for every chunk's padded shapes."""
+    import jax
+
+    from shardwise._planner.layout import plan_arrays
+    from shardwise._xla.explain import compile_sound
+    from shardwise._xla.lower import shardings
+
+    the_plan, _ = plan_arrays(
+        op.equation,
+        *(jax.ShapeDtypeStruct(shape, dtype) for shape in chunking.shapes),
+        mesh=jmesh,
+        layout=layout,
     )
+    fn = compile_sound(the_plan, jmesh)  # refused if XLA left out a sum
+    return _Program(fn, shardings(the_plan, jmesh), chunking)
 
-    def read(c: int, slot: int) -> list[np.ndarray]:
-        lo, hi = c * plan.chunk, min((c + 1) * plan.chunk, plan.total)
-        if mappable:  # the last chunk's missing rows are padded per device when placed
-            return [s.map_rows(lo, hi) for s in sources]
-        if not buffers[slot]:
-            buffers[slot] = [
-                aligned_empty(shape, s.dtype) for shape, s in zip(shapes, sources, strict=True)
-            ]
-        blocks = []
-        for k, s in enumerate(sources):
-            buf = buffers[slot][k]
-            s.read(axis_of[k], lo, hi, out=buf)
-            if hi - lo < plan.chunk:  # pad the last chunk to split evenly; zeros add nothing
-                tail = [slice(None)] * buf.ndim
-                tail[axis_of[k]] = slice(hi - lo, None)
-                buf[tuple(tail)] = 0
-            blocks.append(buf)
-        return blocks
 
-    def release(mapped: list[np.ndarray]) -> None:
-        for rows in mapped:
-            Source.release_rows(rows)
-
-    landed: list[int] = []  # chunks written but not yet durable nor in the manifest
-    lock = threading.Lock()
-
-    def record(batch: list[int]) -> None:
-        done.update(batch)
-        manifest["done"] = sorted(done)
-        _write_json(manifest_path, manifest)
-        if on_chunk is not None:
-            on_chunk(len(done), plan.chunks, bytes_read)
-
-    def sync() -> None:
-        """Make every landed chunk durable with one flush, then record them all in the
-        manifest (the commit point). Runs on its own thread while later chunks compute and
-        land, so the disk flushes many chunks at once and nobody waits for it."""
-        with lock:
-            batch = landed[:]
-            landed.clear()
-        if batch:
-            sink.sync()
-            record(batch)
-
-    def commit(c: int, pieces: list[tuple[int, np.ndarray]]) -> None:
-        """Land chunk ``c``'s result, given as blocks and where each starts along the streamed
-        index; its record follows once it is durable."""
-        nonlocal acc
-        lo, hi = c * plan.chunk, min((c + 1) * plan.chunk, plan.total)
-        if plan.accumulate:  # the running sum is saved durably, then recorded, chunk by chunk
-            assert acc is not None
-            ((_, result),) = pieces
-            acc = acc + result
-            name = f"{target.name}.acc.{c}.npy"
-            _save_array(target.parent / name, acc)
-            old = manifest.get("accumulator")
-            manifest["accumulator"] = name
-            record([c])
-            if old:
-                (target.parent / old).unlink(missing_ok=True)
-            return
-        for start, block in pieces:  # each block's rows past the chunk's end are padding
-            if start < hi - lo:
-                index = [slice(None)] * block.ndim
-                index[out_axis] = slice(0, hi - lo - start)
-                sink.write(out_axis, lo + start, block[tuple(index)], durable=False)
-        with lock:
-            landed.append(c)
-
-    # four stages overlap: reading chunk c+1, computing chunk c, writing chunk c-1 and
-    # flushing what was written before; each runs in order on its own thread
+def _run_chunks(
+    todo: list[int],
+    reader: ChunkReader,
+    writer: ChunkWriter,
+    compile_: Callable[[], _Program],
+) -> None:
+    """Compute the chunks ``todo`` in four overlapping stages: reading chunk c+1, computing
+    chunk c, writing chunk c-1 and flushing what was written before; each stage runs in
+    order on its own thread (computing on this one)."""
     with (
-        ThreadPoolExecutor(max_workers=1) as reader,
-        ThreadPoolExecutor(max_workers=1) as writer,
-        ThreadPoolExecutor(max_workers=1) as syncer,
+        ThreadPoolExecutor(max_workers=1) as reads,
+        ThreadPoolExecutor(max_workers=1) as writes,
+        ThreadPoolExecutor(max_workers=1) as syncs,
     ):
-        pending = reader.submit(read, todo[0], 0) if todo else None
-        if todo:  # compile the one program every chunk runs while the first chunk is read
-            the_plan, _ = plan_einsum(
-                op.equation,
-                *(jax.ShapeDtypeStruct(shape, dtype) for shape in shapes),
-                mesh=jmesh,
-                layout=chunk_layout,
-            )
-            fn = compile_sound(the_plan, jmesh)  # refused if XLA left out a sum
-            targets = shardings(the_plan, jmesh)
-        writing = None
+        pending = reads.submit(reader.read, todo[0], 0) if todo else None
+        program = compile_() if todo else None  # while the first chunk is read
+        writing: Future[None] | None = None
         flushes: list[Future[None]] = []
         for n, c in enumerate(todo):
-            assert pending is not None
+            assert pending is not None and program is not None
             blocks = pending.result()
-            pending = reader.submit(read, todo[n + 1], (n + 1) % 2) if n + 1 < len(todo) else None
-            bytes_read += sum(b.nbytes for b in blocks)
-            placed = [
-                in_place(b, t, shape) for b, t, shape in zip(blocks, targets, shapes, strict=True)
-            ]
-            result = fn(*placed)
-            del placed
-            pieces = None if plan.accumulate else _shard_blocks(result, out_axis)
-            if pieces is None:
-                pieces = [(0, np.asarray(jax.device_get(result)))]
-            del result
-            if mappable:  # on the reader's thread, before it maps the chunk after next
-                reader.submit(release, blocks)
+            pending = (
+                reads.submit(reader.read, todo[n + 1], (n + 1) % 2) if n + 1 < len(todo) else None
+            )
+            writer.bytes_read += sum(b.nbytes for b in blocks)
+            pieces = program(blocks)
+            if reader.chunking.mappable:  # on the reader's thread, before it maps the next
+                reads.submit(reader.release, blocks)
             del blocks
             if writing is not None:
                 writing.result()  # at most one result waits to be written (bounded memory)
                 for finished in [f for f in flushes if f.done()]:
                     finished.result()  # a failed flush (disk full) stops the run here
                     flushes.remove(finished)
-                flushes.append(syncer.submit(sync))
-            writing = writer.submit(commit, c, pieces)
+                flushes.append(syncs.submit(writer.sync))
+            writing = writes.submit(writer.commit, c, pieces)
             del pieces
         if writing is not None:
             writing.result()
-        flushes.append(syncer.submit(sync))
+        flushes.append(syncs.submit(writer.sync))
         for f in flushes:
             f.result()
-    if plan.accumulate:
-        assert acc is not None
-        sink.write(0, 0, acc) if acc.ndim else _write_scalar(sink, acc)
-    sink.finish()
-    manifest["complete"] = True
-    old = manifest.get("accumulator")
-    manifest["accumulator"] = None
-    _write_json(manifest_path, manifest)
-    if old:
-        (target.parent / old).unlink(missing_ok=True)
-    return StreamResult(
-        target,
-        plan.chunks,
-        len(todo),
-        plan.chunks - len(todo),
-        time.perf_counter() - start_time,
-        bytes_read,
-        plan,
-    )
 
 
 def _shard_blocks(result: Any, axis: int) -> list[tuple[int, np.ndarray]] | None:
@@ -507,43 +316,3 @@ def _shard_blocks(result: Any, axis: int) -> list[tuple[int, np.ndarray]] | None
         start = shard.index[axis].indices(result.shape[axis])[0]
         blocks.setdefault(start, np.asarray(shard.data))  # replicas: write one
     return sorted(blocks.items(), key=lambda item: item[0])
-
-
-def _write_scalar(sink: Sink, value: np.ndarray) -> None:
-    sink.write(0, 0, value.reshape(()))
-
-
-def _plan_json(plan: StreamPlan) -> dict[str, Any]:
-    return {f: getattr(plan, f) for f in StreamPlan.__slots__}
-
-
-def _check_same(
-    manifest: dict[str, Any],
-    op: Op,
-    fingerprints: list[dict[str, Any]],
-    out_shape: tuple[int, ...],
-    dtype: np.dtype[Any],
-    checksum: bool,
-    path: Path,
-) -> None:
-    """Refuse to resume when the command or its inputs changed since the manifest was written."""
-    start_over = f"delete {path.name} and the partial output to start over"
-    if (
-        manifest.get("equation") != op.equation
-        or manifest.get("out_shape") != list(out_shape)
-        or manifest.get("dtype") != dtype.name
-    ):
-        raise ArgumentError(
-            f"{path.name} belongs to another run ({manifest.get('equation')!r}, shape "
-            f"{manifest.get('out_shape')}, {manifest.get('dtype')}); choose another output or "
-            f"{start_over}."
-        )
-    before = manifest.get("inputs", [])
-    for k, (old, new) in enumerate(zip(before, fingerprints, strict=False)):
-        keys = ["shape", "dtype", "size", "mtime_ns"] + (["sha256"] if checksum else [])
-        changed = [key for key in keys if key in old and old.get(key) != new.get(key)]
-        if changed:
-            raise ShardwiseError(
-                f"input {k} ({new['name']}) changed since the last run ({', '.join(changed)} "
-                f"differ); restore it, or {start_over}."
-            )

@@ -1,6 +1,6 @@
 """Einsum equations, parsed once into an :class:`Op`.
 
-Each index is one of three kinds (the vocabulary of DESIGN.md):
+Each index is one of three kinds (the vocabulary used throughout shardwise):
 
 - **batch**: in every input and in the output (``n`` in ``nd,nd->n``);
 - **contracted**: in the inputs but not the output (``d``); sharding it leaves
@@ -10,10 +10,10 @@ Each index is one of three kinds (the vocabulary of DESIGN.md):
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shardwise._caches import cached
 from shardwise._errors import EquationError, ShapeError
 
 
@@ -32,7 +32,7 @@ class Op:
     output: str
 
     @staticmethod
-    @functools.lru_cache(maxsize=256)
+    @cached(maxsize=256)
     def parse(equation: str) -> Op:
         """Parse ``equation``; without ``->`` the output is NumPy's (indices seen once, sorted)."""
         text = equation.replace(" ", "")

@@ -14,7 +14,7 @@ from typing import Literal, TypeAlias
 import jax.numpy as jnp
 import numpy as np
 
-from shardwise._errors import ArgumentError, SpecError
+from shardwise._errors import ArgumentError, ArgumentTypeError, SpecError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.spec import Layout, LayoutLike, Spec, SpecLike
@@ -140,7 +140,7 @@ class Plan:
         try:
             dtype_name = jnp.dtype(dtype).name
         except TypeError:
-            raise ArgumentError(
+            raise ArgumentTypeError(
                 f"dtype {dtype!r} is not a NumPy dtype; use a name like float32 or bfloat16."
             ) from None
         if layout is not None and in_specs is not None:
@@ -162,7 +162,7 @@ class Plan:
             raw = in_specs if in_specs is not None else [None] * len(op.inputs)
             if isinstance(raw, str) or len(raw) != len(op.inputs):
                 count = 1 if isinstance(raw, str) else len(raw)
-                raise ArgumentError(
+                raise ArgumentTypeError(
                     f"equation {op.equation!r} has {len(op.inputs)} operands but {count} in_specs "
                     "were given; give one spec per operand (None for replicated)."
                 )
@@ -196,6 +196,11 @@ class Plan:
                 if index in self.op.contracted:
                     split.update(entry)
         return tuple(a for a in self.mesh.names if a in split)
+
+    @property
+    def empty(self) -> bool:
+        """Whether any operand has a dimension of size 0 (then nothing is computed)."""
+        return any(0 in shape for shape in self.shapes)
 
     @property
     def output_shape(self) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ profile in the user's cache directory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -16,7 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardwise._caches import cached
 from shardwise._errors import ArgumentError, ShardwiseError
+from shardwise._files import write_atomic
 
 GB = 1e9
 TERA = 1e12
@@ -59,6 +62,19 @@ class Profile:
     axis_links: Mapping[str, Link] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
 
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.name,
+                self.platform,
+                tuple(sorted(self.flops_per_s.items())),
+                self.memory_Bps,
+                self.memory_bytes,
+                self.link,
+                tuple(sorted(self.axis_links.items())),
+            )
+        )
+
     def flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype`` (float32 if the dtype is not listed)."""
         return self.flops_per_s.get(dtype, self.flops_per_s.get("float32", 1e9))
@@ -98,6 +114,23 @@ _NVLINK4 = (
     "each way; latency 10 µs is an assumed typical small-message NCCL all-reduce step"
 )
 
+_HOPPER = Profile(
+    name="h100",
+    platform="gpu",
+    flops_per_s={"bfloat16": 989 * TERA, "float16": 989 * TERA, "float32": 495 * TERA},
+    memory_Bps=3350 * GB,
+    memory_bytes=80 * GB,
+    link=Link(latency_s=10e-6, bandwidth_Bps=450 * GB),
+    sources={
+        "flops_per_s": "NVIDIA H100 SXM datasheet: 989 TFLOPS dense bf16; float32 as TF32 "
+        "tensor cores (JAX's default f32 matmul precision on GPU), 495 TFLOPS dense",
+        "memory": "NVIDIA H100 SXM datasheet: 80 GB HBM3, 3.35 TB/s",
+        "link": _NVLINK4,
+    },
+)
+"""NVIDIA H100 SXM; the H200 differs in its memory only."""
+
+
 BUILTIN: dict[str, Profile] = {
     "tpu-v4": Profile(
         name="tpu-v4",
@@ -130,32 +163,17 @@ BUILTIN: dict[str, Profile] = {
             "assumed",
         },
     ),
-    "h100": Profile(
-        name="h100",
-        platform="gpu",
-        flops_per_s={"bfloat16": 989 * TERA, "float16": 989 * TERA, "float32": 495 * TERA},
-        memory_Bps=3350 * GB,
-        memory_bytes=80 * GB,
-        link=Link(latency_s=10e-6, bandwidth_Bps=450 * GB),
-        sources={
-            "flops_per_s": "NVIDIA H100 SXM datasheet: 989 TFLOPS dense bf16; float32 as TF32 "
-            "tensor cores (JAX's default f32 matmul precision on GPU), 495 TFLOPS dense",
-            "memory": "NVIDIA H100 SXM datasheet: 80 GB HBM3, 3.35 TB/s",
-            "link": _NVLINK4,
-        },
-    ),
-    "h200": Profile(
+    "h100": _HOPPER,
+    "h200": dataclasses.replace(
+        _HOPPER,
         name="h200",
-        platform="gpu",
-        flops_per_s={"bfloat16": 989 * TERA, "float16": 989 * TERA, "float32": 495 * TERA},
         memory_Bps=4800 * GB,
         memory_bytes=141 * GB,
-        link=Link(latency_s=10e-6, bandwidth_Bps=450 * GB),
         sources={
-            "flops_per_s": "NVIDIA H200 SXM datasheet: 989 TFLOPS dense bf16 (measured here: "
-            "≈790 TFLOP/s bf16 matmul, shared/JAX-FACTS.md); float32 as TF32, 495 TFLOPS",
-            "memory": "NVIDIA H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s (measured here: "
-            "≈4.3 TB/s device-to-device copy)",
+            "flops_per_s": "NVIDIA H200 SXM datasheet: 989 TFLOPS dense bf16 (a bf16 matmul in JAX "
+            "0.10.2 reaches ≈790 TFLOP/s on one H200); float32 as TF32, 495 TFLOPS",
+            "memory": "NVIDIA H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s (a device-to-device "
+            "copy in JAX 0.10.2 reaches ≈4.3 TB/s)",
             "link": _NVLINK4,
         },
     ),
@@ -168,9 +186,9 @@ BUILTIN: dict[str, Profile] = {
         link=Link(latency_s=110e-6, bandwidth_Bps=1.7 * GB),
         axis_links={},
         sources={
-            "all": "shardwise calibrate on the 2-core CI machine kind, 8 simulated CPU devices, "
-            "mesh x=2,y=4, 2026-11-30 (per-device figures while all 8 work at once); float64 "
-            "assumed half of float32. Used when no calibrated profile is in the cache",
+            "all": "shardwise calibrate on a 2-core x86 machine with 24 GiB, 8 simulated CPU "
+            "devices, mesh x=2,y=4, 2026-11-30 (per-device figures while all 8 work at once); "
+            "float64 assumed half of float32. Used when no calibrated profile is in the cache",
         },
     ),
 }
@@ -197,9 +215,7 @@ def save_profile(profile: Profile, path: Path | None = None) -> Path:
     path = path or cache_dir() / f"{profile.name}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(profile.to_json(), indent=2))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(profile.to_json(), indent=2))
     except OSError as e:
         raise ShardwiseError(f"cannot write profile {str(path)!r}: {e.strerror or e}.") from None
     return path
@@ -228,11 +244,27 @@ def load_profile(name: str) -> Profile:
 
 
 def default_profile(platform: str, count: int) -> Profile:
-    """The calibrated profile for these devices if there is one, else a built-in guess."""
+    """The calibrated profile for these devices if there is one, else a built-in guess.
+
+    The file is read again whenever it changes (its size, time or inode), so a profile
+    recalibrated while a program runs is used from then on.
+    """
     path = cache_dir() / f"{local_name(platform, count)}.json"
-    if path.is_file():
-        try:
-            return Profile.from_json(json.loads(path.read_text()))
-        except (ShardwiseError, json.JSONDecodeError):
-            pass
+    try:
+        stat = path.stat()
+    except OSError:
+        stat = None
+    if stat is not None:
+        found = _read_profile(str(path), (stat.st_mtime_ns, stat.st_size, stat.st_ino))
+        if found is not None:
+            return found
     return {"cpu": BUILTIN["cpu-2core"], "tpu": BUILTIN["tpu-v5e"]}.get(platform, BUILTIN["h100"])
+
+
+@cached(maxsize=16)
+def _read_profile(path: str, stamp: tuple[int, int, int]) -> Profile | None:
+    """The profile in the file at ``path`` as it was at ``stamp``; ``None`` if unreadable."""
+    try:
+        return Profile.from_json(json.loads(Path(path).read_text()))
+    except (OSError, ShardwiseError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None

@@ -180,42 +180,32 @@ def agreed_layout(
             return Layout(tuple((i, e) for i, e in agreed if e))
         except SpecError:
             return Layout(())
+
+    def seconds(layout: Layout) -> float:
+        """Resharding to ``layout``, computing there, and producing ``out_spec``."""
+        moves = [
+            c
+            for term, spec, shape in zip(op.inputs, in_specs, shapes, strict=True)
+            for c in reshard_collectives(spec, layout.spec_for(term), shape, dtype, mesh, profile)
+        ]
+        produced = layout.spec_for(op.output)
+        out = out_spec.canonical()
+        if out not in output_choices(op, layout, mesh):
+            out = produced
+            moves += reshard_collectives(
+                produced, out_spec, op.output_shape(shapes), dtype, mesh, profile
+            )
+        cost = predict(op, shapes, dtype, mesh, Strategy(layout, out), profile).seconds
+        return cost + sum(c.seconds for c in moves)
+
     best: tuple[float, int, Layout] | None = None
     for pick in itertools.product(*(options[i] for i in indices)):
         try:
             layout = Layout(tuple((i, e) for i, e in zip(indices, pick, strict=True) if e))
         except SpecError:
             continue
-        seconds = _seconds(op, shapes, in_specs, out_spec, dtype, mesh, profile, layout)
-        moved = sum(e != () for e in pick)
-        key = (seconds, -moved, layout)
+        key = (seconds(layout), -sum(e != () for e in pick), layout)
         if best is None or key[:2] < best[:2]:
             best = key
     assert best is not None  # leaving every index whole is always a layout
     return best[2]
-
-
-def _seconds(
-    op: Op,
-    shapes: Sequence[Sequence[int]],
-    in_specs: Sequence[Spec],
-    out_spec: Spec,
-    dtype: str,
-    mesh: MeshSpec,
-    profile: Profile,
-    layout: Layout,
-) -> float:
-    """Predicted time of resharding to ``layout``, computing there, and producing ``out_spec``."""
-    moves = [
-        c
-        for term, spec, shape in zip(op.inputs, in_specs, shapes, strict=True)
-        for c in reshard_collectives(spec, layout.spec_for(term), shape, dtype, mesh, profile)
-    ]
-    produced = layout.spec_for(op.output)
-    choices = output_choices(op, layout, mesh)
-    out = out_spec.canonical() if out_spec.canonical() in choices else produced
-    cost = predict(op, shapes, dtype, mesh, Strategy(layout, out), profile).seconds
-    if out != out_spec.canonical():
-        out_shape = op.output_shape(shapes)
-        moves += reshard_collectives(produced, out_spec, out_shape, dtype, mesh, profile)
-    return cost + sum(c.seconds for c in moves)

@@ -8,20 +8,25 @@ the rank correlation between predicted and measured time.
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from jax.sharding import Mesh
 
 from shardwise._model.cost import Prediction, predict
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
+from shardwise._model.plan import Plan
 from shardwise._model.profile import Profile
 from shardwise._model.strategy import Strategy, strategies
 from shardwise._model.units import format_bytes
+from shardwise._runtime.timing import median_seconds
+from shardwise._xla.explain import compile_plan
+from shardwise._xla.hlo import collectives
+from shardwise._xla.lower import place
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +228,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
 
 def verify(
     report: PlanReport,
-    mesh: Any,
+    mesh: Mesh,
     top: int | None = None,
     repeat: int = 5,
     on_step: Callable[[int, int], None] | None = None,
@@ -232,13 +237,6 @@ def verify(
 
     Time is the median of ``repeat`` runs after one warm-up, on random data.
     """
-    import jax
-
-    from shardwise._api import place
-    from shardwise._model.plan import Plan
-    from shardwise._xla.explain import compile_plan
-    from shardwise._xla.hlo import collectives
-
     chosen = report.strategies[: top or len(report.strategies)]
     rng = np.random.default_rng(0)
     arrays = [rng.random(s).astype(report.dtype) for s in report.shapes]
@@ -260,15 +258,9 @@ def verify(
         got = collectives_by_kind([(c.kind, c.mesh_axes) for c in found])
         want = collectives_by_kind([(c.kind, c.mesh_axes) for c in cand.predicted.collectives])
         placed = place(plan, mesh, arrays)
-        jax.block_until_ready(compiled(*placed))
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            jax.block_until_ready(compiled(*placed))
-            times.append(time.perf_counter() - start)
         verified = Verified(
             collectives_match=got == want,
-            seconds=statistics.median(times),
+            seconds=median_seconds(functools.partial(compiled, *placed), repeat),
             collectives=tuple((c.kind, c.mesh_axes, c.bytes) for c in found),
         )
         done.append(dataclasses.replace(cand, verified=verified))

@@ -1,8 +1,10 @@
-"""Several processes, one mesh: JAX's multi-controller runtime, started from the environment.
+"""Several processes, one mesh: JAX's multi-controller runtime.
 
-``shardwise launch`` starts N local processes with these variables set; on a real cluster set
-them yourself (or call :func:`initialize` with no arguments to let JAX detect SLURM, Open MPI
-and the like):
+``import shardwise`` never joins a runtime; :func:`initialize_distributed` does, when called.
+``shardwise launch`` starts N local processes with these variables set, and each joins before
+its command runs; on a real cluster set them yourself and call
+:func:`initialize_distributed` (with no variables set and no arguments, JAX detects SLURM,
+Open MPI and the like):
 
 - ``SHARDWISE_COORDINATOR``: ``host:port`` of process 0's coordination service;
 - ``SHARDWISE_NUM_PROCESSES`` and ``SHARDWISE_PROCESS_ID``;
@@ -22,17 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from shardwise._errors import ShardwiseError
+from shardwise._errors import DistributedError
+from shardwise._runtime.devices import apply_env
 
 ENV_COORDINATOR = "SHARDWISE_COORDINATOR"
 ENV_NUM_PROCESSES = "SHARDWISE_NUM_PROCESSES"
 ENV_PROCESS_ID = "SHARDWISE_PROCESS_ID"
 ENV_INIT_TIMEOUT = "SHARDWISE_INIT_TIMEOUT"
 ENV_HEARTBEAT_TIMEOUT = "SHARDWISE_HEARTBEAT_TIMEOUT"
-
-
-class DistributedError(ShardwiseError, RuntimeError):
-    """The processes could not form, or keep, one runtime."""
 
 
 def _int_env(name: str, default: int | None = None) -> int | None:
@@ -45,7 +44,7 @@ def _int_env(name: str, default: int | None = None) -> int | None:
         raise DistributedError(f"{name}={raw!r} is not a whole number.") from None
 
 
-def initialize(
+def initialize_distributed(
     coordinator: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
@@ -54,13 +53,30 @@ def initialize(
 ) -> None:
     """Join the distributed runtime (before any JAX computation).
 
-    With no arguments JAX detects the cluster (SLURM, Open MPI, Cloud TPU …). On CPU the
-    processes exchange data with gloo collectives over the network.
+    With no arguments: the ``SHARDWISE_*`` variables above if ``SHARDWISE_COORDINATOR`` is set
+    (with ``SHARDWISE_CPU_DEVICES`` simulated devices, if set), else JAX detects the cluster
+    (SLURM, Open MPI, Cloud TPU …). On CPU the processes exchange data with gloo collectives
+    over the network.
 
     Raises:
         DistributedError: a wrong coordinator address, a process count that does not match,
             or a timeout, with what to check.
     """
+    given = (coordinator, num_processes, process_id)
+    if given == (None, None, None) and os.environ.get(ENV_COORDINATOR, "").strip():
+        apply_env()
+        join_from_env()
+        return
+    _join(coordinator, num_processes, process_id, init_timeout, heartbeat_timeout)
+
+
+def _join(
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    init_timeout: int,
+    heartbeat_timeout: int,
+) -> None:
     import jax
 
     if coordinator is not None:
@@ -138,8 +154,11 @@ def _native_stdout_to_stderr() -> None:
         pass
 
 
-def initialize_from_env() -> bool:
-    """Join the runtime if ``SHARDWISE_COORDINATOR`` is set (``shardwise launch`` sets it)."""
+def join_from_env(native_stdout_to_stderr: bool = False) -> bool:
+    """Join the runtime if ``SHARDWISE_COORDINATOR`` is set (``shardwise launch`` sets it);
+    return whether it did. ``native_stdout_to_stderr`` (for the CLI and ``launch``ed
+    processes, whose standard output is their result) sends what native libraries print
+    there to standard error."""
     coordinator = os.environ.get(ENV_COORDINATOR, "").strip()
     if not coordinator:
         return False
@@ -153,8 +172,9 @@ def initialize_from_env() -> bool:
         raise DistributedError(
             f"{ENV_PROCESS_ID}={pid} is outside 0..{count - 1} ({ENV_NUM_PROCESSES}={count})."
         )
-    _native_stdout_to_stderr()
-    initialize(
+    if native_stdout_to_stderr:
+        _native_stdout_to_stderr()
+    _join(
         coordinator,
         count,
         pid,

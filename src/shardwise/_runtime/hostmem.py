@@ -3,9 +3,9 @@
 On CPU a device's memory is host memory, so how it is allocated decides how fast every
 memory-bound kernel runs. ``jax.device_put`` copies each shard into memory of 4 KiB pages;
 streaming through those costs a TLB miss per page and stops the hardware prefetcher at every
-page boundary. NumPy asks Linux for transparent huge pages (2 MiB) for large arrays, so a
-(10000, 10000) float64 sum reads about 10–20% faster from NumPy's memory than from JAX's on
-the 2-core CI machine kind (``benchmarks/``). :func:`put_cpu` copies each shard once into a
+page boundary. NumPy asks Linux for transparent huge pages (2 MiB) for large arrays, so memory-bound
+kernels read NumPy's memory faster than JAX's (``benchmarks/`` has the figures).
+:func:`put_cpu` copies each shard once into a
 2 MiB-aligned NumPy buffer and hands it to its device without a second copy (a CPU device
 uses 64-byte-aligned host memory in place), so shardwise's kernels read huge pages too.
 """
@@ -13,7 +13,6 @@ uses 64-byte-aligned host memory in place), so shardwise's kernels read huge pag
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 import mmap
 import os
@@ -22,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from shardwise._caches import cached
 
 HUGE_PAGE = 2 << 20
 """The size and alignment of a transparent huge page on x86-64 and most arm64 Linux."""
@@ -38,21 +39,19 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 
-@functools.cache
+@cached(maxsize=1)
 def keep_freed_memory_warm() -> bool:
     """Have glibc's ``malloc`` keep freed memory for reuse rather than hand it back to the
-    system: allocations under 16 MiB come from its heaps, and free space at a heap's top is
-    returned only past 64 MiB. Returns whether the settings took.
+    system, for the whole process: allocations under 16 MiB come from its heaps, and free
+    space at a heap's top is returned only past 64 MiB. Returns whether the settings took.
 
-    A CPU device's output buffers are ``malloc``'d for every call. By default glibc maps
-    each large one afresh and unmaps it when freed, so every call faults its output's pages
-    in again: about 1,800–3,300 page faults per call of the tutorial's (10⁷, 3) batched
-    dot, 9.2–11.9 ms; with these two settings about 400–600 faults and 7.7–8.2 ms (medians
-    of 31 on the 2-core CI machine kind). The cost is that some freed memory (at most
-    64 MiB at the top of each heap) stays resident for reuse, so streaming, which holds
-    to a memory budget, does not ask for it. Done once per process, when shardwise first
-    places arrays on CPU devices; set ``SHARDWISE_MALLOC_TUNING=0`` to opt out. A no-op
-    where the C library is not glibc.
+    A CPU device's output buffers are ``malloc``'d for every call; by default glibc maps each
+    large one afresh and unmaps it when freed, so every call faults its output's pages in
+    again. With these settings repeated calls reuse warm memory (``benchmarks/`` has the
+    figures). The cost is that some freed memory (at most 64 MiB at the top of each heap)
+    stays resident. Opt-in: the ``shardwise`` command calls it; a program that runs many
+    small sharded calls on CPU devices may call ``shardwise.keep_freed_memory_warm()``.
+    ``SHARDWISE_MALLOC_TUNING=0`` turns it off. A no-op where the C library is not glibc.
     """
     if os.environ.get(MALLOC_ENV, "").strip() == "0":
         return False
@@ -62,7 +61,7 @@ def keep_freed_memory_warm() -> bool:
     except (OSError, AttributeError):
         return False
     # both together: setting either one alone turns off glibc's own adaptive threshold and
-    # is slower than the default (measured: 14–20 ms)
+    # is slower than the default
     trim = mallopt(_M_TRIM_THRESHOLD, 64 << 20)
     return bool(trim and mallopt(_M_MMAP_THRESHOLD, 16 << 20))
 
@@ -80,9 +79,8 @@ def huge_page_environ(
     to (``SHARDWISE_MALLOC_TUNING=0``).
 
     A CPU device's output of more than 32 MiB (the most glibc serves from its heaps) is
-    mapped afresh on every call and faulted in 4 KiB at a time: the tutorial's batched dot
-    at N = 10⁸ took 97,700 page faults and 175–181 ms a call on the 2-core CI machine kind;
-    with :data:`HUGE_PAGE_TUNABLE`, 3,600 faults and 110–144 ms, the same memory resident.
+    mapped afresh on every call and faulted in 4 KiB at a time; with
+    :data:`HUGE_PAGE_TUNABLE` it is faulted in 2 MiB at a time, the same memory resident.
     Only where Linux gives huge pages on request (``madvise`` mode; with ``always`` every
     large mapping gets them anyway).
 

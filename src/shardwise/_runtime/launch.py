@@ -1,7 +1,8 @@
 """``shardwise launch``: N local processes that form one JAX runtime, and that end together.
 
 Process 0 hosts the coordination service on ``127.0.0.1:PORT``; every process gets the
-``SHARDWISE_*`` variables that make ``import shardwise`` join the runtime, and ``K``
+``SHARDWISE_*`` variables that say how to join the runtime (``shardwise`` commands and Python
+programs join before they start, see :func:`command_line`), and ``K``
 simulated CPU devices where there is no accelerator. The launcher watches them all: when
 one fails or is killed it stops the others at once and names the lost process; when one
 finishes, the others get a bounded time to finish too. Ctrl-C stops them all.
@@ -20,12 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from shardwise._errors import DistributedError
 from shardwise._runtime.distributed import (
     ENV_COORDINATOR,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_NUM_PROCESSES,
     ENV_PROCESS_ID,
-    DistributedError,
 )
 
 NOISE = ("[Gloo]", "peer ranks. Expected number of connected peer ranks")
@@ -92,11 +93,36 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 3.0) -> None:
                 p.wait()
 
 
+_PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")
+
+
 def command_line(command: Sequence[str]) -> list[str]:
-    """``shardwise …`` runs with this interpreter (the same installation) in every process."""
+    """What each process runs. ``shardwise …`` runs with this interpreter (the same
+    installation); a Python program runs through :mod:`shardwise._runtime.child`, which
+    sets up the devices and joins the runtime before the program starts. Anything else runs
+    as given (its Python must call ``shardwise.initialize_distributed()``).
+
+    >>> command_line(["python", "-u", "train.py", "--steps", "3"])[1:]
+    ['-u', '-m', 'shardwise._runtime.child', 'train.py', '--steps', '3']
+    """
     if command and command[0] == "shardwise":
         return [sys.executable, "-m", "shardwise.cli", *command[1:]]
-    return list(command)
+    if not command or not _is_python(command[0]):
+        return list(command)
+    options: list[str] = []
+    rest = list(command[1:])
+    while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c", "-"):
+        options.append(rest.pop(0))
+        if options[-1] in _PYTHON_OPTIONS_WITH_VALUE and rest:
+            options.append(rest.pop(0))
+    if not rest or rest[0] == "-":
+        return list(command)  # an interactive or piped interpreter: run as given
+    return [command[0], *options, "-m", "shardwise._runtime.child", *rest]
+
+
+def _is_python(program: str) -> bool:
+    name = os.path.basename(program)
+    return program == sys.executable or name.startswith("python")
 
 
 def launch(

@@ -18,10 +18,9 @@ def block(x: Any) -> Any:
 
 
 QUIET_SECONDS = 0.01
-"""Idle time before each timed call of :func:`alternate`. PyTorch's OpenMP workers spin for
-a few milliseconds after each call, holding the cores: on the 2-core CI machine kind a JAX
-program started right after a PyTorch ``sum`` ran 13.2–14.6 ms against 11.5–12.8 ms after
-NumPy, and 10 ms of idle time removed the difference (PyTorch's own times do not change)."""
+"""Idle time before each timed call of :func:`alternate`, in seconds: PyTorch's OpenMP
+workers spin for a few milliseconds after each call, holding the cores, and would slow
+whichever runner comes next."""
 
 
 def alternate(runners: Mapping[str, Callable[[], Any]], repeat: int) -> dict[str, float]:

@@ -73,11 +73,20 @@ def _where(op_name: str, source: str) -> str:
     return f" (from `{short}`)" if short else ""
 
 
-def generic_cause(c: Collective, with_source: bool = True) -> Cause:
-    """A cause told from the collective's kind and the operation (and source line) behind it."""
+_KIND_REASON: dict[str, Reason] = {
+    "all-reduce": "partial-sum",
+    "reduce-scatter": "partial-sum",
+    "all-gather": "gather-operand",
+    "all-to-all": "relayout",
+    "collective-permute": "relayout",
+}
+"""The reason a collective of each kind has, told from its kind alone."""
+
+
+def _generic_text(c: Collective, where: str) -> str:
+    """The sentence for a collective told from its kind alone."""
     axes = _axes(c.mesh_axes)
-    where = _where(c.op_name, c.source if with_source else "")
-    text = {
+    return {
         "all-reduce": f"all-reduce over `{axes}`: each device holds a partial result, summed "
         f"across `{axes}`{where}",
         "reduce-scatter": f"reduce-scatter over `{axes}`: partial results are summed across "
@@ -89,14 +98,13 @@ def generic_cause(c: Collective, with_source: bool = True) -> Cause:
         "collective-permute": f"collective-permute over `{axes}`: devices exchange blocks so "
         f"that each holds the piece the next step needs{where}",
     }[c.kind]
-    reason: Reason = {
-        "all-reduce": "partial-sum",
-        "reduce-scatter": "partial-sum",
-        "all-gather": "gather-operand",
-        "all-to-all": "relayout",
-        "collective-permute": "relayout",
-    }[c.kind]  # type: ignore[assignment]
-    return Cause(reason, text)
+
+
+def generic_cause(c: Collective, with_source: bool = True) -> Cause:
+    """A cause told from the collective's kind and the operation (and source line) behind it."""
+    where = _where(c.op_name, c.source if with_source else "")
+    text = _generic_text(c, where)
+    return Cause(_KIND_REASON[c.kind], text)
 
 
 def _axis_owner(plan: Plan, axis: str) -> list[tuple[str, str]]:
@@ -136,103 +144,162 @@ def _disagrees(plan: Plan, k: int) -> bool:
     return False
 
 
-def einsum_cause(plan: Plan, c: Collective) -> Cause:
-    """The cause of collective ``c`` in the compiled program of einsum ``plan``."""
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    """What an einsum's collective is blamed on, before it is put in words.
+
+    Attributes:
+        reason, array, index: the :class:`Cause` fields (for a partial sum, ``index`` holds
+            every contracted index to blame, in order).
+        spec: the layout the sentence names: the blamed operand's, or (gather-output) the
+            output's as the computation produces it.
+        requested: the output's layout as requested, where the sentence names it.
+        rank: the number of dimensions of the array whose layout is named.
+        scattered: an all-reduce whose output is split on its axes (a slice follows it).
+        other: ``(array, index)`` that the gathered axes also split, where there is one.
+    """
+
+    reason: Reason
+    array: str | None = None
+    index: str | None = None
+    spec: Spec | None = None
+    requested: Spec | None = None
+    rank: int = 0
+    scattered: bool = False
+    other: tuple[str, str] | None = None
+
+
+def _partial_sum(plan: Plan, c: Collective) -> _Decision | None:
+    """A sum over contracted indices split on all of ``c``'s axes, if that is what ``c`` is."""
     axes = c.mesh_axes
-    names = _axes(axes)
-    where = _where(c.op_name, "")  # the source line would be shardwise's own lowering
     contracted = {
         a: i
         for a, pairs in ((a, _axis_owner(plan, a)) for a in axes)
         for _, i in pairs
         if i in plan.op.contracted
     }
-    if c.kind in ("all-reduce", "reduce-scatter") and axes and all(a in contracted for a in axes):
-        indices = "".join(dict.fromkeys(contracted[a] for a in axes))
-        plural = "indices" if len(indices) > 1 else "index"
-        text = (
-            f"{c.kind} over `{names}`: contracted {plural} `{indices}` "
-            f"{'are' if len(indices) > 1 else 'is'} sharded on `{names}`, so each device holds "
-            f"a partial sum"
+    if not (axes and all(a in contracted for a in axes)):
+        return None
+    indices = "".join(dict.fromkeys(contracted[a] for a in axes))
+    scattered = c.kind == "all-reduce" and bool(set(plan.out_spec.axes) & set(axes))
+    return _Decision("partial-sum", None, indices, scattered=scattered)
+
+
+def _gather(plan: Plan, c: Collective) -> _Decision | None:
+    """The operand gathered by all-gather ``c`` (the one whose gathered block matches ``c``'s
+    shape, else its size; among those one that disagrees with the output's layout), else the
+    output when the computation produces it split on ``c``'s axes."""
+    axes = c.mesh_axes
+    candidates = [k for k, spec in enumerate(plan.in_specs) if set(axes) & set(spec.axes)]
+
+    def gathered(k: int) -> tuple[int, ...]:
+        return _without(plan.in_specs[k], axes).shard_shape(plan.mesh, plan.shapes[k])
+
+    exact = [k for k in candidates if gathered(k) == c.shape]
+    sized = [k for k in candidates if _bytes(gathered(k), plan.dtype) == c.bytes]
+    ranked = sorted(exact or sized, key=lambda k: not _disagrees(plan, k))
+    if ranked:
+        k = ranked[0]
+        term, spec = plan.op.inputs[k], plan.in_specs[k]
+        index = next(
+            i for i, e in zip(term, spec.padded(len(term)), strict=True) if set(e) & set(axes)
         )
-        out_axes = set(plan.out_spec.axes)
-        if c.kind == "all-reduce" and out_axes & set(axes):
+        others = [
+            (n, i)
+            for a in axes
+            for n, i in _axis_owner(plan, a)
+            if n != f"operand {k}" and i != index
+        ]
+        other = others[0] if others else None
+        return _Decision(
+            "gather-operand", f"operand {k}", index, spec, None, len(term), other=other
+        )
+    produced = default_out_spec(plan.op, plan.in_specs)
+    if set(produced.axes) & set(axes):
+        rank = len(plan.op.output)
+        return _Decision("gather-output", "output", None, produced, plan.out_spec, rank)
+    return None
+
+
+def _relayout(plan: Plan, c: Collective) -> _Decision:
+    """The operand moved by all-to-all or collective-permute ``c``, else the output."""
+    axes = c.mesh_axes
+    users = [k for k, spec in enumerate(plan.in_specs) if set(axes) & set(spec.axes)]
+
+    def moved_first(k: int) -> tuple[bool, bool]:
+        shard = plan.in_specs[k].shard_shape(plan.mesh, plan.shapes[k])
+        return (not _disagrees(plan, k), _bytes(shard, plan.dtype) != c.bytes)
+
+    # an operand that disagrees with the output's layout is the one moved; else by size
+    if users:
+        k = min(users, key=moved_first)
+        term, spec = plan.op.inputs[k], plan.in_specs[k]
+        return _Decision("relayout", f"operand {k}", None, spec, None, len(term))
+    return _Decision("relayout", "output", None, None, plan.out_spec, len(plan.op.output))
+
+
+def _decide(plan: Plan, c: Collective) -> _Decision | None:
+    """What collective ``c`` of einsum ``plan`` is blamed on; ``None`` when the plan does not
+    tell."""
+    if c.kind in ("all-reduce", "reduce-scatter"):
+        return _partial_sum(plan, c)
+    if c.kind == "all-gather":
+        return _gather(plan, c)
+    if c.kind in ("all-to-all", "collective-permute"):
+        return _relayout(plan, c)
+    return None
+
+
+def _einsum_text(c: Collective, d: _Decision) -> str:
+    """The sentence that says decision ``d`` about collective ``c``."""
+    names = _axes(c.mesh_axes)
+    where = _where(c.op_name, "")  # the source line would be shardwise's own lowering
+    head = f"{c.kind} over `{names}`: "
+    if d.reason == "partial-sum":
+        indices = d.index or ""
+        many = len(indices) > 1
+        text = (
+            f"{head}contracted {'indices' if many else 'index'} `{indices}` "
+            f"{'are' if many else 'is'} sharded on `{names}`, so each device holds a partial sum"
+        )
+        if d.scattered:
             text += (
                 "; XLA sums on every device, then each keeps its slice of the output (on CPU it "
                 "emits all-reduce + slice where a reduce-scatter would do)"
             )
-        return Cause("partial-sum", text, None, indices)
-    if c.kind == "all-gather":
-        candidates = [k for k, spec in enumerate(plan.in_specs) if set(axes) & set(spec.axes)]
-
-        def gathered(k: int) -> tuple[int, ...]:
-            return _without(plan.in_specs[k], axes).shard_shape(plan.mesh, plan.shapes[k])
-
-        exact = [k for k in candidates if gathered(k) == c.shape]
-        sized = [k for k in candidates if _bytes(gathered(k), plan.dtype) == c.bytes]
-        ranked = sorted(exact or sized, key=lambda k: not _disagrees(plan, k))
-        if ranked:
-            k = ranked[0]
-            term, spec = plan.op.inputs[k], plan.in_specs[k]
-            index = next(
-                i for i, e in zip(term, spec.padded(len(term)), strict=True) if set(e) & set(axes)
-            )
-            others = [
-                (n, i)
-                for a in axes
-                for n, i in _axis_owner(plan, a)
-                if n != f"operand {k}" and i != index
-            ]
-            why = (
-                f"; `{names}` also splits index `{others[0][1]}` of {others[0][0]}, and one "
-                f"axis cannot split two indices of one computation"
-                if others
-                else f"; index `{index}` is not split on `{names}` where it meets the other "
-                f"operands"
-            )
-            return Cause(
-                "gather-operand",
-                f"all-gather over `{names}`: operand {k} is laid out "
-                f"{_layout(spec, len(term))}, its index `{index}` split on `{names}`, but the "
-                f"computation needs it replicated on `{names}`{why}",
-                f"operand {k}",
-                index,
-            )
-        produced = default_out_spec(plan.op, plan.in_specs)
-        if set(produced.axes) & set(axes):
-            return Cause(
-                "gather-output",
-                f"all-gather over `{names}`: the computation produces the output split "
-                f"{_layout(produced, len(plan.op.output))} but it is requested as "
-                f"{_layout(plan.out_spec, len(plan.op.output))}, so the pieces are gathered",
-                "output",
-                None,
-            )
-    if c.kind in ("all-to-all", "collective-permute"):
-        users = [k for k, spec in enumerate(plan.in_specs) if set(axes) & set(spec.axes)]
-
-        def moved_first(k: int) -> tuple[bool, bool]:
-            shard = plan.in_specs[k].shard_shape(plan.mesh, plan.shapes[k])
-            return (not _disagrees(plan, k), _bytes(shard, plan.dtype) != c.bytes)
-
-        # an operand that disagrees with the output's layout is the one moved; else by size
-        if users:
-            k = min(users, key=moved_first)
-            term, spec = plan.op.inputs[k], plan.in_specs[k]
-            return Cause(
-                "relayout",
-                f"{c.kind} over `{names}`: operand {k} is laid out "
-                f"{_layout(spec, len(term))}, which does not line up with the other arrays "
-                f"on `{names}`, so its blocks are moved{where}",
-                f"operand {k}",
-                None,
-            )
-        return Cause(
-            "relayout",
-            f"{c.kind} over `{names}`: the output is requested as "
-            f"{_layout(plan.out_spec, len(plan.op.output))}, so the computed blocks are moved "
-            f"to the devices that own them{where}",
-            "output",
-            None,
+        return text
+    layout = _layout(d.spec, d.rank) if d.spec is not None else ""
+    requested = _layout(d.requested, d.rank) if d.requested is not None else ""
+    if d.reason == "gather-operand":
+        why = (
+            f"; `{names}` also splits index `{d.other[1]}` of {d.other[0]}, and one "
+            f"axis cannot split two indices of one computation"
+            if d.other
+            else f"; index `{d.index}` is not split on `{names}` where it meets the other operands"
         )
-    return generic_cause(c, with_source=False)
+        return (
+            f"{head}{d.array} is laid out {layout}, its index `{d.index}` split on `{names}`, "
+            f"but the computation needs it replicated on `{names}`{why}"
+        )
+    if d.reason == "gather-output":
+        return (
+            f"{head}the computation produces the output split {layout} but it is requested "
+            f"as {requested}, so the pieces are gathered"
+        )
+    if d.array == "output":
+        return (
+            f"{head}the output is requested as {requested}, so the computed blocks are moved "
+            f"to the devices that own them{where}"
+        )
+    return (
+        f"{head}{d.array} is laid out {layout}, which does not line up with the other arrays "
+        f"on `{names}`, so its blocks are moved{where}"
+    )
+
+
+def einsum_cause(plan: Plan, c: Collective) -> Cause:
+    """The cause of collective ``c`` in the compiled program of einsum ``plan``."""
+    d = _decide(plan, c)
+    if d is None:
+        return generic_cause(c, with_source=False)
+    return Cause(d.reason, _einsum_text(c, d), d.array, d.index)

@@ -101,7 +101,7 @@ def contraction_problems(
     >>> print(contraction_problems(plan, [])[0].split(" of ")[0])
     the compiled program never sums over mesh axis `x`, which splits contracted index `j`
     """
-    if any(0 in shape for shape in plan.shapes):
+    if plan.empty:
         return ()  # an empty operand has nothing to sum
     if layout is None:
         layout = common_layout(plan.op, plan.in_specs)

@@ -7,7 +7,6 @@ with its cause, and the memory and compute per device.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from shardwise._caches import cached
 from shardwise._model.cost import predict
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.plan import ArrayInfo, Plan
@@ -25,7 +25,7 @@ from shardwise._model.strategy import Strategy, reduce_axes
 from shardwise._xla.cause import Cause, einsum_cause, generic_cause
 from shardwise._xla.check import contraction_problems, ensure_sound
 from shardwise._xla.hlo import Collective, collectives
-from shardwise._xla.lower import named, target_layout
+from shardwise._xla.lower import jitted, named, platform, target_layout
 from shardwise._xla.resources import Compute, Memory, compute_of, memory_of
 
 
@@ -143,30 +143,34 @@ def mesh_matches(plan: Plan, mesh: Mesh) -> None:
         raise ValueError(f"plan is for mesh {plan.mesh.describe()}, got {have.describe()}")
 
 
-@functools.lru_cache(maxsize=128)
 def compile_plan(plan: Plan, mesh: Mesh, precision: Any = None) -> jax.stages.Compiled:
     """Lower and compile ``plan`` on ``mesh`` from shapes alone (no data needed)."""
-    from shardwise._xla.lower import jitted
-
     mesh_matches(plan, mesh)
-    fn = jitted(plan, mesh, precision)
+    return _compiled(jitted(plan, mesh, precision), plan, mesh)
+
+
+@cached(maxsize=128)
+def _compiled(fn: Any, plan: Plan, mesh: Mesh) -> jax.stages.Compiled:
     args = [
         jax.ShapeDtypeStruct(info.shape, np.dtype(plan.dtype), sharding=named(mesh, info.spec))
         for info in plan.operands
     ]
-    return fn.lower(*args).compile()  # type: ignore[attr-defined,no-any-return]
+    return fn.lower(*args).compile()  # type: ignore[no-any-return]
 
 
-@functools.lru_cache(maxsize=256)
 def compile_sound(plan: Plan, mesh: Mesh, precision: Any = None) -> jax.stages.Compiled:
     """:func:`compile_plan`, then raise :class:`~shardwise.MiscompileError` if the program
     leaves out a sum (:func:`~shardwise._xla.check.contraction_problems`); checked once per
     program, as every program shardwise runs is."""
     compiled = compile_plan(plan, mesh, precision)
-    platform = mesh.devices.flat[0].platform
+    _ensure_sound(compiled, plan, platform(mesh))
+    return compiled
+
+
+@cached(maxsize=256)
+def _ensure_sound(compiled: jax.stages.Compiled, plan: Plan, platform: str) -> None:
     found = collectives(compiled.as_text() or "", plan.mesh.shape)
     ensure_sound(plan, found, target_layout(plan, platform), platform)
-    return compiled
 
 
 def _device_ids(mesh: Mesh) -> tuple[int, ...]:

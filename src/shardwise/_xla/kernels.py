@@ -1,24 +1,17 @@
 """The local computation on each device, chosen for speed by shape.
 
-XLA's CPU reduction over a short minor dimension is slow: the tutorial's
-(10⁷, 3) batched dot takes 33 ms as ``jnp.einsum`` on 8 simulated devices but
-8 ms written as three multiply-adds, at the memory limit (measured on the 2-core
-CI machine kind; see ``benchmarks/``). So when each output element sums only a
-few products, the contraction is unrolled into multiply-adds over slices, which
-XLA fuses into one streaming loop; otherwise ``jnp.einsum`` (``dot_general``)
-is used. A sum over the trailing indices of one array (``ij->``, ``ijk->i``) runs as a product
-with ones, which XLA's CPU backend hands to its matrix-vector kernel: it keeps several
-sums going at once and reads at the memory limit, where XLA's own reduction loop does
-not (a (10000, 10000) float64 sum on 8 simulated devices: 19–22 ms against 15–16 ms,
-PyTorch 13–14 ms, in one run on the 2-core CI machine kind). A dot product of two arrays
-along their trailing indices (``nd,nd->n`` with long rows, S4's local step) runs, on CPU
-devices where the native kernels build, as :func:`shardwise._xla.native.rowdot`, which reads at
-the memory limit where XLA's fused multiply-and-reduce does not (S4's (4000, 10000) float32
-on 8 simulated devices: 10.8 ms against 9.5 ms, NumPy 9.5 ms); and a plain matrix product
-(``mk,kn->mn``), in a program with a CPU device per core, as :func:`shardwise._xla.native.matmul`
-(OpenBLAS, one thread per device: W3's 4096×4096 float32 664 ms against XLA's 743–770,
-NumPy 679). Lowering picks them (see :func:`native_kernel`). All give results equal to
-NumPy within the dtype's tolerance.
+XLA's CPU reduction over a short minor dimension is slow, so when each output element sums
+only a few products the contraction is unrolled into multiply-adds over slices, which XLA
+fuses into one streaming loop; otherwise ``jnp.einsum`` (``dot_general``) is used. A sum
+over the trailing indices of one array (``ij->``, ``ijk->i``) runs as a product with ones,
+which XLA's CPU backend hands to its matrix-vector kernel (it keeps several sums going at
+once and reads at the memory limit, where XLA's own reduction loop does not). On CPU
+devices where the native kernels build, a dot product of two arrays along their trailing
+indices (``nd,nd->n`` with long rows) runs as :func:`shardwise._xla.native.rowdot`, and a
+plain matrix product (``mk,kn->mn``) in a program with a CPU device per core as
+:func:`shardwise._xla.native.matmul` (OpenBLAS, one thread per device). Lowering picks them
+(see :func:`native_kernel`); ``benchmarks/`` and the docs have the measurements behind each
+choice. All give results equal to NumPy within the dtype's tolerance.
 """
 
 from __future__ import annotations

@@ -18,21 +18,34 @@ and left to partition an unrolled kernel it may gather every slice separately; i
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
+from shardwise._caches import cached
 from shardwise._model.cost import local_sizes
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.mesh import mesh as make_mesh
 from shardwise._model.plan import Plan
-from shardwise._model.profile import default_profile
+from shardwise._model.profile import Profile, default_profile
 from shardwise._model.reshard import agreed_layout
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import reduce_axes
+from shardwise._runtime.distributed import put
+from shardwise._xla.dtypes import x64
 from shardwise._xla.kernels import Kernel, choose_kernel, local_einsum, native_kernel
+
+MeshLike = Mesh | MeshSpec | str | Mapping[str, int]
+"""A JAX ``Mesh``, or a description of one (``"x=2,y=4"``, ``{"x": 2}``, a ``MeshSpec``)."""
+
+
+def jax_mesh(value: MeshLike) -> Mesh:
+    """``value`` as a JAX ``Mesh`` (built on the devices at hand unless it is one)."""
+    return value if isinstance(value, Mesh) else make_mesh(value)
 
 
 def named(mesh: Mesh, spec: Spec) -> NamedSharding:
@@ -40,14 +53,46 @@ def named(mesh: Mesh, spec: Spec) -> NamedSharding:
     return NamedSharding(mesh, spec.to_partition_spec())
 
 
+def shardings(plan: Plan, mesh: Mesh) -> tuple[NamedSharding, ...]:
+    """Each operand's planned ``NamedSharding``."""
+    return tuple(named(mesh, s) for s in plan.in_specs)
+
+
+def place(
+    plan: Plan,
+    mesh: Mesh,
+    arrays: Sequence[Any],
+    targets: Sequence[NamedSharding] | None = None,
+) -> list[jax.Array]:
+    """Put each operand on the devices with its planned sharding (a no-op if already there);
+    inside ``jit``, ``grad`` or ``vmap``, constrain it to that sharding."""
+    placed = []
+    dtype = np.dtype(plan.dtype)
+    for array, target in zip(arrays, targets or shardings(plan, mesh), strict=True):
+        if array.dtype != dtype:
+            array = array.astype(dtype)
+        if isinstance(array, jax.core.Tracer):
+            placed.append(jax.lax.with_sharding_constraint(array, target))
+        elif isinstance(array, jax.Array) and array.sharding == target:
+            placed.append(array)
+        else:
+            placed.append(put(array, target))
+    return placed
+
+
 def is_explicit(mesh: Mesh) -> bool:
     """True when the mesh's axes are Explicit (sharding is part of each array's type)."""
     return any(t == AxisType.Explicit for t in mesh.axis_types)
 
 
+def platform(mesh: Mesh) -> str:
+    """The platform of the mesh's devices: ``"cpu"``, ``"gpu"`` or ``"tpu"``."""
+    return str(mesh.devices.flat[0].platform)
+
+
 def on_cpu(mesh: Mesh) -> bool:
     """Whether the mesh's devices are CPU devices."""
-    return bool(mesh.devices.flat[0].platform == "cpu")
+    return platform(mesh) == "cpu"
 
 
 def local_devices(mesh: Mesh) -> int:
@@ -56,31 +101,41 @@ def local_devices(mesh: Mesh) -> int:
     return sum(1 for d in mesh.devices.flat if d.process_index == me)
 
 
-@functools.lru_cache(maxsize=256)
 def target_layout(plan: Plan, platform: str = "cpu") -> Layout:
     """The one layout the operands are brought to before they meet: their own where they
     agree, else the cheapest agreed layout by the cost model (:func:`~shardwise._model.reshard.
-    agreed_layout`). In manual mode, the layout the operands must already agree on."""
+    agreed_layout`) with the profile of these devices. In manual mode, the layout the operands
+    must already agree on."""
     if plan.mode == "manual":
         return plan.layout
-    profile = default_profile(platform, plan.mesh.size)
+    return _target_layout(plan, default_profile(platform, plan.mesh.size))
+
+
+@cached(maxsize=256)
+def _target_layout(plan: Plan, profile: Profile) -> Layout:
     return agreed_layout(
         plan.op, plan.shapes, plan.in_specs, plan.out_spec, plan.dtype, plan.mesh, profile
     )
 
 
-@functools.lru_cache(maxsize=128)
 def jitted(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Array]:
-    """The jitted program of ``plan``, built once per plan, mesh and precision: calls take
-    JAX's fast dispatch path, and explaining or compiling it reuses the same program."""
+    """The jitted program of ``plan``, built once per plan, mesh, precision and target layout:
+    calls take JAX's fast dispatch path, and explaining or compiling it reuses the same
+    program."""
+    return _jitted(plan, mesh, precision, target_layout(plan, platform(mesh)), x64())
+
+
+@cached(maxsize=128)
+def _jitted(
+    plan: Plan, mesh: Mesh, precision: Any, target: Layout, x64: bool
+) -> Callable[..., jax.Array]:
     return lower(plan, mesh, precision)
 
 
-@functools.lru_cache(maxsize=32)
+@cached(maxsize=32)
 def divided(plan: Plan, mesh: Mesh, divisor: int) -> Callable[..., jax.Array]:
     """``plan``'s program with its result divided by ``divisor``, as one program: a mean is
-    one dispatch, not an einsum and then a division on every device (on the 8 simulated
-    devices of the 2-core CI machine kind, the second dispatch alone took 0.4–0.8 ms)."""
+    one dispatch, not an einsum and then a division on every device."""
     program = jitted(plan, mesh)
     return jax.jit(lambda *arrays: program(*arrays) / divisor)
 
@@ -104,7 +159,7 @@ def lower(
         kernels: ``False`` always uses ``jnp.einsum`` (the reference the kernels are held to).
     """
     op = plan.op
-    in_shardings = tuple(named(mesh, s) for s in plan.in_specs)
+    in_shardings = shardings(plan, mesh)
     out_sharding = named(mesh, plan.out_spec)
     if plan.mode == "manual":
         layout = plan.layout
@@ -114,7 +169,7 @@ def lower(
             else "einsum"
         )
         return _shard_mapped(plan, mesh, precision, layout, kernel)
-    target = target_layout(plan, mesh.devices.flat[0].platform)
+    target = target_layout(plan, platform(mesh))
     explicit = is_explicit(mesh)
     kernel = _auto_kernel(plan, mesh, target) if kernels and not explicit else "einsum"
     if kernel != "einsum" and plan.out_spec.canonical() == target.spec_for(op.output):
@@ -181,7 +236,7 @@ def _shard_mapped(
     """``jax.shard_map`` of the local step ``kernel`` on each device's block under ``layout``,
     then ``psum`` over the mesh axes that split a contracted index."""
     op = plan.op
-    in_shardings = tuple(named(mesh, s) for s in plan.in_specs)
+    in_shardings = shardings(plan, mesh)
     out_sharding = named(mesh, plan.out_spec)
     local_in = tuple(layout.spec_for(t).to_partition_spec() for t in op.inputs)
     local_out = layout.spec_for(op.output).to_partition_spec()

@@ -2,18 +2,14 @@
 with XLA as FFI targets, and called from inside the jitted programs like any other op.
 
 - ``rowdot`` (``csrc/rowdot.cc``): ``out[i] = Σ_j x[i, j]·y[i, j]``, the local step of
-  ``nd,nd->n``-shaped einsums with long rows. XLA's fused multiply-and-reduce runs it about
-  12% slower than NumPy's single-threaded ``einsum`` on the 2-core CI machine kind (S4's
-  (4000, 10000) float32: 10.8 ms against 9.5); this loop reads at the memory limit (9.5 ms
-  on 8 simulated devices).
+  ``nd,nd->n``-shaped einsums with long rows, read at the memory limit (XLA's fused
+  multiply-and-reduce is slower there).
 - ``matmul`` (``csrc/matmul.cc``): ``a @ b`` through OpenBLAS from the ``scipy-openblas32``
   wheel (its own copy, set to one thread: it is used only when a program has at least as
-  many CPU devices as there are cores, each device calling it from its own thread). 8
-  such calls run a 4096×4096 float32 product about 8% faster than XLA's (YNNPACK) matmul
-  on 8 devices here, level with NumPy's two-threaded OpenBLAS call (685 vs 743 vs 676 ms).
+  many CPU devices as there are cores, each device calling it from its own thread).
 
-Each shared library is built on first use into ``$XDG_CACHE_HOME/shardwise/native``
-(about 3 s), under a name that hashes the source, the compiler, JAX's (and OpenBLAS's)
+Each shared library is built on first use into ``$XDG_CACHE_HOME/shardwise/native``,
+under a name that hashes the source, the compiler, JAX's (and OpenBLAS's)
 version and the CPU's features, so a changed machine or JAX builds afresh. Where there is
 no compiler, or the build fails, or ``SHARDWISE_NATIVE=0``, :func:`available` is false and
 shardwise keeps XLA's own kernels; :func:`why_unavailable` says why.

@@ -88,27 +88,23 @@ def batched_dot(
     import jax.numpy as jnp
 
     import shardwise
-    from shardwise._api import place, plan_einsum
-    from shardwise._xla.lower import jitted
+    from shardwise._planner.layout import plan_arrays
+    from shardwise._xla.lower import jitted, place
 
     rng = np.random.default_rng(0)
     a = rng.random((n, d), dtype=np.float32)
     b = rng.random((n, d), dtype=np.float32)
     mesh = shardwise.mesh(mesh_text)
 
+    layout: dict[str, Any] = {"in_specs": [in_spec, in_spec], "out_spec": out_spec}
+
     def ours() -> Runner:
-        plan, jm = plan_einsum(
-            "nd,nd->n", a, b, mesh=mesh, in_specs=[in_spec, in_spec], out_spec=out_spec
-        )
+        plan, jm = plan_arrays("nd,nd->n", a, b, mesh=mesh, **layout)
         pa, pb = place(plan, jm, [a, b])
-        return lambda: shardwise.einsum(
-            "nd,nd->n", pa, pb, mesh=mesh, in_specs=[in_spec, in_spec], out_spec=out_spec
-        )
+        return lambda: shardwise.einsum("nd,nd->n", pa, pb, mesh=mesh, **layout)
 
     def raw() -> Runner:
-        plan, jm = plan_einsum(
-            "nd,nd->n", a, b, mesh=mesh, in_specs=[in_spec, in_spec], out_spec=out_spec
-        )
+        plan, jm = plan_arrays("nd,nd->n", a, b, mesh=mesh, **layout)
         compiled = jitted(plan, jm)
         pa, pb = place(plan, jm, [a, b])
         return lambda: compiled(pa, pb)
@@ -164,22 +160,22 @@ def matmul(size: int) -> Workload:
     import jax.numpy as jnp
 
     import shardwise
-    from shardwise._api import auto_layout, place, plan_einsum
-    from shardwise._xla.lower import jitted
+    from shardwise._planner.layout import auto_layout, plan_arrays
+    from shardwise._xla.lower import jitted, place
 
     a = np.random.default_rng(1).random((size, size), dtype=np.float32)
     mesh = shardwise.mesh("x=2,y=4")
     in_specs, out_spec, _ = auto_layout("mk,kn->mn", [a.shape, a.shape], a.dtype, mesh)
 
     def ours() -> Runner:
-        plan, jm = plan_einsum("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_spec=out_spec)
+        plan, jm = plan_arrays("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_spec=out_spec)
         pa, pb = place(plan, jm, [a, a])
         return lambda: shardwise.einsum(
             "mk,kn->mn", pa, pb, mesh=mesh, in_specs=in_specs, out_spec=out_spec
         )
 
     def raw() -> Runner:
-        plan, jm = plan_einsum("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_spec=out_spec)
+        plan, jm = plan_arrays("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_spec=out_spec)
         compiled = jitted(plan, jm)
         pa, pb = place(plan, jm, [a, a])
         return lambda: compiled(pa, pb)
@@ -227,19 +223,19 @@ def mean(size: int, chunk: int) -> Workload:
     import jax.numpy as jnp
 
     import shardwise
-    from shardwise._api import place, plan_einsum
-    from shardwise._xla.lower import divided
+    from shardwise._planner.layout import plan_arrays
+    from shardwise._xla.lower import divided, place
 
     x = np.random.default_rng(2).random((size, size))
     mesh = shardwise.mesh("devices=8")
 
     def ours() -> Runner:
-        plan, jm = plan_einsum("ij->", x, mesh=mesh, layout="i=devices")
+        plan, jm = plan_arrays("ij->", x, mesh=mesh, layout="i=devices")
         (px,) = place(plan, jm, [x])
         return lambda: shardwise.mean(px, mesh=mesh)
 
     def raw() -> Runner:
-        plan, jm = plan_einsum("ij->", x, mesh=mesh, layout="i=devices")
+        plan, jm = plan_arrays("ij->", x, mesh=mesh, layout="i=devices")
         compiled = divided(plan, jm, x.size)
         (px,) = place(plan, jm, [x])
         return lambda: compiled(px)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from shardwise._runtime.hostmem import rerun_with_huge_pages
+from shardwise._runtime.child import set_up
+from shardwise._runtime.hostmem import keep_freed_memory_warm, rerun_with_huge_pages
 from shardwise.cli import bench as _bench
 from shardwise.cli import calibrate as _calibrate
 from shardwise.cli import demo as _demo
@@ -30,6 +31,11 @@ app.command("launch", context_settings={"allow_interspersed_args": False})(_laun
 
 
 def main() -> None:
-    """Entry point of the ``shardwise`` console script."""
+    """Entry point of the ``shardwise`` console script: the process is the command's own, so
+    here (not on ``import shardwise``) it takes simulated devices from
+    ``SHARDWISE_CPU_DEVICES``, joins a distributed runtime if ``shardwise launch`` started
+    it, and keeps freed host memory warm for CPU devices."""
     rerun_with_huge_pages()
+    set_up()
+    keep_freed_memory_warm()
     app()

@@ -32,6 +32,9 @@ Devices = Annotated[
     ),
 ]
 
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+"""``--json``, the same in every command: the result as JSON on standard output."""
+
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 

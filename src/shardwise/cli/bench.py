@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shardwise.cli._common import Devices, friendly_errors, print_json, setup_devices
+from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
 
 
 @friendly_errors
@@ -22,7 +22,7 @@ def bench(
         str, typer.Option("--peers", help="Comma-separated peers to run (installed ones only).")
     ] = "numpy,torch,dask,jax",
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per runner.")] = 7,
-    json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    json: Json = False,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Draw ratios and W1's curve to this file.")
     ] = None,

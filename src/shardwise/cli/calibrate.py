@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shardwise.cli._common import Devices, friendly_errors, print_json, setup_devices
+from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
 
 
 @friendly_errors
@@ -22,7 +22,7 @@ def calibrate(
         str, typer.Option("--size", help="Bytes per device for the bandwidth tests.")
     ] = "64MiB",
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per test.")] = 5,
-    json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
+    json: Json = False,
     devices: Devices = None,
 ) -> None:
     """Measure memory bandwidth, matmul FLOP/s and collectives along each mesh axis."""

@@ -13,6 +13,7 @@ from shardwise._model.units import format_shape
 from shardwise.cli._common import (
     EXIT_WRONG,
     Devices,
+    Json,
     friendly_errors,
     print_json,
     setup_devices,
@@ -111,7 +112,7 @@ def demo(
         str, typer.Option("--size", help="tutorial (the tutorial's sizes) or small (quick).")
     ] = "tutorial",
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per scenario.")] = 3,
-    json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    json: Json = False,
     dask: Annotated[
         bool,
         typer.Option(

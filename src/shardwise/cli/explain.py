@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from shardwise._errors import ShapeError
-from shardwise.cli._common import Devices, friendly_errors, print_json, setup_devices
+from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
@@ -63,7 +63,7 @@ def explain(
     axis_types: Annotated[
         str, typer.Option("--axis-types", help="Mesh axis types: auto or explicit.")
     ] = "auto",
-    json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
+    json: Json = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Only the summary, no mesh and block views.")
     ] = False,
@@ -77,7 +77,7 @@ def explain(
 ) -> None:
     """Compile a sharded einsum (no data needed); show each device's shard and every collective."""
     setup_devices(devices)
-    from shardwise._api import explain_einsum
+    from shardwise import explain_einsum
     from shardwise._model.mesh import mesh as make_mesh
 
     jmesh = make_mesh(mesh, axis_types=axis_types)  # type: ignore[arg-type]

@@ -8,7 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shardwise.cli._common import Devices, friendly_errors, print_json, setup_devices
+from shardwise._model.units import format_bytes
+from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
 from shardwise.cli.explain import parse_shapes
 
 
@@ -45,57 +46,32 @@ def plan(
         bool, typer.Option("--verify", help="Compile and run the top strategies here; compare.")
     ] = False,
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per strategy.")] = 5,
-    json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    json: Json = False,
     devices: Devices = None,
 ) -> None:
     """Enumerate every way to shard an einsum on a mesh, predict each one's cost, rank them."""
-    from shardwise._errors import ArgumentError
-    from shardwise._model.mesh import MeshSpec, build_mesh
-    from shardwise._model.op import Op
-    from shardwise._model.profile import default_profile, load_profile
-    from shardwise._model.units import format_bytes, parse_bytes
-    from shardwise._planner.einsum import rank
-    from shardwise._planner.einsum import verify as run_verify
-
-    op = Op.parse(equation)
-    shape_list = parse_shapes(shapes)
-    limit = parse_bytes(budget) if budget is not None else None
-    needs_devices = verify or mesh == "auto" or profile is None
-    if needs_devices:
-        setup_devices(devices)
-        import jax
-
-        pool = jax.devices()
-        spec = MeshSpec.parse(mesh, device_count=len(pool))
-        prof = load_profile(profile) if profile else default_profile(pool[0].platform, spec.size)
-    else:
-        spec = MeshSpec.parse(mesh)
-        prof = load_profile(profile)  # type: ignore[arg-type]
     import jax.numpy as jnp
 
-    report = rank(op, shape_list, spec, jnp.dtype(dtype).name, prof, limit)
-    if not report.strategies:
-        raise ArgumentError(
-            f"no strategy for {op.equation!r} on mesh {spec.describe()} fits "
-            f"{'the budget of ' + format_bytes(limit) if limit else 'the shapes'}"
-            + (
-                f"; the smallest needs {format_bytes(report.refused[0].predicted.memory_bytes)}"
-                if report.refused
-                else ""
-            )
-            + "."
-        )
+    import shardwise
+
+    shape_list = parse_shapes(shapes)
+    if verify or mesh == "auto" or profile is None:
+        setup_devices(devices)
     console = Console(stderr=json)
-    if verify:
-        jmesh = build_mesh(spec)
-        with console.status("verifying") as status:
-            report = run_verify(
-                report,
-                jmesh,
-                top=top,
-                repeat=repeat,
-                on_step=lambda k, n: status.update(f"compiling and timing strategy {k + 1}/{n}"),
-            )
+    with console.status("planning") as status:
+        report = shardwise.plan_einsum(
+            equation,
+            shape_list,
+            mesh=mesh,
+            dtype=dtype,
+            budget=budget,
+            profile=profile,
+            verify=verify,
+            top=top,
+            repeat=repeat,
+            on_step=lambda k, n: status.update(f"compiling and timing strategy {k + 1}/{n}"),
+        )
+    op, spec, prof = report.op, report.mesh, report.profile
     if json:
         print_json(report.to_json())
         return

@@ -16,7 +16,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from shardwise.cli._common import Devices, friendly_errors, print_json, setup_devices
+from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
 
 
 @friendly_errors
@@ -45,7 +45,7 @@ def run(
     checksum: Annotated[
         bool, typer.Option("--checksum", help="On resume, compare inputs by SHA-256 too.")
     ] = False,
-    json: Annotated[bool, typer.Option("--json", help="Print what was done as JSON.")] = False,
+    json: Json = False,
     devices: Devices = None,
 ) -> None:
     """Stream an einsum through the mesh a chunk at a time; rerun the same command to resume."""

@@ -158,36 +158,8 @@ def figure_size(expl: Explanation) -> tuple[float, float]:
     return WIDTH, round(1.3 + body + legend, 2)
 
 
-def draw(expl: Explanation) -> Any:
-    """The matplotlib ``Figure`` of the data flow."""
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
-
-    from shardwise.render.terminal import arrays_of
-
-    Figure = _import_matplotlib()
-    width, height = figure_size(expl)
-    fig = Figure(figsize=(width, height), dpi=DPI)
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, width)
-    ax.set_ylim(0, height)
-    ax.axis("off")
-    rows, cols = _grid(expl)
-    legend_h = 0.32 * (max(len(expl.collectives), 1) * 2 + 1)
-    top = height - 1.0
-    body = top - legend_h - 0.2
-    title = f"{expl.equation or 'function'}  on mesh {expl.mesh.describe()}  ({expl.mode} mode)"
-    ax.text(0.3, height - 0.45, title, fontsize=15, weight="bold", va="center")
-    for label, cx in (("inputs", 1.9), ("on each device", 7.75), ("output", 14.3)):
-        ax.text(cx, top + 0.05, label, fontsize=11, ha="center", color="#444444", style="italic")
-
-    names = expl.mesh.names
-    grid_note = (
-        f"rows: {names[0]} · columns: {'×'.join(names[1:])}"
-        if len(names) > 1
-        else f"axis {names[0]}" + (f", {MAX_ROW} per row" if expl.mesh.size > MAX_ROW else "")
-    )
-    ax.text(7.75, top + 0.38, grid_note, fontsize=8.5, ha="center", color="#666666")
-    named = arrays_of(expl)
+def _colours(named: list[Any]) -> dict[str, str]:
+    """Each named array's colour: operands from :data:`PALETTE`, the output, the local result."""
     colours: dict[str, str] = {}
     for k, (name, *_rest) in enumerate(named):
         colours[name] = (
@@ -197,21 +169,51 @@ def draw(expl: Explanation) -> Any:
             if name == "local result"
             else PALETTE[k % len(PALETTE)]
         )
+    return colours
 
-    # inputs, stacked in the left column
-    operands = [n for n in named if n[0].startswith("operand")]
-    _array_column(ax, expl, operands, colours, top, body, x=0.3, width=3.2, gid="full")
 
-    # the device mesh
-    gx0, gx1 = 4.2, 11.3
-    cw, ch = (gx1 - gx0) / cols, body / rows
-    ids = expl.device_ids or tuple(range(expl.mesh.size))
-    in_device = [n for n in named if not n[0].startswith("output")]
-    small = 8 if cols <= 4 else 6.5
-    for pos in range(expl.mesh.size):
-        r, c = divmod(pos, cols)
-        x, y = gx0 + c * cw, top - (r + 1) * ch
-        box = FancyBboxPatch(
+def _canvas(expl: Explanation, figure: Any) -> tuple[Any, Any, float, float, float]:
+    """The figure and its axes, with the title and the column headings drawn.
+
+    Returns the figure, the axes, the top of the panels, their height and the legend's height.
+    """
+    width, height = figure_size(expl)
+    fig = figure(figsize=(width, height), dpi=DPI)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.axis("off")
+    legend_h = 0.32 * (max(len(expl.collectives), 1) * 2 + 1)
+    top = height - 1.0
+    body = top - legend_h - 0.2
+    title = f"{expl.equation or 'function'}  on mesh {expl.mesh.describe()}  ({expl.mode} mode)"
+    ax.text(0.3, height - 0.45, title, fontsize=15, weight="bold", va="center")
+    for label, cx in (("inputs", 1.9), ("on each device", 7.75), ("output", 14.3)):
+        ax.text(cx, top + 0.05, label, fontsize=11, ha="center", color="#444444", style="italic")
+    names = expl.mesh.names
+    grid_note = (
+        f"rows: {names[0]} · columns: {'×'.join(names[1:])}"
+        if len(names) > 1
+        else f"axis {names[0]}" + (f", {MAX_ROW} per row" if expl.mesh.size > MAX_ROW else "")
+    )
+    ax.text(7.75, top + 0.38, grid_note, fontsize=8.5, ha="center", color="#666666")
+    return fig, ax, top, body, legend_h
+
+
+def _device(
+    ax: Any,
+    box: tuple[float, float, float, float],
+    device: int,
+    in_device: list[Any],
+    colours: dict[str, str],
+    small: float,
+) -> None:
+    """One device's box at ``box`` (x, y, width, height) with its shard of each array."""
+    from matplotlib.patches import FancyBboxPatch, Rectangle
+
+    x, y, cw, ch = box
+    ax.add_patch(
+        FancyBboxPatch(
             (x + 0.05, y + 0.05),
             cw - 0.1,
             ch - 0.1,
@@ -220,61 +222,78 @@ def draw(expl: Explanation) -> Any:
             edgecolor="#999999",
             linewidth=0.8,
         )
-        ax.add_patch(box)
-        ax.text(
-            x + 0.14,
-            y + ch - 0.2,
-            f"dev {ids[pos]}",
-            fontsize=small + 0.5,
-            weight="bold",
-            va="center",
+    )
+    ax.text(
+        x + 0.14, y + ch - 0.2, f"dev {device}", fontsize=small + 0.5, weight="bold", va="center"
+    )
+    n_slots = max(len(in_device), 1)
+    vertical = cw < 0.8 * ch  # tall, narrow boxes stack the shards top to bottom
+    for j, (name, info, partial, _, _) in enumerate(in_device):
+        shard_shape = info.shard_shape
+        if vertical:
+            slot_w, slot_h = cw - 0.2, (ch - 0.45) / n_slots
+            sx, sy = x + 0.1, y + ch - 0.4 - (j + 1) * slot_h
+        else:
+            slot_w, slot_h = (cw - 0.2) / n_slots, ch - 0.45
+            sx, sy = x + 0.1 + j * slot_w, y + 0.05
+        room = max(slot_h - (0.75 if partial else 0.6), 0.1)
+        bw, bh = _fit(shard_shape, slot_w * 0.75, room * 0.85)
+        rx, ry = sx + (slot_w - bw) / 2, sy + (0.45 if partial else 0.3) + (room - bh) / 2
+        rect = Rectangle(
+            (rx, ry),
+            bw,
+            bh,
+            facecolor=colours[name],
+            alpha=0.35,
+            edgecolor=colours[name],
+            linewidth=1.0,
+            hatch="////" if partial else None,
         )
-        n_slots = max(len(in_device), 1)
-        vertical = cw < 0.8 * ch  # tall, narrow boxes stack the shards top to bottom
-        for j, (name, info, partial, _, _) in enumerate(in_device):
-            shard_shape = info.shard_shape
-            if vertical:
-                slot_w, slot_h = cw - 0.2, (ch - 0.45) / n_slots
-                sx, sy = x + 0.1, y + ch - 0.4 - (j + 1) * slot_h
-            else:
-                slot_w, slot_h = (cw - 0.2) / n_slots, ch - 0.45
-                sx, sy = x + 0.1 + j * slot_w, y + 0.05
-            room = max(slot_h - (0.75 if partial else 0.6), 0.1)
-            bw, bh = _fit(shard_shape, slot_w * 0.75, room * 0.85)
-            rx, ry = sx + (slot_w - bw) / 2, sy + (0.45 if partial else 0.3) + (room - bh) / 2
-            rect = Rectangle(
-                (rx, ry),
-                bw,
-                bh,
-                facecolor=colours[name],
-                alpha=0.35,
-                edgecolor=colours[name],
-                linewidth=1.0,
-                hatch="////" if partial else None,
-            )
-            tag = "local" if name == "local result" else name.replace("operand ", "op")
-            rect.set_gid(f"shard-{tag}-dev{ids[pos]}")
-            ax.add_patch(rect)
-            dims = "×".join(map(str, shard_shape)) or "scalar"
-            note = f"\nP({','.join(partial)})" if partial else ""
-            size = min(small - 1, 0.85 * slot_w * 72 / (0.68 * max(len(dims), 4)))
-            ax.text(
-                sx + slot_w / 2,
-                ry + bh + 0.1,
-                tag,
-                fontsize=size,
-                ha="center",
-                va="bottom",
-                color=colours[name],
-                weight="bold",
-            )
-            ax.text(sx + slot_w / 2, ry - 0.06, dims + note, fontsize=size, ha="center", va="top")
+        tag = "local" if name == "local result" else name.replace("operand ", "op")
+        rect.set_gid(f"shard-{tag}-dev{device}")
+        ax.add_patch(rect)
+        dims = "×".join(map(str, shard_shape)) or "scalar"
+        note = f"\nP({','.join(partial)})" if partial else ""
+        size = min(small - 1, 0.85 * slot_w * 72 / (0.68 * max(len(dims), 4)))
+        ax.text(
+            sx + slot_w / 2,
+            ry + bh + 0.1,
+            tag,
+            fontsize=size,
+            ha="center",
+            va="bottom",
+            color=colours[name],
+            weight="bold",
+        )
+        ax.text(sx + slot_w / 2, ry - 0.06, dims + note, fontsize=size, ha="center", va="top")
 
-    # the output
-    outputs = [n for n in named if n[0].startswith("output")]
-    _array_column(ax, expl, outputs, colours, top, body, x=12.9, width=2.8, gid="out")
 
-    # arrows: inputs → devices, devices → output (one per collective, labelled)
+def _device_grid(
+    ax: Any,
+    expl: Explanation,
+    named: list[Any],
+    colours: dict[str, str],
+    top: float,
+    body: float,
+) -> None:
+    """The device mesh in the middle panel, each device with its shards."""
+    rows, cols = _grid(expl)
+    gx0, gx1 = 4.2, 11.3
+    cw, ch = (gx1 - gx0) / cols, body / rows
+    ids = expl.device_ids or tuple(range(expl.mesh.size))
+    in_device = [n for n in named if not n[0].startswith("output")]
+    small = 8 if cols <= 4 else 6.5
+    for pos in range(expl.mesh.size):
+        r, c = divmod(pos, cols)
+        box = (gx0 + c * cw, top - (r + 1) * ch, cw, ch)
+        _device(ax, box, ids[pos], in_device, colours, small)
+
+
+def _arrows(ax: Any, expl: Explanation, top: float, body: float) -> None:
+    """Arrows from the inputs to the devices, and one per collective (numbered and labelled)
+    from the devices to the output."""
+    from matplotlib.patches import FancyArrowPatch
+
     mid = top - body / 2
     ax.add_patch(
         FancyArrowPatch(
@@ -313,11 +332,13 @@ def draw(expl: Explanation) -> Any:
             color="#444444",
         )
 
-    # legend: each collective's cause
+
+def _legend(ax: Any, expl: Explanation, width: float, legend_h: float) -> None:
+    """The legend under a rule: each collective's bytes and cause."""
     ly = legend_h + 0.05
     ax.plot([0.3, width - 0.3], [ly, ly], color="#cccccc", linewidth=0.8)
     lines = []
-    for k, coll in enumerate(comms):
+    for k, coll in enumerate(expl.collectives):
         cause = expl.causes[k].text if k < len(expl.causes) else coll.kind
         lines.append(
             f"{CIRCLED[k % len(CIRCLED)]} {coll.kind} over {','.join(coll.mesh_axes)}, "
@@ -327,6 +348,24 @@ def draw(expl: Explanation) -> Any:
         lines.append("No collectives: every device computes its block of the output alone.")
     text = "\n".join(textwrap.fill(line, 170) for line in lines)
     ax.text(0.3, ly - 0.15, text, fontsize=8.5, va="top")
+
+
+def draw(expl: Explanation) -> Any:
+    """The matplotlib ``Figure`` of the data flow."""
+    figure = _import_matplotlib()  # first: a missing matplotlib is a MissingExtraError
+
+    from shardwise.render.terminal import arrays_of
+
+    fig, ax, top, body, legend_h = _canvas(expl, figure)
+    named = arrays_of(expl)
+    colours = _colours(named)
+    operands = [n for n in named if n[0].startswith("operand")]
+    _array_column(ax, expl, operands, colours, top, body, x=0.3, width=3.2, gid="full")
+    _device_grid(ax, expl, named, colours, top, body)
+    outputs = [n for n in named if n[0].startswith("output")]
+    _array_column(ax, expl, outputs, colours, top, body, x=12.9, width=2.8, gid="out")
+    _arrows(ax, expl, top, body)
+    _legend(ax, expl, figure_size(expl)[0], legend_h)
     return fig
 
 

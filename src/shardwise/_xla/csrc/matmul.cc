@@ -1,14 +1,12 @@
 // Matrix products on CPU through OpenBLAS (the scipy-openblas32 wheel), registered with XLA
-// as FFI targets by shardwise/_native.py.
+// as FFI targets by shardwise/_xla/native.py.
 //
 // out = a @ b for row-major (m, k) and (k, n) arrays: the local step of `mk,kn->mn`-shaped
 // einsums (the tutorial's `da.dot(data, data)`). shardwise uses it only when a program's CPU
 // devices are at least as many as the cores, so each call runs single-threaded in its
-// device's thread (set once by _native.py); on the 2-core CI machine kind, 8 such calls at
-// once run 4096x4096 float32 about 8% faster than XLA's own (YNNPACK) matmul, level with
-// NumPy's two-threaded OpenBLAS call on the whole matrix.
+// device's thread (set once by native.py).
 //
-// Built by _native.py: g++ -O3 -shared -fPIC, linked to libscipy_openblas.
+// Built by native.py: g++ -O3 -shared -fPIC, linked to libscipy_openblas.
 
 #include <cstdint>
 

@@ -1,12 +1,12 @@
-// Row-wise dot products on CPU, registered with XLA as FFI targets by shardwise/_native.py.
+// Row-wise dot products on CPU, registered with XLA as FFI targets by shardwise/_xla/native.py.
 //
 // out[i] = sum_j x[i, j] * y[i, j] over row-major (rows, cols) arrays: the local computation
 // of `nd,nd->n`-shaped einsums (S4's "partial dot products" on each device). It keeps
 // kLanes independent sums per row, which the compiler turns into several vector registers
-// of fused multiply-adds, so one core streams both operands at the memory limit; XLA's own
-// fused multiply-and-reduce reaches about 88% of that on the CI machine kind.
+// of fused multiply-adds, so one core streams both operands at the memory limit, where XLA's
+// own fused multiply-and-reduce falls short of it.
 //
-// Built by _native.py with the system C++ compiler: g++ -O3 -march=native -shared -fPIC.
+// Built by native.py with the system C++ compiler: g++ -O3 -march=native -shared -fPIC.
 
 #include <cstdint>
 

@@ -1,0 +1,118 @@
+"""How a streamed einsum is cut into chunks, and whether they fit the memory budget."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shardwise._data.sources import Source
+from shardwise._errors import ArgumentError
+from shardwise._model.op import Op
+from shardwise._model.units import format_bytes
+
+ALIGN_ROWS = 16
+"""Rows per device in a chunk come in multiples of this, so every device's block starts on a
+64-byte boundary whatever the dtype."""
+
+BUFFERS = 3
+"""Copies of each input chunk alive at once: the one computing (on CPU devices its device
+copy is host memory too), and the next one being read. (Mapped ``.npy`` chunks need two.)"""
+
+OUT_COPIES = 3
+"""Copies of each chunk's result alive at once: the devices' result, its host copy (none on
+CPU devices, whose blocks are written as they are), and the previous chunk's result being
+written."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """How a streamed einsum is cut into chunks, checked against the budget before any work.
+
+    Attributes:
+        index: the index the chunks run along.
+        accumulate: whether chunks are partial sums (a contracted index) to be added up.
+        total: that index's size.
+        chunk: its size in one chunk (a multiple of the mesh's device count).
+        chunks: number of chunks.
+        chunk_bytes: host memory one chunk needs, all buffers counted.
+        fixed_bytes: host memory independent of the chunk size (the accumulator).
+    """
+
+    index: str
+    accumulate: bool
+    total: int
+    chunk: int
+    chunks: int
+    chunk_bytes: int
+    fixed_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        """Predicted host memory for the data (the runtime's own overhead comes on top)."""
+        return self.chunk_bytes + self.fixed_bytes
+
+
+def plan_stream(
+    op: Op,
+    sources: Sequence[Source],
+    devices: int,
+    budget: int,
+    chunk: int | str = "auto",
+) -> StreamPlan:
+    """Choose the chunk index and size, or say why the budget cannot work and what would.
+
+    >>> import numpy as np
+    >>> from shardwise._data.sources import Source
+    >>> src = Source("a", (1000, 3), np.dtype("float32"), "numpy")
+    >>> p = plan_stream(Op.parse("nd,nd->n"), [src, src], devices=8, budget=32768)
+    >>> (p.index, p.chunk, p.chunks, p.peak_bytes <= 32768)
+    ('n', 384, 3, True)
+    """
+    sizes = op.sizes([s.shape for s in sources])
+    shared = [i for i in op.contracted if all(i in t for t in op.inputs)]
+    candidates = [*op.batch, *shared]
+    if candidates:
+        # the longest index, preferring the leading axis (read with plain pread) and batch
+        index = max(
+            candidates, key=lambda i: (sizes[i], all(t[0] == i for t in op.inputs), i in op.batch)
+        )
+        accumulate = index not in op.batch
+    else:
+        raise ArgumentError(
+            f"cannot stream {op.equation!r}: chunks run along an index that every input has "
+            "(a batch index, or a contracted one); this equation has none."
+        )
+    width = sources[0].dtype.itemsize
+    per_row = sum(math.prod(sizes[i] for i in t if i != index) * width for t in op.inputs) * BUFFERS
+    out_rest = math.prod(sizes[i] for i in op.output if i != index) * width
+    fixed = 2 * out_rest if accumulate else 0
+    if not accumulate:
+        per_row += OUT_COPIES * out_rest
+    total = sizes[index]
+    # each device's rows start on a 64-byte boundary (16 rows of any dtype), so the CPU
+    # devices can use the read buffers in place instead of copying them
+    granule = devices * ALIGN_ROWS
+    smallest = granule
+    need = fixed + smallest * per_row
+    if isinstance(chunk, str):
+        if chunk != "auto":
+            raise ArgumentError(f"chunk {chunk!r} is neither 'auto' nor a whole number.")
+        rows = (budget - fixed) // per_row // granule * granule if budget > fixed else 0
+        rows = min(rows, -(-total // granule) * granule)
+    else:
+        rows = int(chunk)
+        if rows < 1 or rows % granule:
+            raise ArgumentError(
+                f"chunk {rows} must be a positive multiple of {granule} ({ALIGN_ROWS} rows for "
+                f"each of the {devices} devices it is split over)."
+            )
+        need = fixed + rows * per_row
+    if rows < smallest or fixed + rows * per_row > budget:
+        raise ArgumentError(
+            f"a memory budget of {format_bytes(budget)} cannot hold the smallest chunk of "
+            f"{op.equation!r} ({max(rows, smallest)} along index {index!r}, split over "
+            f"{devices} devices, needs {format_bytes(need)}); use --budget "
+            f"{format_bytes(need * 1.05)} or more."
+        )
+    return StreamPlan(index, accumulate, total, rows, -(-total // rows), rows * per_row, fixed)

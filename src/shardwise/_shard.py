@@ -1,0 +1,174 @@
+"""Any JAX function sharded the way you say: the tutorial's ``pjit`` on today's ``jax.jit``."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from shardwise._errors import ArgumentTypeError, SpecError
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.spec import Spec
+from shardwise._runtime.distributed import put
+from shardwise._xla.explain import Explanation, explain_function
+from shardwise._xla.lower import MeshLike, is_explicit, jax_mesh
+
+AUTO = "auto"
+"""``out_specs`` that let XLA choose the outputs' layout."""
+
+
+def _is_spec_leaf(x: object) -> bool:
+    return x is None or isinstance(x, PartitionSpec | str | Spec)
+
+
+class Sharded:
+    """A function compiled to run sharded on a mesh: the tutorial's ``pjit(f, ...)`` today.
+
+    Call it like the function. ``explain(*args)`` says what each device holds and which
+    collectives XLA inserted.
+    """
+
+    def __init__(
+        self, fn: Callable[..., Any], mesh: Mesh, in_specs: Any, out_specs: Any = AUTO
+    ) -> None:
+        self.fn = fn
+        self.mesh = mesh
+        self.mesh_spec = MeshSpec.parse(mesh)
+        self.in_specs = in_specs
+        self.out_specs = out_specs
+        in_shardings = self._shardings(in_specs, "in_specs")
+        self._in_shardings = in_shardings
+        out_shardings = None if is_auto(out_specs) else self._shardings(out_specs, "out_specs")
+        self._jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings)
+
+    def _shardings(self, specs: Any, what: str) -> Any:
+        def to_sharding(s: Any) -> NamedSharding:
+            return NamedSharding(self.mesh, Spec.parse(s, what).to_partition_spec())
+
+        if _is_spec_leaf(specs):
+            return to_sharding(specs)
+        return jax.tree.map(to_sharding, specs, is_leaf=_is_spec_leaf)
+
+    def _check(self, args: tuple[Any, ...]) -> None:
+        specs = self.in_specs
+        if _is_spec_leaf(specs):
+            per_arg = [specs] * len(args)
+        elif isinstance(specs, tuple | list):
+            if len(specs) != len(args):
+                raise ArgumentTypeError(
+                    f"{_name(self.fn)} was given {len(args)} argument"
+                    f"{'s' if len(args) != 1 else ''} but in_specs has {len(specs)} entries; give "
+                    "one spec per positional argument (None for replicated), or one spec for all."
+                )
+            per_arg = list(specs)
+        else:
+            return
+        for k, (arg, spec) in enumerate(zip(args, per_arg, strict=True)):
+            if not _is_spec_leaf(spec):
+                continue
+            parsed = Spec.parse(spec, f"the spec of argument {k}")
+            for leaf in jax.tree.leaves(arg):
+                shape = tuple(getattr(leaf, "shape", ()))
+                parsed.validate(self.mesh_spec, shape, f"argument {k} (shape {shape})")
+
+    def __call__(self, *args: Any) -> Any:
+        self._check(args)
+        if is_explicit(self.mesh):  # give host arrays their sharded type before tracing
+            args = tuple(jax.device_put(args, self._in_shardings))
+        elif self.mesh.is_multi_process and self._per_arg_shardings(args):
+            # a mesh across processes: each process creates only its own shards
+            args = tuple(
+                jax.tree.map(functools.partial(_put_leaf, sharding=s), a)
+                for a, s in zip(args, self._per_arg_shardings(args), strict=True)
+            )
+        with _explicit_hints():
+            return self._jitted(*args)
+
+    def _per_arg_shardings(self, args: tuple[Any, ...]) -> list[NamedSharding]:
+        """One sharding per positional argument, when the specs give one per argument."""
+        shardings = self._in_shardings
+        if isinstance(shardings, NamedSharding):
+            return [shardings] * len(args)
+        if isinstance(shardings, tuple | list) and all(
+            isinstance(s, NamedSharding) for s in shardings
+        ):
+            return list(shardings)
+        return []
+
+    def lower(self, *args: Any) -> Any:
+        """``jax.jit(...).lower`` for these arguments (arrays or ``jax.ShapeDtypeStruct``)."""
+        self._check(args)
+        with _explicit_hints():
+            return self._jitted.lower(*args)
+
+    def explain(self, *args: Any) -> Explanation:
+        """Compile for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and explain each device's
+        shards, every collective with its cause and source line, memory and compute."""
+        return explain_function(self.lower(*args).compile(), args, self.mesh)
+
+
+def _put_leaf(x: Any, sharding: NamedSharding) -> Any:
+    return put(x, sharding) if hasattr(x, "shape") and hasattr(x, "dtype") else x
+
+
+def is_auto(x: Any) -> bool:
+    return isinstance(x, str) and x == AUTO
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__name__", "the function")
+
+
+def shard(
+    fn: Callable[..., Any],
+    mesh: MeshLike,
+    in_specs: Any,
+    out_specs: Any = AUTO,
+) -> Sharded:
+    """Run ``fn`` sharded on ``mesh``: the tutorial's ``pjit`` on today's ``jax.jit``.
+
+    Args:
+        fn: any JAX-traceable function.
+        mesh: a JAX ``Mesh`` or a description such as ``"devices=8"``.
+        in_specs: one spec per positional argument (``P('devices')``, ``None`` for replicated,
+            or text like ``"x,y"``), a pytree of them, or one spec for all arguments.
+        out_specs: the same for the outputs; ``"auto"`` lets XLA choose.
+
+    >>> import jax.numpy as jnp, numpy as np
+    >>> from jax.sharding import PartitionSpec as P
+    >>> dot = shard(jax.vmap(jnp.dot), "devices=8", in_specs=(P("devices"), None),
+    ...             out_specs=P("devices"))
+    >>> v = np.ones((16, 3), np.float32)
+    >>> out = dot(v, v)
+    >>> out.shape, out.sharding.spec
+    ((16,), P('devices',))
+    """
+    return Sharded(fn, jax_mesh(mesh), in_specs, out_specs)
+
+
+@contextlib.contextmanager
+def _explicit_hints() -> Iterator[None]:
+    """Turn JAX's Explicit-mode error for a sharded contraction into one that lists the fixes."""
+    try:
+        yield
+    except Exception as e:
+        message = str(e)
+        if "Contracting dimensions are sharded" not in message:
+            raise
+        axes = re.findall(r"'(\w+)'", message.split("lhs_contracting_spec=")[-1])
+        names = ", ".join(dict.fromkeys(axes)) or "a mesh axis"
+        raise SpecError(
+            f"a contraction inside the function sums over an index that is sharded on "
+            f"`{names}`, and with Explicit mesh axes JAX will not guess the output's layout. "
+            f"Any of these resolves it: (1) pass out_sharding=P(...) without `{names}` to that "
+            f"einsum/matmul, so the partial sums are all-reduced and the result is replicated "
+            f"on `{names}`; (2) pass out_sharding=P(...) that puts `{names}` on one output "
+            f"dimension, so the partial sums are reduce-scattered; (3) build the mesh with "
+            f"axis_types='auto' and let XLA choose; (4) use shardwise.einsum(..., out_spec=...), "
+            f"which passes the output layout for you."
+        ) from None

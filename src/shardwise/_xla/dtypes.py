@@ -1,0 +1,114 @@
+"""Which dtypes an einsum computes in: NumPy's result type, JAX's 64-bit mode where needed,
+and a clear error for dtypes that are not numbers."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from shardwise._caches import cached
+from shardwise._errors import ArgumentError, ArgumentTypeError
+
+
+def supported(dtype: Any, what: str = "the operands") -> np.dtype[Any]:
+    """``dtype`` as a NumPy dtype, if JAX computes in it; else an error naming it and the fix.
+
+    >>> supported("bfloat16").name
+    'bfloat16'
+    >>> supported("U3")
+    Traceback (most recent call last):
+    shardwise._errors.ArgumentTypeError: the dtype of the operands is <U3 (strings); ...
+    """
+    try:
+        given: np.dtype[Any] = np.dtype(jnp.dtype(dtype))
+    except TypeError:
+        raise ArgumentTypeError(
+            f"dtype {dtype!r} of {what} is not a dtype; use a name like float32 or bfloat16."
+        ) from None
+    if not given.isnative:
+        raise ArgumentError(
+            f"the dtype of {what}, {given.str!r}, is not in this machine's byte order; JAX "
+            f"computes only in native order. Convert first: "
+            f"a.astype(a.dtype.newbyteorder('='))."
+        )
+    if given != np.bool_ and not jnp.issubdtype(given, jnp.number):
+        raise ArgumentTypeError(
+            f"the dtype of {what} is {given} ({_kind(given)}); an einsum needs numbers: booleans, "
+            "integers, floating point (bfloat16 to float64) or complex. Convert first, e.g. "
+            "a.astype(np.float32)."
+        )
+    return given
+
+
+def _kind(dtype: np.dtype[Any]) -> str:
+    if dtype.fields is not None:
+        return "a structured dtype"
+    return {
+        "O": "Python objects",
+        "U": "strings",
+        "S": "bytes",
+        "M": "dates",
+        "m": "time differences",
+    }.get(dtype.kind, "not a number")
+
+
+def result_dtype(arrays: Sequence[Any]) -> np.dtype[Any]:
+    """The dtype NumPy's einsum gives these operands (JAX's promotion where a type is JAX's
+    own, such as bfloat16); 64-bit types are computed in 64 bits (:func:`wide`).
+
+    >>> result_dtype([np.ones(2, np.int8), np.ones(2, np.float32)]).name
+    'float32'
+    """
+    return _result_dtype(tuple(a.dtype for a in arrays))
+
+
+@cached(maxsize=64)
+def _result_dtype(given: tuple[Any, ...]) -> np.dtype[Any]:
+    dtypes = [supported(d, f"operand {k}") for k, d in enumerate(given)]
+    if all(d.kind in "biufc" for d in dtypes):
+        return np.result_type(*dtypes)
+    return np.dtype(functools.reduce(jnp.promote_types, dtypes))
+
+
+def wide(dtype: Any) -> contextlib.AbstractContextManager[Any]:
+    """JAX's 64-bit mode for as long as shardwise builds and runs a program in ``dtype``, when
+    that is a 64-bit type (float64, int64, uint64, complex128) that JAX would otherwise narrow.
+
+    >>> with wide("int64"):
+    ...     str(jnp.asarray(np.int64(2) ** 40).dtype)
+    'int64'
+    """
+    return _wide_if(_needs_wide(dtype))
+
+
+def wide_blocks(blocks: Sequence[Any]) -> contextlib.AbstractContextManager[Any]:
+    """:func:`wide` while any of ``blocks`` (arrays) has a 64-bit dtype JAX would narrow."""
+    return _wide_if(any(_needs_wide(b.dtype) for b in blocks))
+
+
+def _needs_wide(dtype: Any) -> bool:
+    given = dtype if isinstance(dtype, np.dtype) else np.dtype(jnp.dtype(dtype))
+    return given.itemsize >= 8 and _narrowed(given, x64())
+
+
+def _wide_if(needed: bool) -> contextlib.AbstractContextManager[Any]:
+    if not needed:
+        return contextlib.nullcontext()
+    return jax.enable_x64(True)  # type: ignore[no-any-return]
+
+
+def x64() -> bool:
+    """Whether JAX's 64-bit mode is on here (a key of every cache whose value depends on it)."""
+    return bool(jax.config.read("jax_enable_x64"))
+
+
+@cached(maxsize=64)
+def _narrowed(dtype: np.dtype[Any], x64: bool) -> bool:
+    """Whether JAX, with 64-bit mode ``x64``, would compute in a narrower type than ``dtype``."""
+    return bool(np.dtype(jax.dtypes.canonicalize_dtype(dtype)) != dtype)
