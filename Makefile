@@ -24,6 +24,7 @@ check: lint typecheck test
 lint: $(STAMP)
 	$(BIN)/ruff format --check src tests conftest.py
 	$(BIN)/ruff check src tests conftest.py
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
