@@ -17,7 +17,7 @@ from shardwise._errors import ArgumentError, MiscompileError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.plan import Plan
-from shardwise._model.profile import Profile, default_profile, load_profile
+from shardwise._model.profile import Profile, default_profile, load_profile, profile_stamp
 from shardwise._model.spec import LayoutLike, SpecLike
 from shardwise._model.units import format_bytes, parse_bytes
 from shardwise._planner.einsum import PlanReport, rank
@@ -149,7 +149,7 @@ def _program(
     options, JAX's 64-bit mode and the cost profile of these devices (which chooses an
     ``"auto"`` layout, and the layout that disagreeing operands are moved to)."""
     options = (layout, in_specs, out_spec, mode, precision)
-    profile = default_profile(platform(jmesh), jmesh.size)
+    profile = profile_stamp(platform(jmesh), jmesh.size)  # (None: the built-in one)
     key = _call_key(equation, arrays, jmesh, x64(), profile, options)
     found = _PROGRAMS.get(key) if key is not None else None
     if found is None:
@@ -179,7 +179,7 @@ def _call_key(
     arrays: Sequence[Any],
     mesh: Mesh,
     x64: bool,
-    profile: Profile,
+    profile: Any,
     options: tuple[Any, ...],
 ) -> tuple[Any, ...] | None:
     """A hashable key for a call, or ``None`` when an option cannot be hashed."""

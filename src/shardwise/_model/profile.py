@@ -249,16 +249,28 @@ def default_profile(platform: str, count: int) -> Profile:
     The file is read again whenever it changes (its size, time or inode), so a profile
     recalibrated while a program runs is used from then on.
     """
-    path = cache_dir() / f"{local_name(platform, count)}.json"
-    try:
-        stat = path.stat()
-    except OSError:
-        stat = None
-    if stat is not None:
-        found = _read_profile(str(path), (stat.st_mtime_ns, stat.st_size, stat.st_ino))
-        if found is not None:
-            return found
+    found = _read_profile(*stamp) if (stamp := profile_stamp(platform, count)) else None
+    if found is not None:
+        return found
     return {"cpu": BUILTIN["cpu-2core"], "tpu": BUILTIN["tpu-v5e"]}.get(platform, BUILTIN["h100"])
+
+
+def profile_stamp(platform: str, count: int) -> tuple[str, tuple[int, int, int]] | None:
+    """Which calibrated profile file :func:`default_profile` reads for these devices, as it is
+    now (path; modification time, size, inode), or ``None`` where there is none: a cheap key
+    for caches whose values depend on the profile."""
+    path = _profile_path(os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"), platform, count)
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return path, (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+
+@cached(maxsize=16)
+def _profile_path(xdg: str | None, home: str | None, platform: str, count: int) -> str:
+    """The calibrated profile's path for these settings of ``XDG_CACHE_HOME`` and ``HOME``."""
+    return str(cache_dir() / f"{local_name(platform, count)}.json")
 
 
 @cached(maxsize=16)
