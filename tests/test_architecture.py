@@ -243,6 +243,7 @@ def test_only_the_command_line_tunes_the_process():
         ("_data/dask.py", "apply_env"),  # in a Dask worker only, for its own devices
         ("_runtime/child.py", "apply_env"),
         ("_runtime/child.py", "join_from_env"),
+        ("_runtime/child.py", "keep_freed_memory_warm"),
         ("_runtime/child.py", "set_up"),
         ("_runtime/distributed.py", "apply_env"),  # initialize_distributed(), when called
         ("_runtime/distributed.py", "join_from_env"),

@@ -152,3 +152,27 @@ def test_full_sums_run_as_groups_of_blocks(monkeypatch, dtype, chunks):
         assert sum(groups) == d.npartitions and max(groups) <= 16
     else:
         assert not groups
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_blocks_of_mixed_dtypes_give_numpys_dtype(monkeypatch, split):
+    from shardwise._data import dask as sw_dask
+
+    # large blocks run split over the mesh; small ones whole on one device
+    monkeypatch.setattr(sw_dask, "SPLIT_MIN_BYTES", 0 if split else 1 << 40)
+    big = np.full((4, 8), 2**31 - 1, np.int32)
+    wide = np.full((8, 4), 2**32 - 1, np.uint32)
+    got = shardwise.einsum(
+        "ij,jk->ik", da.from_array(big, chunks=(2, 4)), da.from_array(wide, chunks=(4, 2))
+    ).compute()
+    want = np.einsum("ij,jk->ik", big, wide)  # int64: int32 would wrap around
+    assert got.dtype == want.dtype == np.int64
+    np.testing.assert_array_equal(got, want)
+    x = np.arange(32, dtype=np.int32).reshape(4, 8)
+    y = np.linspace(0, 1, 32, dtype=np.float32).reshape(8, 4) + np.float32(1e-7)
+    got = shardwise.einsum(
+        "ij,jk->ik", da.from_array(x, chunks=(2, 4)), da.from_array(y, chunks=(4, 2))
+    ).compute()
+    want = np.einsum("ij,jk->ik", x, y)
+    assert got.dtype == want.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -161,3 +161,28 @@ def test_mismatched_process_settings():
 def test_launch_needs_a_command():
     result = shardwise("launch", "-n", "2")
     assert result.returncode == 2
+
+
+def test_a_launched_program_joins_once_even_when_it_asks_to_join():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (
+        "import __main__, sys, jax, shardwise; shardwise.initialize_distributed(); "
+        "print(__main__.__name__, sys.argv[1:], jax.process_count(), jax.device_count())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "shardwise._runtime.child", "-c", code, "a", "b"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **ENV,
+            "SHARDWISE_COORDINATOR": f"127.0.0.1:{port}",
+            "SHARDWISE_NUM_PROCESSES": "1",
+            "SHARDWISE_PROCESS_ID": "0",
+            "SHARDWISE_CPU_DEVICES": "2",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["__main__", "['a',", "'b']", "1", "2"]

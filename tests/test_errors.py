@@ -39,6 +39,10 @@ def test_bad_values_are_value_errors_and_bad_types_type_errors():
         shardwise.einsum("nd,nd->n", A, A, mesh="x=8", in_specs=["x"])
     with pytest.raises(TypeError, match="strings"):
         shardwise.einsum("i->", np.array(["a", "b"]), mesh="x=2")
+    with pytest.raises(TypeError, match="a mesh is described by"):
+        shardwise.einsum("nd,nd->n", A, A, mesh=3)
+    with pytest.raises(TypeError, match="expected a PartitionSpec"):
+        shardwise.einsum("nd,nd->n", A, A, mesh="x=8", in_specs=[3.5, None])
     with pytest.raises(ValueError, match="no profile named"):
         shardwise.plan_einsum("ij->", [(8, 8)], mesh="x=8", profile="no-such-profile")
 

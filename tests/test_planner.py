@@ -321,3 +321,9 @@ def test_cli_plan_without_devices_and_budget_error():
     result = runner.invoke(app, [*plan, "--budget", "16GB", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["refused"]
+
+
+def test_plan_einsum_plans_a_mesh_larger_than_the_devices_here():
+    report = shardwise.plan_einsum("ij,jk->ik", [(64, 64)] * 2, mesh="x=4,y=4")
+    assert report.mesh.size == 16 and report.profile.platform == "cpu"
+    assert report.best.strategy.layout.axes_of("i") or report.best.strategy.layout.axes_of("k")

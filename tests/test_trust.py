@@ -15,7 +15,7 @@ from shardwise import _api
 from shardwise._model.mesh import MeshSpec, build_mesh
 from shardwise._model.plan import Plan
 from shardwise._xla import lower as _lower
-from shardwise._xla.check import contraction_problems
+from shardwise._xla.check import contraction_problems, ensure_close
 from shardwise._xla.explain import compile_plan, explain_compiled
 from shardwise._xla.hlo import collectives
 
@@ -102,9 +102,9 @@ def test_check_compares_with_numpy_and_raises_on_a_wrong_result(monkeypatch):
     np.testing.assert_allclose(np.asarray(out), (a * a).sum(1))
     plan = Plan.make("nd,nd->n", [a.shape] * 2, mesh="devices=2", in_specs=["devices"] * 2)
     with pytest.raises(shardwise.MiscompileError, match="away from NumPy's"):
-        _api._compare(plan, [a, a], np.asarray(out) * 0.5)
+        ensure_close(plan, [a, a], np.asarray(out) * 0.5)
     calls = []
-    monkeypatch.setattr(_api, "_compare", lambda *args: calls.append(args))
+    monkeypatch.setattr(_api, "ensure_close", lambda *args: calls.append(args))
     monkeypatch.setenv("SHARDWISE_CHECK", "1")
     shardwise.einsum("nd,nd->n", a, a, mesh="devices=2", in_specs=["devices"] * 2)
     assert len(calls) == 1

@@ -18,6 +18,7 @@ never stale; :func:`clear_caches` empties them all, e.g. to free compiled progra
 from __future__ import annotations
 
 import functools
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -58,22 +59,26 @@ class Bounded(Generic[K, V]):
             raise ValueError(f"a cache needs a positive bound, got maxsize={maxsize!r}")
         self.maxsize = maxsize
         self._entries: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
         _CLEARERS.append(self.clear)
 
     def get(self, key: K) -> V | None:
-        value = self._entries.get(key)
-        if value is not None:
-            self._entries.move_to_end(key)
-        return value
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
 
     def put(self, key: K, value: V) -> None:
-        self._entries[key] = value
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.maxsize:
-            self._entries.popitem(last=False)
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.maxsize:
+                self._entries.popitem(last=False)
 
     def clear(self) -> None:
-        self._entries.clear()
+        with self._lock:
+            self._entries.clear()
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -40,7 +40,9 @@ class ArgumentError(ShardwiseError, ValueError):
 
 
 class ArgumentTypeError(ArgumentError, TypeError):
-    """An argument has the wrong type (or dtype), or the wrong number of entries."""
+    """An argument has the wrong type (or dtype), or the wrong number of entries: a
+    ``TypeError``, and an :class:`ArgumentError` so that one ``except`` catches every bad
+    argument."""
 
 
 def did_you_mean(given: str, choices: Iterable[str]) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -118,6 +119,7 @@ def _sum_in_place(block: np.ndarray, device: Any, extra: int) -> Any:
 def _on_mesh(equation: str, blocks: tuple[np.ndarray, ...], mesh: Any) -> np.ndarray:
     """One block's einsum sharded over ``mesh`` with the planner's best layout for it."""
     from shardwise._planner.layout import plan_arrays
+    from shardwise._xla.check import ensure_close
     from shardwise._xla.explain import compile_sound
     from shardwise._xla.lower import jitted, place
 
@@ -125,7 +127,10 @@ def _on_mesh(equation: str, blocks: tuple[np.ndarray, ...], mesh: Any) -> np.nda
     if plan.empty:  # nothing to compute: NumPy's zeros (or an empty result)
         return np.zeros(plan.output_shape, plan.dtype)
     compile_sound(plan, mesh)  # refused if XLA left out a sum
-    return np.asarray(jitted(plan, mesh)(*place(plan, mesh, blocks)))
+    result = np.asarray(jitted(plan, mesh)(*place(plan, mesh, blocks)))
+    if os.environ.get("SHARDWISE_CHECK", "") == "1":  # as shardwise.einsum does
+        ensure_close(plan, blocks, result)
+    return result
 
 
 def _in_worker() -> bool:
@@ -148,15 +153,17 @@ def _block(
     block at once, and :func:`_add` waits for all of them together."""
     import jax
 
-    from shardwise._xla.dtypes import wide_blocks
+    from shardwise._xla.dtypes import result_dtype, wide
 
     mesh = _local_mesh(spec)
     share = max(b.nbytes for b in blocks) // mesh.devices.size
     op = Op.parse(equation)
-    with wide_blocks(blocks):
+    dtype = result_dtype(blocks)  # NumPy's, as Dask's own einsum gives
+    with wide(dtype):
         if share >= SPLIT_MIN_BYTES or mesh.devices.size == 1:
             whole = _on_mesh(equation, blocks, mesh)
             return whole.reshape(whole.shape + (1,) * extra)
+        blocks = tuple(b if b.dtype == dtype else b.astype(dtype) for b in blocks)
         device = _next_device(mesh)
         if len(op.inputs) == 1 and not op.output:
             result = _sum_in_place(blocks[0], device, extra)

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from shardwise._errors import MeshError
+from shardwise._errors import ArgumentTypeError, MeshError
 
 AxisTypeName: TypeAlias = Literal["auto", "explicit"]
 AXIS_TYPES: tuple[AxisTypeName, ...] = ("auto", "explicit")
@@ -114,7 +114,7 @@ class MeshSpec:
         if isinstance(value, Mapping):
             return cls(tuple((str(k), v) for k, v in value.items()), axis_type)
         if not isinstance(value, str):
-            raise MeshError(
+            raise ArgumentTypeError(
                 f"a mesh is described by a string like 'x=2,y=4', a dict or a jax Mesh; got "
                 f"{type(value).__name__}."
             )
@@ -180,9 +180,8 @@ def build_mesh(spec: MeshSpec, pool: list[jax.Device] | None = None) -> Mesh:
     if spec.size > len(pool):
         platform = pool[0].platform if pool else "cpu"
         hint = (
-            f" Simulate more CPU devices with --devices {spec.size} on the command line, "
-            f"SHARDWISE_CPU_DEVICES={spec.size} in the environment, or "
-            f"shardwise.use_cpu_devices({spec.size}) before any JAX computation."
+            f" Simulate more CPU devices: shardwise.use_cpu_devices({spec.size}) before any "
+            f"JAX computation, or --devices {spec.size} for the shardwise command."
             if platform == "cpu"
             else " Use a mesh whose axis sizes multiply to at most the device count."
         )

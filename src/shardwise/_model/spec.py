@@ -17,7 +17,7 @@ from typing import TypeAlias
 
 from jax.sharding import PartitionSpec
 
-from shardwise._errors import IndivisibleError, SpecError, did_you_mean
+from shardwise._errors import ArgumentTypeError, IndivisibleError, SpecError, did_you_mean
 from shardwise._model.mesh import MeshSpec
 
 Entry: TypeAlias = tuple[str, ...]
@@ -102,7 +102,7 @@ class Spec:
             return cls(tuple(_entry(p, where) for p in _split_top(text)))
         if isinstance(value, Sequence):
             return cls(tuple(_entry(e, where) for e in value))
-        raise SpecError(
+        raise ArgumentTypeError(
             f"cannot read {where}: expected a PartitionSpec, None or text like 'x,y', got "
             f"{type(value).__name__}."
         )
@@ -245,7 +245,7 @@ class Layout:
                 items.append((index.strip(), axes))
             pairs = items
         else:
-            raise SpecError(
+            raise ArgumentTypeError(
                 f"a layout is text like 'n=x,d=y' or a dict; got {type(value).__name__}."
             )
         assignment = {}

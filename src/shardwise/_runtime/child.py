@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import runpy
 import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
 
 from shardwise._errors import ShardwiseError
 from shardwise._runtime.devices import apply_env
 from shardwise._runtime.distributed import join_from_env
+from shardwise._runtime.hostmem import keep_freed_memory_warm
 
 USAGE = "usage: python -m shardwise._runtime.child (SCRIPT | -m MODULE | -c CODE) [ARGS…]"
 
@@ -37,9 +39,12 @@ def main(argv: Sequence[str]) -> None:
         sys.stderr.write(USAGE + "\n")
         raise SystemExit(2)
     set_up()
+    keep_freed_memory_warm()  # as the shardwise command does
     if argv[0] == "-c":
         sys.argv = ["-c", *argv[2:]]
-        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+        module = types.ModuleType("__main__")
+        sys.modules["__main__"] = module
+        exec(compile(argv[1], "<string>", "exec"), module.__dict__)
     elif argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

@@ -11,7 +11,8 @@ import os
 from shardwise._errors import MeshError
 
 ENV_CPU_DEVICES = "SHARDWISE_CPU_DEVICES"
-"""Environment variable: number of simulated CPU devices, applied on ``import shardwise``."""
+"""Environment variable: number of simulated CPU devices for the ``shardwise`` command and the
+processes ``shardwise launch`` starts (see :func:`apply_env`)."""
 
 
 def backend_started() -> bool:
@@ -45,14 +46,15 @@ def use_cpu_devices(count: int) -> None:
         raise MeshError(
             f"asked for {count} simulated CPU devices, but JAX has already started with "
             f"{have}. Request devices before any JAX computation: call "
-            f"shardwise.use_cpu_devices({count}) right after import, or set "
-            f"{ENV_CPU_DEVICES}={count} in the environment."
+            f"shardwise.use_cpu_devices({count}) right after import (for the shardwise "
+            f"command: --devices {count} or {ENV_CPU_DEVICES}={count})."
         )
     jax.config.update("jax_num_cpu_devices", count)
 
 
 def apply_env() -> None:
-    """Apply ``SHARDWISE_CPU_DEVICES`` if it is set (called on import)."""
+    """Apply ``SHARDWISE_CPU_DEVICES`` if it is set (the ``shardwise`` command, the processes
+    ``shardwise launch`` starts and Dask workers call this; ``import shardwise`` does not)."""
     raw = os.environ.get(ENV_CPU_DEVICES, "").strip()
     if not raw:
         return

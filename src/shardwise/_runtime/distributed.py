@@ -58,6 +58,9 @@ def initialize_distributed(
     (SLURM, Open MPI, Cloud TPU …). On CPU the processes exchange data with gloo collectives
     over the network.
 
+    Does nothing in a process that has already joined (a program that ``shardwise launch``
+    started has, before its first line).
+
     Raises:
         DistributedError: a wrong coordinator address, a process count that does not match,
             or a timeout, with what to check.
@@ -78,6 +81,9 @@ def _join(
     heartbeat_timeout: int,
 ) -> None:
     import jax
+
+    if jax.distributed.is_initialized():
+        return
 
     if coordinator is not None:
         # JAX ends the process outright when it cannot reach the coordinator; check first
@@ -172,6 +178,10 @@ def join_from_env(native_stdout_to_stderr: bool = False) -> bool:
         raise DistributedError(
             f"{ENV_PROCESS_ID}={pid} is outside 0..{count - 1} ({ENV_NUM_PROCESSES}={count})."
         )
+    import jax
+
+    if jax.distributed.is_initialized():
+        return True
     if native_stdout_to_stderr:
         _native_stdout_to_stderr()
     _join(

@@ -93,7 +93,7 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 3.0) -> None:
                 p.wait()
 
 
-_PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")
+_PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
 
 
 def command_line(command: Sequence[str]) -> list[str]:
@@ -104,6 +104,8 @@ def command_line(command: Sequence[str]) -> list[str]:
 
     >>> command_line(["python", "-u", "train.py", "--steps", "3"])[1:]
     ['-u', '-m', 'shardwise._runtime.child', 'train.py', '--steps', '3']
+    >>> command_line(["python3", "-mpkg.train"])[1:]
+    ['-m', 'shardwise._runtime.child', '-m', 'pkg.train']
     """
     if command and command[0] == "shardwise":
         return [sys.executable, "-m", "shardwise.cli", *command[1:]]
@@ -112,6 +114,9 @@ def command_line(command: Sequence[str]) -> list[str]:
     options: list[str] = []
     rest = list(command[1:])
     while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c", "-"):
+        if rest[0][:2] in ("-m", "-c"):  # -mpkg, -cCODE: the option and its value in one
+            rest[:1] = [rest[0][:2], rest[0][2:]]
+            break
         options.append(rest.pop(0))
         if options[-1] in _PYTHON_OPTIONS_WITH_VALUE and rest:
             options.append(rest.pop(0))

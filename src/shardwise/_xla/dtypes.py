@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from shardwise._caches import cached
-from shardwise._errors import ArgumentError, ArgumentTypeError
+from shardwise._errors import ArgumentTypeError
 
 
 def supported(dtype: Any, what: str = "the operands") -> np.dtype[Any]:
@@ -32,7 +32,7 @@ def supported(dtype: Any, what: str = "the operands") -> np.dtype[Any]:
             f"dtype {dtype!r} of {what} is not a dtype; use a name like float32 or bfloat16."
         ) from None
     if not given.isnative:
-        raise ArgumentError(
+        raise ArgumentTypeError(
             f"the dtype of {what}, {given.str!r}, is not in this machine's byte order; JAX "
             f"computes only in native order. Convert first: "
             f"a.astype(a.dtype.newbyteorder('='))."

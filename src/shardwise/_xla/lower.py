@@ -132,11 +132,14 @@ def _jitted(
     return lower(plan, mesh, precision)
 
 
-@cached(maxsize=32)
 def divided(plan: Plan, mesh: Mesh, divisor: int) -> Callable[..., jax.Array]:
     """``plan``'s program with its result divided by ``divisor``, as one program: a mean is
     one dispatch, not an einsum and then a division on every device."""
-    program = jitted(plan, mesh)
+    return _divided(jitted(plan, mesh), divisor)
+
+
+@cached(maxsize=32)
+def _divided(program: Callable[..., jax.Array], divisor: int) -> Callable[..., jax.Array]:
     return jax.jit(lambda *arrays: program(*arrays) / divisor)
 
 
