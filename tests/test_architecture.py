@@ -155,7 +155,10 @@ def test_a_float64_einsum_is_right_with_64_bit_mode_off_then_on():
 
 def test_a_profile_recalibrated_between_two_auto_einsums_is_used(tmp_path, monkeypatch):
     from shardwise._model.profile import Link, Profile, cache_dir, local_name, save_profile
+    from shardwise._xla import native
 
+    for kernel in native.KERNELS:  # loaded from the real cache, not built into tmp_path
+        native.available(kernel)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = cache_dir() / f"{local_name('cpu', 8)}.json"
     a = np.ones((64, 512), np.float32)
