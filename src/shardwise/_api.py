@@ -15,7 +15,7 @@ from shardwise._caches import Bounded
 from shardwise._data.dask import dask_einsum, dask_mean, is_dask
 from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
-from shardwise._model.op import Op
+from shardwise._model.op import Op, as_shapes
 from shardwise._model.plan import Plan
 from shardwise._model.profile import Profile, default_profile, load_profile, profile_stamp
 from shardwise._model.spec import LayoutLike, SpecLike
@@ -26,10 +26,11 @@ from shardwise._planner.layout import make_plan, plan_arrays
 from shardwise._runtime.distributed import put
 from shardwise._shard import AUTO, is_auto, shard
 from shardwise._xla.check import ensure_close
-from shardwise._xla.dtypes import result_dtype, supported, wide, x64
+from shardwise._xla.dtypes import check_arrays, result_dtype, supported, wide, x64
 from shardwise._xla.explain import Explanation, compile_plan, compile_sound, explain_compiled
 from shardwise._xla.lower import (
     MeshLike,
+    check_precision,
     divided,
     jax_mesh,
     jitted,
@@ -68,7 +69,8 @@ def einsum(
         out_spec: the output's partition spec; ``"infer"`` derives it.
         mode: ``"auto"`` (``jax.jit``; XLA inserts collectives) or ``"manual"``
             (``shard_map`` with a local einsum and an explicit ``psum``).
-        precision: passed to ``jnp.einsum``.
+        precision: passed to ``jnp.einsum`` (``"highest"``, a ``jax.lax.Precision``, …);
+            checked even where the local step is a native kernel that does not use it.
         check: also compute the einsum with NumPy (in float64, or exactly for integers) and
             raise :class:`~shardwise.MiscompileError` if the result is off by more than
             rounding allows. It costs a NumPy einsum per call: meant for small inputs and
@@ -91,12 +93,14 @@ def einsum(
     (P('devices',), True)
     """
     if any(is_dask(a) for a in arrays):
-        if layout not in (None, "auto") or in_specs is not None or mode != "auto":
+        chosen = layout not in (None, "auto") or in_specs is not None or mode != "auto"
+        if chosen or precision is not None:
             raise ArgumentError(
                 "with Dask arrays each block gets the planner's best layout; leave out layout=, "
-                "in_specs= and mode= (or compute the Dask arrays first)."
+                "in_specs=, mode= and precision= (or compute the Dask arrays first)."
             )
         return dask_einsum(equation, *arrays, mesh=None if mesh == "auto" else mesh)
+    check_arrays(arrays)
     jmesh = jax_mesh(mesh)
     dtype = result_dtype(arrays) if arrays else np.dtype("float32")
     with wide(dtype):
@@ -141,6 +145,7 @@ def _program(
     key = _call_key(equation, arrays, jmesh, x64(), profile, options)
     found = _PROGRAMS.get(key) if key is not None else None
     if found is None:
+        check_precision(precision)
         plan, _ = plan_arrays(
             equation,
             *arrays,
@@ -204,6 +209,7 @@ def explain_einsum(
     >>> e.output.shard_shape, [c.to_json() for c in e.collectives]
     ((2000,), [{'kind': 'all-reduce', 'mesh_axes': ['y'], 'bytes': 8000}])
     """
+    shapes = as_shapes(shapes)
     jmesh = jax_mesh(mesh)
     given = supported(dtype)
     with wide(given):
@@ -256,7 +262,10 @@ def plan_einsum(
     ('n=(x,y) → out (x,y)', 12)
     """
     op = Op.parse(equation)
-    limit = parse_bytes(budget) if isinstance(budget, str) else budget
+    limit = None if budget is None else parse_bytes(budget, "the budget")
+    for name, value in (("top", top), ("repeat", repeat)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentError(f"{name}={value!r}; it must be a whole number of at least 1.")
     jmesh = mesh if isinstance(mesh, Mesh) else None
     if verify or (isinstance(mesh, str) and mesh == "auto"):
         jmesh = jax_mesh(mesh)  # the devices here
@@ -271,7 +280,7 @@ def plan_einsum(
         smallest = report.refused[0].predicted.memory_bytes if report.refused else None
         raise ArgumentError(
             f"no strategy for {op.equation!r} on mesh {spec.describe()} fits "
-            f"{'the budget of ' + format_bytes(limit) if limit else 'the shapes'}"
+            f"{'the budget of ' + format_bytes(limit) if limit is not None else 'the shapes'}"
             + (f"; the smallest needs {format_bytes(smallest)}" if smallest else "")
             + "; give a larger budget or a mesh with more devices."
         )
@@ -306,6 +315,7 @@ def explain(
     (['all-reduce'], 'partial-sum')
     """
     if isinstance(fn, str):
+        check_arrays(args)
         return explain_einsum(
             fn,
             [tuple(a.shape) for a in args],
@@ -328,6 +338,7 @@ def mean(x: Any, *, mesh: MeshLike = "auto") -> Any:
     """
     if is_dask(x):
         return dask_mean(x, mesh=None if mesh == "auto" else mesh)
+    check_arrays([x], "the array given to mean")
     letters = "abcdefghijklmnopqrstuvwxyz"[: x.ndim]
     jmesh = jax_mesh(mesh)
     first = {letters[0]: MeshSpec.parse(jmesh).names} if x.ndim else {}

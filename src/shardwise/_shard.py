@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,10 +12,12 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from shardwise._errors import ArgumentTypeError, SpecError
+from shardwise._errors import ArgumentTypeError, ShapeError, SpecError
 from shardwise._model.mesh import MeshSpec
+from shardwise._model.plan import MAX_PROGRAM_BYTES
 from shardwise._model.spec import Spec
 from shardwise._runtime.distributed import put
+from shardwise._xla.dtypes import ARRAYS_HINT, describe_value
 from shardwise._xla.explain import Explanation, explain_function
 from shardwise._xla.lower import MeshLike, is_explicit, jax_mesh
 
@@ -36,6 +39,11 @@ class Sharded:
     def __init__(
         self, fn: Callable[..., Any], mesh: Mesh, in_specs: Any, out_specs: Any = AUTO
     ) -> None:
+        if not callable(fn):
+            raise ArgumentTypeError(
+                f"shard() needs a function to run sharded, but was given {describe_value(fn)}; "
+                "pass a JAX-traceable function, e.g. shard(jnp.dot, mesh, in_specs=...)."
+            )
         self.fn = fn
         self.mesh = mesh
         self.mesh_spec = MeshSpec.parse(mesh)
@@ -55,6 +63,14 @@ class Sharded:
         return jax.tree.map(to_sharding, specs, is_leaf=_is_spec_leaf)
 
     def _check(self, args: tuple[Any, ...]) -> None:
+        total = sum(_check_argument(self.fn, k, arg) for k, arg in enumerate(args))
+        if total > MAX_PROGRAM_BYTES:
+            raise ShapeError(
+                f"the arguments of {_name(self.fn)} hold {total:,} bytes together, more than one "
+                f"program can address: XLA counts bytes in 64-bit integers, and shardwise keeps "
+                f"a program's arguments under {MAX_PROGRAM_BYTES:,} bytes (2**62) so that XLA's "
+                "sums cannot overflow. Use smaller shapes."
+            )
         specs = self.in_specs
         if _is_spec_leaf(specs):
             per_arg = [specs] * len(args)
@@ -73,6 +89,12 @@ class Sharded:
                 continue
             parsed = Spec.parse(spec, f"the spec of argument {k}")
             for leaf in jax.tree.leaves(arg):
+                if not hasattr(leaf, "shape") and parsed.axes:
+                    raise ArgumentTypeError(
+                        f"argument {k} of {_name(self.fn)} holds {describe_value(leaf)}, which "
+                        f"JAX reads as a scalar, so its spec {parsed.describe()!r} cannot split "
+                        f"it; {ARRAYS_HINT}"
+                    )
                 shape = tuple(getattr(leaf, "shape", ()))
                 parsed.validate(self.mesh_spec, shape, f"argument {k} (shape {shape})")
 
@@ -110,6 +132,35 @@ class Sharded:
         """Compile for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and explain each device's
         shards, every collective with its cause and source line, memory and compute."""
         return explain_function(self.lower(*args).compile(), args, self.mesh)
+
+
+def _check_argument(fn: Callable[..., Any], k: int, arg: Any) -> int:
+    """The bytes of argument ``k``; refuse one JAX cannot trace: ``None``, a pytree with a leaf
+    that is neither an array (``shape`` and ``dtype``) nor a Python number (a string), or a
+    list or tuple of Python numbers, which JAX would not read as an array."""
+    if arg is None:
+        raise ArgumentTypeError(
+            f"argument {k} of {_name(fn)} is None, not an array; {ARRAYS_HINT} To leave an "
+            "argument out, bind it first with functools.partial."
+        )
+    leaves = jax.tree.leaves(arg)
+    arrays = [hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves]
+    for leaf, array in zip(leaves, arrays, strict=True):
+        if not array and not isinstance(leaf, int | float | complex):  # (bool is an int)
+            raise ArgumentTypeError(
+                f"argument {k} of {_name(fn)} is or holds {describe_value(leaf)}, which JAX "
+                f"cannot trace; {ARRAYS_HINT}"
+            )
+    if isinstance(arg, list | tuple) and leaves and not any(arrays):
+        raise ArgumentTypeError(
+            f"argument {k} of {_name(fn)} is {describe_value(arg)} of Python numbers, which JAX "
+            f"reads as separate scalars, not as one array; {ARRAYS_HINT}"
+        )
+    return sum(
+        math.prod(leaf.shape) * getattr(leaf.dtype, "itemsize", 1)
+        for leaf, array in zip(leaves, arrays, strict=True)
+        if array and all(isinstance(n, int) for n in leaf.shape)  # (not symbolic sizes)
+    )
 
 
 def _put_leaf(x: Any, sharding: NamedSharding) -> Any:

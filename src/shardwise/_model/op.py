@@ -10,11 +10,63 @@ Each index is one of three kinds (the vocabulary used throughout shardwise):
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shardwise._caches import cached
-from shardwise._errors import EquationError, ShapeError
+from shardwise._errors import ArgumentTypeError, EquationError, ShapeError
+
+MAX_DIMENSION = 2**63 - 1
+"""The largest size of one dimension: XLA writes every dimension as a 64-bit integer."""
+
+
+def as_shapes(shapes: Any) -> tuple[tuple[int, ...], ...]:
+    """``shapes``, one per operand, as tuples of whole numbers from 0 to :data:`MAX_DIMENSION`.
+
+    >>> as_shapes([(8, 4), [2], ()])
+    ((8, 4), (2,), ())
+    >>> as_shapes([8, 4])
+    Traceback (most recent call last):
+    shardwise._errors.ArgumentTypeError: the shape of operand 0 is 8, not a sequence of sizes; ...
+
+    Raises:
+        ArgumentTypeError: for shapes that are not sequences of whole numbers.
+        ShapeError: for a size below 0 or above :data:`MAX_DIMENSION`.
+    """
+    if isinstance(shapes, str | bytes) or not isinstance(shapes, Sequence):
+        raise ArgumentTypeError(
+            f"shapes {shapes!r} is not a sequence of shapes; give one tuple of sizes per "
+            "operand, e.g. [(4000, 10000), (4000, 10000)]."
+        )
+    return tuple(_shape(s, k) for k, s in enumerate(shapes))
+
+
+def _shape(shape: Any, k: int) -> tuple[int, ...]:
+    if isinstance(shape, str | bytes) or not isinstance(shape, Sequence):
+        raise ArgumentTypeError(
+            f"the shape of operand {k} is {shape!r}, not a sequence of sizes; give one tuple "
+            "of sizes per operand, e.g. [(4000, 10000), (4000, 10000)]."
+        )
+    dims = []
+    for n in shape:
+        try:
+            if isinstance(n, bool):
+                raise TypeError
+            dims.append(operator.index(n))
+        except TypeError:
+            raise ArgumentTypeError(
+                f"the shape of operand {k}, {tuple(shape)!r}, has the size {n!r}, which is "
+                "not a whole number; sizes are ints, e.g. (4000, 10000)."
+            ) from None
+    for n in dims:
+        if not 0 <= n <= MAX_DIMENSION:
+            raise ShapeError(
+                f"the shape of operand {k}, {tuple(dims)}, has the size {n}; sizes run from 0 "
+                f"to {MAX_DIMENSION:,} (2**63 - 1, the largest dimension XLA can represent)."
+            )
+    return tuple(dims)
 
 
 @dataclass(frozen=True, slots=True)

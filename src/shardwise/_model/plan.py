@@ -7,20 +7,69 @@ shard shape and refuses, with an actionable error, any layout that cannot work.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
-from shardwise._errors import ArgumentError, ArgumentTypeError, SpecError
+from shardwise._errors import ArgumentError, ArgumentTypeError, ShapeError, SpecError
 from shardwise._model.mesh import MeshSpec
-from shardwise._model.op import Op
+from shardwise._model.op import Op, as_shapes
 from shardwise._model.spec import Layout, LayoutLike, Spec, SpecLike
 
 Mode: TypeAlias = Literal["auto", "manual"]
 MODES: tuple[Mode, ...] = ("auto", "manual")
+
+MAX_PROGRAM_BYTES = 2**62
+"""The most bytes the operands and the output of one einsum may hold together. XLA counts an
+array's bytes, and sums them over a program, in 64-bit integers: an operand of 2**63 bytes or
+more aborts the process in XLA (which Python cannot catch), and two operands of 2**62 bytes
+make its memory statistics negative. Half of the 64-bit range is kept for the temporaries XLA
+adds (an int8 einsum whose operands are just under 2**63 bytes aborts in its buffer assignment)."""
+
+
+def check_extent(op: Op, shapes: Sequence[Sequence[int]], dtype: Any) -> None:
+    """Refuse shapes whose operands and output together exceed :data:`MAX_PROGRAM_BYTES`.
+
+    >>> check_extent(Op.parse("ij,jk->ik"), [(2**30, 2**30)] * 2, "float32")
+    Traceback (most recent call last):
+    shardwise._errors.ShapeError: the operands and output of 'ij,jk->ik' ... hold 13,835,058,...
+    """
+    out_shape = op.output_shape(shapes)
+    elements = sum(math.prod(s) for s in (*shapes, out_shape))
+    total = elements * jnp.dtype(dtype).itemsize
+    if total > MAX_PROGRAM_BYTES:
+        shown = ", ".join(str(tuple(s)) for s in shapes)
+        raise ShapeError(
+            f"the operands and output of {op.equation!r} (shapes {shown} → {out_shape}, "
+            f"{jnp.dtype(dtype).name}) hold {total:,} bytes together, more than one program "
+            f"can address: XLA counts bytes in 64-bit integers, and shardwise keeps a program "
+            f"under {MAX_PROGRAM_BYTES:,} bytes (2**62) so that XLA's sums cannot overflow. "
+            "Use smaller shapes, or shardwise.stream to run the einsum a chunk at a time."
+        )
+
+
+def _operand_specs(op: Op, in_specs: Any) -> tuple[Spec, ...]:
+    """One spec per operand from ``in_specs`` (a list or tuple of specs, or ``None``)."""
+    raw = in_specs if in_specs is not None else [None] * len(op.inputs)
+    one = isinstance(raw, str | PartitionSpec | Spec)
+    if one or not isinstance(raw, Sequence):
+        what = f"the single spec {raw!r}" if one else f"{type(raw).__name__} {raw!r}"
+        raise ArgumentTypeError(
+            f"in_specs is {what}; give a list with one spec per operand of {op.equation!r} "
+            f"({len(op.inputs)} operand{'s' if len(op.inputs) != 1 else ''}), e.g. "
+            f"in_specs=[{', '.join(['None'] * len(op.inputs))}] (None for replicated)."
+        )
+    if len(raw) != len(op.inputs):
+        raise ArgumentTypeError(
+            f"equation {op.equation!r} has {len(op.inputs)} operands but {len(raw)} in_specs "
+            "were given; give one spec per operand (None for replicated)."
+        )
+    return tuple(Spec.parse(s, f"the spec of operand {k}") for k, s in enumerate(raw))
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +184,7 @@ class Plan:
         mesh_spec = MeshSpec.parse(mesh)
         if mode not in MODES:
             raise ArgumentError(f"mode {mode!r} is not one of {', '.join(MODES)}.")
-        shapes_t = tuple(tuple(int(n) for n in s) for s in shapes)
+        shapes_t = as_shapes(shapes)
         sizes = op.sizes(shapes_t)
         try:
             dtype_name = jnp.dtype(dtype).name
@@ -143,6 +192,7 @@ class Plan:
             raise ArgumentTypeError(
                 f"dtype {dtype!r} is not a NumPy dtype; use a name like float32 or bfloat16."
             ) from None
+        check_extent(op, shapes_t, dtype_name)
         if layout is not None and in_specs is not None:
             raise ArgumentError(
                 "give either layout= (one entry per index, e.g. 'n=x,d=y') or in_specs= (one "
@@ -159,15 +209,7 @@ class Plan:
             specs = tuple(lay.spec_for(t) for t in op.inputs)
             out = lay.spec_for(op.output) if out_spec == "infer" else None
         else:
-            raw = in_specs if in_specs is not None else [None] * len(op.inputs)
-            if isinstance(raw, str) or len(raw) != len(op.inputs):
-                count = 1 if isinstance(raw, str) else len(raw)
-                raise ArgumentTypeError(
-                    f"equation {op.equation!r} has {len(op.inputs)} operands but {count} in_specs "
-                    "were given; give one spec per operand (None for replicated)."
-                )
-            specs = tuple(Spec.parse(s, f"the spec of operand {k}") for k, s in enumerate(raw))
-            out = None
+            specs, out = _operand_specs(op, in_specs), None
         if out is None:
             out = (
                 default_out_spec(op, specs)

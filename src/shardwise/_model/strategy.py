@@ -14,6 +14,23 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.spec import Layout, Spec
 
+MAX_LAYOUTS = 8**5
+"""The most index layouts the planner enumerates for one einsum: every einsum of up to 7
+indices on a mesh of up to 5 axes is planned completely (``(indices + 1) ** axes`` layouts).
+The count grows exponentially with the mesh's axes (3**20 for a two-index einsum on 20 axes),
+so past this bound the planner ranks the first ``MAX_LAYOUTS`` and its report says that it
+stopped early."""
+
+
+def layout_count(op: Op, mesh: MeshSpec) -> int:
+    """How many index layouts there are before the divisibility filter: each mesh axis goes to
+    one of the indices, or to none.
+
+    >>> layout_count(Op.parse("nd,nd->n"), MeshSpec.parse("x=2,y=4"))
+    9
+    """
+    return int((len(op.indices) + 1) ** len(mesh.axes))
+
 
 def layouts(indices: str, sizes: Mapping[str, int], mesh: MeshSpec) -> Iterator[Layout]:
     """Every layout in which each mesh axis splits at most one index, evenly.
@@ -91,8 +108,11 @@ def output_choices(op: Op, layout: Layout, mesh: MeshSpec) -> list[Spec]:
     return choices
 
 
-def strategies(op: Op, sizes: Mapping[str, int], mesh: MeshSpec) -> tuple[int, list[Strategy]]:
-    """Every strategy, and how many were considered before the divisibility filter.
+def strategies(
+    op: Op, sizes: Mapping[str, int], mesh: MeshSpec, limit: int = MAX_LAYOUTS
+) -> tuple[int, list[Strategy]]:
+    """Every strategy of the first ``limit`` layouts (all of them unless
+    :func:`layout_count` is larger), and how many were considered before the divisibility filter.
 
     >>> op = Op.parse("nd,nd->n")
     >>> considered, valid = strategies(op, {"n": 8, "d": 6}, MeshSpec.parse("x=2"))
@@ -102,7 +122,7 @@ def strategies(op: Op, sizes: Mapping[str, int], mesh: MeshSpec) -> tuple[int, l
     considered = 0
     valid: list[Strategy] = []
     choices = [None, *op.indices]
-    for pick in itertools.product(choices, repeat=len(mesh.axes)):
+    for pick in itertools.islice(itertools.product(choices, repeat=len(mesh.axes)), limit):
         assignment: dict[str, tuple[str, ...]] = {}
         for (axis, _), index in zip(mesh.axes, pick, strict=True):
             if index is not None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
-from shardwise._errors import ArgumentError
+from shardwise._errors import ArgumentError, ArgumentTypeError
 
 _UNITS = {
     "": 1,
@@ -25,22 +26,46 @@ _UNITS = {
 }
 
 
-def parse_bytes(text: str | int | float) -> int:
-    """Bytes in ``text``.
+def parse_bytes(text: str | int | float, what: str = "the size") -> int:
+    """Bytes in ``text``, a size of at least one byte (a budget, a capacity).
 
     >>> parse_bytes("16GiB"), parse_bytes("2 GB"), parse_bytes("1e6")
     (17179869184, 2000000000, 1000000)
+    >>> parse_bytes("0", "--budget")
+    Traceback (most recent call last):
+    shardwise._errors.ArgumentError: --budget '0' is 0 bytes; it must be at least 1 byte: ...
+
+    Raises:
+        ArgumentError: for text that is not a size, or a size below one byte.
+        ArgumentTypeError: for anything but text or a number.
     """
-    if isinstance(text, int | float):
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
-        raise ArgumentError(
-            f"cannot read the size {text!r}: write a number and a unit, e.g. 16GiB, 2GB or "
-            "500MiB (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)."
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise ArgumentTypeError(
+            f"{what} is {type(text).__name__} {text!r}; give a number of bytes or text like 16GiB."
         )
-    return int(float(m.group(1)) * _UNITS[unit])
+    if isinstance(text, str):
+        m = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+        unit = m.group(2).lower() if m else ""
+        if not m or unit not in _UNITS:
+            raise ArgumentError(
+                f"cannot read {what} {text!r}: write a number and a unit, e.g. 16GiB, 2GB or "
+                "500MiB (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)."
+            )
+        value = float(m.group(1)) * _UNITS[unit]
+    else:
+        value = text
+    if not math.isfinite(value) or value < 1:
+        raise ArgumentError(
+            f"{what} {text!r} is {_amount(value)}; it must be at least 1 byte: give a "
+            "positive size, e.g. 16GiB."
+        )
+    return int(value)
+
+
+def _amount(value: float) -> str:
+    if not math.isfinite(value):
+        return "not a finite number"
+    return f"{value:g} bytes" if value >= 0 else "negative"
 
 
 def format_bytes(n: float) -> str:

@@ -18,10 +18,10 @@ from jax.sharding import Mesh
 
 from shardwise._model.cost import Prediction, predict
 from shardwise._model.mesh import MeshSpec
-from shardwise._model.op import Op
-from shardwise._model.plan import Plan
+from shardwise._model.op import Op, as_shapes
+from shardwise._model.plan import Plan, check_extent
 from shardwise._model.profile import Profile
-from shardwise._model.strategy import Strategy, strategies
+from shardwise._model.strategy import MAX_LAYOUTS, Strategy, layout_count, strategies
 from shardwise._model.units import format_bytes
 from shardwise._runtime.timing import median_seconds
 from shardwise._xla.explain import compile_plan
@@ -79,6 +79,21 @@ class PlanReport:
     refused: tuple[Refused, ...]
     budget: int | None = None
     spearman: float | None = None
+    complete: bool = True
+    """Whether every layout was considered; ``False`` when the mesh has more layouts than
+    :data:`~shardwise._model.strategy.MAX_LAYOUTS` and the planner stopped at that bound."""
+
+    @property
+    def stopped_early(self) -> str | None:
+        """Why not every strategy was considered, or ``None`` when every one was."""
+        if self.complete:
+            return None
+        return (
+            f"the planner stopped after the first {MAX_LAYOUTS:,} of "
+            f"{layout_count(self.op, self.mesh):,} index layouts (its limit); the ranking covers "
+            "only those. Plan a mesh with fewer axes (merge axes, e.g. x=2,y=2 as xy=4), or an "
+            "equation with fewer indices."
+        )
 
     @property
     def valid(self) -> int:
@@ -108,6 +123,7 @@ class PlanReport:
             f"({p.bound}-bound, {comm}, {format_bytes(p.memory_bytes)} per device){runner_up}; "
             f"best of {len(self.strategies)} strategies within budget on profile "
             f"{self.profile.name}"
+            + ("" if self.complete else f" (of the first {MAX_LAYOUTS:,} layouts only)")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -125,6 +141,8 @@ class PlanReport:
             "profile": self.profile.name,
             "budget_bytes": self.budget,
             "considered": self.considered,
+            "complete": self.complete,
+            "stopped_early": self.stopped_early,
             "valid": self.valid,
             "chosen": 0 if self.strategies else None,
             "why": self.why() if self.strategies else None,
@@ -159,9 +177,10 @@ def rank(
     >>> r.best.strategy.describe(r.op), r.valid
     ('n=(x,y) → out (x,y)', 12)
     """
-    shapes_t = tuple(tuple(int(n) for n in s) for s in shapes)
+    shapes_t = as_shapes(shapes)
     sizes = op.sizes(shapes_t)
-    considered, valid = strategies(op, sizes, mesh)
+    check_extent(op, shapes_t, dtype)
+    considered, valid = strategies(op, sizes, mesh, MAX_LAYOUTS)
     ranked: list[Candidate] = []
     refused: list[Refused] = []
     for s in valid:
@@ -189,7 +208,16 @@ def rank(
     )
     refused.sort(key=lambda r: r.predicted.memory_bytes)
     return PlanReport(
-        op, mesh, shapes_t, dtype, profile, considered, tuple(ranked), tuple(refused), budget
+        op,
+        mesh,
+        shapes_t,
+        dtype,
+        profile,
+        considered,
+        tuple(ranked),
+        tuple(refused),
+        budget,
+        complete=layout_count(op, mesh) <= MAX_LAYOUTS,
     )
 
 

@@ -43,7 +43,49 @@ def supported(dtype: Any, what: str = "the operands") -> np.dtype[Any]:
             "integers, floating point (bfloat16 to float64) or complex. Convert first, e.g. "
             "a.astype(np.float32)."
         )
+    if given.itemsize > {"f": 8, "c": 16}.get(given.kind, given.itemsize):
+        raise ArgumentTypeError(
+            f"the dtype of {what} is {given.name}, NumPy's extended precision, which JAX does "
+            "not compute in; the widest types JAX has are float64 and complex128. Convert "
+            "first, e.g. a.astype(np.float64)."
+        )
     return given
+
+
+def check_arrays(values: Sequence[Any], what: str = "operand {k}") -> None:
+    """Refuse any of ``values`` that is not an array: a NumPy or JAX array, a NumPy scalar or a
+    ``jax.ShapeDtypeStruct`` (anything with ``shape`` and ``dtype``). Like ``jax.numpy``,
+    shardwise does not read lists and tuples as arrays.
+
+    >>> check_arrays([np.ones(2), [1.0, 2.0]])
+    Traceback (most recent call last):
+    shardwise._errors.ArgumentTypeError: operand 1 is a list, not an array; ...
+    """
+    for k, value in enumerate(values):
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            continue
+        raise ArgumentTypeError(
+            f"{what.format(k=k)} is {describe_value(value)}, not an array; {ARRAYS_HINT}"
+        )
+
+
+ARRAYS_HINT = (
+    "give a NumPy or JAX array (or a jax.ShapeDtypeStruct to explain). Like jax.numpy, "
+    "shardwise does not convert lists, tuples or Python numbers: use np.asarray(x) (NumPy reads "
+    "nested lists as an array)."
+)
+"""The fix for a value that is not an array, in every message that refuses one."""
+
+
+def describe_value(value: object) -> str:
+    """``'a list'``, ``'None'``, ``"the string 'abc'"``: what a value is, for a message."""
+    if value is None:
+        return "None"
+    if isinstance(value, str | bytes):
+        return f"the {'string' if isinstance(value, str) else 'bytes'} {value[:40]!r}"
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    return f"{article} {name}"
 
 
 def _kind(dtype: np.dtype[Any]) -> str:

@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from shardwise._caches import cached
+from shardwise._errors import ArgumentError, ArgumentTypeError
 from shardwise._model.cost import local_sizes
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.mesh import mesh as make_mesh
@@ -116,6 +117,29 @@ def _target_layout(plan: Plan, profile: Profile) -> Layout:
     return agreed_layout(
         plan.op, plan.shapes, plan.in_specs, plan.out_spec, plan.dtype, plan.mesh, profile
     )
+
+
+def check_precision(precision: Any) -> None:
+    """Refuse a ``precision`` that ``jnp.einsum`` would refuse, before any program is built
+    (a native kernel's program never reaches ``jnp.einsum``, so it would go unchecked).
+
+    >>> check_precision("highest")
+    >>> check_precision("ultra")
+    Traceback (most recent call last):
+    shardwise._errors.ArgumentError: precision 'ultra' is not one JAX knows; ...
+    """
+    if precision is None:
+        return
+    probe = jax.ShapeDtypeStruct((1,), np.float32)
+    try:
+        jax.eval_shape(lambda a: jnp.einsum("i,i->", a, a, precision=precision), probe)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        known = isinstance(precision, str | tuple | list | jax.lax.Precision)
+        raise (ArgumentError if known else ArgumentTypeError)(
+            f"precision {precision!r} is not one JAX knows; give None, 'default', 'high' or "
+            "'highest' (or 'bfloat16', 'tensorfloat32', 'float32'), a jax.lax.Precision, a pair "
+            "of them (one per operand), or a jax.lax.DotAlgorithmPreset."
+        ) from None
 
 
 def jitted(plan: Plan, mesh: Mesh, precision: Any = None) -> Callable[..., jax.Array]:

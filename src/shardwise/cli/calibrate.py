@@ -26,10 +26,12 @@ def calibrate(
     devices: Devices = None,
 ) -> None:
     """Measure memory bandwidth, matmul FLOP/s and collectives along each mesh axis."""
+    from shardwise._model.units import format_bytes, parse_bytes
+
+    per_device = parse_bytes(size, "--size")
     setup_devices(devices)
     from shardwise._model.mesh import mesh as make_mesh
     from shardwise._model.profile import save_profile
-    from shardwise._model.units import format_bytes, parse_bytes
     from shardwise._planner.calibrate import calibrate as measure
 
     jmesh = make_mesh(mesh)
@@ -37,7 +39,7 @@ def calibrate(
     with console.status("calibrating") as status:
         profile = measure(
             jmesh,
-            per_device_bytes=parse_bytes(size),
+            per_device_bytes=per_device,
             repeat=repeat,
             on_step=lambda what: status.update(f"measuring {what}"),
         )

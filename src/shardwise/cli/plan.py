@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shardwise._model.units import format_bytes
+from shardwise._model.units import format_bytes, parse_bytes
 from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
 from shardwise.cli.explain import parse_shapes
 
@@ -55,6 +55,7 @@ def plan(
     import shardwise
 
     shape_list = parse_shapes(shapes)
+    limit = None if budget is None else parse_bytes(budget, "--budget")
     if verify or mesh == "auto" or profile is None:
         setup_devices(devices)
     console = Console(stderr=json)
@@ -64,7 +65,7 @@ def plan(
             shape_list,
             mesh=mesh,
             dtype=dtype,
-            budget=budget,
+            budget=limit,
             profile=profile,
             verify=verify,
             top=top,
@@ -121,6 +122,8 @@ def plan(
         console.print(f"… and {len(report.strategies) - top} more (--top to see them)")
     for r in report.refused[:5]:
         console.print(f"[yellow]refused[/] {r.strategy.describe(op)}: {r.reason}")
+    if report.stopped_early:
+        console.print(f"[yellow]incomplete:[/] {report.stopped_early}")
     console.print(f"[bold]chosen:[/] {report.why()}")
     if verify:
         rho = report.spearman
