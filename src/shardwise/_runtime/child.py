@@ -3,13 +3,18 @@
 ``python -m shardwise._runtime.child SCRIPT ARGS…`` (or ``-m MODULE ARGS…``, or ``-c CODE``)
 simulates the CPU devices and joins the runtime that the ``SHARDWISE_*`` variables describe,
 then runs the program as ``python`` would, as ``__main__``. ``import shardwise`` itself
-changes nothing, so the setting up happens here.
+changes nothing, so the setting up happens here. A process started by ``shardwise launch``
+also watches the launcher, and ends (with its process group) when the launcher is gone.
 """
 
 from __future__ import annotations
 
+import os
 import runpy
+import signal
+import stat
 import sys
+import threading
 import types
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,19 +23,52 @@ from shardwise._errors import ShardwiseError
 from shardwise._runtime.devices import apply_env
 from shardwise._runtime.distributed import join_from_env
 from shardwise._runtime.hostmem import keep_freed_memory_warm
+from shardwise._runtime.launch import ENV_LAUNCHER_FD
 
 USAGE = "usage: python -m shardwise._runtime.child (SCRIPT | -m MODULE | -c CODE) [ARGS…]"
 
 
 def set_up() -> None:
     """Simulated devices and the runtime, from the environment; exit 2 with the reason if
-    the runtime cannot be joined."""
+    the runtime cannot be joined. In a process that ``shardwise launch`` started, first
+    :func:`watch_launcher`."""
+    watch_launcher()
     try:
         apply_env()
         join_from_env(native_stdout_to_stderr=True)
     except ShardwiseError as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(2) from None
+
+
+def watch_launcher() -> bool:
+    """If ``SHARDWISE_LAUNCHER_FD`` names the pipe from ``shardwise launch``, watch it from a
+    thread and end this process's group (this process, when it leads none) with ``SIGKILL``
+    once the pipe closes: the launcher is gone, even if it was killed outright. Takes the
+    variable out of the environment (the processes this one starts do not inherit the pipe);
+    returns whether it watches."""
+    raw = os.environ.pop(ENV_LAUNCHER_FD, "").strip()
+    if not raw.isdigit():
+        return False
+    fd = int(raw)
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+    except OSError:
+        return False
+    threading.Thread(target=_end_with_launcher, args=(fd,), daemon=True).start()
+    return True
+
+
+def _end_with_launcher(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):  # the launcher never writes: this returns at end of file
+            pass
+    except OSError:
+        pass
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(argv: Sequence[str]) -> None:

@@ -7,10 +7,16 @@ its command runs; on a real cluster set them yourself and call
 Open MPI and the like):
 
 - ``SHARDWISE_COORDINATOR``: ``host:port`` of process 0's coordination service;
+- ``SHARDWISE_COORDINATOR_BIND``: in process 0, the ``host:port`` the coordinator listens on
+  (``shardwise launch`` sets the coordinator's address, ``127.0.0.1`` unless told another;
+  unset, JAX listens on every interface);
 - ``SHARDWISE_NUM_PROCESSES`` and ``SHARDWISE_PROCESS_ID``;
 - ``SHARDWISE_INIT_TIMEOUT``: seconds to wait for every process to join (default 60);
 - ``SHARDWISE_HEARTBEAT_TIMEOUT``: seconds after which a silent process counts as lost and
   the others stop (default 30).
+
+JAX's distributed runtime has no authentication: anyone who can reach the coordinator's port
+can join the job, so expose it to trusted networks only.
 
 Every process runs the same program; each creates only its own shards
 (``jax.make_array_from_callback``) and results are gathered where a process needs all of
@@ -20,6 +26,8 @@ them (:func:`to_host`).
 from __future__ import annotations
 
 import os
+import socket
+import time
 from typing import Any
 
 import numpy as np
@@ -28,10 +36,44 @@ from shardwise._errors import DistributedError
 from shardwise._runtime.devices import apply_env
 
 ENV_COORDINATOR = "SHARDWISE_COORDINATOR"
+ENV_COORDINATOR_BIND = "SHARDWISE_COORDINATOR_BIND"
 ENV_NUM_PROCESSES = "SHARDWISE_NUM_PROCESSES"
 ENV_PROCESS_ID = "SHARDWISE_PROCESS_ID"
 ENV_INIT_TIMEOUT = "SHARDWISE_INIT_TIMEOUT"
 ENV_HEARTBEAT_TIMEOUT = "SHARDWISE_HEARTBEAT_TIMEOUT"
+
+
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""What an HTTP/2 client sends first: the connection preface and an empty SETTINGS frame. JAX's
+coordinator (a gRPC server) answers with a SETTINGS frame of its own."""
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """The host and port of ``HOST:PORT`` (``[IPV6]:PORT`` too).
+
+    >>> split_address("127.0.0.1:1234")
+    ('127.0.0.1', 1234)
+    >>> split_address("[::1]:80")
+    ('::1', 80)
+    """
+    host, _, port = address.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise DistributedError(
+            f"coordinator address {address!r} is not HOST:PORT; give it as e.g. "
+            "10.0.0.1:1234 or [::1]:1234, with a port from 1 to 65535."
+        )
+    return host, int(port)
+
+
+def join_address(host: str, port: int) -> str:
+    """``HOST:PORT``, with an IPv6 host in brackets.
+
+    >>> join_address("::1", 80)
+    '[::1]:80'
+    """
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _int_env(name: str, default: int | None = None) -> int | None:
@@ -50,6 +92,7 @@ def initialize_distributed(
     process_id: int | None = None,
     init_timeout: int = 60,
     heartbeat_timeout: int = 30,
+    coordinator_bind: str | None = None,
 ) -> None:
     """Join the distributed runtime (before any JAX computation).
 
@@ -57,6 +100,11 @@ def initialize_distributed(
     (with ``SHARDWISE_CPU_DEVICES`` simulated devices, if set), else JAX detects the cluster
     (SLURM, Open MPI, Cloud TPU …). On CPU the processes exchange data with gloo collectives
     over the network.
+
+    Process 0 hosts the coordinator. It listens on ``coordinator_bind`` (``HOST:PORT``; else
+    ``SHARDWISE_COORDINATOR_BIND``), or on every interface where neither is set. The runtime
+    has no authentication: anyone who can reach that port can join the job, so bind it to an
+    interface that only the job's hosts reach.
 
     Does nothing in a process that has already joined (a program that ``shardwise launch``
     started has, before its first line).
@@ -70,7 +118,8 @@ def initialize_distributed(
         apply_env()
         join_from_env()
         return
-    _join(coordinator, num_processes, process_id, init_timeout, heartbeat_timeout)
+    bind = coordinator_bind or os.environ.get(ENV_COORDINATOR_BIND, "").strip() or None
+    _join(coordinator, num_processes, process_id, init_timeout, heartbeat_timeout, bind)
 
 
 def _join(
@@ -79,6 +128,7 @@ def _join(
     process_id: int | None,
     init_timeout: int,
     heartbeat_timeout: int,
+    bind: str | None = None,
 ) -> None:
     import jax
 
@@ -87,7 +137,10 @@ def _join(
 
     if coordinator is not None:
         # JAX ends the process outright when it cannot reach the coordinator; check first
-        _reachable(coordinator, process_id or 0, num_processes, init_timeout)
+        if (process_id or 0) == 0:
+            _can_host(coordinator, bind)
+        else:
+            _await_coordinator(coordinator, process_id or 0, num_processes, init_timeout)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     try:
         jax.distributed.initialize(
@@ -97,6 +150,7 @@ def _join(
             initialization_timeout=init_timeout,
             heartbeat_timeout_seconds=heartbeat_timeout,
             shutdown_timeout_seconds=max(heartbeat_timeout, 5),
+            coordinator_bind_address=bind if process_id == 0 else None,
         )
     except Exception as e:  # JAX raises RuntimeError / XlaRuntimeError with long texts
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -108,41 +162,78 @@ def _join(
         ) from None
 
 
-def _reachable(coordinator: str, process_id: int, count: int | None, timeout: float) -> None:
-    """Process 0 must be able to listen on the port; the others must reach it in time."""
-    import socket
-    import time
-
-    host, _, port_text = coordinator.rpartition(":")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise DistributedError(f"coordinator {coordinator!r} is not host:port.") from None
-    if process_id == 0:
-        with socket.socket() as s:
+def _can_host(coordinator: str, bind: str | None) -> None:
+    """Process 0 must be able to listen where it will host the coordinator: on ``bind``, else
+    on every interface (JAX's default), at an address of this machine."""
+    host, port = split_address(bind or coordinator)
+    for where in [host] if bind else [host, "0.0.0.0"]:
+        with socket.socket(socket.AF_INET6 if ":" in where else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                s.bind((host or "0.0.0.0", port))
+                s.bind((where, port))
             except OSError as e:
                 raise DistributedError(
-                    f"process 0 cannot host the coordinator on {coordinator} ({e.strerror or e});"
-                    " the port is in use or the address is not this machine's."
+                    f"process 0 cannot host the coordinator on {join_address(where, port)} "
+                    f"({e.strerror or e}); the port is in use or the address is not this "
+                    "machine's."
                 ) from None
-        return
+
+
+def _await_coordinator(
+    coordinator: str, process_id: int, count: int | None, timeout: float
+) -> None:
+    """Wait until something listens at ``coordinator``, and check that it is a gRPC server
+    (JAX ends the process outright when what answers there is not its coordinator)."""
+    host, port = split_address(coordinator)
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=1.0):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise DistributedError(
-                    f"process {process_id} of {count} could not join the runtime: nothing "
-                    f"answered at coordinator {coordinator} within {timeout:.0f} s. Check that "
-                    "process 0 is running there and that every process was given the same "
-                    "address and port."
-                ) from None
-            time.sleep(0.2)
+    for _ in range(3):  # a connection closed at once may be a server still starting
+        while True:
+            try:
+                with socket.create_connection((host, port), timeout=1.0) as s:
+                    answer, why = _hello(s, min(5.0, max(deadline - time.monotonic(), 1.0)))
+                break
+            except OSError:  # nothing listens there (yet)
+                if time.monotonic() > deadline:
+                    raise DistributedError(
+                        f"process {process_id} of {count} could not join the runtime: nothing "
+                        f"answered at coordinator {coordinator} within {timeout:.0f} s. Check "
+                        "that process 0 is running there and that every process was given the "
+                        "same address and port."
+                    ) from None
+                time.sleep(0.2)
+        if len(answer) >= 9 and answer[3] == 4 and answer[5:9] == bytes(4):
+            return  # an HTTP/2 SETTINGS frame: a gRPC server
+        if answer or "silent" in why:
+            break
+        time.sleep(0.5)
+    raise DistributedError(
+        f"process {process_id} of {count} could not join the runtime: what listens at "
+        f"coordinator {coordinator} is not JAX's coordinator (a gRPC server); it {why}. "
+        "Check the address and port: they must be those of process 0, the same for every "
+        "process."
+    )
+
+
+def _hello(s: socket.socket, wait: float) -> tuple[bytes, str]:
+    """Greet an HTTP/2 server on socket ``s``: the first 9 bytes it answered (an HTTP/2 frame's
+    header) within ``wait`` seconds, and in words what it did."""
+    answer = b""
+    try:
+        s.sendall(_HTTP2_HELLO)
+        s.settimeout(wait)
+        while len(answer) < 9:
+            chunk = s.recv(9 - len(answer))
+            if not chunk:
+                break
+            answer += chunk
+        else:
+            return answer, f"answered {answer!r} where a gRPC server sends an HTTP/2 SETTINGS frame"
+        what = "closed the connection"
+    except TimeoutError:
+        what = f"kept silent for {wait:.0f} s"
+    except OSError as e:
+        what = f"reset the connection ({e.strerror or e})"
+    return answer, f"answered {answer!r}, then {what}" if answer else what
 
 
 def _native_stdout_to_stderr() -> None:
@@ -161,10 +252,10 @@ def _native_stdout_to_stderr() -> None:
 
 
 def join_from_env(native_stdout_to_stderr: bool = False) -> bool:
-    """Join the runtime if ``SHARDWISE_COORDINATOR`` is set (``shardwise launch`` sets it);
-    return whether it did. ``native_stdout_to_stderr`` (for the CLI and ``launch``ed
-    processes, whose standard output is their result) sends what native libraries print
-    there to standard error."""
+    """Join the runtime if ``SHARDWISE_COORDINATOR`` is set (``shardwise launch`` sets it,
+    and ``SHARDWISE_COORDINATOR_BIND`` for process 0); return whether it did.
+    ``native_stdout_to_stderr`` (for the CLI and ``launch``ed processes, whose standard output
+    is their result) sends what native libraries print there to standard error."""
     coordinator = os.environ.get(ENV_COORDINATOR, "").strip()
     if not coordinator:
         return False
@@ -190,6 +281,7 @@ def join_from_env(native_stdout_to_stderr: bool = False) -> bool:
         pid,
         init_timeout=_int_env(ENV_INIT_TIMEOUT, 60) or 60,
         heartbeat_timeout=_int_env(ENV_HEARTBEAT_TIMEOUT, 30) or 30,
+        bind=os.environ.get(ENV_COORDINATOR_BIND, "").strip() or None,
     )
     return True
 
@@ -229,5 +321,27 @@ def put(x: Any, sharding: Any) -> Any:
         from shardwise._runtime.hostmem import put_cpu
 
         return put_cpu(np.asarray(x), sharding)
+    _spans_every_process(sharding)
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def _spans_every_process(sharding: Any) -> None:
+    """Every process runs the same program, so an array that spans processes must span them
+    all: a process that holds none of it cannot take part."""
+    import jax
+
+    count = int(jax.process_count())
+    held = sorted({int(d.process_index) for d in sharding.device_set})
+    if len(held) == count:
+        return
+    missing = sorted(set(range(count)) - set(held))
+    size = len(sharding.device_set)
+    raise DistributedError(
+        f"the mesh's {size} devices belong to processes {held} of the {count} in the runtime, "
+        f"so process{'es' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+        f"{'hold' if len(missing) > 1 else 'holds'} none of them; every process runs the same "
+        f"program and must hold part of each array. Use a mesh of all "
+        f"{jax.device_count()} devices (mesh='auto'), or start as many devices as the mesh "
+        f"has: shardwise launch -n N --devices-per-process K with N × K = {size}."
+    )

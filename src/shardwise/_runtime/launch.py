@@ -1,15 +1,25 @@
 """``shardwise launch``: N local processes that form one JAX runtime, and that end together.
 
-Process 0 hosts the coordination service on ``127.0.0.1:PORT``; every process gets the
-``SHARDWISE_*`` variables that say how to join the runtime (``shardwise`` commands and Python
-programs join before they start, see :func:`command_line`), and ``K``
-simulated CPU devices where there is no accelerator. The launcher watches them all: when
-one fails or is killed it stops the others at once and names the lost process; when one
-finishes, the others get a bounded time to finish too. Ctrl-C stops them all.
+Process 0 hosts the coordination service, on ``127.0.0.1:PORT`` unless given another address
+(JAX's distributed runtime has no authentication: anyone who can reach the port can join).
+Every process gets the ``SHARDWISE_*`` variables that say how to join the runtime
+(``shardwise`` commands and Python programs join before they start, see
+:func:`command_line`), and ``K`` simulated CPU devices where there is no accelerator.
+
+The launcher watches them all: when one fails or is killed it stops the others at once and
+names the lost process, with its last lines of standard error; when one finishes, the others
+get a bounded time to finish too. Ctrl-C, ``SIGTERM`` and ``SIGHUP`` stop them all. Each
+process leads its own process group (stopping it stops what it started), and ends with the
+launcher even when that is killed outright: on Linux the kernel sends it ``SIGKILL``
+(``PR_SET_PDEATHSIG``); everywhere, Python processes watch a pipe from the launcher and end
+their group when it closes (:func:`shardwise._runtime.child.set_up`).
 """
 
 from __future__ import annotations
 
+import collections
+import ctypes
+import errno
 import os
 import signal
 import socket
@@ -17,21 +27,35 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import IO
+from types import FrameType
+from typing import IO, Any
 
 from shardwise._errors import DistributedError
 from shardwise._runtime.distributed import (
     ENV_COORDINATOR,
+    ENV_COORDINATOR_BIND,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_NUM_PROCESSES,
     ENV_PROCESS_ID,
+    join_address,
+    split_address,
 )
 
 NOISE = ("[Gloo]", "peer ranks. Expected number of connected peer ranks")
 """What the native collectives library prints to standard output (from several threads at
 once, so its lines can arrive cut and interleaved); lines holding any of it are dropped."""
+
+ENV_LAUNCHER_FD = "SHARDWISE_LAUNCHER_FD"
+"""The number of a file descriptor each launched process inherits: the read end of a pipe whose
+write end only the launcher holds, so it reads end-of-file when the launcher is gone."""
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals to the launcher that stop every process it started."""
+
+_PR_SET_PDEATHSIG = 1
+_LAST_LINES = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,31 +67,59 @@ class Outcome:
 
 
 def free_port() -> int:
-    """A TCP port nothing listens on now."""
+    """A TCP port nothing listens on now at 127.0.0.1."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def check_port(port: int) -> None:
-    """Refuse a port that is taken, before any process starts."""
-    with socket.socket() as s:
+def check_port(port: int, host: str = "127.0.0.1") -> None:
+    """Refuse an address whose port is taken or that is not this machine's, before any
+    process starts."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
+            s.bind((host, port))
+        except OSError as e:
+            what = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be used ({e})"
             raise DistributedError(
-                f"port {port} on 127.0.0.1 is in use, so the coordinator cannot listen there; "
-                "choose another with --port, or leave --port out to pick a free one."
+                f"port {port} on {host} {what}, so the coordinator cannot listen there; "
+                "choose another with --port (or leave --port out to pick a free one), or give "
+                "an address of this machine with --coordinator-address."
             ) from None
 
 
-def _pump(stream: IO[bytes], out: IO[str], prefix: str) -> None:
+def coordinator(address: str | None, port: int | None) -> str:
+    """Where process 0 hosts the coordinator (listening there only) and the others reach it:
+    ``address`` (``HOST:PORT``), else ``127.0.0.1`` and ``port`` (a free one by default)."""
+    if address is None:
+        host = "127.0.0.1"
+        if port is None:
+            port = free_port()
+        else:
+            check_port(port, host)
+    else:
+        if port is not None:
+            raise DistributedError(
+                f"--port {port} and --coordinator-address {address} both give the port; "
+                "give the port in --coordinator-address only."
+            )
+        host, port = split_address(address)
+        check_port(port, host)
+    return join_address(host, port)
+
+
+def _pump(
+    stream: IO[bytes], out: IO[str] | None, prefix: str, last: collections.deque[str]
+) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace")
         if not any(mark in line for mark in NOISE):
-            out.write(prefix + line)
-            out.flush()
+            if out is None:
+                last.append(line)
+            else:
+                out.write(prefix + line)
+                out.flush()
 
 
 def _describe(rc: int) -> str:
@@ -79,17 +131,28 @@ def _describe(rc: int) -> str:
     return f"exited with status {rc}"
 
 
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    """Send ``signum`` to the process group ``proc`` leads (to ``proc`` where it leads none)."""
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 3.0) -> None:
     for p in procs:
         if p.poll() is None:
-            p.terminate()
+            _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for p in procs:
         if p.poll() is None:
             try:
                 p.wait(max(deadline - time.monotonic(), 0.01))
             except subprocess.TimeoutExpired:
-                p.kill()
+                _signal_group(p, signal.SIGKILL)
                 p.wait()
 
 
@@ -130,6 +193,107 @@ def _is_python(program: str) -> bool:
     return program == sys.executable or name.startswith("python")
 
 
+def die_with_launcher() -> Callable[[], None] | None:
+    """On Linux, a function for ``Popen(preexec_fn=…)`` that has the kernel send the new
+    process ``SIGKILL`` when the launcher dies (any program, not only Python); ``None``
+    elsewhere, or outside the main thread (the kernel watches the thread that started the
+    process, not the whole launcher)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+
+    def arm() -> None:  # runs in the new process, between fork and exec
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before the process was armed
+            os._exit(137)
+
+    return arm
+
+
+class _StopSignals:
+    """While active (in the main thread), ``SIGINT``, ``SIGTERM`` and ``SIGHUP`` are noted
+    in :attr:`signum` instead of ending the launcher, which then stops every process."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._saved: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._saved[sig] = signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class _Run:
+    """The processes of one launch, what shows their output, and the hidden ones' last lines."""
+
+    procs: list[subprocess.Popen[bytes]]
+    pumps: list[threading.Thread]
+    last: list[collections.deque[str]]
+
+
+def _spawn(
+    argv: list[str],
+    envs: list[dict[str, str]],
+    all_output: bool,
+    stop: _StopSignals,
+    watch_fd: int,
+) -> _Run:
+    """Start one process per environment (before any thread: ``preexec_fn`` is safe only
+    then), then the threads that relay their output."""
+    arm = die_with_launcher()
+    run = _Run([], [], [])
+    for pid, env in enumerate(envs):
+        if stop.signum is not None:
+            break
+        shown = pid == 0 or all_output
+        try:
+            run.procs.append(
+                subprocess.Popen(
+                    argv,
+                    env={**env, ENV_LAUNCHER_FD: str(watch_fd)},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE if shown else subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    process_group=0,
+                    preexec_fn=arm,
+                    pass_fds=(watch_fd,),
+                )
+            )
+        except OSError as e:
+            _stop(run.procs)
+            raise DistributedError(f"cannot start {argv[0]!r}: {e.strerror or e}.") from None
+    for pid, proc in enumerate(run.procs):
+        shown = pid == 0 or all_output
+        prefix = f"[p{pid}] " if all_output and len(envs) > 1 else ""
+        run.last.append(collections.deque(maxlen=_LAST_LINES))
+        streams = ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr if shown else None))
+        for stream, out in streams:
+            if stream is not None:
+                args = (stream, out, prefix, run.last[-1])
+                t = threading.Thread(target=_pump, args=args, daemon=True)
+                t.start()
+                run.pumps.append(t)
+    return run
+
+
 def launch(
     command: Sequence[str],
     processes: int,
@@ -137,6 +301,7 @@ def launch(
     port: int | None = None,
     all_output: bool = False,
     timeout: float = 30.0,
+    coordinator_address: str | None = None,
 ) -> Outcome:
     """Run ``command`` in ``processes`` local processes joined into one runtime.
 
@@ -145,10 +310,13 @@ def launch(
             that imports shardwise).
         processes: how many processes.
         devices_per_process: simulated CPU devices in each (where there is no accelerator).
-        port: the coordinator's port (a free one by default).
+        port: the coordinator's port on ``127.0.0.1`` (a free one by default).
         all_output: show every process's output, prefixed ``[pK]``; else process 0's only.
         timeout: seconds the others get to finish after one process ends, and the heartbeat
             timeout after which a silent process counts as lost.
+        coordinator_address: ``HOST:PORT`` where process 0 hosts the coordinator and the
+            others reach it, instead of ``127.0.0.1:port``. The runtime has no
+            authentication: anyone who can reach this address can join the job.
     """
     if processes < 1:
         raise DistributedError(f"-n {processes}: at least one process is needed.")
@@ -157,66 +325,61 @@ def launch(
             "no command to launch; give one after --, e.g. "
             "shardwise launch -n 2 -- shardwise demo --size small"
         )
-    if port is None:
-        port = free_port()
-    else:
-        check_port(port)
-    argv = command_line(command)
-    procs: list[subprocess.Popen[bytes]] = []
-    pumps: list[threading.Thread] = []
-    for pid in range(processes):
-        env = dict(os.environ)
-        env.update(
-            {
-                ENV_COORDINATOR: f"127.0.0.1:{port}",
-                ENV_NUM_PROCESSES: str(processes),
-                ENV_PROCESS_ID: str(pid),
-                ENV_HEARTBEAT_TIMEOUT: str(max(int(timeout), 2)),
-            }
-        )
-        if devices_per_process is not None:
-            env["SHARDWISE_CPU_DEVICES"] = str(devices_per_process)
-        shown = pid == 0 or all_output
-        try:
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if shown else subprocess.DEVNULL,
-                stderr=subprocess.PIPE if shown else subprocess.DEVNULL,
-            )
-        except OSError as e:
-            _stop(procs)
-            raise DistributedError(f"cannot start {argv[0]!r}: {e.strerror or e}.") from None
-        procs.append(proc)
-        if shown:
-            prefix = f"[p{pid}] " if all_output and processes > 1 else ""
-            for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-                assert stream is not None
-                t = threading.Thread(target=_pump, args=(stream, out, prefix), daemon=True)
-                t.start()
-                pumps.append(t)
+    where = coordinator(coordinator_address, port)
+    base = {k: v for k, v in os.environ.items() if k != ENV_COORDINATOR_BIND}
+    base[ENV_COORDINATOR] = where
+    base[ENV_NUM_PROCESSES] = str(processes)
+    base[ENV_HEARTBEAT_TIMEOUT] = str(max(int(timeout), 2))
+    if devices_per_process is not None:
+        base["SHARDWISE_CPU_DEVICES"] = str(devices_per_process)
+    envs = [{**base, ENV_PROCESS_ID: str(pid)} for pid in range(processes)]
+    envs[0][ENV_COORDINATOR_BIND] = where  # process 0 listens on that address only
+    watch, keep = os.pipe()  # ``keep`` stays open here only: it closes when the launcher dies
     try:
-        outcome = _watch(procs, timeout)
-    except KeyboardInterrupt:
-        _stop(procs)
-        outcome = Outcome(130, "interrupted: stopped every process")
-    for t in pumps:
+        with _StopSignals() as stop:
+            try:
+                run = _spawn(command_line(command), envs, all_output, stop, watch)
+            finally:
+                os.close(watch)
+            try:
+                outcome = _watch(run, timeout, stop)
+            except KeyboardInterrupt:  # outside the main thread, Ctrl-C arrives so
+                _stop(run.procs)
+                outcome = Outcome(130, "interrupted: stopped every process")
+    finally:
+        os.close(keep)
+    for t in run.pumps:
         t.join(timeout=2)
     return outcome
 
 
-def _watch(procs: Sequence[subprocess.Popen[bytes]], timeout: float) -> Outcome:
+def _failed(run: _Run, k: int, rc: int) -> Outcome:
+    status = 128 - rc if rc < 0 else rc
+    message = f"process {k} {_describe(rc)}; stopped the others"
+    time.sleep(0.1)  # its last lines may still be in the pipe
+    lines = [line.rstrip() for line in run.last[k] if line.strip()]
+    if lines:
+        message += ". Its last words:\n" + "\n".join(f"[p{k}] {line}" for line in lines)
+    return Outcome(status or 1, message)
+
+
+def _watch(run: _Run, timeout: float, stop: _StopSignals) -> Outcome:
     first_done: float | None = None
+    procs = run.procs
     while True:
+        if stop.signum is not None:
+            _stop(procs)
+            why = (
+                "interrupted" if stop.signum == signal.SIGINT else signal.Signals(stop.signum).name
+            )
+            return Outcome(128 + stop.signum, f"{why}: stopped every process")
         codes = [p.poll() for p in procs]
         failed = [(k, rc) for k, rc in enumerate(codes) if rc not in (None, 0)]
         if failed:
             k, rc = failed[0]
             assert rc is not None
             _stop(procs)
-            status = 128 - rc if rc < 0 else rc
-            return Outcome(status or 1, f"process {k} {_describe(rc)}; stopped the others")
+            return _failed(run, k, rc)
         if all(rc == 0 for rc in codes):
             return Outcome(0, "")
         if any(rc == 0 for rc in codes):

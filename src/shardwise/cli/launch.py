@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from shardwise.cli._common import friendly_errors
 
@@ -22,7 +23,22 @@ def launch(
     ] = None,
     port: Annotated[
         int | None,
-        typer.Option("--port", min=1, max=65535, help="Coordinator port (default: a free one)."),
+        typer.Option(
+            "--port",
+            min=1,
+            max=65535,
+            help="Coordinator port on 127.0.0.1 (default: a free one).",
+        ),
+    ] = None,
+    coordinator_address: Annotated[
+        str | None,
+        typer.Option(
+            "--coordinator-address",
+            metavar="HOST:PORT",
+            help="Where process 0 hosts the coordinator and listens (only there), and the "
+            "others reach it; default 127.0.0.1 and --port. No authentication: anyone who can "
+            "reach this address can join the job, so use a trusted network.",
+        ),
     ] = None,
     all_output: Annotated[
         bool, typer.Option("--all-output", help="Show every process's output, not only 0's.")
@@ -36,10 +52,26 @@ def launch(
         ),
     ] = 30.0,
 ) -> None:
-    """Start N processes on this machine that join one JAX runtime, and end them together."""
+    """Start N processes on this machine that join one JAX runtime, and end them together.
+
+    The coordinator listens on 127.0.0.1 unless --coordinator-address says otherwise: JAX's
+    distributed runtime has no authentication, and anyone who can reach its port can join.
+    Ctrl-C, SIGTERM and SIGHUP stop every process; so does the launcher's death (on Linux,
+    for any command; elsewhere, for Python programs).
+    """
     from shardwise._runtime.launch import launch as run_launch
 
-    outcome = run_launch(command, processes, devices_per_process, port, all_output, timeout)
+    outcome = run_launch(
+        command,
+        processes,
+        devices_per_process=devices_per_process,
+        port=port,
+        all_output=all_output,
+        timeout=timeout,
+        coordinator_address=coordinator_address,
+    )
     if outcome.returncode:
-        Console(stderr=True).print(f"[bold red]error:[/] {outcome.message}", highlight=False)
+        Console(stderr=True).print(
+            f"[bold red]error:[/] {escape(outcome.message)}", highlight=False
+        )
         raise typer.Exit(outcome.returncode)

@@ -1,0 +1,311 @@
+"""`shardwise launch` is safe to run: its coordinator listens on loopback only, its processes
+end with it however it ends, and wrong set-ups are clear errors (exit 2), not native aborts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import shardwise
+from shardwise._runtime import distributed, launch
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("SHARDWISE_")}
+LAUNCH = [sys.executable, "-m", "shardwise.cli", "launch"]
+LINUX = sys.platform.startswith("linux")
+DEMO = ["shardwise", "demo", "--size", "small", "--no-dask"]
+
+# prints the addresses the coordinator's port listens on (from /proc/net/tcp*), then the
+# variables this process was given
+WHERE = """
+import os
+port = int(os.environ["SHARDWISE_COORDINATOR"].rsplit(":", 1)[1])
+found = []
+for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(name).read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+            found.append(local.rsplit(":", 1)[0])
+print(" ".join(found))
+print(os.environ["SHARDWISE_COORDINATOR"], os.environ.get("SHARDWISE_COORDINATOR_BIND"))
+"""
+
+# /proc/net/tcp* spell 127.0.0.K as 0K00007F (IPv4) or ::ffff:127.0.0.K (IPv6)
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F"}
+
+
+def _run(args: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env={**ENV, **env})
+
+
+def _text(result: subprocess.CompletedProcess[str]) -> str:
+    return " ".join(result.stderr.split())
+
+
+# --- 7: where the coordinator listens -------------------------------------------------------
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc/net/tcp")
+def test_the_coordinator_listens_on_loopback_only(tmp_path):
+    script = tmp_path / "where.py"
+    script.write_text(WHERE)
+    result = _run(
+        [*LAUNCH, "-n", "1", "--devices-per-process", "1", "--", sys.executable, str(script)]
+    )
+    assert result.returncode == 0, result.stderr
+    found, given = result.stdout.strip().splitlines()[-2:]
+    assert found.split() and set(found.split()) <= LOOPBACK, found  # not 0.0.0.0 or ::
+    address, bind = given.split()
+    assert address.startswith("127.0.0.1:") and bind == address
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc/net/tcp; 127.0.0.2 is loopback on Linux")
+def test_the_coordinator_listens_where_it_is_told(tmp_path):
+    script = tmp_path / "where.py"
+    script.write_text(WHERE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = s.getsockname()[1]
+    args = ["--coordinator-address", f"127.0.0.2:{port}", "--", sys.executable, str(script)]
+    result = _run([*LAUNCH, "-n", "1", "--devices-per-process", "1", *args])
+    assert result.returncode == 0, result.stderr
+    found, given = result.stdout.strip().splitlines()[-2:]
+    assert found.split() == ["0000000000000000FFFF00000200007F"] or found.split() == ["0200007F"]
+    assert given.split() == [f"127.0.0.2:{port}"] * 2
+
+
+def test_help_and_docstrings_say_there_is_no_authentication():
+    result = _run([*LAUNCH, "--help"], COLUMNS="200")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    assert "--coordinator-address" in text and "No authentication" in text
+    assert "127.0.0.1" in text
+    for doc in (launch.__doc__, distributed.__doc__, shardwise.initialize_distributed.__doc__):
+        assert doc and "no authentication" in " ".join(doc.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--coordinator-address", "nowhere"], "'nowhere' is not HOST:PORT"),
+        (["--coordinator-address", "127.0.0.1:99999"], "is not HOST:PORT"),
+        (["--coordinator-address", "127.0.0.1:1234", "--port", "1234"], "both give the port"),
+    ],
+)
+def test_a_wrong_coordinator_address_is_refused(args, message):
+    result = _run([*LAUNCH, "-n", "2", *args, "--", "true"], timeout=60)
+    assert result.returncode == 2
+    assert message in _text(result) and "Traceback" not in result.stderr
+
+
+# --- 8: the processes end with the launcher -------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _wait_for_pids(folder: Path, count: int, launcher: subprocess.Popen[bytes]) -> list[int]:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        files = sorted(folder.glob("pid.*"))
+        if len(files) == count:
+            return [int(x) for f in files for x in f.read_text().split()]
+        assert launcher.poll() is None, launcher.communicate()
+        time.sleep(0.1)
+    raise AssertionError(f"the launched processes did not start: {list(folder.iterdir())}")
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+@pytest.fixture
+def started() -> Iterator[list[int]]:
+    """Pids a test started: whatever is left of them at the end is killed."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+# each process (and, with `&`, a process it starts) sleeps; pid.K holds their pids
+PIDS = 'f="$0/pid.$SHARDWISE_PROCESS_ID"; echo "$@" > "$f.tmp"; mv "$f.tmp" "$f"'
+SLEEPERS = f"sleep 60 & set -- $$ $!; {PIDS}; wait"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_to_the_launcher_ends_every_process(tmp_path, started, signum):
+    launcher = subprocess.Popen(
+        [*LAUNCH, "-n", "2", "--", "sh", "-c", SLEEPERS, str(tmp_path)],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    started.append(launcher.pid)
+    pids = _wait_for_pids(tmp_path, 2, launcher)
+    started.extend(pids)
+    launcher.send_signal(signum)
+    _, err = launcher.communicate(timeout=10)
+    assert launcher.returncode == 128 + signum
+    assert f"{signal.Signals(signum).name}: stopped every process" in err.decode()
+    assert _gone_within(pids, 5) == []  # the processes and what they started
+
+
+@pytest.mark.skipif(not LINUX, reason="the kernel's parent-death signal is Linux's")
+def test_killing_the_launcher_outright_ends_any_command(tmp_path, started):
+    # not Python: the kernel ends it when the launcher dies (PR_SET_PDEATHSIG)
+    script = f"set -- $$; {PIDS}; exec sleep 60"
+    launcher = subprocess.Popen(
+        [*LAUNCH, "-n", "2", "--", "sh", "-c", script, str(tmp_path)],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    started.append(launcher.pid)
+    pids = _wait_for_pids(tmp_path, 2, launcher)
+    started.extend(pids)
+    launcher.kill()
+    launcher.wait(timeout=10)
+    assert _gone_within(pids, 5) == []
+
+
+# a launcher without the parent-death signal, as where prctl does not exist: Python processes
+# still end (with what they started) when the pipe from the launcher closes
+WITHOUT_PRCTL = """
+import sys
+from shardwise._runtime import launch
+launch.die_with_launcher = lambda: None
+program = '''
+import os, subprocess, sys, time
+folder = sys.argv[1]
+sleeper = subprocess.Popen(["sleep", "60"])
+name = os.path.join(folder, "pid." + os.environ["SHARDWISE_PROCESS_ID"])
+with open(name + ".tmp", "w") as f:
+    f.write(f"{os.getpid()} {sleeper.pid}")
+os.rename(name + ".tmp", name)
+time.sleep(60)
+'''
+outcome = launch.launch([sys.executable, "-c", program, sys.argv[1]], 2, 1)
+raise SystemExit(outcome.returncode)
+"""
+
+
+def test_killing_the_launcher_outright_ends_python_programs_everywhere(tmp_path, started):
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(WITHOUT_PRCTL), str(tmp_path)],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    started.append(launcher.pid)
+    pids = _wait_for_pids(tmp_path, 2, launcher)
+    started.extend(pids)
+    launcher.kill()
+    launcher.wait(timeout=10)
+    assert _gone_within(pids, 5) == []
+
+
+# --- 9: clear errors, exit 2 ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("per_process", "message"),
+    [
+        (2, "needs 8 devices, but only 6"),  # 3 × 2 devices: too few for the demo's meshes
+        (4, "so process 2 holds none of them"),  # 3 × 4: the 8-device mesh leaves process 2 out
+    ],
+)
+def test_three_processes_that_do_not_fit_the_mesh_are_a_clear_error(per_process, message):
+    start = time.monotonic()
+    result = _run(
+        [*LAUNCH, "-n", "3", "--devices-per-process", str(per_process), "--", *DEMO],
+    )
+    assert time.monotonic() - start < 60
+    assert result.returncode == 2, result.stderr
+    text = _text(result)
+    assert message in text and "unexpected" not in text and "Traceback" not in text
+
+
+def _fake_coordinator(answer: bytes | None) -> tuple[socket.socket, list[socket.socket]]:
+    """A plain TCP listener: it sends ``answer`` to whoever connects, or keeps silent."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if answer is not None:
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, held
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [(None, "kept silent"), (b"SSH-2.0-OpenSSH_9.6\r\n", "answered b'SSH-2.0-O'")],
+)
+def test_a_port_that_is_not_a_coordinator_is_a_clear_error(answer, said):
+    server, held = _fake_coordinator(answer)
+    port = server.getsockname()[1]
+    start = time.monotonic()
+    try:
+        result = _run(
+            [sys.executable, "-m", "shardwise.cli", "demo", "--size", "small"],
+            timeout=60,
+            SHARDWISE_COORDINATOR=f"127.0.0.1:{port}",
+            SHARDWISE_NUM_PROCESSES="2",
+            SHARDWISE_PROCESS_ID="1",
+        )
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert time.monotonic() - start < 30
+    assert result.returncode == 2, result.stderr  # JAX itself would abort (status 134)
+    text = _text(result)
+    assert f"coordinator 127.0.0.1:{port} is not JAX's coordinator" in text
+    assert said in text and "Traceback" not in text
+
+
+def test_a_hidden_process_that_fails_says_why():
+    script = (
+        'if [ "$SHARDWISE_PROCESS_ID" = 1 ]; then echo "error: [b]p1[/b] broke" >&2; exit 3; fi; '
+        "exec sleep 30"
+    )
+    start = time.monotonic()
+    result = _run([*LAUNCH, "-n", "2", "--", "sh", "-c", script], timeout=60)
+    assert time.monotonic() - start < 20
+    assert result.returncode == 3
+    assert "process 1 exited with status 3" in result.stderr
+    assert "[p1] error: [b]p1[/b] broke" in result.stderr  # shown as written, not as markup
