@@ -181,7 +181,8 @@ def build_mesh(spec: MeshSpec, pool: list[jax.Device] | None = None) -> Mesh:
         platform = pool[0].platform if pool else "cpu"
         hint = (
             f" Simulate more CPU devices: shardwise.use_cpu_devices({spec.size}) before any "
-            f"JAX computation, or --devices {spec.size} for the shardwise command."
+            f"JAX computation, --devices {spec.size} for the shardwise command, or under "
+            f"shardwise launch -n N --devices-per-process K with N × K = {spec.size}."
             if platform == "cpu"
             else " Use a mesh whose axis sizes multiply to at most the device count."
         )
