@@ -1,10 +1,12 @@
-"""How a streamed einsum is cut into chunks, and whether they fit the memory budget."""
+"""How a streamed einsum is cut into chunks, whether they fit the memory budget, and where
+each chunk lies in the inputs and the output."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shardwise._data.sources import Source
 from shardwise._errors import ArgumentError
@@ -51,6 +53,46 @@ class StreamPlan:
     def peak_bytes(self) -> int:
         """Predicted host memory for the data (the runtime's own overhead comes on top)."""
         return self.chunk_bytes + self.fixed_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Chunking:
+    """Where a run's chunks lie in its inputs and output: the fixed context of the run.
+
+    Attributes:
+        plan: how the inputs are cut into chunks.
+        sources: the inputs.
+        axes: each input's axis along the streamed index.
+        shapes: each input's shape in a chunk, the last chunk padded to it (so one compiled
+            program serves every chunk).
+        out_axis: the output's axis along the streamed index (-1 when chunks are summed).
+        mappable: whether chunks are memory-mapped ``.npy`` rows used in place.
+    """
+
+    plan: StreamPlan
+    sources: tuple[Source, ...]
+    axes: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    out_axis: int
+    mappable: bool
+
+    @classmethod
+    def of(cls, op: Op, sources: Sequence[Source], plan: StreamPlan, cpu: bool) -> Chunking:
+        """The chunking of ``op``'s inputs by ``plan``; ``cpu``: every device is a CPU (on
+        CPU devices a full chunk of ``.npy`` inputs is computed straight from the page cache)."""
+        axes = tuple(t.index(plan.index) for t in op.inputs)
+        shapes = []
+        for s, axis in zip(sources, axes, strict=True):
+            shape = list(s.shape)
+            shape[axis] = plan.chunk
+            shapes.append(tuple(shape))
+        out_axis = op.output.index(plan.index) if not plan.accumulate else -1
+        mappable = all(s.mappable and a == 0 for s, a in zip(sources, axes, strict=True)) and cpu
+        return cls(plan, tuple(sources), axes, tuple(shapes), out_axis, mappable)
+
+    def span(self, c: int) -> tuple[int, int]:
+        """Chunk ``c``'s start and stop along the streamed index."""
+        return c * self.plan.chunk, min((c + 1) * self.plan.chunk, self.plan.total)
 
 
 def plan_stream(
@@ -116,3 +158,48 @@ def plan_stream(
             f"{format_bytes(need * 1.05)} or more."
         )
     return StreamPlan(index, accumulate, total, rows, -(-total // rows), rows * per_row, fixed)
+
+
+def plan_from_json(data: dict[str, Any], bad: Callable[[str], Exception]) -> StreamPlan:
+    """A plan read back from a manifest, its fields' types and arithmetic checked; ``bad(why)``
+    is the error to raise otherwise.
+
+    >>> plan_from_json({"index": "n", "accumulate": False, "total": 10, "chunk": 4,
+    ...                 "chunks": 3, "chunk_bytes": 96, "fixed_bytes": 0}, ValueError).chunks
+    3
+    >>> plan_from_json({"index": "n", "accumulate": False, "total": 10, "chunk": 4,
+    ...                 "chunks": 9, "chunk_bytes": 96, "fixed_bytes": 0}, ValueError)
+    Traceback (most recent call last):
+    ValueError: the plan cuts 10 into 9 chunks of 4
+    """
+    fields = StreamPlan.__slots__
+    counts = [data.get(f) for f in fields if f not in ("index", "accumulate")]
+    if (
+        set(data) != set(fields)
+        or not isinstance(data["index"], str)
+        or len(data["index"]) != 1
+        or not isinstance(data["accumulate"], bool)
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
+    ):
+        raise bad(f"the plan is {data!r}")
+    total, chunk, chunks = data["total"], data["chunk"], data["chunks"]
+    if chunk < 1 or total < 1 or chunks != -(-total // chunk):
+        raise bad(f"the plan cuts {total} into {chunks} chunks of {chunk}")
+    return StreamPlan(**data)
+
+
+def check_resumable(plan: StreamPlan, devices: int, limit: int, manifest: str) -> None:
+    """Refuse to resume a ``plan`` that the budget ``limit`` or the ``devices`` cannot hold
+    (``manifest``: the name of the file it was read from)."""
+    start_over = f"or delete {manifest} and the partial output to start over"
+    if plan.peak_bytes > limit:
+        raise ArgumentError(
+            f"the interrupted run used chunks needing {format_bytes(plan.peak_bytes)}, "
+            f"over the budget of {format_bytes(limit)}; resume with --budget "
+            f"{format_bytes(plan.peak_bytes)}, {start_over}."
+        )
+    if plan.chunk % devices:
+        raise ArgumentError(
+            f"the interrupted run cut chunks of {plan.chunk}, which do not split over "
+            f"{devices} devices; resume on the mesh it ran on, {start_over}."
+        )

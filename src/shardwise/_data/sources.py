@@ -1,21 +1,19 @@
-"""Where streamed data come from and go to: NumPy arrays, ``.npy`` files, Zarr arrays and
-Dask arrays in; ``.npy`` files and Zarr arrays out.
+"""Where streamed data come from: NumPy arrays, ``.npy`` files, Zarr arrays and Dask arrays.
 
-``.npy`` files are written with plain ``pwrite`` at the data offset. They are read either
-with ``pread`` into warm buffers or, where the devices can use host memory in place (CPU
-devices), one chunk at a time through a memory map of just that chunk
-(:meth:`Source.map_rows`): the devices then compute from the page cache with no copy at
-all, and the map is dropped when the chunk is done, so mapped pages never pile up in the
-process's resident memory.
+A ``.npy`` input is opened once and read with ``pread`` into warm buffers through that one
+descriptor; its size, mtime and inode are checked before and after every chunk, so an input
+changed or truncated mid-run stops the run with a clear error. It is memory-mapped and used in
+place (:meth:`Source.map_rows`) only where nobody can truncate it — on a read-only file system
+— since touching a map past a truncated file's end kills the process (``SIGBUS``).
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import hashlib
+import math
 import mmap
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +21,11 @@ from typing import Any
 import numpy as np
 
 from shardwise._data.dask import is_dask
-from shardwise._errors import (
-    ArgumentError,
-    ArgumentTypeError,
-    MissingExtraError,
-    ShardwiseError,
-)
+from shardwise._errors import ArgumentError, ArgumentTypeError, MissingExtraError, ShardwiseError
+from shardwise._files import read_exactly
+
+SAMPLES, BLOCK = 64, 4096
+"""An input's sampled fingerprint hashes this many blocks of this many bytes, evenly spread."""
 
 
 def _zarr() -> Any:
@@ -44,7 +41,8 @@ def _zarr() -> Any:
 
 @dataclass
 class Source:
-    """A read-only 2-or-more-dimensional array read in slices along one axis."""
+    """A read-only array read in slices along one axis; a ``.npy`` file is read through ``fd``,
+    and ``stamp`` is its (size, mtime_ns, inode) when opened."""
 
     name: str
     shape: tuple[int, ...]
@@ -53,74 +51,102 @@ class Source:
     obj: Any = None
     path: Path | None = None
     offset: int = 0
+    fd: int | None = None
+    stamp: tuple[int, int, int] | None = None
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def check(self) -> None:
+        """Refuse to go on when this ``.npy`` input changed since it was opened."""
+        if self.fd is None or self.stamp is None or self.path is None:
+            return
+        st = os.fstat(self.fd)
+        now = st.st_size, st.st_mtime_ns, st.st_ino
+        with contextlib.suppress(OSError):
+            if os.stat(self.path).st_ino != st.st_ino:
+                now = (*now[:2], -1)
+        if now != self.stamp:
+            what = [
+                k
+                for k, a, b in zip(("size", "mtime", "file"), now, self.stamp, strict=True)
+                if a != b
+            ]
+            raise ShardwiseError(
+                f"input {self.name} changed or was truncated while this run read it "
+                f"({', '.join(what)} changed); chunks finished before are kept: restore the "
+                "input and run the same command to resume."
+            )
 
     def read(self, axis: int, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """The slice ``[start:stop]`` along ``axis``: into the leading part of ``out`` when
         given (reusing warm memory is much faster than faulting in fresh pages), else a new
         array."""
-        if self.kind == "npy" and axis == 0:
-            assert self.path is not None
-            row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
-            if out is None:
-                out = np.empty((stop - start, *self.shape[1:]), self.dtype)
-            else:
-                out = out[: stop - start]
-            with open(self.path, "rb", buffering=0) as f:
-                view = out.reshape(-1).view(np.uint8).data
-                done, want, pos = 0, (stop - start) * row, self.offset + start * row
-                while done < want:
-                    n = os.preadv(f.fileno(), [view[done:]], pos + done)
-                    if n <= 0:
-                        raise ShardwiseError(f"{self.name} ended early: is it truncated?")
-                    done += n
+        shape = list(self.shape)
+        shape[axis] = stop - start
+        out = np.empty(shape, self.dtype) if out is None else out[tuple(slice(0, n) for n in shape)]
+        if self.kind == "npy":
+            self.check()
+            self._pread(axis, start, stop, out)
+            self.check()  # a change while reading: these rows may mix old and new
             return out
         index = [slice(None)] * len(self.shape)
         index[axis] = slice(start, stop)
-        if self.kind == "npy":
-            assert self.path is not None
-            arr = np.load(self.path, mmap_mode="r")
-            data = np.array(arr[tuple(index)])
-            if out is None:
-                return data
-            target = out[tuple(slice(0, n) for n in data.shape)]
-            np.copyto(target, data)
-            return target
         part = self.obj[tuple(index)]
         if self.kind == "dask":
             part = part.compute()
-        data = np.asarray(part, dtype=self.dtype)
-        if out is None:
-            return data
-        target = out[tuple(slice(0, n) for n in data.shape)]
-        np.copyto(target, data)
-        return target
+        np.copyto(out, np.asarray(part, dtype=self.dtype))
+        return out
+
+    def _pread(self, axis: int, start: int, stop: int, out: np.ndarray) -> None:
+        """Read the slice into ``out`` with ``pread``: one read per run of contiguous bytes in
+        the file (one in all along the first axis)."""
+        assert self.fd is not None
+        inner = math.prod(self.shape[axis + 1 :]) * self.dtype.itemsize
+        if out.size == 0:
+            return
+        for k, outer in enumerate(np.ndindex(*self.shape[:axis])):
+            part = out[outer]  # the slice's rows of one index before ``axis``
+            assert part.flags.c_contiguous  # else the bytes would land in a copy
+            pos = self.offset + (k * self.shape[axis] + start) * inner
+            if not read_exactly(self.fd, part.reshape(-1).view(np.uint8).data, pos):
+                raise ShardwiseError(
+                    f"input {self.name} ended early (truncated while this run read it?); "
+                    "chunks finished before are kept: restore it and run the same command."
+                )
 
     @property
     def mappable(self) -> bool:
-        """Whether :meth:`map_rows` can serve this source."""
-        return self.kind == "npy" and self.path is not None and os.name == "posix"
+        """Whether :meth:`map_rows` can serve this source safely: a ``.npy`` file nobody can
+        truncate while it is mapped (it lies on a read-only file system)."""
+        if self.kind != "npy" or self.fd is None or os.name != "posix":
+            return False
+        try:
+            return bool(os.fstatvfs(self.fd).f_flag & os.ST_RDONLY)
+        except OSError:
+            return False
 
     def map_rows(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start:stop]`` of a ``.npy`` file as a read-only array over a memory map of
         just those rows, its pages already mapped (read from disk if they were not cached).
         The map is released with the last reference."""
-        assert self.mappable and self.path is not None and stop > start
-        row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
+        assert self.mappable and self.fd is not None and stop > start
+        self.check()
+        row = math.prod(self.shape[1:]) * self.dtype.itemsize
         pos = self.offset + start * row
         base = pos - pos % mmap.ALLOCATIONGRANULARITY
         length = (stop - start) * row
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        with open(self.path, "rb") as f:
-            if os.fstat(f.fileno()).st_size < pos + length:
-                raise ShardwiseError(f"{self.name} ended early: is it truncated?")
-            mapped = mmap.mmap(
-                f.fileno(), pos - base + length, flags=flags, prot=mmap.PROT_READ, offset=base
-            )
-        count = (stop - start) * int(np.prod(self.shape[1:]))
+        mapped = mmap.mmap(
+            self.fd, pos - base + length, flags=flags, prot=mmap.PROT_READ, offset=base
+        )
+        count = (stop - start) * math.prod(self.shape[1:])
         rows = np.frombuffer(mapped, self.dtype, count=count, offset=pos - base)
         return rows.reshape(stop - start, *self.shape[1:])
 
@@ -138,29 +164,71 @@ class Source:
             base.madvise(mmap.MADV_DONTNEED)
 
     def fingerprint(self, checksum: bool = False) -> dict[str, Any]:
-        """What identifies this input's contents (size and mtime, or a checksum on request)."""
+        """What identifies this input's contents: shape and dtype; for files their size,
+        mtime and inode and a hash of ``SAMPLES`` blocks spread over them (``sample``); for
+        arrays in memory a hash of rows spread over them; with ``checksum``, SHA-256 of all
+        the bytes too; for a Dask array its graph's name."""
         data: dict[str, Any] = {
             "name": self.name,
             "shape": list(self.shape),
             "dtype": self.dtype.name,
             "kind": self.kind,
         }
+        if self.kind == "dask":
+            data["token"] = str(getattr(self.obj, "name", ""))
+            return data
         if self.path is not None:
-            paths = (
-                [self.path]
-                if self.path.is_file()
-                else sorted(p for p in self.path.rglob("*") if p.is_file())
-            )
-            data["size"] = sum(p.stat().st_size for p in paths)
-            data["mtime_ns"] = max(p.stat().st_mtime_ns for p in paths)
-            if checksum:
-                h = hashlib.sha256()
-                for p in paths:
-                    with open(p, "rb") as f:
-                        for block in iter(functools.partial(f.read, 1 << 20), b""):
-                            h.update(block)
-                data["sha256"] = h.hexdigest()
+            data.update(_file_fingerprint(self, checksum))
+            return data
+        arr = self.obj
+        if arr is not None and len(self.shape) > 0 and self.shape[0] > 0:
+            rows = np.unique(np.linspace(0, self.shape[0] - 1, SAMPLES).astype(np.int64))
+            sampled = np.stack([np.asarray(arr[int(i)], dtype=self.dtype) for i in rows])
+            data["sample"] = hashlib.blake2b(sampled.tobytes(), digest_size=16).hexdigest()
+            if checksum and isinstance(arr, np.ndarray):
+                data["sha256"] = hashlib.sha256(np.ascontiguousarray(arr).data).hexdigest()
         return data
+
+
+def _file_fingerprint(source: Source, checksum: bool) -> dict[str, Any]:
+    """Size, mtime, inode, sampled hash (and SHA-256 with ``checksum``) of a ``.npy`` file or
+    of a Zarr folder's files (its listing, and blocks of up to ``SAMPLES`` of its files)."""
+    assert source.path is not None
+    sample = hashlib.blake2b(digest_size=16)
+    full = hashlib.sha256() if checksum else None
+    if source.fd is not None and source.stamp is not None:
+        size, mtime, inode = source.stamp
+        _digest(source.fd, size, sample, full)
+    else:
+        paths = sorted(p for p in source.path.rglob("*") if p.is_file())
+        stats = [p.stat() for p in paths]
+        size = sum(s.st_size for s in stats)
+        mtime = max([s.st_mtime_ns for s in stats], default=0)
+        inode = os.stat(source.path).st_ino
+        pick = {round(k * (len(paths) - 1) / (SAMPLES - 1)) for k in range(SAMPLES)}
+        for k, (p, s) in enumerate(zip(paths, stats, strict=True)):
+            sample.update(f"{p.relative_to(source.path)}\0{s.st_size}\0".encode())
+            if k in pick or full is not None:
+                fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    _digest(fd, s.st_size, sample if k in pick else None, full)
+                finally:
+                    os.close(fd)
+    found = {"size": size, "mtime_ns": mtime, "inode": inode, "sample": sample.hexdigest()}
+    return found if full is None else {**found, "sha256": full.hexdigest()}
+
+
+def _digest(fd: int, length: int, sample: Any, full: Any) -> None:
+    """Hash ``SAMPLES`` blocks of ``fd`` spread over its ``length`` bytes into ``sample``, and
+    all of its bytes into ``full``, each when given."""
+    if sample is not None:
+        step = max(0, length - BLOCK) / (SAMPLES - 1)
+        for pos in sorted({round(k * step) for k in range(SAMPLES)}):
+            sample.update(os.pread(fd, BLOCK, pos))
+    pos = 0
+    while full is not None and (block := os.pread(fd, 1 << 20, pos)):
+        full.update(block)
+        pos += len(block)
 
 
 def open_source(value: Any, k: int) -> Source:
@@ -170,26 +238,7 @@ def open_source(value: Any, k: int) -> Source:
         if not path.exists():
             raise ArgumentError(f"input {k} {str(path)!r} does not exist.")
         if path.is_file() and path.suffix == ".npy":
-            try:
-                with open(path, "rb") as f:
-                    version = np.lib.format.read_magic(f)
-                    read_header = (
-                        np.lib.format.read_array_header_1_0
-                        if version == (1, 0)
-                        else np.lib.format.read_array_header_2_0
-                    )
-                    shape, fortran, dtype = read_header(f)
-                    offset = f.tell()
-            except (ValueError, OSError) as e:
-                raise ArgumentError(
-                    f"input {k} {str(path)!r} is not a readable .npy file ({e})."
-                ) from None
-            if fortran:
-                raise ArgumentError(
-                    f"input {k} {str(path)!r} is in Fortran order; save it in "
-                    "C order (np.ascontiguousarray) to stream it."
-                )
-            return Source(str(path), tuple(shape), np.dtype(dtype), "npy", path=path, offset=offset)
+            return _open_npy(path, k)
         if path.is_dir():
             arr = _zarr().open_array(str(path), mode="r")
             return Source(
@@ -212,144 +261,46 @@ def open_source(value: Any, k: int) -> Source:
     )
 
 
-class Sink:
-    """The output, written chunk by chunk into ``<out>.partial`` and renamed when complete."""
-
-    def __init__(self, path: Path, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
-        self.path = path
-        self.shape = shape
-        self.dtype = dtype
-        self.zarr = path.suffix != ".npy"
-        self.partial = path.with_name(path.name + ".partial")
-        self.offset = 0
-        self._unsynced: list[tuple[int, int]] = []  # (position, length) of writes not flushed
-        self._lock = threading.Lock()
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * self.dtype.itemsize
-
-    def create(self) -> None:
-        """Allocate the partial output (checks space and permissions up front)."""
-        parent = self.path.parent if str(self.path.parent) else Path(".")
-        if not parent.exists():
-            raise ArgumentError(
-                f"cannot write {str(self.path)!r}: folder {str(parent)!r} does not exist."
-            )
-        free = _free_bytes(parent)
-        if free is not None and free < self.nbytes:
-            raise ShardwiseError(
-                f"not enough disk space for {str(self.path)!r}: it needs {self.nbytes:,} bytes "
-                f"and {free:,} are free on its disk."
-            )
-        try:
-            if self.zarr:
-                _zarr().open_array(str(self.partial), mode="w", shape=self.shape, dtype=self.dtype)
-                return
-            header = {
-                "descr": np.lib.format.dtype_to_descr(self.dtype),
-                "fortran_order": False,
-                "shape": self.shape,
-            }
-            with open(self.partial, "wb") as f:
-                np.lib.format.write_array_header_1_0(f, header)
-                self.offset = f.tell()
-                if self.nbytes:
-                    os.posix_fallocate(f.fileno(), self.offset, self.nbytes)
-        except PermissionError:
-            raise ShardwiseError(
-                f"cannot write {str(self.path)!r}: permission denied. Choose "
-                "an output in a folder you can write to."
-            ) from None
-        except OSError as e:
-            raise ShardwiseError(f"cannot write {str(self.path)!r}: {e.strerror or e}.") from None
-
-    def open_existing(self) -> None:
-        """Reopen a partial output left by an interrupted run."""
-        if not self.zarr:
-            with open(self.partial, "rb") as f:
-                np.lib.format.read_magic(f)
-                np.lib.format.read_array_header_1_0(f)
-                self.offset = f.tell()
-
-    def write(self, axis: int, start: int, block: np.ndarray, durable: bool = True) -> None:
-        """Write ``block`` at ``start`` along ``axis``; durably unless told otherwise (then
-        :meth:`sync` makes every write so far durable at once)."""
-        block = np.ascontiguousarray(block, dtype=self.dtype)
-        try:
-            if self.zarr:
-                arr = _zarr().open_array(str(self.partial), mode="r+")
-                index = [slice(None)] * len(self.shape)
-                index[axis] = slice(start, start + block.shape[axis])
-                arr[tuple(index)] = block
-                return
-            if axis != 0 and self.shape:
-                raise ShardwiseError("a .npy output is written along its first axis only.")
-            row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
-            with open(self.partial, "r+b", buffering=0) as f:
-                data = block.reshape(-1).view(np.uint8).data
-                pos = self.offset + start * row
-                done = 0
-                while done < len(data):
-                    done += os.pwritev(f.fileno(), [data[done:]], pos + done)
-                if durable:
-                    # the file was allocated in full up front: only the data need to reach
-                    # the disk, not the metadata
-                    os.fdatasync(f.fileno())
-                    _drop_cached(f.fileno(), [(pos, len(data))])
-                else:
-                    with self._lock:
-                        self._unsynced.append((pos, len(data)))
-        except OSError as e:
-            raise self._failed(e) from None
-
-    def sync(self) -> None:
-        """Make every write so far durable (one flush for many chunks costs less disk time
-        than a flush per chunk)."""
-        if self.zarr:
-            return
-        with self._lock:
-            written, self._unsynced = self._unsynced, []
-        try:
-            with open(self.partial, "r+b", buffering=0) as f:
-                os.fdatasync(f.fileno())
-                _drop_cached(f.fileno(), written)
-        except OSError as e:
-            raise self._failed(e) from None
-
-    def _failed(self, e: OSError) -> ShardwiseError:
-        return ShardwiseError(
-            f"cannot write {str(self.path)!r}: {e.strerror or e}. Earlier chunks are kept; "
-            "free space and run the same command to resume."
-        )
-
-    def finish(self) -> None:
-        """Make the output visible under its real name, atomically."""
-        os.replace(self.partial, self.path)
-
-
-def _drop_cached(fd: int, spans: list[tuple[int, int]]) -> None:
-    """Let the page cache drop these spans of the output, now on disk.
-
-    A streamed run writes as much output as it likes, so its pages would otherwise crowd
-    the page cache (and the inputs in it) until the kernel evicts them. Freeing them at
-    once also lets the next chunk's writes reuse the same, recently used memory: in a
-    virtual machine that hands free memory back to its host, writing into memory that has
-    been handed back costs a fault on the host for every page.
-    """
-    if not hasattr(os, "posix_fadvise"):
-        return
-    for pos, length in spans:
-        try:
-            os.posix_fadvise(fd, pos, length, os.POSIX_FADV_DONTNEED)
-        except OSError:  # only advice: the data are on disk whatever the cache does
-            return
-
-
-def _free_bytes(folder: Path) -> int | None:
+def _open_npy(path: Path, k: int) -> Source:
+    """A ``.npy`` input, opened once, its header checked against the file's size."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        import shutil
-
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read_header(f)
+            offset = f.tell()
+        st = os.fstat(fd)
+        what = f"input {k} {str(path)!r}"
+        if fortran:
+            raise ArgumentError(
+                f"{what} is in Fortran order; save it in C order (np.ascontiguousarray) to "
+                "stream it."
+            )
+        dtype = np.dtype(dtype)
+        if any(n < 0 for n in shape) or dtype.hasobject or dtype.itemsize == 0:
+            raise ArgumentError(
+                f"{what} has a damaged header: shape {tuple(shape)}, dtype {dtype}; a .npy "
+                "file to stream holds a C-order array of numbers. Save it again."
+            )
+        nbytes = math.prod(shape) * dtype.itemsize
+        if offset + nbytes > st.st_size:
+            raise ArgumentError(
+                f"{what} claims {nbytes:,} bytes of data (shape {tuple(shape)}, {dtype}) but "
+                f"holds {max(0, st.st_size - offset):,} after its header: it is truncated or "
+                "its header is damaged. Save it again."
+            )
+    except ArgumentError:
+        os.close(fd)
+        raise
+    except (ValueError, OSError, SyntaxError) as e:
+        os.close(fd)
+        raise ArgumentError(f"input {k} {str(path)!r} is not a readable .npy file ({e}).") from None
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return Source(
+        str(path), tuple(shape), dtype, "npy", path=path, offset=offset, fd=fd, stamp=stamp
+    )

@@ -4,11 +4,18 @@ budget, resumably.
 The inputs are cut into chunks along one index — a batch index (each chunk gives its own
 slice of the output) or, where there is none, a contracted index every input shares (the
 chunks' partial sums are added up). Each chunk is read while the previous one computes
-(double buffering; on CPU devices a ``.npy`` chunk is memory-mapped instead and used in
-place), split over every device of the mesh, and its result is written on another thread
-and flushed to disk on a third, before a manifest records it as done. The manifest is the
-single commit point: an interrupted run leaves ``OUT.partial`` and ``OUT.manifest.json``,
-never a file that looks complete, and the same command resumes where it stopped.
+(double buffering; a ``.npy`` chunk nobody can truncate is memory-mapped instead and used in
+place on CPU devices), split over every device of the mesh, and its result is written on
+another thread and flushed to disk on a third, before a manifest records it as done. The
+manifest is the single commit point: an interrupted run leaves ``OUT.partial`` and
+``OUT.manifest.json``, never a file that looks complete, and the same command resumes where it
+stopped.
+
+One run at a time writes an output (an exclusive lock on ``OUT.lock``). Its work files are
+created exclusively and never through symbolic links; it removes only files it created; and a
+resume trusts nothing it reads back: the manifest is checked against a schema, the partial
+output by inode, size and checksums of what each done chunk wrote, and the inputs by their
+fingerprints.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,17 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from shardwise._data.budget import StreamPlan, plan_stream
-from shardwise._data.chunks import Chunking, ChunkReader, ChunkWriter, Pieces
-from shardwise._data.manifest import Manifest, manifest_path
-from shardwise._data.sources import Sink, Source, open_source
-from shardwise._errors import ArgumentError, ShapeError
+from shardwise._data.budget import Chunking, StreamPlan, check_resumable, plan_stream
+from shardwise._data.chunks import ChunkReader, ChunkWriter, Program, compile_program
+from shardwise._data.manifest import Manifest, lock_path, manifest_path, own_files
+from shardwise._data.sink import Sink, remove
+from shardwise._data.sources import Source, open_source
+from shardwise._errors import ArgumentError, ShapeError, ShardwiseError
+from shardwise._files import LockHeld, exclusive_lock, identity
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
-from shardwise._model.units import format_bytes, parse_bytes
-from shardwise._runtime.hostmem import cpu_only, in_place
+from shardwise._model.units import parse_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +110,9 @@ def stream(
         budget: host memory for the data, e.g. ``"1GiB"``; the runtime's own overhead (JAX,
             compiled programs) comes on top.
         chunk: size of a chunk along the streamed index, or ``"auto"`` (the largest that fits).
-        checksum: compare inputs by SHA-256 on resume, not only by size and mtime.
+        checksum: fingerprint inputs by SHA-256 of all their bytes too (by default: size,
+            mtime, inode and a hash of sampled blocks); a resume of a run that did compares
+            SHA-256 whatever it is asked.
         layout: each chunk's layout on the mesh: by default the streamed index split over
             every mesh axis; ``"auto"`` for the planner's best for the chunk's shapes; or an
             index layout such as ``"n=x,d=y"`` (it must divide the chunk).
@@ -130,12 +139,17 @@ def _stream(
     layout: Any,
     on_chunk: Callable[[int, int, int], None] | None,
 ) -> StreamResult:
-    """:func:`stream`, with ``scope`` to hold JAX's 64-bit mode for 64-bit inputs."""
+    """:func:`stream`, with ``scope`` to hold JAX's 64-bit mode for 64-bit inputs, the open
+    inputs and output, and the output's lock."""
     from shardwise._xla.dtypes import supported, wide
     from shardwise._xla.lower import jax_mesh
 
     op = Op.parse(equation)
-    sources = [open_source(x, k) for k, x in enumerate(inputs)]
+    target, limit = _checked(out, budget)
+    sources = []
+    for k, x in enumerate(inputs):
+        sources.append(open_source(x, k))
+        scope.callback(sources[-1].close)
     op.sizes([s.shape for s in sources])
     dtypes = {s.dtype for s in sources}
     if len(dtypes) > 1:
@@ -149,18 +163,21 @@ def _stream(
     jmesh = jax_mesh(mesh)
     spec = MeshSpec.parse(jmesh)
     sizes = op.sizes([s.shape for s in sources])
-    sink = Sink(Path(out), tuple(sizes[i] for i in op.output), dtype)
-    begun = _begin(op, sources, sink, spec.size, parse_bytes(budget), chunk, checksum)
+    sink = Sink(target, tuple(sizes[i] for i in op.output), dtype)
+    _lock(scope, sink)
+    scope.callback(sink.close)
+    begun = _begin(op, sources, sink, spec.size, limit, chunk, checksum)
     if isinstance(begun, StreamResult):
         return begun
     manifest, plan = begun, begun.plan
     cpu = all(d.platform == "cpu" for d in jmesh.devices.flat)
     chunking = Chunking.of(op, sources, plan, cpu)
     writer = ChunkWriter(chunking, sink, manifest, on_chunk)
+    writer.check_resumed()
     todo = manifest.todo()
     chunk_layout = {plan.index: spec.names} if layout is None else layout
     start_time = time.perf_counter()
-    compile_ = functools.partial(_compile, op, chunking, dtype, jmesh, chunk_layout)
+    compile_ = functools.partial(compile_program, op, chunking, dtype, jmesh, chunk_layout)
     _run_chunks(todo, ChunkReader(chunking), writer, compile_)
     writer.finish()
     return StreamResult(
@@ -172,6 +189,41 @@ def _stream(
         writer.bytes_read,
         plan,
     )
+
+
+def _checked(out: str | os.PathLike[str], budget: str | int) -> tuple[Path, int]:
+    """The output's path and the budget in bytes, or a clear error."""
+    target = Path(out)
+    if target.name in ("", ".", ".."):
+        raise ArgumentError(
+            f"the output {str(out)!r} names no file; give a .npy file or a Zarr folder to "
+            "write, e.g. --out result.npy."
+        )
+    if not target.parent.is_dir():
+        raise ArgumentError(
+            f"cannot write {str(target)!r}: folder {str(target.parent)!r} does not exist."
+        )
+    limit = parse_bytes(budget)
+    if limit <= 0:
+        raise ArgumentError(
+            f"a memory budget of {budget!r} holds no data; give a positive size, e.g. "
+            "--budget 1GiB."
+        )
+    return target, limit
+
+
+def _lock(scope: contextlib.ExitStack, sink: Sink) -> None:
+    """Become the one run writing ``sink`` (until ``scope`` closes), or fail at once."""
+    try:
+        scope.enter_context(exclusive_lock(lock_path(sink.path)))
+    except LockHeld as e:
+        who = f"process {e.pid}" if e.pid else "another process"
+        raise ShardwiseError(
+            f"{str(sink.path)!r} is being written by {who}; wait for it to finish, or stop "
+            "it (the same command then resumes its work)."
+        ) from None
+    except OSError as e:
+        raise sink.failed(e, started=False) from None
 
 
 def _begin(
@@ -187,82 +239,98 @@ def _begin(
     or a new one; or the result of a finished run, which has nothing left to do."""
     target = sink.path
     path = manifest_path(target)
-    fingerprints = [s.fingerprint(checksum) for s in sources]
     manifest = Manifest.load(path)
+    sink.refuse_as_input(sources)
+    want = checksum or (manifest is not None and manifest.checksums)
+    fingerprints = [s.fingerprint(want) for s in sources]
     if manifest is not None:
-        manifest.check(op, fingerprints, sink.shape, sink.dtype, checksum)
-    if target.exists():
-        if manifest is not None and manifest.complete:
-            plan = manifest.plan
-            return StreamResult(target, plan.chunks, 0, plan.chunks, 0.0, 0, plan)
+        manifest.check(
+            op, fingerprints, sink.shape, sink.dtype, op.sizes([s.shape for s in sources])
+        )
+        _clean(manifest, sink)
+        if manifest.complete:
+            done = _finished(manifest, sink)
+            if done is not None:
+                return done
+            manifest = None  # its output was removed: the run starts over
+    if os.path.lexists(target):
         raise ArgumentError(
             f"{str(target)!r} already exists and no finished run of this "
             "command wrote it; remove it or choose another output."
         )
-    if manifest is not None and sink.partial.exists():
-        plan = manifest.plan
-        if plan.peak_bytes > limit:
+    if manifest is None:
+        if os.path.lexists(sink.partial):
             raise ArgumentError(
-                f"the interrupted run used chunks needing {format_bytes(plan.peak_bytes)}, "
-                f"over the budget of {format_bytes(limit)}; resume with --budget "
-                f"{format_bytes(plan.peak_bytes)}, or delete {sink.partial.name} and "
-                f"{path.name} to start over."
+                f"{sink.partial.name} exists but no run of shardwise recorded it in "
+                f"{path.name}; shardwise will not overwrite it: move it away."
             )
-        sink.open_existing()
+        plan = plan_stream(op, sources, devices, limit, chunk)
+        token = secrets.token_hex(8)
+        inode = sink.create(token)
+        try:
+            manifest = Manifest.start(
+                path, op, fingerprints, sink.shape, sink.dtype, plan, token, inode
+            )
+        except OSError as e:
+            sink.close()
+            remove(sink.tmp(token))
+            raise sink.failed(e, started=False) from None
+        sink.publish(token)
         return manifest
-    plan = plan_stream(op, sources, devices, limit, chunk)
-    sink.create()
-    return Manifest.start(path, op, fingerprints, sink.shape, sink.dtype, plan)
+    check_resumable(manifest.plan, devices, limit, manifest.path.name)
+    if not sink.reopen(manifest.partial, manifest.token):
+        if manifest.done:
+            raise ShardwiseError(
+                f"the partial output {sink.partial.name} is gone, but {path.name} records "
+                f"chunks in it; delete {path.name} to start over."
+            )
+        try:
+            manifest.restart(sink.create(manifest.token))
+        except OSError as e:
+            raise sink.failed(e, started=False) from None
+        sink.publish(manifest.token)
+    return manifest
 
 
-@dataclass(frozen=True, slots=True)
-class _Program:
-    """The one compiled program every chunk runs, and how its result reaches the host."""
-
-    fn: Callable[..., Any]
-    targets: Sequence[Any]
-    chunking: Chunking
-
-    def __call__(self, blocks: list[np.ndarray]) -> Pieces:
-        """A chunk's result, computed from its input ``blocks``, as host arrays."""
-        import jax
-
-        ch = self.chunking
-        placed = [
-            in_place(b, t, shape)
-            for b, t, shape in zip(blocks, self.targets, ch.shapes, strict=True)
-        ]
-        result = self.fn(*placed)
-        del placed
-        pieces = None if ch.plan.accumulate else _shard_blocks(result, ch.out_axis)
-        if pieces is None:
-            pieces = [(0, np.asarray(jax.device_get(result)))]
-        return pieces
+def _clean(manifest: Manifest, sink: Sink) -> None:
+    """Remove what earlier attempts of this run left and nothing names any more: files
+    whose names hold the run's token (only it creates those)."""
+    pattern = own_files(sink.path, manifest.token)
+    keep = {manifest.accumulator["name"]} if manifest.accumulator else set()
+    folder = sink.path.parent if str(sink.path.parent) else Path(".")
+    for entry in os.scandir(folder):
+        if entry.name in keep or not pattern.fullmatch(entry.name):
+            continue
+        if entry.name == sink.tmp(manifest.token).name and entry.inode() == manifest.partial:
+            continue  # the partial output, not yet moved to its name
+        remove(folder / entry.name)
 
 
-def _compile(op: Op, chunking: Chunking, dtype: np.dtype[Any], jmesh: Any, layout: Any) -> _Program:
-    """Plan and compile the program for every chunk's padded shapes."""
-    import jax
-
-    from shardwise._planner.layout import plan_arrays
-    from shardwise._xla.explain import compile_sound
-    from shardwise._xla.lower import shardings
-
-    the_plan, _ = plan_arrays(
-        op.equation,
-        *(jax.ShapeDtypeStruct(shape, dtype) for shape in chunking.shapes),
-        mesh=jmesh,
-        layout=layout,
-    )
-    fn = compile_sound(the_plan, jmesh)  # refused if XLA left out a sum
-    return _Program(fn, shardings(the_plan, jmesh), chunking)
+def _finished(manifest: Manifest, sink: Sink) -> StreamResult | None:
+    """The result of a finished run whose output lies under its name (moved there now if a
+    kill came first); None when the output is gone; an error when something else is there."""
+    target, plan = sink.path, manifest.plan
+    here = identity(target)
+    if here is None and identity(sink.partial) == manifest.partial:
+        sink.inode = manifest.partial
+        sink.finish()
+    elif here is None:
+        return None
+    elif here != manifest.partial:
+        raise ArgumentError(
+            f"{str(target)!r} already exists and no finished run of this "
+            "command wrote it; remove it or choose another output."
+        )
+    elif identity(sink.partial) == here:  # a kill came between linking and unlinking
+        os.unlink(sink.partial)
+    return StreamResult(target, plan.chunks, 0, plan.chunks, 0.0, 0, plan)
 
 
 def _run_chunks(
     todo: list[int],
     reader: ChunkReader,
     writer: ChunkWriter,
-    compile_: Callable[[], _Program],
+    compile_: Callable[[], Program],
 ) -> None:
     """Compute the chunks ``todo`` in four overlapping stages: reading chunk c+1, computing
     chunk c, writing chunk c-1 and flushing what was written before; each stage runs in
@@ -300,19 +368,3 @@ def _run_chunks(
         flushes.append(syncs.submit(writer.sync))
         for f in flushes:
             f.result()
-
-
-def _shard_blocks(result: Any, axis: int) -> list[tuple[int, np.ndarray]] | None:
-    """The devices' own blocks of ``result`` with where each starts along ``axis``, as host
-    arrays without a copy (CPU devices), when every block is whole along the other axes;
-    else None. Writing these spares assembling the chunk's result in a fresh host array."""
-    if cpu_only(result.sharding, result.shape) is None:
-        return None
-    blocks: dict[int, np.ndarray] = {}
-    for shard in result.addressable_shards:
-        for k, (part, size) in enumerate(zip(shard.index, result.shape, strict=True)):
-            if k != axis and part.indices(size) != (0, size, 1):
-                return None
-        start = shard.index[axis].indices(result.shape[axis])[0]
-        blocks.setdefault(start, np.asarray(shard.data))  # replicas: write one
-    return sorted(blocks.items(), key=lambda item: item[0])

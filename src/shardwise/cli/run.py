@@ -43,7 +43,12 @@ def run(
         bool, typer.Option("--auto", help="Each chunk on the planner's best layout.")
     ] = False,
     checksum: Annotated[
-        bool, typer.Option("--checksum", help="On resume, compare inputs by SHA-256 too.")
+        bool,
+        typer.Option(
+            "--checksum",
+            help="Fingerprint inputs by SHA-256 too (default: size, mtime, inode and sampled "
+            "blocks); a resume compares what the run recorded.",
+        ),
     ] = False,
     json: Json = False,
     devices: Devices = None,
