@@ -183,8 +183,14 @@ def test_operands_that_are_not_arrays(value, said):
     double = shardwise.shard(lambda a: a * 2, "x=2", in_specs=P("x"))
     with pytest.raises(ArgumentTypeError, match="argument 0 of <lambda>"):
         double(value)
-    with pytest.raises(ArgumentTypeError, match="argument 0 of <lambda>"):
-        shardwise.explain(lambda a: a.sum(), value, mesh="x=2", in_specs=None)
+    if isinstance(value, str):  # (pytrees of Python numbers and None are JAX's own)
+        with pytest.raises(ArgumentTypeError, match="argument 0 of <lambda>"):
+            shardwise.explain(lambda a: a.sum(), value, mesh="x=2", in_specs=None)
+
+
+def test_pytrees_of_python_numbers_and_none_pass_as_in_jax():
+    scale = shardwise.shard(lambda a, s, _: a * s[0] + s[1], "x=2", in_specs=(P("x"), None, None))
+    np.testing.assert_allclose(np.asarray(scale(A, (2.0, 1.0), None)), A * 2.0 + 1.0)
 
 
 def test_in_specs_shard_and_shapes_of_the_wrong_type():
@@ -220,3 +226,9 @@ def test_precision_is_checked_even_where_a_native_kernel_ignores_it():
 def test_every_refusal_here_is_a_shardwise_error():
     for cls in (ArgumentError, ArgumentTypeError, MeshError, ShapeError):
         assert issubclass(cls, ShardwiseError)
+
+
+def test_an_einsum_of_one_operand_takes_its_one_spec():
+    for spec in (P("x"), "x"):
+        out = shardwise.einsum("nd->n", A, mesh="x=2", in_specs=spec)
+        np.testing.assert_allclose(np.asarray(out), A.sum(1))

@@ -88,6 +88,11 @@ class Sharded:
             if not _is_spec_leaf(spec):
                 continue
             parsed = Spec.parse(spec, f"the spec of argument {k}")
+            if parsed.axes and not jax.tree.leaves(arg):
+                raise ArgumentTypeError(
+                    f"argument {k} of {_name(self.fn)} is {describe_value(arg)}, which holds no "
+                    f"array, so its spec {parsed.describe()!r} splits nothing; {ARRAYS_HINT}"
+                )
             for leaf in jax.tree.leaves(arg):
                 if not hasattr(leaf, "shape") and parsed.axes:
                     raise ArgumentTypeError(
@@ -135,14 +140,9 @@ class Sharded:
 
 
 def _check_argument(fn: Callable[..., Any], k: int, arg: Any) -> int:
-    """The bytes of argument ``k``; refuse one JAX cannot trace: ``None``, a pytree with a leaf
-    that is neither an array (``shape`` and ``dtype``) nor a Python number (a string), or a
-    list or tuple of Python numbers, which JAX would not read as an array."""
-    if arg is None:
-        raise ArgumentTypeError(
-            f"argument {k} of {_name(fn)} is None, not an array; {ARRAYS_HINT} To leave an "
-            "argument out, bind it first with functools.partial."
-        )
+    """The bytes of argument ``k``; refuse one JAX cannot trace: a pytree with a leaf that is
+    neither an array (``shape`` and ``dtype``) nor a Python number (a string, say). Pytrees of
+    Python numbers and ``None`` are JAX's own and pass (a spec that splits them does not)."""
     leaves = jax.tree.leaves(arg)
     arrays = [hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves]
     for leaf, array in zip(leaves, arrays, strict=True):
@@ -151,11 +151,6 @@ def _check_argument(fn: Callable[..., Any], k: int, arg: Any) -> int:
                 f"argument {k} of {_name(fn)} is or holds {describe_value(leaf)}, which JAX "
                 f"cannot trace; {ARRAYS_HINT}"
             )
-    if isinstance(arg, list | tuple) and leaves and not any(arrays):
-        raise ArgumentTypeError(
-            f"argument {k} of {_name(fn)} is {describe_value(arg)} of Python numbers, which JAX "
-            f"reads as separate scalars, not as one array; {ARRAYS_HINT}"
-        )
     return sum(
         math.prod(leaf.shape) * getattr(leaf.dtype, "itemsize", 1)
         for leaf, array in zip(leaves, arrays, strict=True)

@@ -21,6 +21,7 @@ fingerprints.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import secrets
@@ -223,6 +224,13 @@ def _lock(scope: contextlib.ExitStack, sink: Sink) -> None:
             "it (the same command then resumes its work)."
         ) from None
     except OSError as e:
+        if e.errno in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP):
+            raise ShardwiseError(
+                f"cannot lock {str(lock_path(sink.path))!r}: its file system does not support "
+                f"file locks ({e.strerror}), and shardwise will not write an output that a "
+                "second run could write at the same time; choose an output on a local disk "
+                "(or a file system mounted with locks, e.g. Lustre's -o flock)."
+            ) from None
         raise sink.failed(e, started=False) from None
 
 

@@ -54,9 +54,13 @@ def check_extent(op: Op, shapes: Sequence[Sequence[int]], dtype: Any) -> None:
 
 
 def _operand_specs(op: Op, in_specs: Any) -> tuple[Spec, ...]:
-    """One spec per operand from ``in_specs`` (a list or tuple of specs, or ``None``)."""
+    """One spec per operand from ``in_specs`` (a list or tuple of specs, or ``None``; for an
+    einsum of one operand, its one spec too)."""
     raw = in_specs if in_specs is not None else [None] * len(op.inputs)
     one = isinstance(raw, str | PartitionSpec | Spec)
+    if one and len(op.inputs) == 1:
+        raw = [raw]
+        one = False
     if one or not isinstance(raw, Sequence):
         what = f"the single spec {raw!r}" if one else f"{type(raw).__name__} {raw!r}"
         raise ArgumentTypeError(

@@ -64,8 +64,8 @@ def _end_with_launcher(fd: int) -> None:
     try:
         while os.read(fd, 4096):  # the launcher never writes: this returns at end of file
             pass
-    except OSError:
-        pass
+    except OSError:  # the program closed the descriptor: nothing to watch, nothing to end
+        return
     if os.getpgrp() == os.getpid():
         os.killpg(os.getpid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)

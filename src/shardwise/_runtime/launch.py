@@ -51,7 +51,9 @@ ENV_LAUNCHER_FD = "SHARDWISE_LAUNCHER_FD"
 """The number of a file descriptor each launched process inherits: the read end of a pipe whose
 write end only the launcher holds, so it reads end-of-file when the launcher is gone."""
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 """Signals to the launcher that stop every process it started."""
 
 _PR_SET_PDEATHSIG = 1
