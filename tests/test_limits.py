@@ -83,12 +83,15 @@ def test_planner_stops_at_its_bound_and_says_so(monkeypatch):
     monkeypatch.setattr(planner, "MAX_LAYOUTS", 20)
     cut = planner.rank(op, [(64, 64)] * 2, mesh, "float32", BUILTIN["h100"])
     assert not cut.complete and cut.considered < full.considered
-    assert "first 20 of 81 index layouts" in (cut.stopped_early or "")
+    assert "after 20 of 81 index layouts" in (cut.stopped_early or "")
     data = cut.to_json()
-    assert data["complete"] is False and "first 20" in data["stopped_early"]
+    assert data["complete"] is False and "after 20 of 81" in data["stopped_early"]
+    # the layouts kept are spread over all of them: every mesh axis splits some index
+    split = {a for c in cut.strategies for _, axes in c.strategy.layout.assignment for a in axes}
+    assert split == {"a", "b", "c", "d"}
     plan = ["plan", "nd,nd->n", "--shapes", "64x64,64x64", "--mesh", "a=2,b=2,c=2,d=2"]
     code, out = cli(*plan, "--profile", "h100")
-    assert code == 0 and "incomplete: the planner stopped after the first 20 of 81" in out
+    assert code == 0 and "incomplete: the planner stopped after 20 of 81" in out
     result = runner.invoke(app, [*plan, "--profile", "h100", "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout)["complete"] is False
 

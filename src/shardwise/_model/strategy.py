@@ -111,8 +111,9 @@ def output_choices(op: Op, layout: Layout, mesh: MeshSpec) -> list[Spec]:
 def strategies(
     op: Op, sizes: Mapping[str, int], mesh: MeshSpec, limit: int = MAX_LAYOUTS
 ) -> tuple[int, list[Strategy]]:
-    """Every strategy of the first ``limit`` layouts (all of them unless
-    :func:`layout_count` is larger), and how many were considered before the divisibility filter.
+    """Every strategy of ``limit`` layouts (all of them unless :func:`layout_count` is larger,
+    else ``limit`` spread evenly over them, so that every mesh axis is tried on every index),
+    and how many were considered before the divisibility filter.
 
     >>> op = Op.parse("nd,nd->n")
     >>> considered, valid = strategies(op, {"n": 8, "d": 6}, MeshSpec.parse("x=2"))
@@ -122,7 +123,7 @@ def strategies(
     considered = 0
     valid: list[Strategy] = []
     choices = [None, *op.indices]
-    for pick in itertools.islice(itertools.product(choices, repeat=len(mesh.axes)), limit):
+    for pick in _picks(choices, len(mesh.axes), limit):
         assignment: dict[str, tuple[str, ...]] = {}
         for (axis, _), index in zip(mesh.axes, pick, strict=True):
             if index is not None:
@@ -140,6 +141,25 @@ def strategies(
             ):
                 valid.append(Strategy(layout, out))
     return considered, valid
+
+
+def _picks(choices: list[str | None], axes: int, limit: int) -> Iterator[tuple[str | None, ...]]:
+    """Each mesh axis's index (or ``None``): every combination, or ``limit`` of them spread
+    evenly over all of them (read as numbers in base ``len(choices)``).
+
+    >>> [p for p in _picks(["a", "b"], 2, 2)]
+    [('a', 'a'), ('b', 'a')]
+    """
+    total = len(choices) ** axes
+    if total <= limit:
+        yield from itertools.product(choices, repeat=axes)
+        return
+    for k in range(limit):
+        n, pick = k * total // limit, []
+        for _ in range(axes):
+            n, digit = divmod(n, len(choices))
+            pick.append(choices[digit])
+        yield tuple(reversed(pick))
 
 
 def _divides(

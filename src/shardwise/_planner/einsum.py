@@ -89,9 +89,9 @@ class PlanReport:
         if self.complete:
             return None
         return (
-            f"the planner stopped after the first {MAX_LAYOUTS:,} of "
-            f"{layout_count(self.op, self.mesh):,} index layouts (its limit); the ranking covers "
-            "only those. Plan a mesh with fewer axes (merge axes, e.g. x=2,y=2 as xy=4), or an "
+            f"the planner stopped after {MAX_LAYOUTS:,} of "
+            f"{layout_count(self.op, self.mesh):,} index layouts (its limit), spread evenly over "
+            "them; the ranking covers only those. Plan a mesh with fewer axes (merge axes, e.g. x=2,y=2 as xy=4), or an "
             "equation with fewer indices."
         )
 
@@ -123,7 +123,7 @@ class PlanReport:
             f"({p.bound}-bound, {comm}, {format_bytes(p.memory_bytes)} per device){runner_up}; "
             f"best of {len(self.strategies)} strategies within budget on profile "
             f"{self.profile.name}"
-            + ("" if self.complete else f" (of the first {MAX_LAYOUTS:,} layouts only)")
+            + ("" if self.complete else f" (of {MAX_LAYOUTS:,} layouts only)")
         )
 
     def to_json(self) -> dict[str, Any]:
