@@ -90,9 +90,9 @@ class PlanReport:
             return None
         return (
             f"the planner stopped after {MAX_LAYOUTS:,} of "
-            f"{layout_count(self.op, self.mesh):,} index layouts (its limit), spread evenly over "
-            "them; the ranking covers only those. Plan a mesh with fewer axes (merge axes, e.g. x=2,y=2 as xy=4), or an "
-            "equation with fewer indices."
+            f"{layout_count(self.op, self.mesh):,} index layouts (its limit), spread evenly "
+            "over them; the ranking covers only those. Plan a mesh with fewer axes (merge "
+            "axes, e.g. x=2,y=2 as xy=4), or an equation with fewer indices."
         )
 
     @property
