@@ -31,7 +31,7 @@ from shardwise._xla.explain import Explanation, compile_plan, compile_sound, exp
 from shardwise._xla.lower import (
     MeshLike,
     check_precision,
-    divided,
+    divide,
     jax_mesh,
     jitted,
     named,
@@ -343,6 +343,8 @@ def mean(x: Any, *, mesh: MeshLike = "auto") -> Any:
     jmesh = jax_mesh(mesh)
     first = {letters[0]: MeshSpec.parse(jmesh).names} if x.ndim else {}
     with wide(result_dtype([x])):
-        plan, _, targets = _program(f"{letters}->", (x,), jmesh, first, None, "infer", "auto", None)
+        plan, fn, targets = _program(
+            f"{letters}->", (x,), jmesh, first, None, "infer", "auto", None
+        )
         # the sum and the division in one program: one dispatch on every device
-        return divided(plan, jmesh, x.size)(*place(plan, jmesh, (x,), targets))
+        return divide(fn, x.size)(*place(plan, jmesh, (x,), targets))

@@ -63,7 +63,8 @@ class Sharded:
         return jax.tree.map(to_sharding, specs, is_leaf=_is_spec_leaf)
 
     def _check(self, args: tuple[Any, ...]) -> None:
-        total = sum(_check_argument(self.fn, k, arg) for k, arg in enumerate(args))
+        leaves = [jax.tree.leaves(arg) for arg in args]  # once per call: read three times
+        total = sum(_check_argument(self.fn, k, found) for k, found in enumerate(leaves))
         if total > MAX_PROGRAM_BYTES:
             raise ShapeError(
                 f"the arguments of {_name(self.fn)} hold {total:,} bytes together, more than one "
@@ -88,12 +89,12 @@ class Sharded:
             if not _is_spec_leaf(spec):
                 continue
             parsed = Spec.parse(spec, f"the spec of argument {k}")
-            if parsed.axes and not jax.tree.leaves(arg):
+            if parsed.axes and not leaves[k]:
                 raise ArgumentTypeError(
                     f"argument {k} of {_name(self.fn)} is {describe_value(arg)}, which holds no "
                     f"array, so its spec {parsed.describe()!r} splits nothing; {ARRAYS_HINT}"
                 )
-            for leaf in jax.tree.leaves(arg):
+            for leaf in leaves[k]:
                 if not hasattr(leaf, "shape") and parsed.axes:
                     raise ArgumentTypeError(
                         f"argument {k} of {_name(self.fn)} holds {describe_value(leaf)}, which "
@@ -139,11 +140,11 @@ class Sharded:
         return explain_function(self.lower(*args).compile(), args, self.mesh)
 
 
-def _check_argument(fn: Callable[..., Any], k: int, arg: Any) -> int:
-    """The bytes of argument ``k``; refuse one JAX cannot trace: a pytree with a leaf that is
-    neither an array (``shape`` and ``dtype``) nor a Python number (a string, say). Pytrees of
-    Python numbers and ``None`` are JAX's own and pass (a spec that splits them does not)."""
-    leaves = jax.tree.leaves(arg)
+def _check_argument(fn: Callable[..., Any], k: int, leaves: list[Any]) -> int:
+    """The bytes of argument ``k`` (its pytree's ``leaves``); refuse one JAX cannot trace: a
+    leaf that is neither an array (``shape`` and ``dtype``) nor a Python number (a string,
+    say). Pytrees of Python numbers and ``None`` are JAX's own and pass (a spec that splits
+    them does not)."""
     arrays = [hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves]
     for leaf, array in zip(leaves, arrays, strict=True):
         if not array and not isinstance(leaf, int | float | complex):  # (bool is an int)

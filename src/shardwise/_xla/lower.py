@@ -159,11 +159,12 @@ def _jitted(
 def divided(plan: Plan, mesh: Mesh, divisor: int) -> Callable[..., jax.Array]:
     """``plan``'s program with its result divided by ``divisor``, as one program: a mean is
     one dispatch, not an einsum and then a division on every device."""
-    return _divided(jitted(plan, mesh), divisor)
+    return divide(jitted(plan, mesh), divisor)
 
 
 @cached(maxsize=32)
-def _divided(program: Callable[..., jax.Array], divisor: int) -> Callable[..., jax.Array]:
+def divide(program: Callable[..., jax.Array], divisor: int) -> Callable[..., jax.Array]:
+    """The jitted ``program`` with its result divided by ``divisor``, as one program."""
     return jax.jit(lambda *arrays: program(*arrays) / divisor)
 
 
