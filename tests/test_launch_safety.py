@@ -142,6 +142,18 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
     return alive
 
 
+def _start(
+    argv: list[str], folder: Path, started: list[int], stderr: int = subprocess.DEVNULL
+) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """Start ``argv`` (a launcher of 2 processes that write their pids into ``folder``) and
+    return it with the pids, all noted in ``started``."""
+    launcher = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=stderr)
+    started.append(launcher.pid)
+    pids = _wait_for_pids(folder, 2, launcher)
+    started.extend(pids)
+    return launcher, pids
+
+
 @pytest.fixture
 def started() -> Iterator[list[int]]:
     """Pids a test started: whatever is left of them at the end is killed."""
@@ -159,15 +171,8 @@ SLEEPERS = f"sleep 60 & set -- $$ $!; {PIDS}; wait"
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_signal_to_the_launcher_ends_every_process(tmp_path, started, signum):
-    launcher = subprocess.Popen(
-        [*LAUNCH, "-n", "2", "--", "sh", "-c", SLEEPERS, str(tmp_path)],
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    started.append(launcher.pid)
-    pids = _wait_for_pids(tmp_path, 2, launcher)
-    started.extend(pids)
+    argv = [*LAUNCH, "-n", "2", "--", "sh", "-c", SLEEPERS, str(tmp_path)]
+    launcher, pids = _start(argv, tmp_path, started, stderr=subprocess.PIPE)
     launcher.send_signal(signum)
     _, err = launcher.communicate(timeout=10)
     assert launcher.returncode == 128 + signum
@@ -179,15 +184,8 @@ def test_a_signal_to_the_launcher_ends_every_process(tmp_path, started, signum):
 def test_killing_the_launcher_outright_ends_any_command(tmp_path, started):
     # not Python: the kernel ends it when the launcher dies (PR_SET_PDEATHSIG)
     script = f"set -- $$; {PIDS}; exec sleep 60"
-    launcher = subprocess.Popen(
-        [*LAUNCH, "-n", "2", "--", "sh", "-c", script, str(tmp_path)],
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    started.append(launcher.pid)
-    pids = _wait_for_pids(tmp_path, 2, launcher)
-    started.extend(pids)
+    argv = [*LAUNCH, "-n", "2", "--", "sh", "-c", script, str(tmp_path)]
+    launcher, pids = _start(argv, tmp_path, started)
     launcher.kill()
     launcher.wait(timeout=10)
     assert _gone_within(pids, 5) == []
@@ -215,15 +213,8 @@ raise SystemExit(outcome.returncode)
 
 
 def test_killing_the_launcher_outright_ends_python_programs_everywhere(tmp_path, started):
-    launcher = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(WITHOUT_PRCTL), str(tmp_path)],
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    started.append(launcher.pid)
-    pids = _wait_for_pids(tmp_path, 2, launcher)
-    started.extend(pids)
+    argv = [sys.executable, "-c", textwrap.dedent(WITHOUT_PRCTL), str(tmp_path)]
+    launcher, pids = _start(argv, tmp_path, started)
     launcher.kill()
     launcher.wait(timeout=10)
     assert _gone_within(pids, 5) == []

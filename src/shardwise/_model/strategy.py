@@ -18,8 +18,8 @@ MAX_LAYOUTS = 8**5
 """The most index layouts the planner enumerates for one einsum: every einsum of up to 7
 indices on a mesh of up to 5 axes is planned completely (``(indices + 1) ** axes`` layouts).
 The count grows exponentially with the mesh's axes (3**20 for a two-index einsum on 20 axes),
-so past this bound the planner ranks the first ``MAX_LAYOUTS`` and its report says that it
-stopped early."""
+so past this bound the planner ranks ``MAX_LAYOUTS`` of them, spread evenly over all, and its
+report says that it stopped early."""
 
 
 def layout_count(op: Op, mesh: MeshSpec) -> int:
@@ -42,18 +42,19 @@ def layouts(indices: str, sizes: Mapping[str, int], mesh: MeshSpec) -> Iterator[
     >>> [lay.describe() for lay in layouts("nd", {"n": 4, "d": 3}, MeshSpec.parse("x=2"))]
     ['replicated', 'n=x']
     """
-    choices = [None, *indices]
-    for pick in itertools.product(choices, repeat=len(mesh.axes)):
-        assignment: dict[str, tuple[str, ...]] = {}
-        for (axis, _), index in zip(mesh.axes, pick, strict=True):
-            if index is not None:
-                assignment[index] = (*assignment.get(index, ()), axis)
-        shards = {i: 1 for i in indices}
-        for index, axes in assignment.items():
-            for axis in axes:
-                shards[index] *= mesh.shape[axis]
-        if all(sizes[i] % shards[i] == 0 for i in indices):
-            yield Layout(tuple(sorted(assignment.items())))
+    for pick in itertools.product([None, *indices], repeat=len(mesh.axes)):
+        layout = _layout(mesh, pick)
+        if _divides(layout.assignment, sizes, mesh):
+            yield layout
+
+
+def _layout(mesh: MeshSpec, pick: tuple[str | None, ...]) -> Layout:
+    """The layout in which mesh axis ``k`` splits index ``pick[k]`` (none where ``None``)."""
+    assignment: dict[str, tuple[str, ...]] = {}
+    for (axis, _), index in zip(mesh.axes, pick, strict=True):
+        if index is not None:
+            assignment[index] = (*assignment.get(index, ()), axis)
+    return Layout(tuple(sorted(assignment.items())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +125,7 @@ def strategies(
     valid: list[Strategy] = []
     choices = [None, *op.indices]
     for pick in _picks(choices, len(mesh.axes), limit):
-        assignment: dict[str, tuple[str, ...]] = {}
-        for (axis, _), index in zip(mesh.axes, pick, strict=True):
-            if index is not None:
-                assignment[index] = (*assignment.get(index, ()), axis)
-        layout = Layout(tuple(sorted(assignment.items())))
+        layout = _layout(mesh, pick)
         outs = output_choices(op, layout, mesh)
         considered += len(outs)
         if not _divides(layout.assignment, sizes, mesh):

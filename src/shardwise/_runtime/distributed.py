@@ -167,16 +167,23 @@ def _can_host(coordinator: str, bind: str | None) -> None:
     on every interface (JAX's default), at an address of this machine."""
     host, port = split_address(bind or coordinator)
     for where in [host] if bind else [host, "0.0.0.0"]:
-        with socket.socket(socket.AF_INET6 if ":" in where else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((where, port))
-            except OSError as e:
-                raise DistributedError(
-                    f"process 0 cannot host the coordinator on {join_address(where, port)} "
-                    f"({e.strerror or e}); the port is in use or the address is not this "
-                    "machine's."
-                ) from None
+        e = bind_error(where, port)
+        if e is not None:
+            raise DistributedError(
+                f"process 0 cannot host the coordinator on {join_address(where, port)} "
+                f"({e.strerror or e}); the port is in use or the address is not this machine's."
+            )
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why a server could not listen at ``host:port`` now, or ``None`` if it could."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e
+    return None
 
 
 def _await_coordinator(

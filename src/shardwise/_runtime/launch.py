@@ -39,6 +39,7 @@ from shardwise._runtime.distributed import (
     ENV_HEARTBEAT_TIMEOUT,
     ENV_NUM_PROCESSES,
     ENV_PROCESS_ID,
+    bind_error,
     join_address,
     split_address,
 )
@@ -78,17 +79,14 @@ def free_port() -> int:
 def check_port(port: int, host: str = "127.0.0.1") -> None:
     """Refuse an address whose port is taken or that is not this machine's, before any
     process starts."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            what = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be used ({e})"
-            raise DistributedError(
-                f"port {port} on {host} {what}, so the coordinator cannot listen there; "
-                "choose another with --port (or leave --port out to pick a free one), or give "
-                "an address of this machine with --coordinator-address."
-            ) from None
+    e = bind_error(host, port)
+    if e is not None:
+        what = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be used ({e})"
+        raise DistributedError(
+            f"port {port} on {host} {what}, so the coordinator cannot listen there; "
+            "choose another with --port (or leave --port out to pick a free one), or give "
+            "an address of this machine with --coordinator-address."
+        )
 
 
 def coordinator(address: str | None, port: int | None) -> str:
