@@ -14,11 +14,15 @@ contraction whose operands disagree: it picks one agreed :class:`~shardwise._mod
 
 Per mesh axis of size ``p`` a resharding is, as XLA emits it:
 
+- the axis starts splitting a dimension it did not split: a **local slice**, free (done first,
+  so what follows moves smaller blocks);
+- the axis moves from one dimension to another: an **all-to-all** over it (the shard's size
+  is unchanged);
 - the axis stops splitting a dimension: an **all-gather** over it (the result is ``p`` times
   the shard);
-- the axis starts splitting a dimension it did not split: a **local slice**, free;
-- the axis moves from one dimension to another: an **all-to-all** over it (the shard's size
-  is unchanged).
+- a dimension ends up split by the right axes in the wrong order (``(y, x)`` for ``(x, y)``,
+  or after a slice along what should be the major axis): a **collective-permute** of the
+  shard.
 """
 
 from __future__ import annotations
@@ -78,36 +82,38 @@ def reshard_collectives(
     def dim_of(axis: str, entries: Sequence[Sequence[str]]) -> int | None:
         return next((d for d, e in enumerate(entries) if axis in e), None)
 
-    for axis in mesh.names:
-        if mesh.shape[axis] == 1:
-            continue
+    moving = [a for a in mesh.names if mesh.shape[a] > 1]
+    # 1. an axis that splits nothing yet and should split a dimension: a local slice, first
+    for axis in moving:
+        want = dim_of(axis, target)
+        if dim_of(axis, current) is None and want is not None:
+            current[want].append(axis)
+    # 2. an axis that moves from one dimension to another: an all-to-all of the (sliced) shard
+    for axis in moving:
         have, want = dim_of(axis, current), dim_of(axis, target)
-        if have is None or have == want:
-            continue
-        if want is None:
-            current[have].remove(axis)
-            n = shard_bytes()
-            out.append(
-                PredictedCollective(
-                    "all-gather", (axis,), n, ring_seconds("all-gather", (axis,), n, mesh, profile)
-                )
-            )
-        else:
+        if have is not None and want is not None and have != want:
             n = shard_bytes()
             current[have].remove(axis)
             current[want].append(axis)
-            out.append(
-                PredictedCollective(
-                    "all-to-all", (axis,), n, ring_seconds("all-to-all", (axis,), n, mesh, profile)
-                )
-            )
-    # an axis that keeps its dimension but changes its place among that dimension's axes
-    # ((x,y) → (y,x)) moves every block: a permute of the whole shard
+            seconds = ring_seconds("all-to-all", (axis,), n, mesh, profile)
+            out.append(PredictedCollective("all-to-all", (axis,), n, seconds))
+    # 3. an axis that stops splitting: an all-gather, whose result is the larger block
+    for axis in moving:
+        have = dim_of(axis, current)
+        if have is not None and dim_of(axis, target) is None:
+            current[have].remove(axis)
+            n = shard_bytes()
+            seconds = ring_seconds("all-gather", (axis,), n, mesh, profile)
+            out.append(PredictedCollective("all-gather", (axis,), n, seconds))
+    # 4. a dimension whose axes are right but in another order ((y,x) for (x,y), or a slice
+    # along a major axis) holds other blocks than it should: a permute of the whole shard
     moved = tuple(
         a
         for have, want in zip(current, target, strict=True)
-        if set(have) == set(want) and tuple(have) != tuple(want)
+        if tuple(a for a in have if mesh.shape[a] > 1)
+        != tuple(a for a in want if mesh.shape[a] > 1)
         for a in want
+        if mesh.shape[a] > 1
     )
     if moved:
         n = shard_bytes()

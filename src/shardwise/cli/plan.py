@@ -2,15 +2,75 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from shardwise._errors import ArgumentError
 from shardwise._model.units import format_bytes, parse_bytes
 from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
 from shardwise.cli.explain import parse_shapes
+
+
+def _program(given: dict[str, Any]) -> None:
+    """``plan --model/--function``: plan a whole program."""
+    import shardwise
+    from shardwise._planner.models import model as built_in
+    from shardwise.cli.program import load_function, parse_args, show
+
+    if given["model"] is not None and given["function"] is not None:
+        raise ArgumentError("give --model or --function, not both.")
+    if given["model"] is not None:
+        fn, model_args = built_in(
+            given["model"],
+            batch=given["batch"],
+            hidden=given["hidden"],
+            ffn=given["ffn"],
+            seq=given["seq"],
+            heads=given["heads"],
+            layers=given["layers"],
+            train=given["train"],
+            dtype=given["dtype"],
+        )
+        fn_args = list(model_args)
+        name = given["model"]
+    else:
+        fn, fn_args = load_function(given["function"]), parse_args(given["args"] or [])
+        name = given["function"]
+    fixed = {}
+    for item in given["fixed"] or []:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ArgumentError(f"cannot read --fixed {item!r}: write NAME=SPEC, e.g. x=data.")
+        fixed[key] = value
+    limit = None if given["budget"] is None else parse_bytes(given["budget"], "--budget")
+    if given["verify"] or given["mesh"] == "auto" or given["profile"] is None:
+        setup_devices(given["devices"])
+    console = Console(stderr=given["json"])
+    with console.status("planning") as status:
+        report = shardwise.plan(
+            fn,
+            *fn_args,
+            mesh=given["mesh"],
+            profile=given["profile"],
+            budget=limit,
+            fixed=fixed,
+            train=given["train"],
+            top=given["top"],
+        )
+        if given["verify"]:
+            report = report.verify(
+                repeat=given["repeat"],
+                on_step=lambda k, n: status.update(f"compiling and timing plan {k + 1}/{n}"),
+            )
+    if given["json"]:
+        out = report.to_json()
+        out["program"] = name
+        print_json(out)
+        return
+    show(report, console)
 
 
 def _ms(s: float) -> str:
@@ -19,10 +79,40 @@ def _ms(s: float) -> str:
 
 @friendly_errors
 def plan(
-    equation: Annotated[str, typer.Argument(help="Einsum equation, e.g. 'nd,nd->n'.")],
+    equation: Annotated[
+        str | None, typer.Argument(help="Einsum equation, e.g. 'nd,nd->n'.")
+    ] = None,
     shapes: Annotated[
-        str, typer.Option("--shapes", help="Operand shapes, e.g. 4000x10000,4000x10000.")
-    ],
+        str | None, typer.Option("--shapes", help="Operand shapes, e.g. 4000x10000,4000x10000.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Plan a built-in model: mlp or transformer.")
+    ] = None,
+    function: Annotated[
+        str | None,
+        typer.Option("--function", help="Plan your function: module:fn or file.py:fn."),
+    ] = None,
+    args: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--args",
+            help="The function's arguments: x=f32[256,1024], "
+            "params.w1=f32[1024,4096] (repeat), or a JSON file.",
+        ),
+    ] = None,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Model batch size.")] = 256,
+    seq: Annotated[int, typer.Option("--seq", min=1, help="Transformer sequence length.")] = 128,
+    hidden: Annotated[int, typer.Option("--hidden", min=1, help="Model width.")] = 1024,
+    ffn: Annotated[int, typer.Option("--ffn", min=1, help="MLP inner width.")] = 4096,
+    heads: Annotated[int, typer.Option("--heads", min=1, help="Attention heads.")] = 8,
+    layers: Annotated[int, typer.Option("--layers", min=1, help="Transformer layers.")] = 1,
+    train: Annotated[
+        bool, typer.Option("--train", help="Plan one SGD step of the loss, not the forward pass.")
+    ] = False,
+    fixed: Annotated[
+        list[str] | None,
+        typer.Option("--fixed", help="Pin an input: NAME=SPEC, e.g. x=data (repeat)."),
+    ] = None,
     mesh: Annotated[
         str, typer.Option("--mesh", help="Mesh, e.g. x=2,y=4 (need not exist here).")
     ] = "auto",
@@ -49,10 +139,19 @@ def plan(
     json: Json = False,
     devices: Devices = None,
 ) -> None:
-    """Enumerate every way to shard an einsum on a mesh, predict each one's cost, rank them."""
+    """Plan an einsum (every strategy, ranked) or a whole program (--model, --function)."""
     import jax.numpy as jnp
 
     import shardwise
+
+    if model is not None or function is not None:
+        _program(locals())
+        return
+    if equation is None or shapes is None:
+        raise ArgumentError(
+            "give an einsum and its shapes (shardwise plan 'nd,nd->n' --shapes 4000x10000,"
+            "4000x10000), or a program to plan (--model mlp, or --function module:fn --args …)."
+        )
 
     shape_list = parse_shapes(shapes)
     limit = None if budget is None else parse_bytes(budget, "--budget")

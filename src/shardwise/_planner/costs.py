@@ -1,0 +1,293 @@
+"""A program's planning problem: a choice for each class of arrays and each dot, what each
+choice costs, and what each pair of neighbouring choices costs to connect.
+
+- a **class** of arrays (joined by elementwise ops) chooses a :class:`Spec`; its elementwise
+  ops cost their bytes over the memory bandwidth;
+- a **dot** chooses a :class:`Strategy` from the einsum enumerator, costed by the einsum cost
+  model (so a one-dot program plans exactly like ``plan_einsum``);
+- an **edge** joins a class to a dot that reads or makes it, or two classes a map joins; it
+  costs the resharding between the two layouts (all-gather, all-to-all, a permute or a free
+  slice, as :func:`~shardwise._model.reshard.reshard_collectives` predicts XLA emits them), and
+  for a map, the map's own collectives (an all-reduce of a reduction over a split dimension).
+
+Pure: no devices.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardwise._caches import cached
+from shardwise._model.cost import PredictedCollective, predict, ring_seconds
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.profile import Profile
+from shardwise._model.reshard import reshard_collectives
+from shardwise._model.spec import Entry, Spec
+from shardwise._model.strategy import Strategy, strategies
+from shardwise._planner.graph import Graph, Step, Value
+
+MAX_CHOICES = 4096
+"""The most layouts one array or dot may choose from; past it the planner keeps this many,
+spread evenly, and its report says that it stopped early."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """Seconds, collectives and FLOPs of one choice or one edge (already times its repeats)."""
+
+    seconds: float = 0.0
+    collectives: tuple[tuple[PredictedCollective, Step | None], ...] = ()
+    flops: float = 0.0
+
+
+@dataclass(slots=True)
+class Problem:
+    """Variables (each with its choices and their costs) and edges (cost matrices).
+
+    Attributes:
+        labels: what each variable is: ``("class", root)`` or ``("dot", step index)``.
+        choices: each variable's choices (specs for classes, strategies for dots).
+        unary: each variable's cost per choice, in seconds.
+        edges: ``(u, v) → matrix`` of seconds, ``matrix[i, j]`` for choices ``i`` of ``u`` and
+            ``j`` of ``v``.
+        considered: choices looked at before the divisibility filter.
+        truncated: whether some variable's choices were cut to :data:`MAX_CHOICES`.
+    """
+
+    labels: list[tuple[str, int]] = field(default_factory=list)
+    choices: list[list[Any]] = field(default_factory=list)
+    unary: list[np.ndarray] = field(default_factory=list)
+    edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    considered: int = 0
+    truncated: bool = False
+
+    def restrict(self, keep: dict[int, list[int]]) -> Problem:
+        """The same problem with variable ``v`` limited to choices ``keep[v]``."""
+        index = [keep.get(v, list(range(len(c)))) for v, c in enumerate(self.choices)]
+        out = Problem(list(self.labels), considered=self.considered, truncated=self.truncated)
+        out.choices = [[c[i] for i in ix] for c, ix in zip(self.choices, index, strict=True)]
+        out.unary = [u[ix] for u, ix in zip(self.unary, index, strict=True)]
+        out.edges = {(u, v): m[np.ix_(index[u], index[v])] for (u, v), m in self.edges.items()}
+        return out
+
+    def add_edge(self, u: int, v: int, matrix: np.ndarray) -> None:
+        if u == v:
+            self.unary[u] = self.unary[u] + np.diag(matrix)
+        elif (v, u) in self.edges:
+            self.edges[(v, u)] = self.edges[(v, u)] + matrix.T
+        else:
+            self.edges[(u, v)] = self.edges.get((u, v), 0) + matrix
+
+
+def effective_mesh(mesh: MeshSpec) -> MeshSpec:
+    """The mesh without axes of size 1 (they split nothing); one axis is always kept."""
+    axes = tuple((a, n) for a, n in mesh.axes if n > 1) or mesh.axes[:1]
+    return MeshSpec(axes, mesh.axis_type)
+
+
+def spec_choices(shape: Sequence[int], mesh: MeshSpec) -> tuple[int, list[Spec]]:
+    """Every spec of an array of ``shape``: each mesh axis splits one dimension evenly or none
+    (axes on one dimension in mesh order), and how many were considered.
+
+    >>> [s.describe() for s in spec_choices((4, 3), MeshSpec.parse("x=2"))[1]]
+    ['replicated', 'x']
+    """
+    out, considered = [], 0
+    for pick in itertools.product([None, *range(len(shape))], repeat=len(mesh.axes)):
+        considered += 1
+        entries: list[list[str]] = [[] for _ in shape]
+        for (axis, _), d in zip(mesh.axes, pick, strict=True):
+            if d is not None:
+                entries[d].append(axis)
+        if all(n % _ways(e, mesh) == 0 for n, e in zip(shape, entries, strict=True)):
+            out.append(Spec(tuple(tuple(e) for e in entries)).canonical())
+    return considered, out
+
+
+def _ways(entry: Sequence[str], mesh: MeshSpec) -> int:
+    return math.prod(mesh.shape[a] for a in entry)
+
+
+def shard_bytes(value: Value, spec: Spec, mesh: MeshSpec) -> int:
+    """Bytes of one device's block of ``value`` under ``spec``."""
+    entries = spec.padded(len(value.shape))
+    blocks = math.prod(n // _ways(e, mesh) for n, e in zip(value.shape, entries, strict=True))
+    return blocks * np.dtype(value.dtype).itemsize
+
+
+def reshard(
+    value: Value,
+    src: Spec,
+    dst: Spec,
+    mesh: MeshSpec,
+    profile: Profile,
+    step: Step | None,
+    repeat: int,
+) -> Cost:
+    """What moving ``value`` from ``src`` to ``dst`` costs."""
+    if src == dst:
+        return Cost()
+    seconds, found = _reshard(value.shape, value.dtype, src, dst, mesh, profile)
+    return Cost(seconds * repeat, tuple((c, step) for c in found))
+
+
+@cached(maxsize=1 << 16)
+def _reshard(
+    shape: tuple[int, ...], dtype: str, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile
+) -> tuple[float, tuple[PredictedCollective, ...]]:
+    found = reshard_collectives(src, dst, shape, dtype, mesh, profile)
+    return sum(c.seconds for c in found), found
+
+
+def map_cost(
+    graph: Graph, step: Step, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile
+) -> Cost:
+    """A map from its operand's layout ``src`` to its result's ``dst``: whole the dimensions it
+    needs whole, all-reduce the partial sums of a reduction over split dimensions, carry the
+    rest over, and reshard the result to ``dst``."""
+    value, out = graph.values[step.inputs[0]], graph.values[step.output]
+    entries = [list(e) for e in src.padded(len(value.shape))]
+    carried: list[Entry] = []
+    for o, d in enumerate(step.dim_map):
+        entry = tuple(entries[d]) if d is not None else ()
+        if entry and out.shape[o] % _ways(entry, mesh):
+            entry = ()
+        carried.append(entry)
+    kept = {a for e in carried for a in e} | {a for d in step.reduced for a in entries[d]}
+    whole = Spec(tuple(tuple(a for a in e if a in kept) for e in entries)).canonical()
+    parts = list(reshard(value, src, whole, mesh, profile, step, step.repeat).collectives)
+    mapped = Spec(tuple(carried)).canonical()
+    partial = tuple(a for a in mesh.names if any(a in entries[d] for d in step.reduced))
+    if partial:
+        n = shard_bytes(out, mapped, mesh)
+        seconds = ring_seconds("all-reduce", partial, n, mesh, profile)
+        parts.append((PredictedCollective("all-reduce", partial, n, seconds), step))
+    after = reshard(out, mapped, dst, mesh, profile, step, step.repeat).collectives
+    moved = shard_bytes(value, whole, mesh) + shard_bytes(out, mapped, mesh)
+    comm = sum(c.seconds for c, _ in parts) * step.repeat + sum(c.seconds for c, _ in after)
+    return Cost(comm + step.repeat * moved / profile.memory_Bps, (*parts, *after))
+
+
+def dot_cost(
+    graph: Graph, step: Step, strategy: Strategy, mesh: MeshSpec, profile: Profile
+) -> Cost:
+    """A dot's own cost under ``strategy``: the einsum cost model's prediction."""
+    assert step.op is not None
+    shapes = [graph.values[a].shape for a in step.inputs]
+    p = predict(step.op, shapes, graph.values[step.output].dtype, mesh, strategy, profile)
+    return Cost(
+        p.seconds * step.repeat, tuple((c, step) for c in p.collectives), p.flops * step.repeat
+    )
+
+
+def class_cost(graph: Graph, root: int, spec: Spec, mesh: MeshSpec, profile: Profile) -> float:
+    """The elementwise ops of a class: each reads and writes its block once."""
+    count = graph.elementwise.get(root, 0)
+    return 2.0 * count * shard_bytes(graph.values[root], spec, mesh) / profile.memory_Bps
+
+
+def build_problem(
+    graph: Graph, mesh: MeshSpec, profile: Profile, pinned: dict[int, Spec] | None = None
+) -> Problem:
+    """The planning problem of ``graph`` on ``mesh``; ``pinned`` fixes some classes' specs."""
+    pinned = pinned or {}
+    problem = Problem()
+    roots = sorted(set(graph.classes))
+    var_of: dict[int, int] = {}
+    counts: dict[int, int] = {}
+    for v, n in graph.elementwise.items():
+        counts[graph.find(v)] = counts.get(graph.find(v), 0) + n
+    for root in roots:
+        considered, specs = spec_choices(graph.values[root].shape, mesh)
+        problem.considered += considered
+        if root in pinned:
+            specs = [pinned[root]]
+        specs = _spread(specs, problem)
+        var_of[root] = len(problem.labels)
+        problem.labels.append(("class", root))
+        problem.choices.append(specs)
+        unit = 2.0 * counts.get(root, 0) / profile.memory_Bps
+        problem.unary.append(
+            np.array([unit * shard_bytes(graph.values[root], s, mesh) for s in specs])
+        )
+    for k, step in enumerate(graph.steps):
+        if step.kind == "dot":
+            _add_dot(graph, problem, var_of, k, step, mesh, profile)
+        elif step.kind == "map":
+            a, b = var_of[graph.find(step.inputs[0])], var_of[graph.find(step.output)]
+            sa, sb = problem.choices[a], problem.choices[b]
+            matrix = np.array(
+                [[map_cost(graph, step, s, t, mesh, profile).seconds for t in sb] for s in sa]
+            )
+            problem.add_edge(a, b, matrix)
+        else:
+            for a in step.inputs:
+                u = var_of[graph.find(a)]
+                problem.unary[u] = problem.unary[u] + np.array(
+                    [
+                        reshard(
+                            graph.values[a], s, Spec(), mesh, profile, step, step.repeat
+                        ).seconds
+                        for s in problem.choices[u]
+                    ]
+                )
+    return problem
+
+
+def _spread(items: list[Spec], problem: Problem) -> list[Spec]:
+    if len(items) <= MAX_CHOICES:
+        return items
+    problem.truncated = True
+    return [items[k * len(items) // MAX_CHOICES] for k in range(MAX_CHOICES)]
+
+
+def _add_dot(
+    graph: Graph,
+    problem: Problem,
+    var_of: dict[int, int],
+    k: int,
+    step: Step,
+    mesh: MeshSpec,
+    profile: Profile,
+) -> None:
+    assert step.op is not None
+    sizes = step.op.sizes([graph.values[a].shape for a in step.inputs])
+    considered, found = strategies(step.op, sizes, mesh, MAX_CHOICES)
+    problem.considered += considered
+    d = len(problem.labels)
+    problem.labels.append(("dot", k))
+    problem.choices.append(found)
+    problem.unary.append(np.array([dot_cost(graph, step, s, mesh, profile).seconds for s in found]))
+    for slot, a in enumerate(step.inputs):
+        u = var_of[graph.find(a)]
+        value = graph.values[a]
+        matrix = np.array(
+            [
+                [
+                    reshard(
+                        value, s, t.in_specs(step.op)[slot], mesh, profile, step, step.repeat
+                    ).seconds
+                    for t in found
+                ]
+                for s in problem.choices[u]
+            ]
+        )
+        problem.add_edge(u, d, matrix)
+    out = var_of[graph.find(step.output)]
+    value = graph.values[step.output]
+    matrix = np.array(
+        [
+            [
+                reshard(value, t.out_spec, s, mesh, profile, step, step.repeat).seconds
+                for s in problem.choices[out]
+            ]
+            for t in found
+        ]
+    )
+    problem.add_edge(d, out, matrix)

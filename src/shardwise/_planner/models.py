@@ -1,0 +1,128 @@
+"""Built-in models to plan: plain JAX functions and the shapes of their arguments.
+
+- ``mlp``: ``relu(x @ w1) @ w2``;
+- ``transformer``: L pre-LayerNorm blocks (multi-head attention, then an MLP, each with a
+  residual), stacked with ``lax.scan`` over parameters that carry a leading layer dimension,
+  as large models are written so that they compile once per block, not once per layer.
+
+Forward functions take ``(x, params)``; losses take ``(params, x, y)`` (the mean squared error
+against ``y``), as :func:`shardwise.plan` with ``train=True`` expects.
+
+>>> fn, args = model("mlp", batch=8, hidden=16, ffn=32)
+>>> fn(*[jnp.ones(a.shape, a.dtype) for a in jax.tree.leaves(args)[:1]],
+...    {k: jnp.ones(v.shape) for k, v in args[1].items()}).shape
+(8, 16)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from shardwise._errors import ArgumentError
+
+MODELS = ("mlp", "transformer")
+S = jax.ShapeDtypeStruct
+
+
+def mlp(x: jax.Array, params: dict[str, jax.Array]) -> jax.Array:
+    """A two-layer perceptron: ``relu(x @ w1) @ w2``."""
+    h = jax.nn.relu(x @ params["w1"])
+    return h @ params["w2"]
+
+
+def _norm(h: jax.Array) -> jax.Array:
+    mean = jnp.mean(h, axis=-1, keepdims=True)
+    var = jnp.mean((h - mean) ** 2, axis=-1, keepdims=True)
+    return (h - mean) * jax.lax.rsqrt(var + 1e-5)
+
+
+def block(h: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
+    """One pre-LayerNorm transformer block on ``h`` of shape (batch, seq, hidden)."""
+    a = _norm(h)
+    q = jnp.einsum("bsh,hnd->bsnd", a, p["wq"])
+    k = jnp.einsum("bsh,hnd->bsnd", a, p["wk"])
+    v = jnp.einsum("bsh,hnd->bsnd", a, p["wv"])
+    scores = jnp.einsum("bsnd,btnd->bnst", q, k) / math.sqrt(q.shape[-1])
+    weights = jax.nn.softmax(scores, axis=-1)
+    o = jnp.einsum("bnst,btnd->bsnd", weights, v)
+    h = h + jnp.einsum("bsnd,ndh->bsh", o, p["wo"])
+    m = _norm(h)
+    return h + jax.nn.gelu(m @ p["w1"]) @ p["w2"]
+
+
+def transformer(x: jax.Array, params: dict[str, jax.Array]) -> jax.Array:
+    """L transformer blocks over ``params`` stacked along a leading layer dimension."""
+
+    def layer(h: jax.Array, p: dict[str, jax.Array]) -> tuple[jax.Array, None]:
+        return block(h, p), None
+
+    out, _ = jax.lax.scan(layer, x, params)
+    return out
+
+
+def loss_of(forward: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """``loss(params, x, y)``: the mean squared error of ``forward(x, params)`` against ``y``."""
+
+    def loss(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.mean((forward(x, params) - y) ** 2)
+
+    loss.__name__ = f"{forward.__name__}_loss"
+    return loss
+
+
+def model(
+    name: str,
+    *,
+    batch: int,
+    hidden: int,
+    ffn: int,
+    seq: int = 128,
+    heads: int = 8,
+    layers: int = 1,
+    train: bool = False,
+    dtype: str = "float32",
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """A built-in model's function and argument shapes: ``(forward, (x, params))``, or with
+    ``train=True`` ``(loss, (params, x, y))``."""
+    for label, n in (
+        ("batch", batch),
+        ("hidden", hidden),
+        ("ffn", ffn),
+        ("seq", seq),
+        ("heads", heads),
+        ("layers", layers),
+    ):
+        if n < 1:
+            raise ArgumentError(f"{label} is {n}; model sizes are whole numbers of at least 1.")
+    if name == "mlp":
+        x = S((batch, hidden), dtype)
+        params = {"w1": S((hidden, ffn), dtype), "w2": S((ffn, hidden), dtype)}
+        forward: Callable[..., jax.Array] = mlp
+    elif name == "transformer":
+        if hidden % heads:
+            raise ArgumentError(
+                f"hidden size {hidden} does not divide into {heads} heads; give a hidden size "
+                f"that is a multiple of --heads (e.g. {heads * max(1, hidden // heads)})."
+            )
+        d = hidden // heads
+        x = S((batch, seq, hidden), dtype)
+        qkv = S((layers, hidden, heads, d), dtype)
+        params = {
+            "wq": qkv,
+            "wk": qkv,
+            "wv": qkv,
+            "wo": S((layers, heads, d, hidden), dtype),
+            "w1": S((layers, hidden, ffn), dtype),
+            "w2": S((layers, ffn, hidden), dtype),
+        }
+        forward = transformer
+    else:
+        raise ArgumentError(f"no built-in model {name!r}; the models are {', '.join(MODELS)}.")
+    if train:
+        return loss_of(forward), (params, x, x)
+    return forward, (x, params)

@@ -1,0 +1,242 @@
+"""Find the cheapest choice for every variable of a :class:`Problem`.
+
+- variables with one or two neighbours are eliminated exactly, as dynamic programming over a
+  chain does; a problem whose edges form a forest (a chain of layers is one) is solved by that
+  alone;
+- what is left (cycles: residual connections, operands shared by several dots), and variables
+  a memory budget or an excluded solution names, form an integer program solved
+  by HiGHS through :func:`scipy.optimize.milp`: one binary per choice, and per edge one
+  continuous variable per pair of choices whose marginals are the two ends' choices (exact when
+  the binaries are integral). HiGHS proves optimality or says it stopped at its time limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse
+
+from shardwise._planner.costs import Problem
+
+TIME_LIMIT_S = 60.0
+"""How long one integer program may run; past it the best solution found is used and the plan
+says it is not proven optimal."""
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """``Σ bytes[(variable, choice)] · chosen ≤ limit`` (one device's memory at one point)."""
+
+    terms: tuple[tuple[int, int, float], ...]
+    limit: float
+
+
+@dataclass(frozen=True, slots=True)
+class Solution:
+    """A choice per variable, its cost, and how it was found."""
+
+    choice: tuple[int, ...]
+    seconds: float
+    optimal: bool
+    method: str
+    solve_seconds: float
+
+
+def total(problem: Problem, choice: Sequence[int]) -> float:
+    """The cost of one choice per variable."""
+    cost = sum(float(u[c]) for u, c in zip(problem.unary, choice, strict=True))
+    return cost + sum(float(m[choice[u], choice[v]]) for (u, v), m in problem.edges.items())
+
+
+def solve(
+    problem: Problem,
+    constraints: Sequence[Constraint] = (),
+    exclude: Sequence[dict[int, int]] = (),
+    time_limit: float = TIME_LIMIT_S,
+) -> Solution | None:
+    """The cheapest feasible choice, or ``None`` where none fits the constraints.
+
+    Variables with at most two neighbours (and in no constraint) are eliminated exactly first,
+    as dynamic programming over chains and trees does; what is left, if anything, is an integer
+    program.
+    """
+    start = time.perf_counter()
+    protected = {v for c in constraints for v, _, _ in c.terms} | {v for e in exclude for v in e}
+    core, steps = _eliminate(problem, protected)
+    method, optimal = "dynamic programming", True
+    choice = [-1] * len(problem.labels)
+    if core.labels:
+        index = {label: k for k, label in enumerate(core.labels)}
+        at = {label: k for k, label in enumerate(problem.labels)}
+        found = _milp(
+            core,
+            [
+                Constraint(tuple((index[problem.labels[v]], c, b) for v, c, b in x.terms), x.limit)
+                for x in constraints
+            ],
+            [{index[problem.labels[v]]: c for v, c in e.items()} for e in exclude],
+            time_limit,
+        )
+        if found is None:
+            return None
+        for label, c in zip(core.labels, found[0], strict=True):
+            choice[at[label]] = c
+        optimal = found[1]
+        method = "integer program (HiGHS)"
+        if steps:
+            method = "dynamic programming + integer program (HiGHS)"
+    for v, near, best in reversed(steps):
+        choice[v] = int(best[tuple(choice[n] for n in near)]) if near else int(best)
+    seconds = time.perf_counter() - start
+    return Solution(tuple(choice), total(problem, choice), optimal, method, seconds)
+
+
+def brute_force(problem: Problem) -> tuple[tuple[int, ...], float]:
+    """Every combination of choices, for tests on small problems."""
+    best = min(
+        itertools.product(*(range(len(c)) for c in problem.choices)),
+        key=lambda c: total(problem, c),
+    )
+    return best, total(problem, best)
+
+
+Folded = tuple[int, tuple[int, ...], Any]
+"""A variable folded into its neighbours, and its best choice for each of theirs."""
+
+
+def _eliminate(problem: Problem, protected: set[int]) -> tuple[Problem, list[Folded]]:
+    """Fold every unprotected variable of degree ≤ 2 into its neighbours, exactly: a leaf adds
+    its best cost to its neighbour's choices; a link between two neighbours becomes an edge
+    whose cost is the best over the link's choices. Returns the rest and how to recover each
+    folded variable's choice from its neighbours'."""
+    n = len(problem.labels)
+    unary = [u.astype(float) for u in problem.unary]
+    near: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
+    for (u, v), m in problem.edges.items():
+        near[u][v] = near[u].get(v, 0) + m
+        near[v][u] = near[v].get(u, 0) + m.T
+    alive = set(range(n))
+    steps: list[Folded] = []
+    queue = [v for v in range(n) if len(near[v]) <= 2 and v not in protected]
+    while queue:
+        v = queue.pop()
+        if v not in alive or len(near[v]) > 2 or v in protected:
+            continue
+        others = tuple(near[v])
+        if len(others) == 2 and len(unary[v]) * math.prod(len(unary[o]) for o in others) > 1 << 22:
+            continue
+        alive.discard(v)
+        if not others:
+            steps.append((v, (), np.argmin(unary[v])))
+        elif len(others) == 1:
+            (a,) = others
+            scores = unary[v][:, None] + near[v][a]
+            unary[a] = unary[a] + scores.min(axis=0)
+            steps.append((v, (a,), scores.argmin(axis=0)))
+            del near[a][v]
+        else:
+            a, b = others
+            scores = unary[v][:, None, None] + near[v][a][:, :, None] + near[v][b][:, None, :]
+            link = scores.min(axis=0)
+            steps.append((v, (a, b), scores.argmin(axis=0)))
+            del near[a][v], near[b][v]
+            near[a][b] = near[a].get(b, 0) + link
+            near[b][a] = near[b].get(a, 0) + link.T
+        queue.extend(o for o in others if len(near[o]) <= 2)
+    keep = sorted(alive)
+    position = {v: k for k, v in enumerate(keep)}
+    core = Problem([problem.labels[v] for v in keep], considered=problem.considered)
+    core.choices = [problem.choices[v] for v in keep]
+    core.unary = [unary[v] for v in keep]
+    for v in keep:
+        for o, m in near[v].items():
+            if v < o:
+                core.edges[(position[v], position[o])] = m
+    return core, steps
+
+
+def _milp(
+    problem: Problem,
+    constraints: Sequence[Constraint],
+    exclude: Sequence[dict[int, int]],
+    time_limit: float,
+) -> tuple[tuple[int, ...], bool] | None:
+    sizes = [len(c) for c in problem.choices]
+    offset = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    cost = [np.concatenate(problem.unary)]
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lower: list[float] = []
+    upper: list[float] = []
+    row = 0
+    for v, n in enumerate(sizes):  # one choice per variable
+        rows += [row] * n
+        cols += list(range(offset[v], offset[v] + n))
+        vals += [1.0] * n
+        lower.append(1.0)
+        upper.append(1.0)
+        row += 1
+    nx = int(offset[-1])
+    col = nx
+    for (u, v), m in problem.edges.items():
+        if np.ptp(m) == 0:  # the same cost whatever is chosen
+            cost[0][offset[u] : offset[u] + sizes[u]] += float(m.flat[0]) if m.size else 0.0
+            continue
+        nu, nv = m.shape
+        cost.append(m.ravel().astype(float))
+        block = np.arange(nu * nv).reshape(nu, nv) + col
+        for s in range(nu):  # Σ_t e[s, t] = x[u, s]
+            rows += [row] * (nv + 1)
+            cols += [*block[s].tolist(), int(offset[u] + s)]
+            vals += [1.0] * nv + [-1.0]
+            lower.append(0.0)
+            upper.append(0.0)
+            row += 1
+        for t in range(nv):  # Σ_s e[s, t] = x[v, t]
+            rows += [row] * (nu + 1)
+            cols += [*block[:, t].tolist(), int(offset[v] + t)]
+            vals += [1.0] * nu + [-1.0]
+            lower.append(0.0)
+            upper.append(0.0)
+            row += 1
+        col += nu * nv
+    for c in constraints:
+        for v, k, b in c.terms:
+            rows.append(row)
+            cols.append(int(offset[v] + k))
+            vals.append(b)
+        lower.append(-np.inf)
+        upper.append(c.limit)
+        row += 1
+    for ex in exclude:  # not this combination again
+        for v, k in ex.items():
+            rows.append(row)
+            cols.append(int(offset[v] + k))
+            vals.append(1.0)
+        lower.append(-np.inf)
+        upper.append(len(ex) - 1.0)
+        row += 1
+    a = scipy.sparse.csr_array((vals, (rows, cols)), shape=(row, col))
+    objective = np.concatenate(cost)
+    integrality = np.zeros(col)
+    integrality[:nx] = 1
+    result = scipy.optimize.milp(
+        objective,
+        constraints=scipy.optimize.LinearConstraint(a, lower, upper),
+        integrality=integrality,
+        bounds=scipy.optimize.Bounds(0, 1),
+        options={"time_limit": time_limit},
+    )
+    if result.x is None:
+        return None
+    x = result.x[:nx]
+    choice = tuple(int(np.argmax(x[offset[v] : offset[v + 1]])) for v in range(len(sizes)))
+    return choice, bool(result.status == 0 and math.isfinite(result.fun))
