@@ -16,7 +16,8 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 
 from shardwise._model.spec import Spec
-from shardwise._planner.graph import INLINED, Graph, Key, _is_var
+from shardwise._planner.graph import Graph, Key
+from shardwise._planner.ops import INLINED, is_var
 
 
 def constrained(
@@ -39,12 +40,12 @@ def constrained(
             env[(path, var)] = c
         for k, eqn in enumerate(jaxpr.eqns):
             here = (*path, k)
-            ins = [v.val if not _is_var(v) else env[(path, v)] for v in eqn.invars]
+            ins = [v.val if not is_var(v) else env[(path, v)] for v in eqn.invars]
             outs = _equation(eqn, here, ins, env, run, put, mesh, dots)
             for var, x in zip(eqn.outvars, outs, strict=True):
-                if _is_var(var):
+                if is_var(var):
                     env[(path, var)] = put((path, var), x)
-        return [v.val if not _is_var(v) else env[(path, v)] for v in jaxpr.outvars]
+        return [v.val if not is_var(v) else env[(path, v)] for v in jaxpr.outvars]
 
     def program(*args: Any) -> Any:
         leaves = jax.tree.leaves(args)

@@ -22,6 +22,7 @@ mesh axis (for ``data×tensor``, the first axis); the model axes are the others.
 from __future__ import annotations
 
 import math
+
 from collections.abc import Sequence
 
 from shardwise._model.mesh import MeshSpec
@@ -33,7 +34,11 @@ NAMES = ("replicated", "data-parallel", "fsdp", "megatron", "data×tensor")
 
 def data_inputs(graph: Graph) -> list[int]:
     """Positions (in ``graph.inputs``) of the arguments that are single arrays."""
-    return [k for k, name in enumerate(graph.names) if "[" not in name]
+    starts, k = [], 0
+    for leaves in graph.tree.children():
+        starts.append(k)
+        k += leaves.num_leaves
+    return [starts[a] for a in graph.data]
 
 
 def _split(shape: Sequence[int], dim: int, axes: Sequence[str], mesh: MeshSpec) -> Spec | None:

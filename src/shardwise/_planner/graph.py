@@ -19,118 +19,31 @@ with ``lax.scan`` plans as fast as one layer.
 
 from __future__ import annotations
 
-import inspect
-import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 import jax
-import jax.extend.core as jcore
 import numpy as np
 from jax._src import source_info_util
 
 from shardwise._errors import ArgumentError, ArgumentTypeError
 from shardwise._model.op import Op
+from shardwise._planner.ops import (
+    ELEMENTWISE,
+    INLINED,
+    REDUCTIONS,
+    argument_names,
+    dot_op,
+    is_var,
+    layout_map,
+)
 
 Kind: TypeAlias = Literal["dot", "map", "opaque"]
 Key: TypeAlias = tuple[tuple[int, ...], Any]
 """Where a jaxpr variable lives: the path of equation numbers through inlined calls, and the
 variable itself (one inner jaxpr may be inlined at several places)."""
-
-ELEMENTWISE = frozenset(
-    [
-        "abs",
-        "acos",
-        "acosh",
-        "add",
-        "add_any",
-        "and",
-        "asin",
-        "asinh",
-        "atan",
-        "atan2",
-        "atanh",
-        "cbrt",
-        "ceil",
-        "clamp",
-        "conj",
-        "copy",
-        "copy_p",
-        "convert_element_type",
-        "cos",
-        "cosh",
-        "digamma",
-        "div",
-        "eq",
-        "erf",
-        "erf_inv",
-        "erfc",
-        "exp",
-        "exp2",
-        "expm1",
-        "floor",
-        "ge",
-        "gt",
-        "igamma",
-        "imag",
-        "integer_pow",
-        "is_finite",
-        "le",
-        "lgamma",
-        "log",
-        "log1p",
-        "logistic",
-        "lt",
-        "max",
-        "min",
-        "mul",
-        "ne",
-        "neg",
-        "nextafter",
-        "not",
-        "or",
-        "pow",
-        "real",
-        "reduce_precision",
-        "rem",
-        "round",
-        "rsqrt",
-        "select_n",
-        "sign",
-        "sin",
-        "sinh",
-        "sqrt",
-        "square",
-        "stop_gradient",
-        "sub",
-        "tan",
-        "tanh",
-        "xor",
-    ]
-)
-REDUCTIONS = frozenset(
-    [
-        "reduce_sum",
-        "reduce_max",
-        "reduce_min",
-        "reduce_prod",
-        "reduce_and",
-        "reduce_or",
-    ]
-)
-"""Reductions whose partial results along a split dimension an all-reduce combines."""
-INLINED = {
-    "pjit": "jaxpr",
-    "jit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "remat": "jaxpr",
-    "checkpoint": "jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +99,8 @@ class Graph:
         values: every non-scalar array.
         steps: every op that is not elementwise, in program order.
         inputs: the arrays of the argument leaves, in ``jax.tree`` order.
-        names: each input's name (``x``, ``params['w1']``).
+        names: each input's name (``x``, ``params['w1']``), from ``signature`` if given.
+        data: the arguments that are one array each (not containers), by position.
         outputs: the arrays of the result's leaves (``None`` for a scalar or constant).
         classes: each array's class: arrays joined by elementwise ops share a layout.
         elementwise: per class, how many elementwise ops it runs (weighted by repeats).
@@ -202,6 +116,7 @@ class Graph:
     steps: list[Step] = field(default_factory=list)
     inputs: list[int] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
+    data: list[int] = field(default_factory=list)
     outputs: list[int | None] = field(default_factory=list)
     parent: list[int] = field(default_factory=list)
     elementwise: dict[int, int] = field(default_factory=dict)
@@ -252,28 +167,6 @@ def _source(eqn: Any) -> str:
     return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"
 
 
-def argument_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:
-    """A name for every leaf of ``args``: the parameter's name and the leaf's pytree path.
-
-    >>> argument_names(lambda x, params: None, [1, {"w1": 2, "w2": 3}])
-    ['x', "params['w1']", "params['w2']"]
-    """
-    try:
-        params = [
-            p.name
-            for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        params = []
-    names = []
-    for k, arg in enumerate(args):
-        base = params[k] if k < len(params) else f"args[{k}]"
-        for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
-            names.append(base + jax.tree_util.keystr(path))
-    return names
-
-
 def _abstract(x: Any) -> jax.ShapeDtypeStruct:
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
@@ -285,7 +178,9 @@ def _abstract(x: Any) -> jax.ShapeDtypeStruct:
     )
 
 
-def build(fn: Callable[..., Any], args: Sequence[Any], name: str = "") -> Graph:
+def build(
+    fn: Callable[..., Any], args: Sequence[Any], name: str = "", signature: Any = None
+) -> Graph:
     """Trace ``fn(*args)`` and read it as a :class:`Graph`.
 
     >>> import jax.numpy as jnp
@@ -303,14 +198,15 @@ def build(fn: Callable[..., Any], args: Sequence[Any], name: str = "") -> Graph:
         ) from None
     graph = Graph(closed=closed, tree=jax.tree.structure(tuple(abstract)))
     graph.out_tree = jax.tree.structure(out_shape)
-    graph.names = argument_names(fn, abstract)
+    graph.names = argument_names(signature or fn, abstract)
+    graph.data = [k for k, a in enumerate(abstract) if isinstance(a, jax.ShapeDtypeStruct)]
     jaxpr = closed.jaxpr
     for var, label in zip(jaxpr.invars, graph.names, strict=True):
         graph.inputs.append(_define(graph, ((), var), label, ""))
     _walk(graph, jaxpr, (), 1)
     graph.clock += 1
     for var in jaxpr.outvars:
-        out = graph.keys.get(((), var)) if _is_var(var) else None
+        out = graph.keys.get(((), var)) if is_var(var) else None
         graph.outputs.append(out)
         if out is not None:
             _use(graph, out, True)
@@ -319,8 +215,8 @@ def build(fn: Callable[..., Any], args: Sequence[Any], name: str = "") -> Graph:
     return graph
 
 
-def _is_var(v: Any) -> bool:
-    return not isinstance(v, jcore.Literal) and not isinstance(v, jcore.DropVar)
+def _rank(var: Any) -> int:
+    return len(getattr(var.aval, "shape", None) or ())
 
 
 def _define(graph: Graph, key: Key, name: str, source: str) -> int:
@@ -333,7 +229,7 @@ def _define(graph: Graph, key: Key, name: str, source: str) -> int:
 
 def _array(graph: Graph, path: tuple[int, ...], var: Any) -> int | None:
     """The array behind a jaxpr operand (``None`` for literals and scalars)."""
-    if not _is_var(var) or not getattr(var.aval, "shape", ()):
+    if not is_var(var) or not getattr(var.aval, "shape", ()):
         return None
     return graph.keys.get((path, var))
 
@@ -342,7 +238,7 @@ def _alias(
     graph: Graph, outer: tuple[int, ...], inner: tuple[int, ...], outs: Any, ins: Any
 ) -> None:
     for o, i in zip(outs, ins, strict=True):
-        if _is_var(o) and (outer, o) in graph.keys:
+        if is_var(o) and (outer, o) in graph.keys:
             graph.keys[(inner, i)] = graph.keys[(outer, o)]
 
 
@@ -356,9 +252,9 @@ def _walk(graph: Graph, jaxpr: Any, path: tuple[int, ...], repeat: int) -> None:
             _alias(graph, path, here, eqn.invars, inner.invars)
             _walk(graph, inner, here, repeat)
             for o, i in zip(eqn.outvars, inner.outvars, strict=True):
-                if _is_var(o) and _is_var(i) and (here, i) in graph.keys:
+                if is_var(o) and is_var(i) and (here, i) in graph.keys:
                     graph.keys[(path, o)] = graph.keys[(here, i)]
-                elif _is_var(o) and o.aval.shape if hasattr(o.aval, "shape") else ():
+                elif is_var(o) and _rank(o):
                     _define(graph, (path, o), f"{prim}@{_source(eqn)}", _source(eqn))
             continue
         if prim == "scan":
@@ -377,7 +273,7 @@ def _equation(
         return  # made on each device from nothing (iota, a broadcast constant): free to follow
     outs = []
     for o in eqn.outvars:
-        if _is_var(o) and (o.aval.shape if hasattr(o.aval, "shape") else () or prim in REDUCTIONS):
+        if is_var(o) and (_rank(o) or prim in REDUCTIONS):
             outs.append(_define(graph, (path, o), f"{prim}@{source}", source))
     if not outs:
         return
@@ -426,118 +322,13 @@ def _step(
             ),
             **common,
         )
-    mapped = _map(prim, params, in_shape, out_shape) if len(inputs) == 1 else None
+    mapped = layout_map(prim, params, in_shape, out_shape) if len(inputs) == 1 else None
     if mapped is None:
         return Step("opaque", inputs=tuple(inputs), **common)
     dim_map, local, reduced = mapped
     return Step(
         "map", inputs=tuple(inputs), dim_map=dim_map, local=local, reduced=reduced, **common
     )
-
-
-def dot_op(dimension_numbers: Any, lhs_rank: int, rhs_rank: int) -> Op:
-    """The einsum a ``dot_general`` computes: output is batch, then lhs free, then rhs free.
-
-    >>> dot_op((([1], [0]), ([], [])), 2, 2).equation
-    'ab,bc->ac'
-    >>> dot_op((([2], [1]), ([0], [0])), 3, 3).equation
-    'abc,acd->abd'
-    """
-    (lc, rc), (lb, rb) = dimension_numbers
-    letters = iter("abcdefghijklmnopqrstuvwxyz")
-    lhs = [next(letters) for _ in range(lhs_rank)]
-    rhs = ["" for _ in range(rhs_rank)]
-    for i, j in itertools.chain(zip(lc, rc, strict=True), zip(lb, rb, strict=True)):
-        rhs[j] = lhs[i]
-    rhs = [r or next(letters) for r in rhs]
-    out = [lhs[i] for i in lb]
-    out += [lhs[i] for i in range(lhs_rank) if i not in lc and i not in lb]
-    out += [rhs[j] for j in range(rhs_rank) if j not in rc and j not in rb]
-    return Op(("".join(lhs), "".join(rhs)), "".join(out))
-
-
-MapParts: TypeAlias = tuple[tuple[int | None, ...], tuple[int, ...], tuple[int, ...]]
-
-
-def _map(
-    prim: str, params: Any, in_shape: tuple[int, ...], out_shape: tuple[int, ...]
-) -> MapParts | None:
-    rank = len(in_shape)
-    ident = tuple(range(rank))
-    if prim == "transpose":
-        return tuple(params["permutation"]), (), ()
-    if prim == "broadcast_in_dim":
-        dims = params["broadcast_dimensions"]
-        dim_map: list[int | None] = [None] * len(out_shape)
-        for i, d in enumerate(dims):
-            if in_shape[i] == out_shape[d]:
-                dim_map[d] = i
-        return (
-            tuple(dim_map),
-            tuple(i for i, d in enumerate(dims) if in_shape[i] != out_shape[d]),
-            (),
-        )
-    if prim in REDUCTIONS or prim in ("argmax", "argmin"):
-        axes = tuple(params["axes"])
-        kept = tuple(i for i in ident if i not in axes)
-        return (kept, (), axes) if prim in REDUCTIONS else (kept, axes, ())
-    if prim == "squeeze":
-        return tuple(i for i in ident if i not in params["dimensions"]), (), ()
-    if prim == "reshape":
-        return reshape_map(in_shape, out_shape)
-    if prim in ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"):
-        return ident, (params["axis"],), ()
-    if (
-        prim in ("slice", "pad", "rev", "dynamic_slice", "sort")
-        and out_shape
-        and rank == len(out_shape)
-    ):
-        if prim == "rev":
-            return ident, tuple(params["dimensions"]), ()
-        if prim == "sort":
-            return ident, (params["dimension"],), ()
-        return ident, tuple(i for i in ident if in_shape[i] != out_shape[i]), ()
-    return None
-
-
-def reshape_map(in_shape: Sequence[int], out_shape: Sequence[int]) -> MapParts:
-    """A reshape as a map: each group of dimensions that merge or split carries its major
-    (first) dimension's layout to the result's major dimension of the group; the others must
-    be whole on each device.
-
-    >>> reshape_map((8, 4, 6), (32, 6))
-    ((0, 2), (1,), ())
-    >>> reshape_map((32, 6), (8, 4, 6))
-    ((0, None, 1), (), ())
-    """
-    dim_map: list[int | None] = [None] * len(out_shape)
-    local: list[int] = []
-    for ins, outs in _groups(in_shape, out_shape):
-        big_in = [i for i in ins if in_shape[i] > 1]
-        big_out = [o for o in outs if out_shape[o] > 1]
-        if big_in and big_out:
-            dim_map[big_out[0]] = big_in[0]
-            local.extend(big_in[1:])
-    return tuple(dim_map), tuple(local), ()
-
-
-def _groups(a: Sequence[int], b: Sequence[int]) -> Iterator[tuple[list[int], list[int]]]:
-    i = j = 0
-    while i < len(a) or j < len(b):
-        gi, gj = [i] if i < len(a) else [], [j] if j < len(b) else []
-        pa = a[i] if i < len(a) else 1
-        pb = b[j] if j < len(b) else 1
-        i, j = i + bool(gi), j + bool(gj)
-        while pa != pb and (i < len(a) or j < len(b)):
-            if (pa < pb and i < len(a)) or j >= len(b):
-                pa *= a[i]
-                gi.append(i)
-                i += 1
-            else:
-                pb *= b[j]
-                gj.append(j)
-                j += 1
-        yield gi, gj
 
 
 def _scan(
@@ -576,7 +367,7 @@ def _scan(
     _walk(graph, body, here, repeat * length)
     outs = body.outvars
     for k, (outer, inner) in enumerate(zip(eqn.outvars, outs, strict=True)):
-        if not _is_var(outer) or not outer.aval.shape if hasattr(outer.aval, "shape") else ():
+        if not is_var(outer) or not _rank(outer):
             continue
         y = _define(graph, (path, outer), f"scan@{source}", source)
         got = _array(graph, here, inner)

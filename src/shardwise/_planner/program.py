@@ -217,7 +217,7 @@ def plan(
     if top < 1:
         raise ArgumentError(f"top is {top}; give 1 or more plans to keep.")
     name = getattr(fn, "__name__", "program")
-    graph = build(train_step(fn) if train else fn, args, name)
+    graph = build(train_step(fn) if train else fn, args, name, signature=fn)
     eff = effective_mesh(spec)
     fixed_specs = _fixed(graph, fixed, spec)
     start = time.perf_counter()

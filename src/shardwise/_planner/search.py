@@ -226,6 +226,9 @@ def _milp(
         row += 1
     a = scipy.sparse.csr_array((vals, (rows, cols)), shape=(row, col))
     objective = np.concatenate(cost)
+    # seconds are tiny numbers; HiGHS's absolute gap (1e-6) would call any plan optimal, so
+    # the objective is scaled to at most 1e6 and the relative gap asked for is 1e-9
+    objective = objective * (1e6 / max(float(np.abs(objective).max()), 1e-30))
     integrality = np.zeros(col)
     integrality[:nx] = 1
     result = scipy.optimize.milp(
@@ -233,7 +236,7 @@ def _milp(
         constraints=scipy.optimize.LinearConstraint(a, lower, upper),
         integrality=integrality,
         bounds=scipy.optimize.Bounds(0, 1),
-        options={"time_limit": time_limit},
+        options={"time_limit": time_limit, "mip_rel_gap": 1e-9},
     )
     if result.x is None:
         return None

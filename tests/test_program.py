@@ -1,0 +1,176 @@
+"""The program planner: the graph it reads, its search against brute force, its baselines and
+plans against compiled HLO, and its results against the unsharded function."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import shardwise
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.profile import BUILTIN
+from shardwise._planner.costs import build_problem, effective_mesh
+from shardwise._planner.graph import build
+from shardwise._planner.models import loss_of, mlp, model
+from shardwise._planner.program import train_step
+from shardwise._planner.search import _milp, brute_force, solve, total
+from shardwise._planner.verify import by_kind
+from shardwise.cli import app
+
+S = jax.ShapeDtypeStruct
+CPU = BUILTIN["cpu-2core"]
+runner = CliRunner()
+
+
+def _mlp_args(batch=64, hidden=32, ffn=64):
+    fn, args = model("mlp", batch=batch, hidden=hidden, ffn=ffn)
+    return fn, args
+
+
+def _residual(x, params):
+    return x + jnp.tanh(x @ params["w1"]) @ params["w2"]
+
+
+def test_graph_counts_ops_of_an_mlp_and_its_training_step():
+    fn, args = _mlp_args()
+    g = build(fn, args)
+    assert [(s.kind, s.op.equation) for s in g.steps] == [("dot", "ab,bc->ac")] * 2
+    assert g.names == ["x", "params['w1']", "params['w2']"]
+    # x, w1, w2, the hidden layer (the dot's result joined with relu's), the output
+    assert len(set(g.classes)) == 5
+    step = train_step(loss_of(mlp))
+    t = build(step, [args[1], args[0], args[0]])
+    kinds = [(s.kind, s.prim) for s in t.steps]
+    # forward: 2 dots; backward: dW2, dh, dW1 (x is not differentiated) and two transposes;
+    # the loss's sum to a scalar is a reduction
+    assert kinds.count(("dot", "dot_general")) == 5
+    assert kinds.count(("map", "transpose")) == 2
+    assert ("map", "reduce_sum") in kinds
+
+
+def test_a_scan_is_read_once_whatever_its_length():
+    sizes = []
+    for layers in (1, 8):
+        fn, args = model("transformer", batch=2, seq=8, hidden=16, ffn=32, heads=2, layers=layers)
+        g = build(fn, args)
+        sizes.append((len(g.steps), len(g.values)))
+        assert all(s.repeat == layers for s in g.steps if s.kind == "dot")
+    assert sizes[0] == sizes[1]
+
+
+def test_one_dot_plans_like_plan_einsum():
+    x, w = S((64, 32), "float32"), S((32, 16), "float32")
+    p = shardwise.plan(lambda x, w: x @ w, x, w, mesh="x=2,y=4", profile=CPU, top=1)
+    e = shardwise.plan_einsum("ab,bc->ac", [(64, 32), (32, 16)], mesh="x=2,y=4", profile=CPU)
+    assert p.chosen.predicted.seconds == pytest.approx(e.best.predicted.seconds)
+
+
+@pytest.mark.parametrize("fn", [mlp, _residual], ids=["chain", "cycle"])
+def test_search_finds_the_brute_force_optimum(fn):
+    args = (S((8, 4), "float32"), {"w1": S((4, 4), "float32"), "w2": S((4, 4), "float32")})
+    g = build(fn, args)
+    problem = build_problem(g, effective_mesh(MeshSpec.parse("x=2")), CPU)
+    _, best = brute_force(problem)
+    assert solve(problem).seconds == pytest.approx(best)
+    found = _milp(problem, [], [], 60)
+    assert found is not None and total(problem, found[0]) == pytest.approx(best)
+
+
+def _check_against_numpy(plan, name, fn, args):
+    rng = np.random.default_rng(1)
+    leaves = [rng.standard_normal(a.shape).astype(a.dtype) for a in jax.tree.leaves(args)]
+    real = jax.tree.unflatten(jax.tree.structure(args), leaves)
+    got = plan.sharded(name)(*real)
+    want = jax.jit(fn)(*real)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("mesh", ["devices=8", "data=2,model=4", "data=4,model=2"])
+def test_baselines_and_search_match_compiled_hlo_and_numpy(mesh):
+    fn, args = _mlp_args()
+    plan = shardwise.plan(fn, *args, mesh=mesh, profile=CPU, top=1)
+    names = {p.name for p in plan.plans}
+    assert {"search", "replicated", "data-parallel", "fsdp", "megatron"} <= names
+    checked = plan.verify(repeat=1)
+    for p in checked.plans:
+        _check_against_numpy(plan, p.name, fn, args)
+    # the plans whose predicted collectives equal the compiled program's, kind by kind
+    matched = {p.name for p in checked.plans if p.verified.collectives_match}
+    assert {"search", "replicated", "data-parallel"} <= matched, [
+        (p.name, by_kind((c.kind, c.mesh_axes, c.bytes) for c in p.predicted.collectives),
+         by_kind(p.verified.collectives)) for p in checked.plans if p.name not in matched
+    ]  # fmt: skip
+
+
+def test_megatron_is_column_then_row_parallel():
+    fn, args = _mlp_args(hidden=64, ffn=256)
+    plan = shardwise.plan(fn, *args, mesh="model=8", profile=CPU, top=1)
+    mega = plan.get("megatron")
+    assert [s.describe() for s in mega.in_specs] == ["replicated", "-,model", "model"]
+    assert [c.kind for c in mega.predicted.collectives] == ["all-reduce"]
+
+
+def test_a_budget_that_forbids_replicated_weights_rediscovers_megatron():
+    loss, args = model("mlp", batch=8, hidden=256, ffn=1024, train=True)
+    weights = 2 * 256 * 1024 * 4  # replicated, a training step holds them three times over
+    plan = shardwise.plan(loss, *args, mesh="model=8", profile=CPU, budget=weights, train=True)
+    chosen = plan.chosen
+    assert chosen.predicted.memory_bytes <= weights
+    assert ("replicated", "it does not fit the memory budget") in plan.skipped
+    assert [s.describe() for s in chosen.in_specs[:2]] == ["-,model", "model"]
+    assert chosen.in_specs[:2] == plan.get("megatron").in_specs[:2]
+
+
+def test_training_step_plans_run_and_equal_the_unsharded_step():
+    loss, args = model("mlp", batch=32, hidden=16, ffn=32, train=True)
+    plan = shardwise.plan(loss, *args, mesh="data=2,model=4", profile=CPU, train=True, top=2)
+    step = train_step(loss)
+    for name in ("search", "megatron", "data-parallel"):
+        _check_against_numpy(plan, name, step, args)
+
+
+def test_fixed_pins_an_input_and_bad_names_are_refused():
+    fn, args = _mlp_args(batch=6)
+    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, fixed={"x": "data"})
+    assert plan.chosen.in_specs[0].describe() == "data"
+    with pytest.raises(shardwise.ArgumentError, match="the inputs are x, params"):
+        shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, fixed={"y": "data"})
+    with pytest.raises(shardwise.IndivisibleError):
+        shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, fixed={"x": "model"})
+
+
+def test_cli_plan_model_json_keeps_the_contract():
+    r = runner.invoke(app, ["plan", "--model", "mlp", "--batch", "64", "--hidden", "32",
+                            "--ffn", "64", "--mesh", "data=2,model=4", "--profile", "cpu-2core",
+                            "--json", "--top", "2"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    for key in ("program", "mesh", "profile", "train", "ops", "considered", "solve_seconds",
+                "optimal", "chosen", "plans"):  # fmt: skip
+        assert key in out
+    assert out["mesh"] == {"data": 2, "model": 4} and out["chosen"] == "search"
+    seconds = [p["predicted"]["seconds"] for p in out["plans"]]
+    assert seconds == sorted(seconds)
+    first = out["plans"][0]
+    assert isinstance(first["in_specs"][1], dict) and set(first["in_specs"][1]) == {"w1", "w2"}
+
+
+def test_cli_plan_function_reads_args(tmp_path):
+    src = tmp_path / "prog.py"
+    src.write_text("def f(x, w):\n    return (x @ w).sum(0)\n")
+    r = runner.invoke(app, ["plan", "--function", f"{src}:f", "--args", "x=f32[64,32]",
+                            "--args", "w=f32[32,16]", "--mesh", "x=8", "--profile", "cpu-2core",
+                            "--top", "1"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "search" in r.output
+    bad = runner.invoke(app, ["plan", "--function", f"{src}:f", "--args", "x=float[64]",
+                              "--mesh", "x=8", "--profile", "cpu-2core"])  # fmt: skip
+    assert bad.exit_code == 2 and "f32[256,1024]" in bad.output
+    none = runner.invoke(app, ["plan", "--mesh", "x=8"])
+    assert none.exit_code == 2 and "--model mlp" in none.output
