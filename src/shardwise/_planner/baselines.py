@@ -22,7 +22,6 @@ mesh axis (for ``data×tensor``, the first axis); the model axes are the others.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 
 from shardwise._model.mesh import MeshSpec
