@@ -226,8 +226,7 @@ def _milp(
         row += 1
     a = scipy.sparse.csr_array((vals, (rows, cols)), shape=(row, col))
     objective = np.concatenate(cost)
-    # seconds are tiny numbers; HiGHS's absolute gap (1e-6) would call any plan optimal, so
-    # the objective is scaled to at most 1e6 and the relative gap asked for is 1e-9
+    # scaled: HiGHS's absolute gap (1e-6) would call any plan of seconds optimal
     objective = objective * (1e6 / max(float(np.abs(objective).max()), 1e-30))
     integrality = np.zeros(col)
     integrality[:nx] = 1
