@@ -77,6 +77,15 @@ def format_bytes(n: float) -> str:
     return f"{n} B"
 
 
+def format_seconds(s: float) -> str:
+    """``0.0123`` → ``'12.3 ms'``; under 0.1 ms in µs.
+
+    >>> format_seconds(0.0123), format_seconds(4e-5)
+    ('12.3 ms', '40 µs')
+    """
+    return f"{s * 1e3:.3g} ms" if s >= 1e-4 else f"{s * 1e6:.3g} µs"
+
+
 def format_shape(shape: Sequence[int]) -> str:
     """``(4000, 10000)`` style, the same for tuples and JSON lists.
 

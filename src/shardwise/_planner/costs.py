@@ -186,12 +186,6 @@ def dot_cost(
     )
 
 
-def class_cost(graph: Graph, root: int, spec: Spec, mesh: MeshSpec, profile: Profile) -> float:
-    """The elementwise ops of a class: each reads and writes its block once."""
-    count = graph.elementwise.get(root, 0)
-    return 2.0 * count * shard_bytes(graph.values[root], spec, mesh) / profile.memory_Bps
-
-
 def build_problem(
     graph: Graph, mesh: MeshSpec, profile: Profile, pinned: dict[int, Spec] | None = None
 ) -> Problem:
@@ -212,7 +206,7 @@ def build_problem(
         var_of[root] = len(problem.labels)
         problem.labels.append(("class", root))
         problem.choices.append(specs)
-        unit = 2.0 * counts.get(root, 0) / profile.memory_Bps
+        unit = 2.0 * counts.get(root, 0) / profile.memory_Bps  # each op reads and writes once
         problem.unary.append(
             np.array([unit * shard_bytes(graph.values[root], s, mesh) for s in specs])
         )

@@ -122,12 +122,13 @@ def predicted(
 ) -> tuple[Layouts, Predicted]:
     """The layouts of a solution and their predicted cost."""
     lay = read(graph, problem, choice)
+    var_of = {label: k for k, label in enumerate(problem.labels)}
     found: list[tuple[Any, Any]] = []
     flops = 0.0
     for k, step in enumerate(graph.steps):
         if step.kind == "dot":
             assert step.op is not None
-            label = problem.labels.index(("dot", k))
+            label = var_of[("dot", k)]
             strategy = problem.choices[label][choice[label]]
             assert isinstance(strategy, Strategy)
             own = dot_cost(graph, step, strategy, mesh, profile)

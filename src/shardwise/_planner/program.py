@@ -145,13 +145,13 @@ class ProgramPlan:
         return item
 
 
-def _profile(profile: Profile | str | None, mesh: Any) -> Profile:
+def _profile(profile: Profile | str | None, mesh: MeshSpec) -> Profile:
+    """As ``plan_einsum`` picks one: these devices' profile for a mesh of that size."""
     if isinstance(profile, Profile):
         return profile
     if profile is not None:
         return load_profile(profile)
-    devices = jax.devices()
-    return default_profile(devices[0].platform, len(devices))
+    return default_profile(jax.devices()[0].platform, mesh.size)
 
 
 def _fixed(graph: Graph, fixed: Mapping[str, SpecLike] | None, mesh: MeshSpec) -> dict[int, Spec]:
@@ -212,8 +212,8 @@ def plan(
     >>> p.chosen.name, p.optimal, len(p.plans) > 1
     ('search', True, True)
     """
-    spec = MeshSpec.parse(mesh if not hasattr(mesh, "shape") else dict(mesh.shape))
-    prof = _profile(profile, mesh)
+    spec = MeshSpec.parse(mesh)
+    prof = _profile(profile, spec)
     if top < 1:
         raise ArgumentError(f"top is {top}; give 1 or more plans to keep.")
     name = getattr(fn, "__name__", "program")
@@ -223,11 +223,11 @@ def plan(
     start = time.perf_counter()
     plans, skipped = [], []
     full = build_problem(graph, eff, prof)
-    searched, best = _search(graph, _pinned(graph, full, fixed_specs), eff, budget, top, time_limit)
-    for k, (sol, problem) in enumerate(searched):
-        plans.append(
-            _planned("search" if k == 0 else f"search {k + 1}", graph, problem, sol, eff, prof)
-        )
+    searchable = _pinned(graph, full, fixed_specs)
+    searched = _search(graph, searchable, eff, budget, top, time_limit)
+    for k, sol in enumerate(searched):
+        name_k = "search" if k == 0 else f"search {k + 1}"
+        plans.append(_planned(name_k, graph, searchable, sol, eff, prof))
     for base in NAMES:
         pins = baseline(base, graph, eff, fixed_specs)
         if isinstance(pins, str):
@@ -248,10 +248,10 @@ def plan(
         train=train,
         graph=graph,
         ops=graph.ops,
-        considered=best.considered,
+        considered=searchable.considered,
         solve_seconds=time.perf_counter() - start,
-        optimal=all(s.optimal for s, _ in searched[:1]),
-        method=searched[0][0].method,
+        optimal=searched[0].optimal,
+        method=searched[0].method,
         plans=tuple(plans),
         skipped=tuple(skipped),
     )
@@ -262,7 +262,7 @@ def _pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem
     keep: dict[int, list[int]] = {}
     for k, spec in pins.items():
         root = graph.find(graph.inputs[k])
-        var = problem.labels.index(("class", root))
+        var = _input_vars(graph, problem)[k]
         if var in keep:
             continue
         choices = problem.choices[var]
@@ -282,7 +282,7 @@ def _search(
     budget: int | None,
     top: int,
     time_limit: float,
-) -> tuple[list[tuple[Solution, Problem]], Problem]:
+) -> list[Solution]:
     constraints = memory_constraints(graph, problem, budget, mesh) if budget else []
     first = solve(problem, constraints, time_limit=time_limit)
     if first is None:
@@ -290,29 +290,33 @@ def _search(
             f"no plan fits in {budget:,} bytes per device on mesh {mesh.describe()}; give a "
             "larger budget or a larger mesh."
         )
-    found = [(first, problem)]
+    found = [first]
+    inputs = sorted(set(_input_vars(graph, problem)))
     if constraints:  # a budget makes every solve an integer program: exclude and solve again
-        inputs = sorted({problem.labels.index(("class", graph.find(v))) for v in graph.inputs})
         exclude = [{v: first.choice[v] for v in inputs}]
         while len(found) < top:
             more = solve(problem, constraints, exclude, time_limit)
             if more is None:
                 break
-            found.append((more, problem))
+            found.append(more)
             exclude.append({v: more.choice[v] for v in inputs})
-        return found, problem
-    found += _runners_up(graph, problem, first, top - 1, time_limit)
-    return found, problem
+        return found
+    return found + _runners_up(problem, inputs, first, top - 1, time_limit)
+
+
+def _input_vars(graph: Graph, problem: Problem) -> list[int]:
+    """The variable of each input's class, in input order."""
+    var_of = {label: k for k, label in enumerate(problem.labels)}
+    return [var_of[("class", graph.find(v))] for v in graph.inputs]
 
 
 def _runners_up(
-    graph: Graph, problem: Problem, best: Solution, count: int, time_limit: float
-) -> list[tuple[Solution, Problem]]:
+    problem: Problem, inputs: list[int], best: Solution, count: int, time_limit: float
+) -> list[Solution]:
     """The best plan with each input laid out each other way it can be, cheapest first: the
     first of them is the second-best plan overall (it must lay out some input differently)."""
     if count < 1:
         return []
-    inputs = sorted({problem.labels.index(("class", graph.find(v))) for v in graph.inputs})
     seen = {tuple(best.choice[v] for v in inputs)}
     out = []
     for v in inputs:
@@ -327,8 +331,8 @@ def _runners_up(
             key = tuple(choice[u] for u in inputs)
             if key not in seen:
                 seen.add(key)
-                out.append((dataclasses.replace(sol, choice=tuple(choice)), problem))
-    out.sort(key=lambda item: item[0].seconds)
+                out.append(dataclasses.replace(sol, choice=tuple(choice)))
+    out.sort(key=lambda sol: sol.seconds)
     return out[:count]
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shardwise._errors import ArgumentError
-from shardwise._model.units import format_bytes, parse_bytes
+from shardwise._model.units import format_bytes, format_seconds, parse_bytes
 from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
 from shardwise.cli.explain import parse_shapes
 
@@ -71,10 +71,6 @@ def _program(given: dict[str, Any]) -> None:
         print_json(out)
         return
     show(report, console)
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.3g} ms" if s >= 1e-4 else f"{s * 1e6:.3g} µs"
 
 
 @friendly_errors
@@ -202,7 +198,7 @@ def plan(
             s.layout.describe(),
             " ".join(x.describe() for x in s.in_specs(op)),
             s.out_spec.describe(),
-            _ms(p.seconds),
+            format_seconds(p.seconds),
             p.bound,
             format_bytes(p.memory_bytes),
             "\n".join(f"{c.kind} {','.join(c.mesh_axes)} ({c.bytes:,} B)" for c in p.collectives)
@@ -211,7 +207,10 @@ def plan(
         if verify:
             v = cand.verified
             row += (
-                [_ms(v.seconds), "[green]yes[/]" if v.collectives_match else "[red]NO[/]"]
+                [
+                    format_seconds(v.seconds),
+                    "[green]yes[/]" if v.collectives_match else "[red]NO[/]",
+                ]
                 if v
                 else ["", ""]
             )

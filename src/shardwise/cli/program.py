@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from shardwise._errors import ArgumentError
-from shardwise._model.units import format_bytes
+from shardwise._model.units import format_bytes, format_seconds
 
 _ARRAY = re.compile(r"^\s*([a-z]+)(\d+)\[([\d,\s]*)\]\s*$")
 _KINDS = {"f": "float", "bf": "bfloat", "i": "int", "u": "uint"}
@@ -104,10 +104,6 @@ def load_function(ref: str) -> Any:
     return fn
 
 
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.3g} ms" if s >= 1e-4 else f"{s * 1e6:.3g} µs"
-
-
 def show(report: Any, console: Console) -> None:
     """The plans as a table, cheapest first, with what was chosen and why."""
     verified = any(p.verified for p in report.plans)
@@ -133,14 +129,14 @@ def show(report: Any, console: Console) -> None:
             escape(
                 "\n".join(f"{n}: {s.describe()}" for n, s in zip(names, p.in_specs, strict=True))
             ),
-            _ms(p.predicted.seconds),
+            format_seconds(p.predicted.seconds),
             format_bytes(p.predicted.memory_bytes),
             "\n".join(f"{n}× {k} {','.join(a)}" for (k, a), n in kinds.items()) or "none",
         ]
         if verified and p.verified is not None:
             v = p.verified
             row += [
-                _ms(v.seconds),
+                format_seconds(v.seconds),
                 format_bytes(v.memory_bytes) if v.memory_bytes is not None else "n/a",
                 "[green]yes[/]" if v.collectives_match else "[red]no[/]",
             ]
