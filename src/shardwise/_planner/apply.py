@@ -13,8 +13,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 
+from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._planner.graph import Graph, Key
 from shardwise._planner.ops import INLINED, is_var
@@ -24,10 +26,16 @@ def constrained(
     graph: Graph,
     mesh: Mesh,
     specs: Mapping[int, Spec],
-    dots: Mapping[tuple[int, ...], tuple[tuple[Spec, ...], Spec]],
+    steps: Mapping[tuple[int, ...], tuple[tuple[Spec, ...], Spec]],
 ) -> Callable[..., Any]:
     """``fn`` as a function of the original arguments that follows ``specs`` (array → layout)
-    and ``dots`` (a dot's place in the jaxpr → its operands' and result's layouts)."""
+    and ``steps`` (a step's place in the jaxpr → the layouts it reads its operands in and
+    makes its result in). Every change of layout goes one :func:`reshard_moves` step at a
+    time, so XLA emits exactly the collectives the cost model predicts."""
+
+    def spec_of(key: Key) -> Spec | None:
+        v = graph.keys.get(key) if is_var(key[1]) else None
+        return specs.get(v) if v is not None else None
 
     def put(key: Key, x: Any) -> Any:
         v = graph.keys.get(key)
@@ -41,7 +49,12 @@ def constrained(
         for k, eqn in enumerate(jaxpr.eqns):
             here = (*path, k)
             ins = [v.val if not is_var(v) else env[(path, v)] for v in eqn.invars]
-            outs = _equation(eqn, here, ins, env, run, put, mesh, dots)
+            if here in steps:
+                src = [spec_of((path, v)) for v in eqn.invars]
+                dst = [spec_of((path, v)) for v in eqn.outvars]
+                outs = _step(eqn, ins, src, dst, steps[here], mesh)
+            else:
+                outs = _equation(eqn, here, ins, env, run, put)
             for var, x in zip(eqn.outvars, outs, strict=True):
                 if is_var(var):
                     env[(path, var)] = put((path, var), x)
@@ -63,6 +76,40 @@ def _constrain(x: Any, mesh: Mesh, spec: Spec) -> Any:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec.to_partition_spec()))
 
 
+def _move(x: Any, mesh: Mesh, src: Spec, dst: Spec) -> Any:
+    """``x`` moved from ``src`` to ``dst`` one step of :func:`reshard_moves` at a time."""
+    if src == dst:
+        return _constrain(x, mesh, dst)
+    for move in reshard_moves(src, dst, x.ndim):
+        x = _constrain(x, mesh, move.spec)
+    return x
+
+
+def _step(
+    eqn: Any,
+    ins: list[Any],
+    src: list[Spec | None],
+    dst: list[Spec | None],
+    layouts: tuple[tuple[Spec, ...], Spec],
+    mesh: Mesh,
+) -> list[Any]:
+    """A dot, map or opaque op: operands moved to the layouts it reads them in, its result
+    made in its layout and moved on to the result's own."""
+    wanted = iter(layouts[0])
+    moved = [
+        _move(x, mesh, s, next(wanted)) if s is not None and jnp.ndim(x) else x
+        for x, s in zip(ins, src, strict=True)
+    ]
+    out = eqn.primitive.bind(*moved, **eqn.params)
+    results = list(out) if eqn.primitive.multiple_results else [out]
+    return [
+        _move(_constrain(r, mesh, layouts[1]), mesh, layouts[1], d)
+        if d is not None and jnp.ndim(r)
+        else r
+        for r, d in zip(results, dst, strict=True)
+    ]
+
+
 def _equation(
     eqn: Any,
     here: tuple[int, ...],
@@ -70,8 +117,6 @@ def _equation(
     env: dict[Key, Any],
     run: Callable[..., list[Any]],
     put: Callable[[Key, Any], Any],
-    mesh: Mesh,
-    dots: Mapping[tuple[int, ...], tuple[tuple[Spec, ...], Spec]],
 ) -> list[Any]:
     prim = eqn.primitive.name
     if prim in INLINED and INLINED[prim] in eqn.params:
@@ -82,11 +127,6 @@ def _equation(
         return run(jaxpr, consts, here, env)
     if prim == "scan":
         return _scan(eqn, here, ins, env, run, put)
-    if here in dots:
-        in_specs, out_spec = dots[here]
-        ins = [_constrain(x, mesh, s) for x, s in zip(ins, in_specs, strict=True)]
-        out = eqn.primitive.bind(*ins, **eqn.params)
-        return [_constrain(out, mesh, out_spec)]
     out = eqn.primitive.bind(*ins, **eqn.params)
     return list(out) if eqn.primitive.multiple_results else [out]
 

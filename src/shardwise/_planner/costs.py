@@ -145,12 +145,10 @@ def _reshard(
     return sum(c.seconds for c in found), found
 
 
-def map_cost(
-    graph: Graph, step: Step, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile
-) -> Cost:
-    """A map from its operand's layout ``src`` to its result's ``dst``: whole the dimensions it
-    needs whole, all-reduce the partial sums of a reduction over split dimensions, carry the
-    rest over, and reshard the result to ``dst``."""
+def map_specs(graph: Graph, step: Step, src: Spec, mesh: MeshSpec) -> tuple[Spec, Spec, Entry]:
+    """A map from its operand's layout ``src``: the layout it reads (``src`` without the axes of
+    the dimensions it needs whole), the layout of its result, and the mesh axes its partial
+    sums are all-reduced over (those of split reduced dimensions)."""
     value, out = graph.values[step.inputs[0]], graph.values[step.output]
     entries = [list(e) for e in src.padded(len(value.shape))]
     carried: list[Entry] = []
@@ -161,9 +159,19 @@ def map_cost(
         carried.append(entry)
     kept = {a for e in carried for a in e} | {a for d in step.reduced for a in entries[d]}
     whole = Spec(tuple(tuple(a for a in e if a in kept) for e in entries)).canonical()
-    parts = list(reshard(value, src, whole, mesh, profile, step, step.repeat).collectives)
-    mapped = Spec(tuple(carried)).canonical()
     partial = tuple(a for a in mesh.names if any(a in entries[d] for d in step.reduced))
+    return whole, Spec(tuple(carried)).canonical(), partial
+
+
+def map_cost(
+    graph: Graph, step: Step, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile
+) -> Cost:
+    """A map from its operand's layout ``src`` to its result's ``dst``: whole the dimensions it
+    needs whole, all-reduce the partial sums of a reduction over split dimensions, carry the
+    rest over, and reshard the result to ``dst``."""
+    value, out = graph.values[step.inputs[0]], graph.values[step.output]
+    whole, mapped, partial = map_specs(graph, step, src, mesh)
+    parts = list(reshard(value, src, whole, mesh, profile, step, step.repeat).collectives)
     if partial:
         n = shard_bytes(out, mapped, mesh)
         seconds = ring_seconds("all-reduce", partial, n, mesh, profile)

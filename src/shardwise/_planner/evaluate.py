@@ -19,7 +19,14 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
-from shardwise._planner.costs import Problem, dot_cost, map_cost, reshard, shard_bytes
+from shardwise._planner.costs import (
+    Problem,
+    dot_cost,
+    map_cost,
+    map_specs,
+    reshard,
+    shard_bytes,
+)
 from shardwise._planner.graph import Graph
 from shardwise._planner.search import Constraint, total
 
@@ -90,27 +97,35 @@ class ProgramVerified:
 
 @dataclass(frozen=True, slots=True)
 class Layouts:
-    """A solution read back: each array's spec and each dot's strategy, by the dot's place."""
+    """A solution read back: each array's spec, and by each step's place in the jaxpr the
+    layouts its operands are read in and its result is made in (a dot's strategy; a map's
+    operand with the dimensions it needs whole, and its result; whole for an opaque op)."""
 
     specs: dict[int, Spec]
-    dots: dict[tuple[int, ...], tuple[tuple[Spec, ...], Spec]]
+    steps: dict[tuple[int, ...], tuple[tuple[Spec, ...], Spec]]
 
 
-def read(graph: Graph, problem: Problem, choice: Sequence[int]) -> Layouts:
+def read(graph: Graph, problem: Problem, choice: Sequence[int], mesh: MeshSpec) -> Layouts:
     by_class = {
         label[1]: problem.choices[k][c]
         for k, (label, c) in enumerate(zip(problem.labels, choice, strict=True))
         if label[0] == "class"
     }
     specs: dict[int, Spec] = {v: by_class[root] for v, root in enumerate(graph.classes)}
-    dots = {}
+    steps: dict[tuple[int, ...], tuple[tuple[Spec, ...], Spec]] = {}
     for k, (label, c) in enumerate(zip(problem.labels, choice, strict=True)):
         if label[0] == "dot":
             step = graph.steps[label[1]]
             strategy = problem.choices[k][c]
             assert isinstance(strategy, Strategy) and step.op is not None
-            dots[step.key] = (strategy.in_specs(step.op), strategy.out_spec)
-    return Layouts(specs, dots)
+            steps[step.key] = (strategy.in_specs(step.op), strategy.out_spec)
+    for step in graph.steps:
+        if step.kind == "map" and not step.prim.startswith("scan"):
+            whole, mapped, _ = map_specs(graph, step, specs[step.inputs[0]], mesh)
+            steps[step.key] = ((whole,), mapped)
+        elif step.kind == "opaque":
+            steps[step.key] = ((Spec(),) * len(step.inputs), Spec())
+    return Layouts(specs, steps)
 
 
 def predicted(
@@ -121,7 +136,7 @@ def predicted(
     profile: Profile,
 ) -> tuple[Layouts, Predicted]:
     """The layouts of a solution and their predicted cost."""
-    lay = read(graph, problem, choice)
+    lay = read(graph, problem, choice, mesh)
     var_of = {label: k for k, label in enumerate(problem.labels)}
     found: list[tuple[Any, Any]] = []
     flops = 0.0

@@ -33,7 +33,7 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.mesh import mesh as make_mesh
 from shardwise._model.plan import Plan
 from shardwise._model.profile import Profile, default_profile
-from shardwise._model.reshard import agreed_layout
+from shardwise._model.reshard import agreed_layout, reshard_moves
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import reduce_axes
 from shardwise._runtime.distributed import put
@@ -238,17 +238,26 @@ def _mover(
     plan: Plan, mesh: Mesh, layout: Layout
 ) -> Callable[[tuple[jax.Array, ...]], tuple[jax.Array, ...]]:
     """Inside a jitted program: the operands, each moved to its spec under ``layout`` where it
-    is not laid out so already."""
-    moves = tuple(
-        None if spec.canonical() == layout.spec_for(term) else named(mesh, layout.spec_for(term))
+    is not laid out so already, one step of :func:`reshard_moves` at a time (so that XLA emits
+    the collectives the cost model predicts)."""
+    paths = tuple(
+        tuple(
+            named(mesh, m.spec)
+            for m in reshard_moves(spec.canonical(), layout.spec_for(term), len(term))
+        )
+        if spec.canonical() != layout.spec_for(term)
+        else ()
         for term, spec in zip(plan.op.inputs, plan.in_specs, strict=True)
     )
     explicit = is_explicit(mesh)
 
     def move(xs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        return tuple(
-            x if m is None else _reshard(x, m, explicit) for x, m in zip(xs, moves, strict=True)
-        )
+        out = []
+        for x, path in zip(xs, paths, strict=True):
+            for sharding in path:
+                x = _reshard(x, sharding, explicit)
+            out.append(x)
+        return tuple(out)
 
     return move
 
