@@ -292,7 +292,9 @@ def _search(
         )
     found = [first]
     inputs = sorted(set(_input_vars(graph, problem)))
-    if constraints:  # a budget makes every solve an integer program: exclude and solve again
+    if constraints or first.method != "dynamic programming":
+        # an integer program (a budget, or cycles left after elimination) takes seconds to
+        # solve: find each next plan by excluding the ones found, one solve each
         exclude = [{v: first.choice[v] for v in inputs}]
         while len(found) < top:
             more = solve(problem, constraints, exclude, time_limit)

@@ -10,7 +10,20 @@ from typing import Any
 
 
 def block(x: Any) -> Any:
-    """Wait for a result of any library to be ready."""
+    """Wait for a result of any library to be ready, arrays nested in tuples, lists and dicts
+    too (a training step returns its loss and its parameters).
+
+    >>> block((1, [2], {"a": 3}))
+    (1, [2], {'a': 3})
+    """
+    if isinstance(x, tuple | list):
+        for item in x:
+            block(item)
+        return x
+    if isinstance(x, dict):
+        for item in x.values():
+            block(item)
+        return x
     ready = getattr(x, "block_until_ready", None)
     if callable(ready):
         return ready()
