@@ -54,7 +54,7 @@ def constrained(
                 dst = [spec_of((path, v)) for v in eqn.outvars]
                 outs = _step(eqn, ins, src, dst, steps[here], mesh)
             else:
-                outs = _equation(eqn, here, ins, env, run, put)
+                outs = _equation(eqn, here, ins, env, run, put, spec_of, mesh)
             for var, x in zip(eqn.outvars, outs, strict=True):
                 if is_var(var):
                     env[(path, var)] = put((path, var), x)
@@ -117,6 +117,8 @@ def _equation(
     env: dict[Key, Any],
     run: Callable[..., list[Any]],
     put: Callable[[Key, Any], Any],
+    spec_of: Callable[[Key], Spec | None],
+    mesh: Mesh,
 ) -> list[Any]:
     prim = eqn.primitive.name
     if prim in INLINED and INLINED[prim] in eqn.params:
@@ -126,7 +128,7 @@ def _equation(
             env[(here, var)] = put((here, var), x)
         return run(jaxpr, consts, here, env)
     if prim == "scan":
-        return _scan(eqn, here, ins, env, run, put)
+        return _scan(eqn, here, ins, env, run, put, spec_of, mesh)
     out = eqn.primitive.bind(*ins, **eqn.params)
     return list(out) if eqn.primitive.multiple_results else [out]
 
@@ -138,17 +140,32 @@ def _scan(
     env: dict[Key, Any],
     run: Callable[..., list[Any]],
     put: Callable[[Key, Any], Any],
+    spec_of: Callable[[Key], Spec | None],
+    mesh: Mesh,
 ) -> list[Any]:
+    """A scan whose slices of ``xs`` move to their layouts one step at a time."""
     p = eqn.params
     body = p["jaxpr"]
     n_consts, n_carry = p["num_consts"], p["num_carry"]
     consts, init, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
     invars = body.jaxpr.invars
+    n_in = n_consts + n_carry
+    # a slice of a stack whose first dimension is whole is laid out as the stack's other ones
+    sliced = [
+        None if (s := spec_of((here[:-1], v))) is None or s.padded(1)[0] else Spec(s.entries[1:])
+        for v in eqn.invars[n_in:]
+    ]
 
     def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
         local = dict(env)
-        for var, value in zip(invars, [*consts, *carry, *x], strict=True):
+        for var, value in zip(invars[:n_in], [*consts, *carry], strict=True):
             local[(here, var)] = put((here, var), value)
+        for var, value, src in zip(invars[n_in:], x, sliced, strict=True):
+            dst = spec_of((here, var))
+            moved = (
+                value if src is None or dst is None else _move(value, mesh, src.canonical(), dst)
+            )
+            local[(here, var)] = put((here, var), moved)
         outs = run(body.jaxpr, body.consts, here, local)
         return outs[:n_carry], outs[n_carry:]
 

@@ -30,7 +30,8 @@ from shardwise._model.profile import Profile
 from shardwise._model.reshard import reshard_collectives
 from shardwise._model.spec import Entry, Spec
 from shardwise._model.strategy import Strategy, strategies
-from shardwise._planner.graph import Graph, Step, Value
+from shardwise._planner.graph import Graph
+from shardwise._planner.nodes import Step, Value
 
 MAX_CHOICES = 4096
 """The most layouts one array or dot may choose from; past it the planner keeps this many,

@@ -120,7 +120,7 @@ def read(graph: Graph, problem: Problem, choice: Sequence[int], mesh: MeshSpec) 
             assert isinstance(strategy, Strategy) and step.op is not None
             steps[step.key] = (strategy.in_specs(step.op), strategy.out_spec)
     for step in graph.steps:
-        if step.kind == "map" and not step.prim.startswith("scan"):
+        if step.kind == "map" and not step.prim.startswith("scan") and not step.implicit:
             whole, mapped, _ = map_specs(graph, step, specs[step.inputs[0]], mesh)
             steps[step.key] = ((whole,), mapped)
         elif step.kind == "opaque":

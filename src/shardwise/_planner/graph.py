@@ -19,17 +19,16 @@ with ``lax.scan`` plans as fast as one layer.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 import jax
 import numpy as np
 from jax._src import source_info_util
 
 from shardwise._errors import ArgumentError, ArgumentTypeError
-from shardwise._model.op import Op
+from shardwise._planner.nodes import Step, Value
 from shardwise._planner.ops import (
     ELEMENTWISE,
     INLINED,
@@ -40,55 +39,9 @@ from shardwise._planner.ops import (
     layout_map,
 )
 
-Kind: TypeAlias = Literal["dot", "map", "opaque"]
 Key: TypeAlias = tuple[tuple[int, ...], Any]
 """Where a jaxpr variable lives: the path of equation numbers through inlined calls, and the
 variable itself (one inner jaxpr may be inlined at several places)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Value:
-    """One array of the program: shape, dtype, a name from the user's code, where it is made."""
-
-    shape: tuple[int, ...]
-    dtype: str
-    name: str
-    source: str = ""
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One op between arrays that needs a decision (a dot) or maps layouts (everything else).
-
-    Attributes:
-        kind: ``dot``, ``map`` or ``opaque``.
-        prim: the JAX primitive.
-        inputs: the arrays it reads (scalars left out).
-        output: the array it makes.
-        op: a dot's einsum.
-        dim_map: a map's source dimension of each result dimension (``None``: new).
-        local: a map's operand dimensions that must be whole on each device.
-        reduced: a map's operand dimensions summed away (split ones leave partial sums).
-        source: ``file:line`` of the user's code.
-        repeat: how many times it runs (a scan's length).
-        key: where it is in the jaxpr, for applying a plan.
-    """
-
-    kind: Kind
-    prim: str
-    inputs: tuple[int, ...]
-    output: int
-    source: str
-    repeat: int
-    key: tuple[int, ...]
-    op: Op | None = None
-    dim_map: tuple[int | None, ...] = ()
-    local: tuple[int, ...] = ()
-    reduced: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -284,8 +237,26 @@ def _equation(
         for a in inputs:
             if graph.values[a].shape == shape:
                 graph.join(a, outs[0])
-        for a in inputs:
-            _use(graph, a, False)
+                _use(graph, a, False)
+            else:  # (4, 8, 1) - (4, 8, 16): the operand is broadcast to the result's layout
+                held = graph.values[a].shape
+                dim_map = tuple(d if held[d] == n else None for d, n in enumerate(shape))
+                local = tuple(d for d, n in enumerate(shape) if held[d] != n)
+                graph.steps.append(
+                    Step(
+                        "map",
+                        f"{prim} (broadcast)",
+                        (a,),
+                        outs[0],
+                        source,
+                        repeat,
+                        here,
+                        dim_map=dim_map,
+                        local=local,
+                        implicit=True,
+                    )
+                )
+                _use(graph, a, True)
         return
     for out in outs:
         step = _step(graph, eqn, inputs, out, source, repeat, here)

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding
 from shardwise._planner.apply import constrained
 from shardwise._planner.einsum import spearman
 from shardwise._planner.evaluate import ProgramVerified
-from shardwise._runtime.timing import median_seconds
+from shardwise._runtime.timing import alternate
 from shardwise._xla.hlo import collectives
 from shardwise._xla.lower import jax_mesh
 
@@ -57,20 +57,21 @@ def _arrays(plan: ProgramPlan) -> list[np.ndarray]:
 def verify(
     plan: ProgramPlan, repeat: int = 5, mesh: Any = None, on_step: Any = None
 ) -> ProgramPlan:
-    """Compile, compare and time every plan of ``plan`` on ``mesh``."""
+    """Compile and compare every plan of ``plan`` on ``mesh``, then time them all taking turns
+    (median of ``repeat`` runs each), so that the machine's drift falls on all alike."""
     m = _mesh(plan, mesh)
     leaves = _arrays(plan)
-    done = []
+    checked = []
+    runners = {}
     for k, item in enumerate(plan.plans):
         if on_step is not None:
             on_step(k, len(plan.plans))
-        fn = sharded(plan, item, m)
         placed = [
             jax.device_put(x, NamedSharding(m, s.to_partition_spec()))
             for x, s in zip(leaves, item.in_specs, strict=True)
         ]
         args = jax.tree.unflatten(plan.graph.tree, placed)
-        compiled = fn.lower(*args).compile()  # type: ignore[attr-defined]
+        compiled = sharded(plan, item, m).lower(*args).compile()  # type: ignore[attr-defined]
         found = collectives(compiled.as_text() or "", plan.mesh.shape)
         got = tuple((c.kind, c.mesh_axes, c.bytes) for c in found)
         want = [(c.kind, c.mesh_axes, c.bytes) for c in item.predicted.collectives]
@@ -79,11 +80,13 @@ def verify(
         if memory is not None:
             held = int(memory.argument_size_in_bytes + memory.output_size_in_bytes
                        + memory.temp_size_in_bytes - memory.alias_size_in_bytes)  # fmt: skip
-        seconds = median_seconds(functools.partial(compiled, *args), repeat)
-        verified: ProgramVerified = ProgramVerified(
-            by_kind(got) == by_kind(want), seconds, held, got
-        )
-        done.append(dataclasses.replace(item, verified=verified))
+        checked.append((item, by_kind(got) == by_kind(want), held, got))
+        runners[item.name] = functools.partial(compiled, *args)
+    seconds = alternate(runners, repeat)
+    done = [
+        dataclasses.replace(item, verified=ProgramVerified(match, seconds[item.name], held, got))
+        for item, match, held, got in checked
+    ]
     rho = spearman(
         [p.predicted.seconds for p in done], [p.verified.seconds for p in done if p.verified]
     )

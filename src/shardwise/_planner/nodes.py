@@ -1,0 +1,62 @@
+"""The records a program graph is made of: its arrays (:class:`Value`) and the ops between
+them that decide or change a layout (:class:`Step`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+import numpy as np
+
+from shardwise._model.op import Op
+
+Kind: TypeAlias = Literal["dot", "map", "opaque"]
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """One array of the program: shape, dtype, a name from the user's code, where it is made."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    name: str
+    source: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One op between arrays that needs a decision (a dot) or maps layouts (everything else).
+
+    Attributes:
+        kind: ``dot``, ``map`` or ``opaque``.
+        prim: the JAX primitive.
+        inputs: the arrays it reads (scalars left out).
+        output: the array it makes.
+        op: a dot's einsum.
+        dim_map: a map's source dimension of each result dimension (``None``: new).
+        local: a map's operand dimensions that must be whole on each device.
+        reduced: a map's operand dimensions summed away (split ones leave partial sums).
+        implicit: a map that XLA carries out inside the op itself (an elementwise op's
+            operand broadcast along its dimensions of size 1): costed, not applied.
+        source: ``file:line`` of the user's code.
+        repeat: how many times it runs (a scan's length).
+        key: where it is in the jaxpr, for applying a plan.
+    """
+
+    kind: Kind
+    prim: str
+    inputs: tuple[int, ...]
+    output: int
+    source: str
+    repeat: int
+    key: tuple[int, ...]
+    op: Op | None = None
+    dim_map: tuple[int | None, ...] = ()
+    local: tuple[int, ...] = ()
+    reduced: tuple[int, ...] = ()
+    implicit: bool = False
