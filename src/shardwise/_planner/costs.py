@@ -170,6 +170,15 @@ def map_cost(
     """A map from its operand's layout ``src`` to its result's ``dst``: whole the dimensions it
     needs whole, all-reduce the partial sums of a reduction over split dimensions, carry the
     rest over, and reshard the result to ``dst``."""
+    head, mapped = _map_head(graph, step, src, mesh, profile)
+    after = reshard(graph.values[step.output], mapped, dst, mesh, profile, step, step.repeat)
+    return Cost(head.seconds + after.seconds, (*head.collectives, *after.collectives))
+
+
+def _map_head(
+    graph: Graph, step: Step, src: Spec, mesh: MeshSpec, profile: Profile
+) -> tuple[Cost, Spec]:
+    """A map's cost up to its result in the layout it makes it in, and that layout."""
     value, out = graph.values[step.inputs[0]], graph.values[step.output]
     whole, mapped, partial = map_specs(graph, step, src, mesh)
     parts = list(reshard(value, src, whole, mesh, profile, step, step.repeat).collectives)
@@ -177,10 +186,27 @@ def map_cost(
         n = shard_bytes(out, mapped, mesh)
         seconds = ring_seconds("all-reduce", partial, n, mesh, profile)
         parts.append((PredictedCollective("all-reduce", partial, n, seconds), step))
-    after = reshard(out, mapped, dst, mesh, profile, step, step.repeat).collectives
     moved = shard_bytes(value, whole, mesh) + shard_bytes(out, mapped, mesh)
-    comm = sum(c.seconds for c, _ in parts) * step.repeat + sum(c.seconds for c, _ in after)
-    return Cost(comm + step.repeat * moved / profile.memory_Bps, (*parts, *after))
+    comm = sum(c.seconds for c, _ in parts) * step.repeat
+    return Cost(comm + step.repeat * moved / profile.memory_Bps, tuple(parts)), mapped
+
+
+def _map_matrix(
+    graph: Graph, step: Step, sa: list[Spec], sb: list[Spec], mesh: MeshSpec, profile: Profile
+) -> np.ndarray:
+    """:func:`map_cost` for every pair of layouts, the part before the result's resharding
+    computed once per operand layout."""
+    out = graph.values[step.output]
+    rows = []
+    for s in sa:
+        head, mapped = _map_head(graph, step, s, mesh, profile)
+        rows.append(
+            [
+                head.seconds + reshard(out, mapped, t, mesh, profile, step, step.repeat).seconds
+                for t in sb
+            ]
+        )
+    return np.array(rows)
 
 
 def dot_cost(
@@ -224,10 +250,7 @@ def build_problem(
             _add_dot(graph, problem, var_of, k, step, mesh, profile)
         elif step.kind == "map":
             a, b = var_of[graph.find(step.inputs[0])], var_of[graph.find(step.output)]
-            sa, sb = problem.choices[a], problem.choices[b]
-            matrix = np.array(
-                [[map_cost(graph, step, s, t, mesh, profile).seconds for t in sb] for s in sa]
-            )
+            matrix = _map_matrix(graph, step, problem.choices[a], problem.choices[b], mesh, profile)
             problem.add_edge(a, b, matrix)
         else:
             for a in step.inputs:
@@ -241,6 +264,22 @@ def build_problem(
                     ]
                 )
     return problem
+
+
+def _reshard_matrix(
+    value: Value, srcs: list[Spec], dsts: list[Spec], mesh: MeshSpec, profile: Profile, step: Step
+) -> np.ndarray:
+    """Seconds to reshard ``value`` from each of ``srcs`` to each of ``dsts`` (each distinct
+    pair costed once)."""
+    rows = {spec: k for k, spec in enumerate(dict.fromkeys(srcs))}
+    cols = {spec: k for k, spec in enumerate(dict.fromkeys(dsts))}
+    table = np.array(
+        [
+            [reshard(value, x, y, mesh, profile, step, step.repeat).seconds for y in cols]
+            for x in rows
+        ]
+    )
+    return table[np.ix_([rows[x] for x in srcs], [cols[y] for y in dsts])]
 
 
 def _spread(items: list[Spec], problem: Problem) -> list[Spec]:
@@ -269,28 +308,12 @@ def _add_dot(
     problem.unary.append(np.array([dot_cost(graph, step, s, mesh, profile).seconds for s in found]))
     for slot, a in enumerate(step.inputs):
         u = var_of[graph.find(a)]
-        value = graph.values[a]
-        matrix = np.array(
-            [
-                [
-                    reshard(
-                        value, s, t.in_specs(step.op)[slot], mesh, profile, step, step.repeat
-                    ).seconds
-                    for t in found
-                ]
-                for s in problem.choices[u]
-            ]
-        )
+        wanted = [t.in_specs(step.op)[slot] for t in found]
+        matrix = _reshard_matrix(graph.values[a], problem.choices[u], wanted, mesh, profile, step)
         problem.add_edge(u, d, matrix)
     out = var_of[graph.find(step.output)]
-    value = graph.values[step.output]
-    matrix = np.array(
-        [
-            [
-                reshard(value, t.out_spec, s, mesh, profile, step, step.repeat).seconds
-                for s in problem.choices[out]
-            ]
-            for t in found
-        ]
+    made = [t.out_spec for t in found]
+    matrix = _reshard_matrix(
+        graph.values[step.output], made, problem.choices[out], mesh, profile, step
     )
     problem.add_edge(d, out, matrix)

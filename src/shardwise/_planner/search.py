@@ -187,27 +187,32 @@ def _milp(
     nx = int(offset[-1])
     col = nx
     for (u, v), m in problem.edges.items():
-        if np.ptp(m) == 0:  # the same cost whatever is chosen
-            cost[0][offset[u] : offset[u] + sizes[u]] += float(m.flat[0]) if m.size else 0.0
+        # choices of u (of v) whose rows (columns) are equal cost the same: one group each
+        rows_m, row_of = np.unique(m, axis=0, return_inverse=True)
+        reduced, col_of = np.unique(rows_m, axis=1, return_inverse=True)
+        row_of, col_of = row_of.ravel(), col_of.ravel()
+        if reduced.shape[0] == 1:  # the cost depends on v's choice alone
+            cost[0][offset[v] : offset[v] + sizes[v]] += reduced[0, col_of]
             continue
-        nu, nv = m.shape
-        cost.append(m.ravel().astype(float))
-        block = np.arange(nu * nv).reshape(nu, nv) + col
-        for s in range(nu):  # Σ_t e[s, t] = x[u, s]
-            rows += [row] * (nv + 1)
-            cols += [*block[s].tolist(), int(offset[u] + s)]
-            vals += [1.0] * nv + [-1.0]
-            lower.append(0.0)
-            upper.append(0.0)
-            row += 1
-        for t in range(nv):  # Σ_s e[s, t] = x[v, t]
-            rows += [row] * (nu + 1)
-            cols += [*block[:, t].tolist(), int(offset[v] + t)]
-            vals += [1.0] * nu + [-1.0]
-            lower.append(0.0)
-            upper.append(0.0)
-            row += 1
-        col += nu * nv
+        if reduced.shape[1] == 1:
+            cost[0][offset[u] : offset[u] + sizes[u]] += reduced[row_of, 0]
+            continue
+        nr, nc = reduced.shape
+        cost.append(reduced.ravel().astype(float))
+        block = np.arange(nr * nc).reshape(nr, nc) + col
+        for groups, of, start, pairs in (
+            (nr, row_of, offset[u], block),
+            (nc, col_of, offset[v], block.T),
+        ):
+            for g in range(groups):  # Σ pairs of group g = Σ choices in group g
+                members = np.flatnonzero(of == g) + start
+                rows += [row] * (len(pairs[g]) + len(members))
+                cols += [*pairs[g].tolist(), *members.tolist()]
+                vals += [1.0] * len(pairs[g]) + [-1.0] * len(members)
+                lower.append(0.0)
+                upper.append(0.0)
+                row += 1
+        col += nr * nc
     for c in constraints:
         for v, k, b in c.terms:
             rows.append(row)
