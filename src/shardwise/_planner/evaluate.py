@@ -28,6 +28,7 @@ from shardwise._planner.costs import (
     shard_bytes,
 )
 from shardwise._planner.graph import Graph
+from shardwise._planner.nodes import Step
 from shardwise._planner.search import Constraint, total
 
 MEMORY_POINTS = 16
@@ -140,6 +141,17 @@ def predicted(
     var_of = {label: k for k, label in enumerate(problem.labels)}
     found: list[tuple[Any, Any]] = []
     flops = 0.0
+    moved: set[tuple[int, Spec, Spec, tuple[int, ...]]] = set()
+
+    def once(a: int, src: Spec, dst: Spec, step: Step) -> tuple[Any, ...]:
+        """An array's resharding; the same one again in the same scope is the same ops,
+        which XLA computes once."""
+        key = (a, src, dst, step.key[:-1])
+        if key in moved:
+            return ()
+        moved.add(key)
+        return reshard(graph.values[a], src, dst, mesh, profile, step, 1).collectives
+
     for k, step in enumerate(graph.steps):
         if step.kind == "dot":
             assert step.op is not None
@@ -150,8 +162,7 @@ def predicted(
             flops += own.flops
             found += own.collectives
             for a, s in zip(step.inputs, strategy.in_specs(step.op), strict=True):
-                value = graph.values[a]
-                found += reshard(value, lay.specs[a], s, mesh, profile, step, 1).collectives
+                found += once(a, lay.specs[a], s, step)
             out = graph.values[step.output]
             spec = lay.specs[step.output]
             found += reshard(out, strategy.out_spec, spec, mesh, profile, step, 1).collectives
@@ -160,9 +171,7 @@ def predicted(
             found += map_cost(graph, step, src, dst, mesh, profile).collectives
         else:
             for a in step.inputs:
-                found += reshard(
-                    graph.values[a], lay.specs[a], Spec(), mesh, profile, step, 1
-                ).collectives
+                found += once(a, lay.specs[a], Spec(), step)
     collectives = tuple(
         ProgramCollective(
             c.kind,
