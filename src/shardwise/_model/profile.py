@@ -148,6 +148,21 @@ BUILTIN: dict[str, Profile] = {
             "assumed",
         },
     ),
+    "tpu-v5p": Profile(
+        name="tpu-v5p",
+        platform="tpu",
+        flops_per_s={"bfloat16": 459 * TERA, "float32": 459 * TERA},
+        memory_Bps=2765 * GB,
+        memory_bytes=95 * 2**30,
+        link=Link(latency_s=5e-6, bandwidth_Bps=90 * GB),
+        sources={
+            "flops_per_s": "Cloud TPU v5p docs: peak compute per chip 459 TFLOPs (bf16); f32 "
+            "matmuls run as bf16 passes at JAX's default precision",
+            "memory": "Cloud TPU v5p docs: HBM2e 95 GiB, 2765 GBps",
+            "link": "Cloud TPU v5p docs: ICI 4800 Gbps per chip over 6 links ≈ 90 GB/s per link "
+            "one way (the scaling book's W_ici); latency 5 µs assumed",
+        },
+    ),
     "tpu-v5e": Profile(
         name="tpu-v5e",
         platform="tpu",
