@@ -16,7 +16,7 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -162,6 +162,53 @@ def _eliminate(problem: Problem, protected: set[int]) -> tuple[Problem, list[Fol
     return core, steps
 
 
+@dataclass(slots=True)
+class _Rows:
+    """The constraint rows of an integer program, built up one row at a time."""
+
+    rows: list[int] = field(default_factory=list)
+    cols: list[int] = field(default_factory=list)
+    vals: list[float] = field(default_factory=list)
+    lower: list[float] = field(default_factory=list)
+    upper: list[float] = field(default_factory=list)
+
+    def add(self, cols: Sequence[int], vals: Sequence[float], low: float, high: float) -> None:
+        """``low ≤ Σ vals · x[cols] ≤ high``."""
+        self.rows += [len(self.lower)] * len(cols)
+        self.cols += [int(c) for c in cols]
+        self.vals += list(vals)
+        self.lower.append(low)
+        self.upper.append(high)
+
+
+def _edge(
+    m: np.ndarray, u: int, v: int, offset: np.ndarray, cost: list[np.ndarray], rows: _Rows, col: int
+) -> int:
+    """Edge ``(u, v)`` with cost matrix ``m``: one continuous variable per pair of groups of
+    choices whose rows (columns) are equal, with the two ends' choices as its marginals; an
+    edge whose cost depends on one end only is that end's own cost. Returns the next column."""
+    rows_m, row_of = np.unique(m, axis=0, return_inverse=True)
+    reduced, col_of = np.unique(rows_m, axis=1, return_inverse=True)
+    row_of, col_of = row_of.ravel(), col_of.ravel()
+    if reduced.shape[0] == 1:
+        cost[0][offset[v] : offset[v + 1]] += reduced[0, col_of]
+        return col
+    if reduced.shape[1] == 1:
+        cost[0][offset[u] : offset[u + 1]] += reduced[row_of, 0]
+        return col
+    nr, nc = reduced.shape
+    cost.append(reduced.ravel().astype(float))
+    block = np.arange(nr * nc).reshape(nr, nc) + col
+    for groups, of, start, pairs in (
+        (nr, row_of, offset[u], block),
+        (nc, col_of, offset[v], block.T),
+    ):
+        for g in range(groups):  # Σ pairs of group g = Σ choices in group g
+            members = np.flatnonzero(of == g) + start
+            rows.add([*pairs[g], *members], [1.0] * len(pairs[g]) + [-1.0] * len(members), 0, 0)
+    return col + int(nr * nc)
+
+
 def _milp(
     problem: Problem,
     constraints: Sequence[Constraint],
@@ -171,65 +218,20 @@ def _milp(
     sizes = [len(c) for c in problem.choices]
     offset = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     cost = [np.concatenate(problem.unary)]
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lower: list[float] = []
-    upper: list[float] = []
-    row = 0
+    rows = _Rows()
     for v, n in enumerate(sizes):  # one choice per variable
-        rows += [row] * n
-        cols += list(range(offset[v], offset[v] + n))
-        vals += [1.0] * n
-        lower.append(1.0)
-        upper.append(1.0)
-        row += 1
+        rows.add(range(offset[v], offset[v] + n), [1.0] * n, 1, 1)
     nx = int(offset[-1])
     col = nx
     for (u, v), m in problem.edges.items():
-        # choices of u (of v) whose rows (columns) are equal cost the same: one group each
-        rows_m, row_of = np.unique(m, axis=0, return_inverse=True)
-        reduced, col_of = np.unique(rows_m, axis=1, return_inverse=True)
-        row_of, col_of = row_of.ravel(), col_of.ravel()
-        if reduced.shape[0] == 1:  # the cost depends on v's choice alone
-            cost[0][offset[v] : offset[v] + sizes[v]] += reduced[0, col_of]
-            continue
-        if reduced.shape[1] == 1:
-            cost[0][offset[u] : offset[u] + sizes[u]] += reduced[row_of, 0]
-            continue
-        nr, nc = reduced.shape
-        cost.append(reduced.ravel().astype(float))
-        block = np.arange(nr * nc).reshape(nr, nc) + col
-        for groups, of, start, pairs in (
-            (nr, row_of, offset[u], block),
-            (nc, col_of, offset[v], block.T),
-        ):
-            for g in range(groups):  # Σ pairs of group g = Σ choices in group g
-                members = np.flatnonzero(of == g) + start
-                rows += [row] * (len(pairs[g]) + len(members))
-                cols += [*pairs[g].tolist(), *members.tolist()]
-                vals += [1.0] * len(pairs[g]) + [-1.0] * len(members)
-                lower.append(0.0)
-                upper.append(0.0)
-                row += 1
-        col += nr * nc
+        col = _edge(m, u, v, offset, cost, rows, col)
     for c in constraints:
-        for v, k, b in c.terms:
-            rows.append(row)
-            cols.append(int(offset[v] + k))
-            vals.append(b)
-        lower.append(-np.inf)
-        upper.append(c.limit)
-        row += 1
+        rows.add(
+            [offset[v] + k for v, k, _ in c.terms], [b for _, _, b in c.terms], -np.inf, c.limit
+        )
     for ex in exclude:  # not this combination again
-        for v, k in ex.items():
-            rows.append(row)
-            cols.append(int(offset[v] + k))
-            vals.append(1.0)
-        lower.append(-np.inf)
-        upper.append(len(ex) - 1.0)
-        row += 1
-    a = scipy.sparse.csr_array((vals, (rows, cols)), shape=(row, col))
+        rows.add([offset[v] + k for v, k in ex.items()], [1.0] * len(ex), -np.inf, len(ex) - 1.0)
+    a = scipy.sparse.csr_array((rows.vals, (rows.rows, rows.cols)), shape=(len(rows.lower), col))
     objective = np.concatenate(cost)
     # scaled: HiGHS's absolute gap (1e-6) would call any plan of seconds optimal
     objective = objective * (1e6 / max(float(np.abs(objective).max()), 1e-30))
@@ -237,7 +239,7 @@ def _milp(
     integrality[:nx] = 1
     result = scipy.optimize.milp(
         objective,
-        constraints=scipy.optimize.LinearConstraint(a, lower, upper),
+        constraints=scipy.optimize.LinearConstraint(a, rows.lower, rows.upper),
         integrality=integrality,
         bounds=scipy.optimize.Bounds(0, 1),
         options={"time_limit": time_limit, "mip_rel_gap": 1e-9},
