@@ -81,6 +81,29 @@ def test_search_finds_the_brute_force_optimum(fn):
     assert found is not None and total(problem, found[0]) == pytest.approx(best)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_search_equals_brute_force_on_random_problems(seed):
+    """Random graphs with cycles, tied costs (integers from a small range), variables with
+    one choice (pinned inputs) and dominated choices: elimination, pruning and the integer
+    program together must find the exhaustive optimum."""
+    from shardwise._planner.costs import Problem
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 7))
+    problem = Problem([("v", k) for k in range(n)])
+    sizes = [int(rng.integers(1, 5)) for _ in range(n)]
+    problem.choices = [list(range(k)) for k in sizes]
+    problem.unary = [rng.integers(0, 4, k).astype(float) for k in sizes]
+    for u in range(n):
+        for v in range(u + 1, n):
+            if rng.random() < 0.6:
+                problem.edges[(u, v)] = rng.integers(0, 4, (sizes[u], sizes[v])).astype(float)
+    _, best = brute_force(problem)
+    found = solve(problem)
+    assert found is not None and found.seconds == pytest.approx(best)
+    assert total(problem, found.choice) == pytest.approx(best)
+
+
 def _check_against_numpy(plan, name, fn, args, tol=2e-5):
     rng = np.random.default_rng(1)
     leaves = [rng.standard_normal(a.shape).astype(a.dtype) for a in jax.tree.leaves(args)]

@@ -75,8 +75,9 @@ def solve(
     if core.labels:
         index = {label: k for k, label in enumerate(core.labels)}
         at = {label: k for k, label in enumerate(problem.labels)}
+        kept = _dominant(core, {index[problem.labels[v]] for v in protected})
         found = _milp(
-            core,
+            core.restrict(kept),
             [
                 Constraint(tuple((index[problem.labels[v]], c, b) for v, c, b in x.terms), x.limit)
                 for x in constraints
@@ -86,8 +87,8 @@ def solve(
         )
         if found is None:
             return None
-        for label, c in zip(core.labels, found[0], strict=True):
-            choice[at[label]] = c
+        for k, (label, c) in enumerate(zip(core.labels, found[0], strict=True)):
+            choice[at[label]] = kept[k][c] if k in kept else c
         optimal = found[1]
         method = "integer program (HiGHS)"
         if steps:
@@ -114,7 +115,8 @@ Folded = tuple[int, tuple[int, ...], Any]
 def _eliminate(problem: Problem, protected: set[int]) -> tuple[Problem, list[Folded]]:
     """Fold every unprotected variable of degree ≤ 2 into its neighbours, exactly: a leaf adds
     its best cost to its neighbour's choices; a link between two neighbours becomes an edge
-    whose cost is the best over the link's choices. Returns the rest and how to recover each
+    whose cost is the best over the link's choices; a variable with one choice adds its edges'
+    costs to its neighbours' choices, whatever its degree. Returns the rest and how to recover each
     folded variable's choice from its neighbours'."""
     n = len(problem.labels)
     unary = [u.astype(float) for u in problem.unary]
@@ -124,6 +126,14 @@ def _eliminate(problem: Problem, protected: set[int]) -> tuple[Problem, list[Fol
         near[v][u] = near[v].get(u, 0) + m.T
     alive = set(range(n))
     steps: list[Folded] = []
+    for v in range(n):  # a variable with one choice (a pinned input) is a constant
+        if len(unary[v]) == 1 and v not in protected:
+            for a, m in near[v].items():
+                unary[a] = unary[a] + m[0]
+                del near[a][v]
+            near[v] = {}
+            alive.discard(v)
+            steps.append((v, (), np.int64(0)))
     queue = [v for v in range(n) if len(near[v]) <= 2 and v not in protected]
     while queue:
         v = queue.pop()
@@ -160,6 +170,34 @@ def _eliminate(problem: Problem, protected: set[int]) -> tuple[Problem, list[Fol
             if v < o:
                 core.edges[(position[v], position[o])] = m
     return core, steps
+
+
+def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
+    """Each unprotected variable's choices that no other choice dominates. Choice ``i``
+    dominates ``j`` when it costs no more whatever the neighbours choose:
+    ``unary[i] - unary[j] + Σ_edges max_c (m[i, c] - m[j, c]) ≤ 0``; some optimal solution
+    uses no dominated choice, so dropping them is exact. Variables are pruned one after another,
+    each against its neighbours' choices as they stand."""
+    near: list[list[tuple[int, np.ndarray]]] = [[] for _ in problem.labels]
+    for (u, v), m in problem.edges.items():
+        near[u].append((v, m))
+        near[v].append((u, m.T))
+    kept: dict[int, list[int]] = {}
+    for v, unary in enumerate(problem.unary):
+        if v in protected or len(unary) < 2:
+            continue
+        worst = unary[:, None] - unary[None, :]  # worst[i, j]: i's cost over j's, at most
+        for a, m in near[v]:
+            m = m[:, kept[a]] if a in kept else m
+            worst = worst + (m[:, None, :] - m[None, :, :]).max(axis=2)
+        tol = 1e-12 * max(float(np.abs(unary).max()), 1e-30)
+        alive: list[int] = []
+        for j in np.argsort(unary, kind="stable"):
+            if not any(worst[i, j] <= tol for i in alive):
+                alive.append(int(j))
+        if len(alive) < len(unary):
+            kept[v] = sorted(alive)
+    return kept
 
 
 @dataclass(slots=True)
