@@ -43,7 +43,9 @@ def constrained(
             return x
         return _constrain(x, mesh, specs[v])
 
-    def run(jaxpr: Any, consts: Any, path: tuple[int, ...], env: dict[Key, Any]) -> list[Any]:
+    def run(
+        jaxpr: Any, consts: Any, path: tuple[int, ...], env: dict[Key, Any], mover: _Mover
+    ) -> list[Any]:
         for var, c in zip(jaxpr.constvars, consts, strict=True):
             env[(path, var)] = c
         for k, eqn in enumerate(jaxpr.eqns):
@@ -52,9 +54,9 @@ def constrained(
             if here in steps:
                 src = [spec_of((path, v)) for v in eqn.invars]
                 dst = [spec_of((path, v)) for v in eqn.outvars]
-                outs = _step(eqn, ins, src, dst, steps[here], mesh)
+                outs = _step(eqn, ins, src, dst, steps[here], mover)
             else:
-                outs = _equation(eqn, here, ins, env, run, put, spec_of, mesh)
+                outs = _equation(eqn, here, ins, env, run, put, spec_of, mover)
             for var, x in zip(eqn.outvars, outs, strict=True):
                 if is_var(var):
                     env[(path, var)] = put((path, var), x)
@@ -66,7 +68,7 @@ def constrained(
         env: dict[Key, Any] = {
             ((), var): put(((), var), x) for var, x in zip(jaxpr.invars, leaves, strict=True)
         }
-        outs = run(jaxpr, graph.closed.consts, (), env)
+        outs = run(jaxpr, graph.closed.consts, (), env, _Mover(mesh))
         return jax.tree.unflatten(graph.out_tree, outs)
 
     return program
@@ -76,13 +78,28 @@ def _constrain(x: Any, mesh: Mesh, spec: Spec) -> Any:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec.to_partition_spec()))
 
 
-def _move(x: Any, mesh: Mesh, src: Spec, dst: Spec) -> Any:
-    """``x`` moved from ``src`` to ``dst`` one step of :func:`reshard_moves` at a time."""
-    if src == dst:
-        return _constrain(x, mesh, dst)
-    for move in reshard_moves(src, dst, x.ndim):
-        x = _constrain(x, mesh, move.spec)
-    return x
+class _Mover:
+    """Moves of arrays between layouts while one program is traced. An array moved the same
+    way for two readers is moved once: XLA merges the first step's collectives of two such
+    chains but not the later ones, and the cost model counts one. Entries hold their input
+    alive, so an ``id`` is not reused while its entry exists."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.memo: dict[tuple[int, Spec, Spec], tuple[Any, Any]] = {}
+
+    def constrain(self, x: Any, spec: Spec) -> Any:
+        return _constrain(x, self.mesh, spec)
+
+    def move(self, x: Any, src: Spec, dst: Spec) -> Any:
+        """``x`` moved from ``src`` to ``dst`` one step of :func:`reshard_moves` at a time."""
+        key = (id(x), src, dst)
+        if key not in self.memo:
+            out = self.constrain(x, dst) if src == dst else x
+            for move in reshard_moves(src, dst, x.ndim) if src != dst else ():
+                out = self.constrain(out, move.spec)
+            self.memo[key] = (x, out)
+        return self.memo[key][1]
 
 
 def _step(
@@ -91,19 +108,19 @@ def _step(
     src: list[Spec | None],
     dst: list[Spec | None],
     layouts: tuple[tuple[Spec, ...], Spec],
-    mesh: Mesh,
+    mover: _Mover,
 ) -> list[Any]:
     """A dot, map or opaque op: operands moved to the layouts it reads them in, its result
     made in its layout and moved on to the result's own."""
     wanted = iter(layouts[0])
     moved = [
-        _move(x, mesh, s, next(wanted)) if s is not None and jnp.ndim(x) else x
+        mover.move(x, s, next(wanted)) if s is not None and jnp.ndim(x) else x
         for x, s in zip(ins, src, strict=True)
     ]
     out = eqn.primitive.bind(*moved, **eqn.params)
     results = list(out) if eqn.primitive.multiple_results else [out]
     return [
-        _move(_constrain(r, mesh, layouts[1]), mesh, layouts[1], d)
+        mover.move(mover.constrain(r, layouts[1]), layouts[1], d)
         if d is not None and jnp.ndim(r)
         else r
         for r, d in zip(results, dst, strict=True)
@@ -118,7 +135,7 @@ def _equation(
     run: Callable[..., list[Any]],
     put: Callable[[Key, Any], Any],
     spec_of: Callable[[Key], Spec | None],
-    mesh: Mesh,
+    mover: _Mover,
 ) -> list[Any]:
     prim = eqn.primitive.name
     if prim in INLINED and INLINED[prim] in eqn.params:
@@ -126,9 +143,9 @@ def _equation(
         jaxpr, consts = getattr(inner, "jaxpr", inner), getattr(inner, "consts", ())
         for var, x in zip(jaxpr.invars, ins, strict=True):
             env[(here, var)] = put((here, var), x)
-        return run(jaxpr, consts, here, env)
+        return run(jaxpr, consts, here, env, mover)
     if prim == "scan":
-        return _scan(eqn, here, ins, env, run, put, spec_of, mesh)
+        return _scan(eqn, here, ins, env, run, put, spec_of, mover)
     out = eqn.primitive.bind(*ins, **eqn.params)
     return list(out) if eqn.primitive.multiple_results else [out]
 
@@ -141,7 +158,7 @@ def _scan(
     run: Callable[..., list[Any]],
     put: Callable[[Key, Any], Any],
     spec_of: Callable[[Key], Spec | None],
-    mesh: Mesh,
+    mover: _Mover,
 ) -> list[Any]:
     """A scan whose slices of ``xs`` move to their layouts one step at a time."""
     p = eqn.params
@@ -162,11 +179,9 @@ def _scan(
             local[(here, var)] = put((here, var), value)
         for var, value, src in zip(invars[n_in:], x, sliced, strict=True):
             dst = spec_of((here, var))
-            moved = (
-                value if src is None or dst is None else _move(value, mesh, src.canonical(), dst)
-            )
+            moved = value if src is None or dst is None else mover.move(value, src.canonical(), dst)
             local[(here, var)] = put((here, var), moved)
-        outs = run(body.jaxpr, body.consts, here, local)
+        outs = run(body.jaxpr, body.consts, here, local, mover)
         return outs[:n_carry], outs[n_carry:]
 
     carry, ys = jax.lax.scan(
