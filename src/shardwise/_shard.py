@@ -137,7 +137,7 @@ class Sharded:
     def explain(self, *args: Any) -> Explanation:
         """Compile for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and explain each device's
         shards, every collective with its cause and source line, memory and compute."""
-        return explain_function(self.lower(*args).compile(), args, self.mesh)
+        return explain_function(self.lower(*args).compile(), args, self.mesh, self.fn)
 
 
 def _check_argument(fn: Callable[..., Any], k: int, leaves: list[Any]) -> int:

@@ -78,15 +78,18 @@ def _operand_specs(op: Op, in_specs: Any) -> tuple[Spec, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ArrayInfo:
-    """One operand or the output: global shape, dtype, spec and the block each device holds."""
+    """One operand or the output: global shape, dtype, spec, the block each device holds, and
+    its name in the user's code (``params['w1']``) where it has one."""
 
     shape: tuple[int, ...]
     dtype: str
     spec: Spec
     shard_shape: tuple[int, ...]
+    name: str = ""
 
     def to_json(self) -> dict[str, object]:
         return {
+            "name": self.name or None,
             "shape": list(self.shape),
             "dtype": self.dtype,
             "spec": self.spec.to_json(len(self.shape)),

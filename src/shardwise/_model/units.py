@@ -78,11 +78,17 @@ def format_bytes(n: float) -> str:
 
 
 def format_seconds(s: float) -> str:
-    """``0.0123`` → ``'12.3 ms'``; under 0.1 ms in µs.
+    """``0.0123`` → ``'12.3 ms'``; under 0.1 ms in µs, from 1 s in seconds.
 
-    >>> format_seconds(0.0123), format_seconds(4e-5)
-    ('12.3 ms', '40 µs')
+    >>> format_seconds(0.0123), format_seconds(4e-5), format_seconds(1240.0)
+    ('12.3 ms', '40 µs', '1,240 s')
+    >>> format_seconds(2.5)
+    '2.5 s'
     """
+    if s >= 1000:
+        return f"{s:,.0f} s"
+    if s >= 1:
+        return f"{s:.3g} s"
     return f"{s * 1e3:.3g} ms" if s >= 1e-4 else f"{s * 1e6:.3g} µs"
 
 

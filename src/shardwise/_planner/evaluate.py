@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -19,43 +18,17 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
+from shardwise._planner.attribute import ProgramCollective, Tally
 from shardwise._planner.costs import (
     Problem,
-    dot_cost,
-    map_cost,
     map_specs,
-    reshard,
     shard_bytes,
 )
 from shardwise._planner.graph import Graph
-from shardwise._planner.nodes import Step
 from shardwise._planner.search import Constraint, total
 
 MEMORY_POINTS = 16
 """How many program points, the fullest first, a memory budget is checked at."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProgramCollective:
-    """A collective a plan implies: kind, mesh axes, bytes per device, the op and source line
-    it belongs to, and how many times it runs (a scan's length)."""
-
-    kind: str
-    mesh_axes: tuple[str, ...]
-    bytes: int
-    op: str
-    source: str
-    repeat: int = 1
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "kind": self.kind,
-            "mesh_axes": list(self.mesh_axes),
-            "bytes": self.bytes,
-            "op": self.op,
-            "source": self.source,
-            "repeat": self.repeat,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +39,7 @@ class Predicted:
     memory_bytes: int
     flops: float
     collectives: tuple[ProgramCollective, ...]
+    step_seconds: tuple[float, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -136,56 +110,25 @@ def predicted(
     mesh: MeshSpec,
     profile: Profile,
 ) -> tuple[Layouts, Predicted]:
-    """The layouts of a solution and their predicted cost."""
+    """The layouts of a solution and their predicted cost, each collective attributed to the
+    step that causes it, with the reason (:class:`~shardwise._planner.attribute.Tally`)."""
     lay = read(graph, problem, choice, mesh)
     var_of = {label: k for k, label in enumerate(problem.labels)}
-    found: list[tuple[Any, Any]] = []
-    flops = 0.0
-    moved: set[tuple[int, Spec, Spec, tuple[int, ...]]] = set()
-
-    def once(a: int, src: Spec, dst: Spec, step: Step) -> tuple[Any, ...]:
-        """An array's resharding; the same one again in the same scope is the same ops,
-        which XLA computes once."""
-        key = (a, src, dst, step.key[:-1])
-        if key in moved:
-            return ()
-        moved.add(key)
-        return reshard(graph.values[a], src, dst, mesh, profile, step, 1).collectives
-
+    tally = Tally(graph, lay, mesh, profile)
     for k, step in enumerate(graph.steps):
         if step.kind == "dot":
-            assert step.op is not None
             label = var_of[("dot", k)]
             strategy = problem.choices[label][choice[label]]
             assert isinstance(strategy, Strategy)
-            own = dot_cost(graph, step, strategy, mesh, profile)
-            flops += own.flops
-            found += own.collectives
-            for a, s in zip(step.inputs, strategy.in_specs(step.op), strict=True):
-                found += once(a, lay.specs[a], s, step)
-            out = graph.values[step.output]
-            spec = lay.specs[step.output]
-            found += reshard(out, strategy.out_spec, spec, mesh, profile, step, 1).collectives
+            tally.dot(k, step, strategy)
         elif step.kind == "map":
-            src, dst = lay.specs[step.inputs[0]], lay.specs[step.output]
-            found += map_cost(graph, step, src, dst, mesh, profile).collectives
+            tally.map(k, step)
         else:
-            for a in step.inputs:
-                found += once(a, lay.specs[a], Spec(), step)
-    collectives = tuple(
-        ProgramCollective(
-            c.kind,
-            c.mesh_axes,
-            c.bytes,
-            s.prim if s else "",
-            s.source if s else "",
-            s.repeat if s else 1,
-        )
-        for c, s in found
-        if c.bytes
+            tally.opaque(k, step)
+    memory = peak_bytes(graph, lay, mesh)
+    return lay, Predicted(
+        total(problem, choice), memory, tally.flops, tally.collectives(), tuple(tally.seconds)
     )
-    memory = int(peak_bytes(graph, lay.specs, mesh))
-    return lay, Predicted(total(problem, choice), memory, flops, collectives)
 
 
 def held(graph: Graph) -> list[int]:
@@ -204,13 +147,31 @@ def _live(graph: Graph) -> tuple[list[int], np.ndarray]:
     return arrays, live
 
 
-def peak_bytes(graph: Graph, specs: dict[int, Spec], mesh: MeshSpec) -> int:
-    """Per-device bytes held at the fullest point of the program."""
+def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec) -> tuple[list[int], np.ndarray]:
+    """Per-device bytes at each program point: the arrays held there in their layouts, plus,
+    at each step, the copies it makes of its operands in the layouts it reads them in, and of
+    its result in the layout it makes it in, where those differ from the held ones (a gather's
+    result, or even a local slice, is a new buffer beside the array it came from)."""
     arrays, live = _live(graph)
-    if not arrays:
-        return 0
-    sizes = np.array([shard_bytes(graph.values[v], specs[v], mesh) for v in arrays], dtype=float)
-    return int((live @ sizes).max())
+    sizes = np.array(
+        [shard_bytes(graph.values[v], lay.specs[v], mesh) for v in arrays], dtype=np.int64
+    )
+    points = live.astype(np.int64) @ sizes if arrays else np.zeros(graph.clock + 1, np.int64)
+    for step in graph.steps:
+        if step.key not in lay.steps:
+            continue
+        ins, made = lay.steps[step.key]
+        at = graph.born[step.output]
+        for a, used in zip((*step.inputs, step.output), (*ins, made), strict=False):
+            if used.canonical() != lay.specs[a].canonical():
+                points[at] += shard_bytes(graph.values[a], used, mesh)
+    return arrays, points
+
+
+def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec) -> int:
+    """Per-device bytes held at the fullest point of the program (:func:`held_curve`)."""
+    _, points = held_curve(graph, lay, mesh)
+    return int(points.max()) if len(points) else 0
 
 
 def memory_constraints(

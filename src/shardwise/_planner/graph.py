@@ -25,19 +25,21 @@ from typing import Any, TypeAlias
 
 import jax
 import numpy as np
-from jax._src import source_info_util
 
-from shardwise._errors import ArgumentError, ArgumentTypeError
+from shardwise._errors import ArgumentError
 from shardwise._planner.nodes import Step, Value
 from shardwise._planner.ops import (
     ELEMENTWISE,
     INLINED,
     REDUCTIONS,
-    argument_names,
+    abstract,
     dot_op,
     is_var,
     layout_map,
+    named,
+    source_of,
 )
+from shardwise._xla.names import argument_names
 
 Key: TypeAlias = tuple[tuple[int, ...], Any]
 """Where a jaxpr variable lives: the path of equation numbers through inlined calls, and the
@@ -63,6 +65,9 @@ class Graph:
         closed: the traced jaxpr.
         tree: the arguments' pytree structure; ``out_tree`` the result's.
         elementwise_ops: elementwise ops in the program.
+        context: while a call's body is read, the user's line the call is on.
+        backward: while a call's or scan's body is read, whether JAX made the call by
+            transposing a forward one.
     """
 
     values: list[Value] = field(default_factory=list)
@@ -78,6 +83,8 @@ class Graph:
     last: list[int] = field(default_factory=list)
     fed: set[int] = field(default_factory=set)
     clock: int = 0
+    context: str = ""
+    backward: bool = False
     closed: Any = None
     tree: Any = None
     out_tree: Any = None
@@ -113,22 +120,16 @@ class Graph:
         return len(self.steps) + self.elementwise_ops
 
 
-def _source(eqn: Any) -> str:
-    frame = source_info_util.user_frame(eqn.source_info.traceback)
-    if frame is None:
-        return ""
-    return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"
+def _where(graph: Graph, eqn: Any) -> str:
+    """``eqn``'s line in the user's code, or else that of the call it is inlined from (the
+    ``max`` inside ``jax.nn.relu`` is the user's ``relu`` line)."""
+    return source_of(eqn) or graph.context
 
 
-def _abstract(x: Any) -> jax.ShapeDtypeStruct:
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return x
-    if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
-    raise ArgumentTypeError(
-        f"an argument leaf is {type(x).__name__} {x!r:.60}, not an array; plan takes arrays or "
-        "jax.ShapeDtypeStruct leaves, e.g. jax.ShapeDtypeStruct((256, 1024), 'float32')."
-    )
+def _backward(graph: Graph, eqn: Any) -> bool:
+    """Whether JAX made ``eqn`` by transposing a forward op (a training step's backward pass),
+    or it is in the body of a call or scan that JAX made so."""
+    return graph.backward or "transpose(" in str(eqn.source_info.name_stack)
 
 
 def build(
@@ -142,17 +143,17 @@ def build(
     >>> [(s.kind, s.prim) for s in g.steps], g.names
     ([('dot', 'dot_general'), ('map', 'reduce_sum')], ['x', 'w'])
     """
-    abstract = [jax.tree.map(_abstract, a) for a in args]
+    shapes = [jax.tree.map(abstract, a) for a in args]
     try:
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*shapes)
     except (TypeError, ValueError) as e:
         raise ArgumentError(
             f"cannot trace {name or 'the function'} with these arguments: {e}"
         ) from None
-    graph = Graph(closed=closed, tree=jax.tree.structure(tuple(abstract)))
+    graph = Graph(closed=closed, tree=jax.tree.structure(tuple(shapes)))
     graph.out_tree = jax.tree.structure(out_shape)
-    graph.names = argument_names(signature or fn, abstract)
-    graph.data = [k for k, a in enumerate(abstract) if isinstance(a, jax.ShapeDtypeStruct)]
+    graph.names = argument_names(signature or fn, shapes)
+    graph.data = [k for k, a in enumerate(shapes) if isinstance(a, jax.ShapeDtypeStruct)]
     jaxpr = closed.jaxpr
     for var, label in zip(jaxpr.invars, graph.names, strict=True):
         graph.inputs.append(_define(graph, ((), var), label, ""))
@@ -203,12 +204,16 @@ def _walk(graph: Graph, jaxpr: Any, path: tuple[int, ...], repeat: int) -> None:
             inner = eqn.params[INLINED[prim]]
             inner = getattr(inner, "jaxpr", inner)
             _alias(graph, path, here, eqn.invars, inner.invars)
+            outer = graph.context, graph.backward
+            graph.context, graph.backward = _where(graph, eqn), _backward(graph, eqn)
             _walk(graph, inner, here, repeat)
+            graph.context, graph.backward = outer
             for o, i in zip(eqn.outvars, inner.outvars, strict=True):
                 if is_var(o) and is_var(i) and (here, i) in graph.keys:
                     graph.keys[(path, o)] = graph.keys[(here, i)]
                 elif is_var(o) and _rank(o):
-                    _define(graph, (path, o), f"{prim}@{_source(eqn)}", _source(eqn))
+                    where = _where(graph, eqn)
+                    _define(graph, (path, o), named(prim, where), where)
             continue
         if prim == "scan":
             _scan(graph, eqn, path, here, repeat)
@@ -220,14 +225,14 @@ def _equation(
     graph: Graph, eqn: Any, path: tuple[int, ...], here: tuple[int, ...], repeat: int
 ) -> None:
     graph.clock += 1
-    prim, source = eqn.primitive.name, _source(eqn)
+    prim, source = eqn.primitive.name, _where(graph, eqn)
     inputs = [a for v in eqn.invars if (a := _array(graph, path, v)) is not None]
     if not inputs:
         return  # made on each device from nothing (iota, a broadcast constant): free to follow
     outs = []
     for o in eqn.outvars:
         if is_var(o) and (_rank(o) or prim in REDUCTIONS):
-            outs.append(_define(graph, (path, o), f"{prim}@{source}", source))
+            outs.append(_define(graph, (path, o), named(prim, source), source))
     if not outs:
         return
     shape = graph.values[outs[0]].shape
@@ -254,6 +259,7 @@ def _equation(
                         dim_map=dim_map,
                         local=local,
                         implicit=True,
+                        backward=_backward(graph, eqn),
                     )
                 )
                 _use(graph, a, True)
@@ -283,7 +289,14 @@ def _step(
     prim, params = eqn.primitive.name, eqn.params
     in_shape = graph.values[inputs[0]].shape if inputs else ()
     out_shape = graph.values[out].shape
-    common = {"prim": prim, "output": out, "source": source, "repeat": repeat, "key": key}
+    common = {
+        "prim": prim,
+        "output": out,
+        "source": source,
+        "repeat": repeat,
+        "key": key,
+        "backward": _backward(graph, eqn),
+    }
     if prim == "dot_general" and len(inputs) == 2:
         return Step(
             "dot",
@@ -311,13 +324,13 @@ def _scan(
     p = eqn.params
     body = p["jaxpr"].jaxpr
     n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
-    source = _source(eqn)
+    source = _where(graph, eqn)
     ins = body.invars
     _alias(graph, path, here, eqn.invars[: n_consts + n_carry], ins[: n_consts + n_carry])
     for outer, inner in zip(
         eqn.invars[n_consts + n_carry :], ins[n_consts + n_carry :], strict=True
     ):
-        x = _define(graph, (here, inner), f"scan slice@{source}", source)
+        x = _define(graph, (here, inner), named("scan slice", source), source)
         src = _array(graph, path, outer)
         if src is not None and graph.values[x].shape:
             rank = len(graph.values[x].shape)
@@ -332,15 +345,19 @@ def _scan(
                     here,
                     dim_map=tuple(range(1, rank + 1)),
                     local=(0,),
+                    backward=_backward(graph, eqn),
                 )
             )
             _use(graph, src, True)
+    outer = graph.context, graph.backward
+    graph.context, graph.backward = source, _backward(graph, eqn)
     _walk(graph, body, here, repeat * length)
+    graph.context, graph.backward = outer
     outs = body.outvars
     for k, (outer, inner) in enumerate(zip(eqn.outvars, outs, strict=True)):
         if not is_var(outer) or not _rank(outer):
             continue
-        y = _define(graph, (path, outer), f"scan@{source}", source)
+        y = _define(graph, (path, outer), named("scan", source), source)
         got = _array(graph, here, inner)
         if got is None:
             continue
@@ -363,6 +380,7 @@ def _scan(
                     repeat,
                     here,
                     dim_map=(None, *range(rank)),
+                    backward=_backward(graph, eqn),
                 )
             )
             _use(graph, got, True)

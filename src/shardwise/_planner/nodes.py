@@ -46,6 +46,8 @@ class Step:
         source: ``file:line`` of the user's code.
         repeat: how many times it runs (a scan's length).
         key: where it is in the jaxpr, for applying a plan.
+        backward: part of a training step's backward pass (the transpose of a forward op at
+            the same source line).
     """
 
     kind: Kind
@@ -60,3 +62,4 @@ class Step:
     local: tuple[int, ...] = ()
     reduced: tuple[int, ...] = ()
     implicit: bool = False
+    backward: bool = False

@@ -6,14 +6,15 @@ slices. Pure: no tracing, no devices.
 
 from __future__ import annotations
 
-import inspect
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeAlias
 
 import jax
 import jax.extend.core as jcore
+from jax._src import source_info_util
 
+from shardwise._errors import ArgumentTypeError
 from shardwise._model.op import Op
 
 ELEMENTWISE = frozenset(
@@ -154,23 +155,26 @@ def is_var(v: Any) -> bool:
     return not isinstance(v, jcore.Literal) and not isinstance(v, jcore.DropVar)
 
 
-def argument_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:
-    """A name for every leaf of ``args``: the parameter's name and the leaf's pytree path.
+def source_of(eqn: Any) -> str:
+    """``file:line`` of the user's code that made ``eqn`` (``""`` where none is known)."""
+    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    if frame is None:
+        return ""
+    return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"
 
-    >>> argument_names(lambda x, params: None, [1, {"w1": 2, "w2": 3}])
-    ['x', "params['w1']", "params['w2']"]
-    """
-    try:
-        params = [
-            p.name
-            for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        params = []
-    names = []
-    for k, arg in enumerate(args):
-        base = params[k] if k < len(params) else f"args[{k}]"
-        for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
-            names.append(base + jax.tree_util.keystr(path))
-    return names
+
+def named(prim: str, source: str) -> str:
+    """An intermediate's name: the op that makes it and where (``dot_general@model.py:12``)."""
+    return f"{prim}@{source}" if source else prim
+
+
+def abstract(x: Any) -> jax.ShapeDtypeStruct:
+    """An argument leaf as a ``jax.ShapeDtypeStruct``; anything but an array is refused."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+    raise ArgumentTypeError(
+        f"an argument leaf is {type(x).__name__} {x!r:.60}, not an array; plan takes arrays or "
+        "jax.ShapeDtypeStruct leaves, e.g. jax.ShapeDtypeStruct((256, 1024), 'float32')."
+    )

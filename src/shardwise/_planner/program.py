@@ -30,6 +30,7 @@ from shardwise._planner.evaluate import (
     predicted,
 )
 from shardwise._planner.graph import Graph, build
+from shardwise._planner.report import ProgramReport, report
 from shardwise._planner.search import TIME_LIMIT_S, Solution, solve
 from shardwise._planner.verify import sharded, verify
 
@@ -111,6 +112,22 @@ class ProgramPlan:
         """Compile every plan here, compare its collectives and memory with the prediction,
         time it (median of ``repeat`` runs), and rank-correlate predicted and measured times."""
         return verify(self, repeat, mesh, on_step)
+
+    def report(self, name: str = "search") -> ProgramReport:
+        """Plan ``name`` op by op: layouts in and out, each collective and why, time shares,
+        and the memory held per device over the program."""
+        return report(self, name)
+
+    def to_html(self, name: str = "search") -> str:
+        """One self-contained HTML file (no network needed to view it): the plans compared,
+        plan ``name`` op by op with every array drawn on the mesh and each collective's
+        cause, and the memory held per device over the program."""
+        from shardwise.render.report import program_html
+
+        return program_html({"plan": self.to_json(), "report": self.report(name).to_json()})
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
 
     def to_json(self) -> dict[str, Any]:
         """The JSON contract of ``shardwise plan --model/--function … --json``."""

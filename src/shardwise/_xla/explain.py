@@ -26,6 +26,7 @@ from shardwise._xla.cause import Cause, einsum_cause, generic_cause
 from shardwise._xla.check import contraction_problems, ensure_sound
 from shardwise._xla.hlo import Collective, collectives
 from shardwise._xla.lower import jitted, named, platform, target_layout
+from shardwise._xla.names import argument_names, result_names
 from shardwise._xla.resources import Compute, Memory, compute_of, memory_of
 
 
@@ -125,9 +126,15 @@ class Explanation:
         return to_text(self)
 
     def _repr_html_(self) -> str:
-        from shardwise.render.html import explanation_html
+        return self.to_html()
 
-        return explanation_html(self)
+    def to_html(self) -> str:
+        """One self-contained HTML file (no network needed to view it): every array drawn on
+        the mesh (point at a device to see what it holds), the collectives with their causes,
+        memory and compute per device."""
+        from shardwise.render.report import explanation_report
+
+        return explanation_report(self.to_json())
 
     def svg(self) -> str:
         """The data-flow picture as SVG text (needs the ``pictures`` extra: matplotlib)."""
@@ -218,9 +225,12 @@ def _counted(plan: Plan, layout: Layout) -> Compute | None:
     return Compute(p.flops, float(p.bytes_accessed), 0.0, counted_by="einsum")
 
 
-def explain_function(compiled: Any, args: Sequence[Any], mesh: Mesh) -> Explanation:
-    """The explanation of any compiled sharded function."""
+def explain_function(compiled: Any, args: Sequence[Any], mesh: Mesh, fn: Any = None) -> Explanation:
+    """The explanation of any compiled sharded function; arrays are named by ``fn``'s
+    parameters and pytree paths (``x``, ``params['w1']``) and the result's paths."""
     spec = MeshSpec.parse(mesh)
+    in_names = argument_names(fn, args) if fn is not None else []
+    out_names = result_names(compiled.out_info)
     in_leaves = jax.tree.leaves(args)
     in_shardings = jax.tree.leaves(compiled.input_shardings[0])
     out_avals = jax.tree.leaves(compiled.out_info)
@@ -231,12 +241,14 @@ def explain_function(compiled: Any, args: Sequence[Any], mesh: Mesh) -> Explanat
         mesh=spec,
         mode="auto",
         operands=tuple(
-            array_info(x.shape, x.dtype, s, spec)
-            for x, s in zip(in_leaves, in_shardings, strict=True)
+            dataclasses.replace(
+                array_info(x.shape, x.dtype, s, spec), name=_at(in_names, k, f"args[{k}]")
+            )
+            for k, (x, s) in enumerate(zip(in_leaves, in_shardings, strict=True))
         ),
         outputs=tuple(
-            array_info(o.shape, o.dtype, s, spec)
-            for o, s in zip(out_avals, out_shardings, strict=True)
+            dataclasses.replace(array_info(o.shape, o.dtype, s, spec), name=_at(out_names, k, ""))
+            for k, (o, s) in enumerate(zip(out_avals, out_shardings, strict=True))
         ),
         collectives=found,
         causes=tuple(generic_cause(c) for c in found),
@@ -244,6 +256,10 @@ def explain_function(compiled: Any, args: Sequence[Any], mesh: Mesh) -> Explanat
         compute=compute_of(compiled),
         device_ids=_device_ids(mesh),
     )
+
+
+def _at(names: Sequence[str], k: int, default: str) -> str:
+    return names[k] if k < len(names) else default
 
 
 def array_info(shape: Sequence[int], dtype: Any, sharding: Any, mesh: MeshSpec) -> ArrayInfo:

@@ -6,12 +6,15 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from shardwise._errors import ShardwiseError
+from shardwise._errors import ArgumentError, ShardwiseError
+from shardwise._files import write_atomic
 from shardwise._runtime.devices import ENV_CPU_DEVICES
 
 DEFAULT_CPU_DEVICES = 8
@@ -57,13 +60,13 @@ def friendly_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except ShardwiseError as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, markup=True)
             raise typer.Exit(EXIT_USAGE) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as e:  # a bug or a JAX failure: say so plainly
             err.print(
-                f"[bold red]error:[/] unexpected {type(e).__name__}: {e}\n"
+                f"[bold red]error:[/] unexpected {type(e).__name__}: {escape(str(e))}\n"
                 "This is a bug in shardwise or a failure in JAX; please report it with the "
                 "command you ran. Set SHARDWISE_DEBUG=1 to see the traceback.",
                 highlight=False,
@@ -80,3 +83,15 @@ def print_json(data: Any) -> None:
     import json
 
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def write_file(path: Path, text: str) -> None:
+    """Write a file the user asked for (a report); a path that cannot be written is their
+    error, said as such."""
+    try:
+        write_atomic(path, text, durable=False)
+    except OSError as e:
+        raise ArgumentError(
+            f"cannot write {path}: {e.strerror or e}; give a path in a folder that exists and "
+            "that you can write to."
+        ) from None

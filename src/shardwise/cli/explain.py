@@ -9,7 +9,14 @@ import typer
 from rich.console import Console
 
 from shardwise._errors import ShapeError
-from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
+from shardwise.cli._common import (
+    Devices,
+    Json,
+    friendly_errors,
+    print_json,
+    setup_devices,
+    write_file,
+)
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
@@ -73,6 +80,10 @@ def explain(
     png: Annotated[
         Path | None, typer.Option("--png", help="Draw the data flow to this PNG file.")
     ] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option("--html", help="Write a self-contained HTML report to this file."),
+    ] = None,
     devices: Devices = None,
 ) -> None:
     """Compile a sharded einsum (no data needed); show each device's shard and every collective."""
@@ -97,12 +108,14 @@ def explain(
         for path in (svg, png):
             if path is not None:
                 save(result, path)
+    if html is not None:
+        write_file(html, result.to_html())
     if json:
         print_json(result.to_json())
     else:
         from shardwise.render.terminal import explanation_view
 
         Console().print(explanation_view(result, quiet=quiet))
-        for path in (svg, png):
+        for path in (svg, png, html):
             if path is not None:
                 Console(stderr=True).print(f"wrote {path}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -10,7 +11,14 @@ from rich.table import Table
 
 from shardwise._errors import ArgumentError
 from shardwise._model.units import format_bytes, format_seconds, parse_bytes
-from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
+from shardwise.cli._common import (
+    Devices,
+    Json,
+    friendly_errors,
+    print_json,
+    setup_devices,
+    write_file,
+)
 from shardwise.cli.explain import parse_shapes
 
 
@@ -18,7 +26,7 @@ def _program(given: dict[str, Any]) -> None:
     """``plan --model/--function``: plan a whole program."""
     import shardwise
     from shardwise._planner.models import model as built_in
-    from shardwise.cli.program import load_function, parse_args, show
+    from shardwise.cli.program import load_function, parse_args, show, show_ops
 
     if given["model"] is not None and given["function"] is not None:
         raise ArgumentError("give --model or --function, not both.")
@@ -65,12 +73,17 @@ def _program(given: dict[str, Any]) -> None:
                 repeat=given["repeat"],
                 on_step=lambda k, n: status.update(f"compiling and timing plan {k + 1}/{n}"),
             )
+    if given["html"] is not None:
+        write_file(given["html"], report.to_html())
     if given["json"]:
         out = report.to_json()
         out["program"] = name
         print_json(out)
         return
     show(report, console)
+    show_ops(report.report(), console, quiet=given["quiet"])
+    if given["html"] is not None:
+        console.print(f"wrote {given['html']}")
 
 
 @friendly_errors
@@ -134,6 +147,16 @@ def plan(
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per strategy.")] = 5,
     json: Json = False,
     devices: Devices = None,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="For a program: only the plans and the ops with collectives."
+        ),
+    ] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option("--html", help="For a program: write a self-contained HTML report here."),
+    ] = None,
 ) -> None:
     """Plan an einsum (every strategy, ranked) or a whole program (--model, --function)."""
     import jax.numpy as jnp

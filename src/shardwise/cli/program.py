@@ -159,3 +159,74 @@ def show(report: Any, console: Console) -> None:
             "rank correlation (Spearman) of predicted and measured time: "
             + (f"{rho:.2f}" if rho is not None else "n/a")
         )
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(points: list[int] | tuple[int, ...], width: int = 60) -> str:
+    """A row of block characters that rises and falls with ``points`` (resampled to at most
+    ``width`` characters, each the largest value it covers).
+
+    >>> sparkline([0, 1, 2, 4])
+    '▁▃▅█'
+    """
+    if not points:
+        return ""
+    step = max(1, -(-len(points) // width))
+    peaks = [max(points[k : k + step]) for k in range(0, len(points), step)]
+    top = max(peaks) or 1
+    return "".join(SPARK[min(len(SPARK) - 1, int(p / top * (len(SPARK) - 1) + 0.5))] for p in peaks)
+
+
+def _arrays(views: Any) -> str:
+    lines = []
+    for a in views:
+        text = a.to_json()
+        lines.append(escape(f"{a.name} [{text['used_text']}]"))
+        if a.held.canonical() != a.used.canonical():
+            lines.append("[dim]" + escape(f"  (held as [{text['held_text']}])") + "[/]")
+    return "\n".join(lines)
+
+
+def show_ops(report: Any, console: Console, quiet: bool = False) -> None:
+    """One plan op by op (``quiet``: only the ops that cause collectives), then its memory over
+    the program."""
+    table = Table(
+        title=f"plan {report.plan!r} op by op: what each op reads and makes, on each device, and "
+        "the collectives it causes",
+        title_justify="left",
+        show_lines=True,
+    )
+    for col in ("op", "reads", "makes", "collectives and why", "time"):
+        table.add_column(col)
+    for row in report.rows:
+        if quiet and not row.collectives:
+            continue
+        where = f"\n[dim]{escape(row.source)}[/]" if row.source else ""
+        back = f"\n[italic]backward of {escape(row.mirrors)}[/]" if row.mirrors else ""
+        repeat = f"\n×{row.repeat} (scan)" if row.repeat > 1 else ""
+        moves = "\n".join(
+            f"[bold]{c.kind}[/] {','.join(c.mesh_axes)} {format_bytes(c.bytes)}"
+            f"{f' ×{c.repeat}' if c.repeat > 1 else ''}: {escape(c.why)}"
+            for c in row.collectives
+        )
+        table.add_row(
+            escape(row.op) + where + back + repeat,
+            _arrays(row.inputs),
+            _arrays((row.output,)),
+            moves or "[dim]none[/]",
+            f"{row.share:.0%}",
+        )
+    console.print(table)
+    rest = 1 - sum(row.share for row in report.rows)
+    if rest > 0.005:
+        console.print(f"the other {rest:.0%} of the time: elementwise ops and layout maps")
+    mem = report.memory
+    console.print(
+        f"memory per device over the program: {sparkline(mem.points)}  peak "
+        f"{format_bytes(mem.peak)} at point {mem.at} of {len(mem.points) - 1}"
+    )
+    held = ", ".join(f"{escape(n)} {format_bytes(b)}" for n, b in mem.alive[:8])
+    more = f" and {len(mem.alive) - 8} more" if len(mem.alive) > 8 else ""
+    console.print(f"held at the peak: {held}{more}")

@@ -36,11 +36,12 @@ def arrays_of(expl: Explanation) -> list[tuple[str, ArrayInfo, tuple[str, ...], 
     rows: list[tuple[str, ArrayInfo, tuple[str, ...], str, str]] = []
     for k, info in enumerate(expl.operands):
         term = letters[k] if k < len(letters) else ""
-        rows.append((f"operand {k}", info, (), term, COLOURS[k % (len(COLOURS) - 1)]))
+        label = info.name or f"operand {k}"
+        rows.append((label, info, (), term, COLOURS[k % (len(COLOURS) - 1)]))
     if expl.local is not None:
         rows.append(("local result", expl.local, expl.partial_axes, out_letters, "white"))
     for k, info in enumerate(expl.outputs):
-        name = "output" if len(expl.outputs) == 1 else f"output {k}"
+        name = info.name or ("output" if len(expl.outputs) == 1 else f"output {k}")
         rows.append((name, info, (), out_letters, COLOURS[-1]))
     return rows
 
@@ -116,7 +117,7 @@ def summary(expl: Explanation) -> Any:
 def _ranges(ranges: tuple[tuple[int, int], ...], shape: tuple[int, ...], letters: str) -> str:
     parts = []
     for d, ((a, b), n) in enumerate(zip(ranges, shape, strict=True)):
-        name = letters[d] if d < len(letters) else str(d)
+        name = letters[d] if d < len(letters) else f"d{d}"
         parts.append(f"{name} all" if (a, b) == (0, n) else f"{name} {a}:{b}")
     return "\n".join(parts) if parts else "scalar"
 
@@ -183,7 +184,7 @@ def block_view(expl: Explanation, info: ArrayInfo, letters: str, colour: str) ->
         return "all" if len(devs) == expl.mesh.size else ",".join(map(str, devs))
 
     def name(d: int) -> str:
-        return letters[d] if d < len(letters) else str(d)
+        return letters[d] if d < len(letters) else f"d{d}"
 
     lead_keys: list[tuple[tuple[int, int], ...]] = [()]
     for d in range(lead):

@@ -1,0 +1,177 @@
+"""Why each collective of a plan is there: every collective attributed to the op that causes it
+(a dot's partial sums, an operand read in another layout than it is held in, a result kept in
+another layout than it is made in, a map that needs dimensions whole), with the reason in
+words, and each op's share of the time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.profile import Profile
+from shardwise._model.spec import Spec
+from shardwise._model.strategy import Strategy
+from shardwise._planner.costs import Cost, _map_head, dot_cost, reshard
+from shardwise._planner.graph import Graph
+from shardwise._planner.nodes import Step
+
+if TYPE_CHECKING:
+    from shardwise._planner.evaluate import Layouts
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramCollective:
+    """A collective a plan implies: kind, mesh axes, bytes per device, the op and source line
+    it belongs to, how many times it runs (a scan's length), the step of the graph that causes
+    it (``-1``: none) and why, in words."""
+
+    kind: str
+    mesh_axes: tuple[str, ...]
+    bytes: int
+    op: str
+    source: str
+    repeat: int = 1
+    step: int = -1
+    why: str = ""
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "mesh_axes": list(self.mesh_axes),
+            "bytes": self.bytes,
+            "op": self.op,
+            "source": self.source,
+            "repeat": self.repeat,
+            "step": self.step,
+            "why": self.why,
+            "seconds": self.seconds,
+        }
+
+
+def layout_text(spec: Spec, dims: Sequence[str] | int) -> str:
+    """A layout with its dimensions named: ``dims`` is an einsum term (``"bf"``), the names, or
+    a rank (``d0, d1…``).
+
+    >>> layout_text(Spec.parse("-,model"), "bf")
+    'b, f:model'
+    >>> layout_text(Spec(), 2)
+    'd0, d1 (whole)'
+    """
+    names = [f"d{k}" for k in range(dims)] if isinstance(dims, int) else list(dims)
+    if not names:
+        return "scalar"
+    entries = spec.padded(len(names))
+    text = ", ".join(f"{n}:{'+'.join(e)}" if e else n for n, e in zip(names, entries, strict=True))
+    return text + (" (whole)" if not spec.axes else "")
+
+
+def dims_of(step: Step, position: int, rank: int) -> str | int:
+    """A step operand's (``position`` ≥ 0) or result's (``-1``) dimension names: the einsum
+    letters of a dot, else the rank (``d0, d1…``)."""
+    if step.op is None:
+        return rank
+    return step.op.output if position < 0 else step.op.inputs[position]
+
+
+class Tally:
+    """The collectives and time of one plan, op by op, each collective with its reason. An
+    operand moved the same way twice in one scope is counted once, as XLA computes it once."""
+
+    def __init__(self, graph: Graph, lay: Layouts, mesh: MeshSpec, profile: Profile) -> None:
+        self.graph, self.lay, self.mesh, self.profile = graph, lay, mesh, profile
+        self.found: list[tuple[Any, int, str]] = []
+        self.seconds = [0.0] * len(graph.steps)
+        self.flops = 0.0
+        self.moved: set[tuple[int, Spec, Spec, tuple[int, ...]]] = set()
+
+    def add(self, k: int, cost: Cost, why: str) -> None:
+        self.seconds[k] += cost.seconds
+        self.found.extend((c, k, why) for c, _ in cost.collectives)
+
+    def _text(self, spec: Spec, step: Step, position: int, a: int) -> str:
+        return layout_text(spec, dims_of(step, position, len(self.graph.values[a].shape)))
+
+    def feed(self, k: int, step: Step, position: int, a: int, dst: Spec) -> None:
+        """Operand ``a`` moved to the layout ``step`` reads it in."""
+        src = self.lay.specs[a]
+        key = (a, src, dst, step.key[:-1])
+        if key in self.moved or src == dst:
+            return
+        self.moved.add(key)
+        value = self.graph.values[a]
+        cost = reshard(value, src, dst, self.mesh, self.profile, step, step.repeat)
+        self.add(
+            k,
+            cost,
+            f"{value.name} is held as [{self._text(src, step, position, a)}]; {step.prim} "
+            f"reads it as [{self._text(dst, step, position, a)}]",
+        )
+
+    def dot(self, k: int, step: Step, strategy: Strategy) -> None:
+        assert step.op is not None
+        own = dot_cost(self.graph, step, strategy, self.mesh, self.profile)
+        self.flops += own.flops
+        summed = [(i, a) for i, a in strategy.layout.assignment if a and i in step.op.contracted]
+        split = ", ".join(f"{i} split on {'+'.join(a)}" for i, a in summed)
+        axes = "+".join(sorted({x for _, a in summed for x in a}))
+        self.add(
+            k,
+            own,
+            f"{step.op.equation} sums over {split}: each device holds a partial sum, added "
+            f"across {axes}",
+        )
+        for position, (a, spec) in enumerate(
+            zip(step.inputs, strategy.in_specs(step.op), strict=True)
+        ):
+            self.feed(k, step, position, a, spec)
+        self._result(k, step, strategy.out_spec, "the dot")
+
+    def _result(self, k: int, step: Step, made: Spec, who: str) -> None:
+        out = self.graph.values[step.output]
+        kept = self.lay.specs[step.output]
+        self.add(
+            k,
+            reshard(out, made, kept, self.mesh, self.profile, step, step.repeat),
+            f"{who} makes {out.name} as [{self._text(made, step, -1, step.output)}]; it is "
+            f"kept as [{self._text(kept, step, -1, step.output)}]",
+        )
+
+    def map(self, k: int, step: Step) -> None:
+        src = self.lay.specs[step.inputs[0]]
+        head, mapped = _map_head(self.graph, step, src, self.mesh, self.profile)
+        held = self._text(src, step, 0, step.inputs[0])
+        need = ", ".join(f"d{d}" for d in step.local) or "its split dimensions"
+        for c, _ in head.collectives:
+            why = (
+                f"{step.prim} sums over split dimensions: each device holds a partial sum"
+                if c.kind == "all-reduce"
+                else f"{step.prim} needs {need} of [{held}] whole"
+            )
+            self.found.append((c, k, why))
+        self.seconds[k] += head.seconds
+        self._result(k, step, mapped, step.prim)
+
+    def opaque(self, k: int, step: Step) -> None:
+        for position, a in enumerate(step.inputs):
+            self.feed(k, step, position, a, Spec())
+
+    def collectives(self) -> tuple[ProgramCollective, ...]:
+        steps = self.graph.steps
+        return tuple(
+            ProgramCollective(
+                c.kind,
+                c.mesh_axes,
+                c.bytes,
+                steps[k].prim,
+                steps[k].source,
+                steps[k].repeat,
+                k,
+                why,
+                c.seconds,
+            )
+            for c, k, why in self.found
+            if c.bytes
+        )

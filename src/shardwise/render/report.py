@@ -1,0 +1,397 @@
+"""Self-contained HTML reports (inline CSS, SVG, script; no network) of a planned program
+(:func:`program_html`) and of one explanation (:func:`explanation_report`). Each array is drawn
+as a grid of ``rect.device``, one per mesh device, coloured by the block the device holds;
+hovering a device highlights it in every array and lists what it holds in ``#info``."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shardwise._model.units import format_bytes, format_seconds, format_shape
+from shardwise.render.report_css import CSS, MEASURED, PALETTE, PREDICTED
+from shardwise.render.report_js import JS
+
+Mesh = Sequence[tuple[str, int]]
+"""Mesh axes and sizes, in order (devices are numbered row-major over them)."""
+CELL = 22
+"""Side of a device square, pixels (smaller for wide meshes)."""
+MAX_ROW = 8
+"""Devices per row for a 1-D mesh."""
+MEMORY = ("argument", "output", "temp", "alias", "total", "capacity")
+NONE = '<span class="none">none</span>'
+HINT = "Hover over or click a device to see what it holds; click a collective to see why."
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _table(heads: Sequence[str], rows: str, cls: str = "") -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in heads)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+
+def _cells(values: Sequence[object]) -> str:
+    return (
+        f"<tr><td>{_e(values[0])}</td>"
+        + "".join(f'<td class="n">{_e(v)}</td>' for v in values[1:])
+        + "</tr>"
+    )
+
+
+def _axes(entry: object) -> tuple[str, ...]:
+    """The mesh axes of one spec entry: ``None``, an axis name, or a list of them."""
+    if entry is None or isinstance(entry, str):
+        return () if entry is None else (entry,)
+    return tuple(str(a) for a in entry)  # type: ignore[attr-defined]
+
+
+def spec_text(spec: Sequence[object]) -> str:
+    """``[None, ["data", "model"]]`` → ``'-, data+model'``; ``'whole'`` when nothing is split.
+
+    >>> spec_text([None, ["data", "model"]]), spec_text([None])
+    ('-, data+model', 'whole')
+    """
+    parts = ["+".join(_axes(e)) or "-" for e in spec]
+    return ", ".join(parts) if any(_axes(e) for e in spec) else "whole"
+
+
+def device_blocks(
+    spec: Sequence[object], shape: Sequence[int], mesh: Mesh
+) -> list[tuple[tuple[int, int], ...]]:
+    """For each device (row-major over ``mesh``), the ``[start, stop)`` it holds per dimension.
+
+    >>> device_blocks(["x", None], [4, 3], [("x", 2), ("y", 2)])[2]
+    ((2, 4), (0, 3))
+    """
+    sizes = dict(mesh)
+    entries = list(spec)[: len(shape)] + [None] * (len(shape) - len(spec))
+    out = []
+    for pos in range(math.prod(sizes.values())):
+        coords: dict[str, int] = {}
+        rest = pos
+        for name, size in reversed(mesh):
+            coords[name], rest = rest % size, rest // size
+        ranges = []
+        for entry, n in zip(entries, shape, strict=True):
+            index, ways = 0, 1
+            for axis in (a for a in _axes(entry) if a in sizes):
+                index, ways = index * sizes[axis] + coords[axis], ways * sizes[axis]
+            ranges.append((index * n // ways, (index + 1) * n // ways))
+        out.append(tuple(ranges))
+    return out
+
+
+def _block_text(name: str, block: Sequence[tuple[int, int]]) -> str:
+    return f"{name}[{', '.join(f'{a}:{b}' for a, b in block)}]" if block else f"{name} (scalar)"
+
+
+def _grid(mesh: Mesh) -> tuple[int, int]:
+    """Rows and columns of the device grid: first axis down, the rest across."""
+    total, cols = math.prod(s for _, s in mesh), min(mesh[0][1], MAX_ROW)
+    return (math.ceil(total / cols), cols) if len(mesh) == 1 else (mesh[0][1], total // mesh[0][1])
+
+
+def mesh_svg(arr: Mapping[str, Any], spec: Sequence[object], mesh: Mesh, **kw: Any) -> str:
+    """One array drawn on the mesh: a coloured square per device, its block in the title.
+
+    ``kw``: ``labels`` (device names, default the positions), ``held`` (the spec the array
+    is kept in, noted in the titles where it differs from ``spec``).
+    """
+    name, shape = str(arr.get("name", "array")), arr["shape"]
+    rows, cols = _grid(mesh)
+    cell = CELL if cols <= 16 else max(6, 352 // cols)
+    labels, held = kw.get("labels") or list(range(rows * cols)), kw.get("held")
+    used = device_blocks(spec, shape, mesh)
+    kept = device_blocks(held, shape, mesh) if held is not None and held != spec else None
+    colours: dict[tuple[tuple[int, int], ...], str] = {}
+    rects = []
+    for pos, block in enumerate(used):
+        colour = colours.setdefault(block, PALETTE[len(colours) % len(PALETTE)])
+        x, y = (pos % cols) * cell, (pos // cols) * cell
+        title = f"device {labels[pos]}: {_block_text(name, block)}"
+        if kept is not None:
+            title += f" (kept as {_block_text(name, kept[pos])})"
+        rects.append(
+            f'<rect class="device" data-device="{pos}" x="{x + 1}" y="{y + 1}" '
+            f'width="{cell - 2}" height="{cell - 2}" rx="3" fill="{colour}">'
+            f"<title>{_e(title)}</title></rect>"
+        )
+        if cell >= 16:
+            rects.append(
+                f'<text x="{x + cell / 2}" y="{y + cell / 2 + 4}" font-size="10" '
+                f'text-anchor="middle" fill="#333">{_e(labels[pos])}</text>'
+            )
+    return f'<svg width="{cols * cell}" height="{rows * cell}" role="img">{"".join(rects)}</svg>'
+
+
+def array_figure(arr: Mapping[str, Any], mesh: Mesh, key: str = "used", **kw: Any) -> str:
+    """A ``figure.array``: the array on the mesh, captioned with name, shape and layout."""
+    spec = arr.get(key, arr.get("spec")) or []
+    held = arr.get("held")
+    text = arr.get(f"{key}_text") or spec_text(spec)
+    note = kw.pop("note", "")
+    if held is not None and held != spec:
+        note = f"kept as {arr.get('held_text') or spec_text(held)}"
+    caption = (
+        f"<b>{_e(arr.get('name', 'array')).replace('@', '@<wbr>')}</b><br>"
+        f'<span class="muted">{_e(arr.get("dtype", ""))}{_e(format_shape(arr["shape"]))} · '
+        f"{_e(text)}{'<br>' + _e(note) if note else ''}</span>"
+    )
+    svg = mesh_svg(arr, spec, mesh, held=held, **kw)
+    return f'<figure class="array">{svg}<figcaption>{caption}</figcaption></figure>'
+
+
+def collective_button(c: Mapping[str, Any], why: str, where: str = "") -> str:
+    """A clickable ``button.coll``: kind, axes, bytes (and repeats); its cause shows in #info."""
+    axes, size = "+".join(c.get("mesh_axes") or []) or "-", format_bytes(c.get("bytes", 0))
+    repeat = f" ×{c['repeat']}" if int(c.get("repeat", 1)) > 1 else ""
+    label, what = f"{axes} · {size}{repeat}", f"{c['kind']} over {axes}, {size}"
+    return (
+        f'<button type="button" class="coll" data-what="{_e(what)}" data-where="{_e(where)}" '
+        f'data-why="{_e(why)}"><b>{_e(c["kind"])}</b><br>{_e(label)}</button>'
+    )
+
+
+def _page(title: str, mesh: Mesh, body: str) -> str:
+    mesh_attr = ",".join(f"{a}:{n}" for a, n in mesh)
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>"
+        f'<div class="page"><main>{body}</main><aside><div id="info" data-mesh="{_e(mesh_attr)}">'
+        f"<h3>Details</h3>{_e(HINT)}</div></aside></div><script>{JS}</script></body></html>"
+    )
+
+
+def _header(title: str, kind: str, facts: Sequence[tuple[str, str]], mesh: Mesh) -> str:
+    size = f"{' × '.join(f'{a}={n}' for a, n in mesh)} ({math.prod(n for _, n in mesh)} devices)"
+    items = "".join(f"<li><b>{_e(k)}</b>{_e(v)}</li>" for k, v in [("mesh", size), *facts])
+    head = f"<h1>{_e(title)}<small>{_e(kind)}</small></h1>"
+    return f'<header>{head}<ul class="facts">{items}</ul></header>'
+
+
+def _program_header(plan: Mapping[str, Any], report: Mapping[str, Any], mesh: Mesh) -> str:
+    search = str(plan.get("method", "")) + (", optimal" if plan.get("optimal") else "")
+    if plan.get("considered"):
+        search += f", {plan['considered']} layouts considered"
+    if plan.get("solve_seconds") is not None:
+        search += f" in {plan['solve_seconds']:.2f} s"
+    facts = [
+        ("plan shown", str(report.get("plan", plan.get("chosen", "")))),
+        ("predicted", format_seconds(float(report.get("seconds", 0.0)))),
+        ("profile", str(plan.get("profile", ""))),
+        ("searched by", search),
+    ]
+    if plan.get("spearman") is not None:
+        facts.append(("rank correlation, predicted vs measured", f"{plan['spearman']:.2f}"))
+    kind = "training step" if report.get("train") else "forward pass"
+    return _header(str(report.get("program", "program")), kind, facts, mesh)
+
+
+def _plan_row(p: Mapping[str, Any], shown: str, base: float) -> str:
+    pred, ver = p["predicted"], p.get("verified") or {}
+    cells = [
+        format_seconds(pred["seconds"]),
+        f"{pred['seconds'] / base:.2f}×" if base else "",
+        format_seconds(ver["seconds"]) if "seconds" in ver else "—",
+        format_bytes(pred["memory_bytes"]),
+        format_bytes(ver["memory_bytes"]) if "memory_bytes" in ver else "—",
+        str(len(pred.get("collectives", []))),
+        {None: "—", True: "yes", False: "NO"}[ver.get("collectives_match")],
+    ]
+    cls = ' class="shown"' if p["name"] == shown else ""
+    name = f'<tr{cls}><td title="{_e(p.get("in_specs", ""))}">{_e(p["name"])}</td>'
+    return name + "".join(f'<td class="n">{_e(c)}</td>' for c in cells) + "</tr>"
+
+
+def _bars(plans: Sequence[Mapping[str, Any]]) -> str:
+    """Predicted and measured time of each plan as horizontal bars (inline SVG)."""
+    values = [(p["predicted"]["seconds"], (p.get("verified") or {}).get("seconds")) for p in plans]
+    top = max([v for pair in values for v in pair if v] or [1.0])
+    left, width, step = 110, 420, 20
+    out = [
+        f'<rect x="{left + j * 90}" y="4" width="10" height="10" fill="{colour}"/><text '
+        f'x="{left + 14 + j * 90}" y="13" font-size="11">{label}</text>'
+        for j, (label, colour) in enumerate((("predicted", PREDICTED), ("measured", MEASURED)))
+    ]
+    for k, (p, pair) in enumerate(zip(plans, values, strict=True)):
+        y = 24 + k * step
+        out.append(f'<text x="{left - 6}" y="{y + 13}" font-size="11" text-anchor="end">')
+        out.append(f"{_e(p['name'])}</text>")
+        for j, (v, colour) in enumerate(zip(pair, (PREDICTED, MEASURED), strict=True)):
+            if v:
+                w = max(1.0, width * v / top)
+                out.append(
+                    f'<rect x="{left}" y="{y + 1 + j * 9}" width="{w:.1f}" height="8" '
+                    f'fill="{colour}"/><text x="{left + w + 4:.1f}" y="{y + 8 + j * 9}" '
+                    f'font-size="9" fill="#555">{_e(format_seconds(v))}</text>'
+                )
+    height = 28 + len(plans) * step
+    return f'<svg class="bars" width="{left + width + 70}" height="{height}">{"".join(out)}</svg>'
+
+
+def _comparison(plan: Mapping[str, Any], shown: str) -> str:
+    plans = list(plan.get("plans", []))
+    base = next((p["predicted"]["seconds"] for p in plans if p["name"] == shown), 0.0)
+    heads = ["plan", "predicted", f"vs {shown}", "measured", "memory predicted"]
+    heads += ["memory measured", "collectives", "matches HLO"]
+    table = _table(heads, "".join(_plan_row(p, shown, base) for p in plans))
+    skipped = "".join(
+        f'<div class="muted">{_e(s.get("name", ""))} skipped: {_e(s.get("why", ""))}</div>'
+        for s in plan.get("skipped", [])
+    )
+    return (
+        f"<section><h2>The plans compared</h2>"
+        f'<div class="row"><div>{table}{skipped}</div>{_bars(plans)}</div></section>'
+    )
+
+
+def _op_row(row: Mapping[str, Any], mesh: Mesh) -> str:
+    where = f"{row['op']} at {row.get('source', '')}"
+    colls = "".join(
+        collective_button(
+            c, str(c.get("why", "")), f"{where}, {format_seconds(c.get('seconds', 0))}"
+        )
+        for c in row.get("collectives", [])
+    )
+    op = f'<div class="op"><code>{_e(row["op"])}</code></div>'
+    op += f'<div class="muted">{_e(row.get("source", ""))} · point {_e(row.get("at", ""))}</div>'
+    if row.get("mirrors"):
+        op += f'<div class="back">backward of {_e(row["mirrors"])}</div>'
+    if int(row.get("repeat", 1)) > 1:
+        op += f'<div class="muted">runs ×{_e(row["repeat"])}</div>'
+    reads = "".join(array_figure(a, mesh) for a in row.get("inputs", []))
+    makes = array_figure(row["output"], mesh)
+    share = float(row.get("share", 0.0))
+    bar = (
+        f'<div class="share"><span style="width:{100 * min(share, 1.0):.1f}%"></span></div>'
+        f'<span class="muted">{100 * share:.1f}% · {format_seconds(row.get("seconds", 0.0))}</span>'
+    )
+    return (
+        f'<tr><td>{op}</td><td><div class="arrays">{reads}</div></td>'
+        f'<td><div class="arrays">{makes}</div></td><td>{colls or NONE}</td><td>{bar}</td></tr>'
+    )
+
+
+def _ops(report: Mapping[str, Any], mesh: Mesh) -> str:
+    heads = ("op", "reads (on the mesh)", "makes", "collectives", "share of time")
+    rows = "".join(_op_row(r, mesh) for r in report.get("rows", []))
+    return (
+        '<section><h2>Op by op</h2><p class="muted">Each array is drawn on the mesh: one square '
+        "per device, coloured by the block it holds (the same colour, the same block).</p>"
+        f"{_table(heads, rows, 'ops')}</section>"
+    )
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.3g} MiB"
+
+
+def memory_svg(points: Sequence[float], peak: float, at: int) -> str:
+    """Bytes per device over the program points as a polyline, the peak marked in MiB."""
+    width, height, left, top, bottom = 640, 190, 70, 20, 28
+    top_value = max([peak, *points, 1]) * 1.1
+    span, plot = max(len(points) - 1, 1), height - top - bottom
+
+    def xy(k: int, v: float) -> tuple[float, float]:
+        return left + (width - left - 10) * k / span, top + plot * (1 - v / top_value)
+
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(k, v) for k, v in enumerate(points)))
+    parts = [f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#999"/>']
+    for v in (0.0, peak / 2, peak):
+        _, y = xy(0, v)
+        parts.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end" '
+            f'fill="#555">{_mib(v)}</text><line x1="{left}" y1="{y:.1f}" x2="{width - 10}" '
+            f'y2="{y:.1f}" stroke="#eceef2"/>'
+        )
+    px, py = xy(at, peak)
+    anchor = "end" if px > width * 0.7 else "start"
+    parts += [
+        f'<polyline points="{line}" fill="none" stroke="{PREDICTED}" stroke-width="2"/>',
+        f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4.5" fill="#d0021b"/>',
+        f'<text class="peak" x="{px + (-8 if anchor == "end" else 8):.1f}" y="{py - 6:.1f}" '
+        f'font-size="11" font-weight="600" text-anchor="{anchor}">peak {_mib(peak)} '
+        f"at point {at}</text>",
+        f'<text x="{(left + width) / 2}" y="{height - 6}" font-size="10" text-anchor="middle" '
+        f'fill="#555">program point (0 … {len(points) - 1})</text>',
+    ]
+    return f'<svg class="memory" width="{width}" height="{height}">{"".join(parts)}</svg>'
+
+
+def _memory(memory: Mapping[str, Any]) -> str:
+    alive = "".join(_cells([a["name"], format_bytes(a["bytes"])]) for a in memory.get("alive", []))
+    svg = memory_svg(memory.get("points", [0]), memory.get("peak", 0), memory.get("at", 0))
+    table = _table(["alive at the peak", "per device"], alive)
+    return f'<section><h2>Memory per device</h2><div class="row">{svg}{table}</div></section>'
+
+
+def program_html(data: Mapping[str, Any]) -> str:
+    """The report of a planned program: ``{"plan": ProgramPlan.to_json(), "report":
+    ProgramReport.to_json()}`` as one self-contained HTML page."""
+    plan, report = data.get("plan") or {}, data["report"]
+    mesh = [(str(a), int(n)) for a, n in report["mesh"]]
+    shown = str(report.get("plan", plan.get("chosen", "search")))
+    comparison = _comparison(plan, shown) if plan.get("plans") else ""
+    body = _program_header(plan, report, mesh) + comparison + _ops(report, mesh)
+    body += _memory(report.get("memory") or {})
+    return _page(f"shardwise: {report.get('program', 'program')} ({shown})", mesh, body)
+
+
+def _explain_arrays(data: Mapping[str, Any], mesh: Mesh) -> str:
+    labels = data.get("device_ids") or None
+    figures = []
+    for k, op in enumerate(data.get("operands", [])):
+        named = {**op, "name": op.get("name") or f"operand {k}"}
+        figures.append(array_figure(named, mesh, "spec", labels=labels))
+    if data.get("local"):
+        local = {**data["local"], "name": "local result"}
+        note = f"partial sums over {'+'.join(local.get('partial', []))}"
+        figures.append(array_figure(local, mesh, "spec", labels=labels, note=note))
+    outputs = data.get("outputs") or ([data["output"]] if data.get("output") else [])
+    for k, out in enumerate(outputs):
+        name = out.get("name") or ("output" if len(outputs) == 1 else f"output {k}")
+        figures.append(array_figure({**out, "name": name}, mesh, "spec", labels=labels))
+    figs = "".join(figures)
+    return f'<section><h2>Arrays on the mesh</h2><div class="arrays">{figs}</div></section>'
+
+
+def _explain_collectives(data: Mapping[str, Any]) -> str:
+    items = []
+    for c in data.get("collectives", []):
+        why = str((c.get("cause") or {}).get("text", ""))
+        where = str(c.get("source") or c.get("hlo_op") or "")
+        items.append(
+            f"<div>{collective_button(c, why, where)}"
+            f'<div class="cause">{_e(why)} <span class="muted">{_e(where)}</span></div></div>'
+        )
+    body = "".join(items) or '<p class="none">none: every device computes its block alone</p>'
+    return f"<section><h2>Collectives (from the compiled HLO) and why</h2>{body}</section>"
+
+
+def _explain_memory(data: Mapping[str, Any]) -> str:
+    memory, compute = data.get("memory") or {}, data.get("compute") or {}
+    values = {f"{k} bytes": memory.get(f"{k}_bytes") for k in MEMORY}
+    rows = [[k, format_bytes(v)] for k, v in values.items() if v is not None]
+    if memory.get("fraction") is not None:
+        rows.append(["of capacity", f"{100 * memory['fraction']:.1f}%"])
+    if compute.get("flops") is not None:
+        rows.append(["flops", f"{compute['flops']:,.0f}"])
+    cells = _table(["per device", ""], "".join(_cells(r) for r in rows))
+    problems = "".join(f"<li>{_e(p)}</li>" for p in data.get("problems", []))
+    problems = f"<h2>Problems</h2><ul>{problems}</ul>" if problems else ""
+    return f"<section><h2>Memory and compute per device</h2>{cells}{problems}</section>"
+
+
+def explanation_report(data: Mapping[str, Any]) -> str:
+    """The report of one explanation (``Explanation.to_json()``) as one self-contained page."""
+    mesh = [(str(a), int(n)) for a, n in dict(data["mesh"]).items()]
+    title = str(data.get("equation") or "function")
+    facts = [("mode", str(data.get("mode", ""))), ("axes", str(data.get("axis_type", "")))]
+    body = _header(title, "explained", facts, mesh) + _explain_arrays(data, mesh)
+    body += _explain_collectives(data) + _explain_memory(data)
+    return _page(f"shardwise explain: {title}", mesh, body)

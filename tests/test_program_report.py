@@ -1,0 +1,129 @@
+"""Seeing a whole program: arrays named from the user's code, the op-by-op view of a plan with
+each collective's reason, the memory over the program against XLA's, and the CLI's views."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import pytest
+from typer.testing import CliRunner
+
+import shardwise
+from shardwise._model.profile import BUILTIN
+from shardwise._planner.models import model
+from shardwise.cli import app
+
+S = jax.ShapeDtypeStruct
+CPU = BUILTIN["cpu-2core"]
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def mlp_train():
+    fn, args = model("mlp", batch=64, hidden=32, ffn=64, train=True)
+    return shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, train=True, top=2)
+
+
+def test_every_collective_is_in_exactly_one_op_row_with_a_reason(mlp_train):
+    for p in mlp_train.plans:
+        rep = mlp_train.report(p.name)
+        shown = [c for row in rep.rows for c in row.collectives]
+        assert sorted(map(repr, shown)) == sorted(map(repr, p.predicted.collectives))
+        assert all(c.why for c in shown)
+        # the rest of the time is elementwise work and maps that move nothing
+        assert 0 < sum(r.share for r in rep.rows) <= 1 + 1e-9
+
+
+def test_rows_name_arrays_from_the_users_code_and_backward_ops_name_their_forward_op(mlp_train):
+    rep = mlp_train.report()
+    names = {a.name for row in rep.rows for a in (*row.inputs, row.output)}
+    assert {"x", "params['w1']", "params['w2']"} <= names
+    assert not any(n.startswith("operand") for n in names)
+    # every intermediate is named by the op and the line that makes it
+    assert all(n in {"x", "y", "params['w1']", "params['w2']"} or "@models.py:" in n for n in names)
+    dots = [r for r in rep.rows if r.op.startswith("dot_general")]
+    # 2 forward; backward: dW2, dh, dW1 (no gradient for the data x)
+    assert len(dots) == 5
+    forward = {r.source for r in dots if not r.mirrors}
+    backward = [r for r in dots if r.mirrors]
+    assert len(backward) == 3 and len(forward) == 2
+    assert {r.mirrors for r in backward} == {f"dot_general at {s}" for s in forward}
+    assert all(len(a.dims) == len(a.shape) for r in dots for a in r.inputs)
+    assert dots[0].inputs[0].dims == ("a", "b")  # einsum letters where the op gives them
+
+
+def test_memory_curve_peaks_at_the_predicted_memory(mlp_train):
+    for p in mlp_train.plans:
+        mem = mlp_train.report(p.name).memory
+        assert mem.peak == p.predicted.memory_bytes == max(mem.points)
+        assert mem.points[mem.at] == mem.peak
+        held = dict(mem.alive)
+        assert held and all(b > 0 for b in held.values())
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["forward", "training step"])
+def test_predicted_memory_within_20_percent_of_xla_for_every_mlp_plan(train):
+    fn, args = model("mlp", batch=256, hidden=1024, ffn=4096, train=train)
+    p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, train=train, top=5)
+    checked = p.verify(repeat=1)
+    for q in checked.plans:
+        assert q.verified is not None and q.verified.memory_bytes
+        ratio = q.predicted.memory_bytes / q.verified.memory_bytes
+        assert 0.8 <= ratio <= 1.2, (q.name, ratio)
+
+
+def test_explained_function_names_its_arrays_by_parameter_and_path():
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+
+    def mlp(x, params):
+        return jax.nn.relu(x @ params["w1"]) @ params["w2"]
+
+    specs = (jax.P("data"), {"w1": jax.P(None, "model"), "w2": jax.P("model")})
+    expl = shardwise.shard(mlp, mesh, in_specs=specs).explain(
+        S((64, 32), "float32"), {"w1": S((32, 128), "float32"), "w2": S((128, 32), "float32")}
+    )
+    assert [o.name for o in expl.operands] == ["x", "params['w1']", "params['w2']"]
+    assert [o.name for o in expl.outputs] == ["result"]
+    data = expl.to_json()
+    assert [o["name"] for o in data["operands"]] == ["x", "params['w1']", "params['w2']"]
+    text = str(expl)
+    assert "params['w1']" in text and "operand 0" not in text
+    assert "d0×d1" in text  # dimensions without einsum letters are d0, d1, …
+
+
+def test_cli_shows_ops_memory_and_writes_an_html_report(tmp_path):
+    out = tmp_path / "mlp.html"
+    args = ["plan", "--model", "mlp", "--batch", "64", "--hidden", "32", "--ffn", "64"]
+    args += ["--mesh", "data=2,model=4", "--profile", "cpu-2core", "--train", "--top", "2"]
+    full = runner.invoke(app, [*args, "--html", str(out)], env={"COLUMNS": "200"})
+    assert full.exit_code == 0, full.output
+    assert "op by op" in full.output and "backward of dot_general at models.py:" in full.output
+    assert "memory per device over the program" in full.output and "held at the peak" in full.output
+    html = out.read_text()
+    assert html.startswith("<!DOCTYPE html>") or html.lstrip().lower().startswith("<!doctype")
+    assert "params[&#x27;w1&#x27;]" in html or "params['w1']" in html
+    quiet = runner.invoke(app, [*args, "-q"], env={"COLUMNS": "200"})
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.output.count("dot_general ab") < full.output.count("dot_general ab")
+    bad = runner.invoke(app, [*args, "--html", str(tmp_path / "missing" / "r.html")])
+    assert bad.exit_code == 2 and "cannot write" in bad.output
+
+
+def test_explain_cli_writes_an_html_report(tmp_path):
+    out = tmp_path / "e.html"
+    args = ["explain", "nd,nd->n", "--shapes", "64x32,64x32", "--mesh", "x=2,y=4"]
+    result = runner.invoke(app, [*args, "--in", "x,y", "--in", "x,y", "--html", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert 'class="device"' in out.read_text()
+
+
+def test_plan_json_carries_the_reason_of_each_collective():
+    fn, args = model("mlp", batch=64, hidden=32, ffn=64)
+    p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, top=1)
+    data = json.loads(json.dumps(p.to_json()))
+    comms = [c for plan in data["plans"] for c in plan["predicted"]["collectives"]]
+    assert comms and all(c["why"] and c["step"] >= 0 for c in comms)
+    rep = json.loads(json.dumps(p.report().to_json()))
+    assert rep["memory"]["peak"] == max(rep["memory"]["points"])
+    assert {"x", "params['w1']"} <= {a["name"] for r in rep["rows"] for a in r["inputs"]}
