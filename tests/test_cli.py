@@ -1,10 +1,13 @@
-"""The command line: demo and explain, through typer's CliRunner."""
+"""The command line: demo and explain, one vocabulary of flags, through typer's CliRunner."""
 
 from __future__ import annotations
 
 import json
+import re
 
+import numpy as np
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from shardwise.cli import app
@@ -82,13 +85,13 @@ def test_demo_bad_size():
     ("argv", "collectives", "shard"),
     [
         (
-            ["--mesh", "x=2,y=4", "--in", "x,y", "--in", "x,y", "--out", "x"],
+            ["--mesh", "x=2,y=4", "--in", "x,y", "--in", "x,y", "--out-spec", "x"],
             [{"kind": "all-reduce", "mesh_axes": ["y"], "bytes": 8000}],
             [2000, 2500],
         ),
         (["--mesh", "devices=8", "--in", "devices", "--in", "devices"], [], [500, 10000]),
         (
-            ["--mesh", "devices=8", "--layout", "d=devices", "--out", "", "--mode", "manual"],
+            ["--mesh", "devices=8", "--layout", "d=devices", "--out-spec", "", "--mode", "manual"],
             [{"kind": "all-reduce", "mesh_axes": ["devices"], "bytes": 16000}],
             [4000, 1250],
         ),
@@ -124,3 +127,148 @@ def test_explain_table():
     )
     assert result.exit_code == 0, result.output
     assert "all-reduce" in result.output and "(32, 16)" in result.output
+
+
+# one vocabulary: flags without metavars, --out for files, memory named for what it bounds
+
+COMMANDS = ["demo", "explain", "plan", "run", "bench", "calibrate", "launch"]
+
+
+def flat(text):
+    """``text`` with every run of whitespace as one space (rich wraps long lines)."""
+    return " ".join(text.split())
+
+
+def warned(result, old, new, command):
+    return (
+        f"warning: {old} is deprecated for {command}; use {new} (it will be removed in the "
+        "next release)"
+    ) in flat(result.stderr)
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_shows_flags_without_a_value_placeholder(command):
+    result = runner.invoke(
+        app, [command, "--help"] if command else ["--help"], env={"COLUMNS": "120"}
+    )
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output and "BOOLEAN" not in result.output, result.output
+    flag = re.compile(r"^│\s+(?:\*\s+)?(--help|--json|--verify|--all-output|--dask)\b(.*)$")
+    rows = [m for line in result.output.splitlines() if (m := flag.match(line))]
+    assert rows  # every command has --help
+    for m in rows:
+        before_help = m.group(2).split("Show this")[0] if m.group(1) == "--help" else m.group(2)
+        assert "<" not in before_help, m.group(0)
+    if command in ("plan", "bench", "calibrate", "explain"):
+        assert "<int range>" in result.output or "<str>" in result.output  # values keep theirs
+
+
+def test_deprecated_names_are_left_out_of_the_help():
+    explain = runner.invoke(app, ["explain", "--help"], env={"COLUMNS": "120"}).output
+    assert "--out-spec" in explain and not re.search(r"--out(?!-)", explain)
+    for command, new in (("plan", "--device-memory"), ("run", "--host-memory")):
+        text = runner.invoke(app, [command, "--help"], env={"COLUMNS": "120"}).output
+        assert new in text and "--budget" not in text
+
+
+EXPLAIN = ["explain", "nd,nd->n", "--shapes", "64x32,64x32", "--mesh", "x=2,y=4", "--json"]
+EXPLAIN_IN = ["--in", "x,y", "--in", "x,y"]
+
+
+def test_explain_out_spec_and_its_deprecated_name_out():
+    new = runner.invoke(app, [*EXPLAIN, *EXPLAIN_IN, "--out-spec", "x"])
+    assert new.exit_code == 0, new.output
+    assert "deprecated" not in new.stderr
+    old = runner.invoke(app, [*EXPLAIN, *EXPLAIN_IN, "--out", "x"])
+    assert old.exit_code == 0, old.output
+    assert warned(old, "--out", "--out-spec", "explain"), old.stderr
+    assert json.loads(old.stdout)["output"] == json.loads(new.stdout)["output"]
+    assert json.loads(new.stdout)["output"]["shard_shape"] == [32]
+    replicated = runner.invoke(app, [*EXPLAIN, *EXPLAIN_IN, "--out-spec", "-"])
+    assert replicated.exit_code == 0, replicated.output
+    assert json.loads(replicated.stdout)["output"]["shard_shape"] == [64]
+
+
+def test_explain_refuses_out_spec_and_out_together():
+    result = runner.invoke(app, [*EXPLAIN, *EXPLAIN_IN, "--out-spec", "x", "--out", "x"])
+    assert result.exit_code == 2
+    assert "both --out-spec and --out" in flat(result.output)
+    assert "give --out-spec only" in flat(result.output)
+
+
+def test_explain_says_how_many_in_it_needs_and_how_to_write_replicated():
+    result = runner.invoke(app, [*EXPLAIN, "--in", "x,y"])
+    assert result.exit_code == 2
+    text = flat(result.output)
+    assert "--in was given 1 time, but 'nd,nd->n' has 2 operands" in text, text
+    assert "'' or - for a replicated one" in text and "None" not in text
+
+
+PLAN = ["plan", "nd,nd->n", "--shapes", "8x4,8x4", "--mesh", "x=2", "--profile", "h100"]
+
+
+@pytest.mark.parametrize(("flag", "warns"), [("--device-memory", False), ("--budget", True)])
+def test_plan_device_memory_and_its_deprecated_name_budget(flag, warns):
+    result = runner.invoke(app, [*PLAN, flag, "1MiB", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["budget_bytes"] == 2**20
+    assert warned(result, "--budget", "--device-memory", "plan") is warns, result.stderr
+
+
+def test_plan_memory_errors_name_the_new_flag():
+    for flag in ("--device-memory", "--budget"):
+        result = runner.invoke(app, [*PLAN, flag, "0"])
+        assert result.exit_code == 2
+        assert "--device-memory '0' is 0 bytes" in flat(result.output), result.output
+    both = runner.invoke(app, [*PLAN, "--device-memory", "1MiB", "--budget", "1MiB"])
+    assert both.exit_code == 2 and "give --device-memory only" in flat(both.output)
+
+
+def _npy_inputs(tmp_path):
+    rng = np.random.default_rng(0)
+    a, b = (rng.random((10_001, 3)).astype(np.float32) for _ in range(2))
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    return ["run", "nd,nd->n", str(tmp_path / "a.npy"), str(tmp_path / "b.npy")], a, b
+
+
+@pytest.mark.parametrize(("flag", "warns"), [("--host-memory", False), ("--budget", True)])
+def test_run_host_memory_and_its_deprecated_name_budget(tmp_path, flag, warns):
+    args, a, b = _npy_inputs(tmp_path)
+    out = tmp_path / "o.npy"
+    result = runner.invoke(app, [*args, "--out", str(out), flag, "64KiB", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["chunks"] > 1 and data["predicted_peak_bytes"] <= 64 * 2**10
+    np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)
+    assert warned(result, "--budget", "--host-memory", "run") is warns, result.stderr
+
+
+def test_run_memory_errors_name_the_new_flag(tmp_path):
+    args, _, _ = _npy_inputs(tmp_path)
+    out = ["--out", str(tmp_path / "o.npy")]
+    for flag in ("--host-memory", "--budget"):
+        result = runner.invoke(app, [*args, *out, flag, "0"])
+        assert result.exit_code == 2
+        assert "--host-memory '0' is 0 bytes" in flat(result.output), result.output
+    both = runner.invoke(app, [*args, *out, "--host-memory", "1MiB", "--budget", "1MiB"])
+    assert both.exit_code == 2 and "give --host-memory only" in flat(both.output)
+
+
+def _option(command, name):
+    click_command = typer.main.get_command(app).commands[command]
+    return next(p for p in click_command.params if p.name == name)
+
+
+@pytest.mark.parametrize(
+    ("command", "what"),
+    [
+        ("plan", "timed runs of each strategy (or plan)"),
+        ("bench", "timed runs of each runner (shardwise and each peer)"),
+        ("calibrate", "timed runs of each measurement"),
+    ],
+)
+def test_repeat_defaults_to_five_and_says_what_one_repeat_is(command, what):
+    repeat = _option(command, "repeat")
+    assert repeat.default == 5
+    assert what in repeat.help.lower() and "median" in repeat.help

@@ -131,10 +131,10 @@ def test_plan_refuses_a_budget_below_one_byte(budget):
         "x=2",
         "--profile",
         "h100",
-        "--budget",
+        "--device-memory",
         budget,
     )
-    assert code == 2 and f"--budget '{budget}'" in out and "at least 1 byte" in out, out
+    assert code == 2 and f"--device-memory '{budget}'" in out and "at least 1 byte" in out, out
 
 
 def test_parse_bytes_refuses_sizes_below_one_byte_for_every_budget():

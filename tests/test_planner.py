@@ -315,10 +315,10 @@ def test_cli_plan_without_devices_and_budget_error():
         "--profile",
         "tpu-v5e",
     ]
-    result = runner.invoke(app, [*plan, "--budget", "1MiB"])
+    result = runner.invoke(app, [*plan, "--device-memory", "1MiB"])
     assert result.exit_code == 2
     assert "fits the budget of 1.0 MiB" in " ".join(result.output.split())
-    result = runner.invoke(app, [*plan, "--budget", "16GB", "--json"])
+    result = runner.invoke(app, [*plan, "--device-memory", "16GB", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["refused"]
 

@@ -231,7 +231,9 @@ def test_peak_memory_stays_within_the_budget(tmp_path):
 
 def test_plan_refuses_a_budget_too_small_and_says_what_would_do():
     src = Source("a", (1000, 3), np.dtype("float32"), "numpy")
-    with pytest.raises(ArgumentError, match=r"cannot hold the smallest chunk.*use --budget"):
+    with pytest.raises(
+        ArgumentError, match=r"cannot hold the smallest chunk.*or more \(--host-memory"
+    ):
         plan_stream(Op.parse("nd,nd->n"), [src, src], devices=8, budget=100)
     with pytest.raises(ArgumentError, match="every input has"):
         plan_stream(
@@ -308,7 +310,7 @@ def test_cli_run(tmp_path):
         str(tmp_path / "b.npy"),
         "--out",
         str(out),
-        "--budget",
+        "--host-memory",
         "64KiB",
     ]
     result = runner.invoke(app, [*args, "--json"])
@@ -319,7 +321,7 @@ def test_cli_run(tmp_path):
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "nothing to do" in again.output
     small = runner.invoke(
-        app, [*args[:4], "--out", str(tmp_path / "other.npy"), "--budget", "100B"]
+        app, [*args[:4], "--out", str(tmp_path / "other.npy"), "--host-memory", "100B"]
     )
     assert small.exit_code == 2
     assert "cannot hold the smallest chunk" in " ".join(small.output.split())

@@ -275,7 +275,7 @@ def test_garbled_manifests_are_clear_errors(tmp_path, text):
     path.write_text(text)
     with pytest.raises(ShardwiseError, match=DAMAGED):
         _run(ins, out)
-    args = ["run", "nd,nd->n", *map(str, ins), "--out", str(out), "--budget", "64KiB"]
+    args = ["run", "nd,nd->n", *map(str, ins), "--out", str(out), "--host-memory", "64KiB"]
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert DAMAGED in " ".join(result.output.split())
@@ -427,7 +427,7 @@ def test_the_command_line_reports_a_full_disk_with_exit_2(tmp_path, monkeypatch)
 
     monkeypatch.setattr(os, "write", full)
     args = ["run", "nd,nd->n", *map(str, ins), "--out", str(tmp_path / "o.npy")]
-    result = runner.invoke(app, [*args, "--budget", "64KiB"])
+    result = runner.invoke(app, [*args, "--host-memory", "64KiB"])
     text = " ".join(result.output.split())
     assert result.exit_code == 2, text
     assert "No space left on device" in text and "This is a bug" not in text
@@ -483,13 +483,13 @@ def test_npy_headers_with_impossible_sizes_are_refused(tmp_path, shape):
 
 @pytest.mark.parametrize(
     ("option", "value", "message"),
-    [("--budget", "0", "positive size"), ("--out", "", "names no file")],
+    [("--host-memory", "0", "positive size"), ("--out", "", "names no file")],
 )
 def test_the_command_line_refuses_a_zero_budget_and_an_empty_output(
     tmp_path, option, value, message
 ):
     ins = _inputs(tmp_path)
-    args = {"--budget": "64KiB", "--out": str(tmp_path / "o.npy"), option: value}
+    args = {"--host-memory": "64KiB", "--out": str(tmp_path / "o.npy"), option: value}
     argv = ["run", "nd,nd->n", *map(str, ins)] + [x for kv in args.items() for x in kv]
     result = runner.invoke(app, argv)
     assert result.exit_code == 2, result.output

@@ -39,7 +39,7 @@ def _clear_caches():
 @pytest.mark.xfail(
     strict=True,
     reason="JAX 0.10.2's SPMD partitioner loses the partial sum over x (see openxla/xla#40034); "
-    "when this passes, JAX has fixed it: say so in the README's Trust section, and keep the "
+    "when this passes, JAX has fixed it: say so in docs/guide/trust.md, and keep the "
     "resharding (older JAX still needs it)",
 )
 def test_jax_itself_miscompiles_a_contraction_whose_operands_disagree():

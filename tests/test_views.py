@@ -181,7 +181,7 @@ S4_EXPLAIN = [
     "x,y",
     "--in",
     "x,y",
-    "--out",
+    "--out-spec",
     "x",
 ]
 """``shardwise explain`` of S4's layout at a small size."""

@@ -282,7 +282,8 @@ def plan_einsum(
             f"no strategy for {op.equation!r} on mesh {spec.describe()} fits "
             f"{'the budget of ' + format_bytes(limit) if limit is not None else 'the shapes'}"
             + (f"; the smallest needs {format_bytes(smallest)}" if smallest else "")
-            + "; give a larger budget or a mesh with more devices."
+            + "; give a larger budget (--device-memory from the command line) or a mesh with "
+            "more devices."
         )
     if verify:
         assert jmesh is not None

@@ -154,8 +154,8 @@ def plan_stream(
         raise ArgumentError(
             f"a memory budget of {format_bytes(budget)} cannot hold the smallest chunk of "
             f"{op.equation!r} ({max(rows, smallest)} along index {index!r}, split over "
-            f"{devices} devices, needs {format_bytes(need)}); use --budget "
-            f"{format_bytes(need * 1.05)} or more."
+            f"{devices} devices, needs {format_bytes(need)}); give a budget of "
+            f"{format_bytes(need * 1.05)} or more (--host-memory from the command line)."
         )
     return StreamPlan(index, accumulate, total, rows, -(-total // rows), rows * per_row, fixed)
 
@@ -195,8 +195,9 @@ def check_resumable(plan: StreamPlan, devices: int, limit: int, manifest: str) -
     if plan.peak_bytes > limit:
         raise ArgumentError(
             f"the interrupted run used chunks needing {format_bytes(plan.peak_bytes)}, "
-            f"over the budget of {format_bytes(limit)}; resume with --budget "
-            f"{format_bytes(plan.peak_bytes)}, {start_over}."
+            f"over the budget of {format_bytes(limit)}; resume with a budget of "
+            f"{format_bytes(plan.peak_bytes)} (--host-memory from the command line), "
+            f"{start_over}."
         )
     if plan.chunk % devices:
         raise ArgumentError(

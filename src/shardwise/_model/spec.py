@@ -41,7 +41,8 @@ def _entry(value: object, where: str) -> Entry:
         if not text.isidentifier():
             raise SpecError(
                 f"cannot read {where}: {value!r} is not a mesh axis name. Write an axis name, "
-                "None or - for an unsharded dimension, or (x,y) for one dimension over two axes."
+                "None, '' or - for an unsharded dimension, or (x,y) for one dimension over two "
+                "axes."
             )
         return (text,)
     if isinstance(value, Sequence):

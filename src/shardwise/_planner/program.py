@@ -305,7 +305,7 @@ def _search(
     if first is None:
         raise ArgumentError(
             f"no plan fits in {budget:,} bytes per device on mesh {mesh.describe()}; give a "
-            "larger budget or a larger mesh."
+            "larger budget (--device-memory from the command line) or a larger mesh."
         )
     found = [first]
     inputs = sorted(set(_input_vars(graph, problem)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from shardwise._runtime.child import set_up
@@ -13,21 +15,50 @@ from shardwise.cli import explain as _explain
 from shardwise.cli import launch as _launch
 from shardwise.cli import plan as _plan
 from shardwise.cli import run as _run
+from shardwise.cli._common import Command, Group
 
 app = typer.Typer(
     name="shardwise",
+    cls=Group,
     help="Plan, see and trust tensor parallelism in JAX.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("demo")(_demo.demo)
-app.command("explain")(_explain.explain)
-app.command("plan")(_plan.plan)
-app.command("calibrate")(_calibrate.calibrate)
-app.command("bench")(_bench.bench)
-app.command("run")(_run.run)
-app.command("launch", context_settings={"allow_interspersed_args": False})(_launch.launch)
+
+
+def _version(given: bool) -> None:
+    if given:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"shardwise {version('shardwise')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("shardwise (not installed: no version recorded)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Plan, see and trust tensor parallelism in JAX."""
+
+
+app.command("demo", cls=Command)(_demo.demo)
+app.command("explain", cls=Command)(_explain.explain)
+app.command("plan", cls=Command)(_plan.plan)
+app.command("calibrate", cls=Command)(_calibrate.calibrate)
+app.command("bench", cls=Command)(_bench.bench)
+app.command("run", cls=Command)(_run.run)
+app.command("launch", cls=Command, context_settings={"allow_interspersed_args": False})(
+    _launch.launch
+)
 
 
 def main() -> None:

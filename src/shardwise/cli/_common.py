@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from shardwise._errors import ArgumentError, ShardwiseError
 from shardwise._files import write_atomic
@@ -24,6 +25,10 @@ EXIT_WRONG = 1
 """Exit status when a computation gave a wrong result or failed unexpectedly."""
 EXIT_USAGE = 2
 """Exit status for bad input (the message says what to change)."""
+
+REPEAT = 5
+"""``--repeat``'s default wherever it counts the timed runs of each thing compared (each
+strategy or plan of ``plan --verify``, each runner of ``bench``), of which the median counts."""
 
 Devices = Annotated[
     int | None,
@@ -40,6 +45,55 @@ Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
+V = TypeVar("V")
+
+
+def _plain_flags(params: list[Any]) -> list[Any]:
+    """Show flags (``--json``, ``--help``, ``--dask/--no-dask``) without a value placeholder.
+
+    Typer's rich help prints each option's type (``<bool>``) in a column of its own, from
+    ``display_type_rich``, and does so for flags too, although they take no value (its plain
+    help leaves flags out). That method returns an option's metavar when one is set, so an
+    empty metavar leaves the column blank for a flag and changes nothing else: a flag never
+    reads a value, so its metavar appears nowhere but there.
+    """
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """A command whose ``--help`` shows flags as flags (every ``shardwise`` command is one)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_flags(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """The ``shardwise`` group, whose own ``--help`` shows flags as flags too."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_flags(super().get_params(ctx))
+
+
+def renamed(command: str, new: str, new_value: V | None, old: str, old_value: V | None) -> V | None:
+    """The value of option ``new``, or else of ``old``, its deprecated name in ``command``
+    (kept for one release): using ``old`` prints a warning, giving both is an error."""
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise ArgumentError(
+            f"{command} was given both {new} and {old}, and {old} is the deprecated old name of "
+            f"{new}; give {new} only."
+        )
+    err.print(
+        f"[bold yellow]warning:[/] {old} is deprecated for {command}; use {new} "
+        "(it will be removed in the next release)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return old_value
 
 
 def setup_devices(devices: int | None) -> None:

@@ -9,7 +9,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
+from shardwise.cli._common import (
+    REPEAT,
+    Devices,
+    Json,
+    friendly_errors,
+    print_json,
+    setup_devices,
+)
 
 
 @friendly_errors
@@ -21,7 +28,15 @@ def bench(
     peers: Annotated[
         str, typer.Option("--peers", help="Comma-separated peers to run (installed ones only).")
     ] = "numpy,torch,dask,jax",
-    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per runner.")] = 7,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            "--repeat",
+            min=1,
+            help="Timed runs of each runner (shardwise and each peer) on each workload, taking "
+            "turns; the median is shown.",
+        ),
+    ] = REPEAT,
     json: Json = False,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Draw ratios and W1's curve to this file.")

@@ -21,7 +21,15 @@ def calibrate(
     size: Annotated[
         str, typer.Option("--size", help="Bytes per device for the bandwidth tests.")
     ] = "64MiB",
-    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per test.")] = 5,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            "--repeat",
+            min=1,
+            help="Timed runs of each measurement (memory bandwidth, matmul per dtype, each "
+            "collective on each axis at a small and a large size); the median is kept.",
+        ),
+    ] = 5,
     json: Json = False,
     devices: Devices = None,
 ) -> None:

@@ -8,12 +8,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from shardwise._errors import ShapeError
+from shardwise._errors import ArgumentError, ShapeError
 from shardwise.cli._common import (
     Devices,
     Json,
     friendly_errors,
     print_json,
+    renamed,
     setup_devices,
     write_file,
 )
@@ -40,6 +41,18 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
     return shapes
 
 
+def _check_in_count(equation: str, in_: list[str] | None) -> None:
+    """``--in`` once per operand of ``equation``, or not at all."""
+    operands = equation.split("->")[0].count(",") + 1
+    if in_ and len(in_) != operands:
+        given = f"{len(in_)} time{'s' if len(in_) != 1 else ''}"
+        raise ArgumentError(
+            f"--in was given {given}, but {equation!r} has {operands} "
+            f"operand{'s' if operands != 1 else ''}; give --in once per operand, in order "
+            f"('' or - for a replicated one), e.g. {' '.join(['--in -'] * operands)}."
+        )
+
+
 @friendly_errors
 def explain(
     equation: Annotated[str, typer.Argument(help="Einsum equation, e.g. 'nd,nd->n'.")],
@@ -51,11 +64,20 @@ def explain(
         list[str] | None,
         typer.Option(
             "--in",
-            help="One per operand, in order: spec like x,y or -,devices or '' for replicated.",
+            help="One per operand, in order: a spec like x,y or -,devices; '' or - for replicated.",
+        ),
+    ] = None,
+    out_spec: Annotated[
+        str | None,
+        typer.Option(
+            "--out-spec",
+            help="The output's spec, e.g. x; '' or - for replicated; default keeps the inputs' "
+            "axes.",
         ),
     ] = None,
     out: Annotated[
-        str | None, typer.Option("--out", help="Output spec; default keeps the inputs' axes.")
+        str | None,
+        typer.Option("--out", hidden=True, help="Deprecated name of --out-spec."),
     ] = None,
     layout: Annotated[
         str | None, typer.Option("--layout", help="Index layout instead of --in, e.g. n=x,d=y.")
@@ -87,6 +109,8 @@ def explain(
     devices: Devices = None,
 ) -> None:
     """Compile a sharded einsum (no data needed); show each device's shard and every collective."""
+    out_spec = renamed("explain", "--out-spec", out_spec, "--out", out)
+    _check_in_count(equation, in_)
     setup_devices(devices)
     from shardwise import explain_einsum
     from shardwise._model.mesh import mesh as make_mesh
@@ -99,7 +123,7 @@ def explain(
         dtype=dtype,
         layout="auto" if auto else layout,
         in_specs=in_,
-        out_spec="infer" if out is None else out,
+        out_spec="infer" if out_spec is None else out_spec,
         mode=mode,
     )
     if svg is not None or png is not None:

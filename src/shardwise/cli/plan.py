@@ -12,10 +12,12 @@ from rich.table import Table
 from shardwise._errors import ArgumentError
 from shardwise._model.units import format_bytes, format_seconds, parse_bytes
 from shardwise.cli._common import (
+    REPEAT,
     Devices,
     Json,
     friendly_errors,
     print_json,
+    renamed,
     setup_devices,
     write_file,
 )
@@ -53,7 +55,8 @@ def _program(given: dict[str, Any]) -> None:
         if not eq:
             raise ArgumentError(f"cannot read --fixed {item!r}: write NAME=SPEC, e.g. x=data.")
         fixed[key] = value
-    limit = None if given["budget"] is None else parse_bytes(given["budget"], "--budget")
+    memory = given["device_memory"]
+    limit = None if memory is None else parse_bytes(memory, "--device-memory")
     if given["verify"] or given["mesh"] == "auto" or given["profile"] is None:
         setup_devices(given["devices"])
     console = Console(stderr=given["json"])
@@ -120,17 +123,25 @@ def plan(
     ] = False,
     fixed: Annotated[
         list[str] | None,
-        typer.Option("--fixed", help="Pin an input: NAME=SPEC, e.g. x=data (repeat)."),
+        typer.Option(
+            "--fixed",
+            help="Pin an input: NAME=SPEC, e.g. x=data, or x=- for replicated (repeat).",
+        ),
     ] = None,
     mesh: Annotated[
         str, typer.Option("--mesh", help="Mesh, e.g. x=2,y=4 (need not exist here).")
     ] = "auto",
     dtype: Annotated[str, typer.Option("--dtype", help="Operand dtype.")] = "float32",
-    budget: Annotated[
+    device_memory: Annotated[
         str | None,
         typer.Option(
-            "--budget", help="Memory per device, e.g. 16GiB; larger strategies are refused."
+            "--device-memory",
+            help="Memory of each device, e.g. 16GiB; strategies that need more are refused.",
         ),
+    ] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option("--budget", hidden=True, help="Deprecated name of --device-memory."),
     ] = None,
     profile: Annotated[
         str | None,
@@ -144,7 +155,15 @@ def plan(
     verify: Annotated[
         bool, typer.Option("--verify", help="Compile and run the top strategies here; compare.")
     ] = False,
-    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per strategy.")] = 5,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            "--repeat",
+            min=1,
+            help="With --verify: timed runs of each strategy (or plan), after a warm-up run; "
+            "the median is shown.",
+        ),
+    ] = REPEAT,
     json: Json = False,
     devices: Devices = None,
     quiet: Annotated[
@@ -163,6 +182,7 @@ def plan(
 
     import shardwise
 
+    device_memory = renamed("plan", "--device-memory", device_memory, "--budget", budget)
     if model is not None or function is not None:
         _program(locals())
         return
@@ -173,7 +193,7 @@ def plan(
         )
 
     shape_list = parse_shapes(shapes)
-    limit = None if budget is None else parse_bytes(budget, "--budget")
+    limit = None if device_memory is None else parse_bytes(device_memory, "--device-memory")
     if verify or mesh == "auto" or profile is None:
         setup_devices(devices)
     console = Console(stderr=json)

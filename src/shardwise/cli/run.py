@@ -16,7 +16,17 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
+from shardwise.cli._common import (
+    Devices,
+    Json,
+    friendly_errors,
+    print_json,
+    renamed,
+    setup_devices,
+)
+
+HOST_MEMORY = "2GiB"
+"""``run --host-memory``'s default."""
 
 
 @friendly_errors
@@ -25,9 +35,18 @@ def run(
     inputs: Annotated[list[str], typer.Argument(help=".npy files or Zarr directories.")],
     out: Annotated[Path, typer.Option("--out", help="Output: a .npy file, or a Zarr folder.")],
     mesh: Annotated[str, typer.Option("--mesh", help="Mesh each chunk is split over.")] = "auto",
-    budget: Annotated[str, typer.Option("--budget", help="Host memory for data, e.g. 1GiB.")] = (
-        "2GiB"
-    ),
+    host_memory: Annotated[
+        str | None,
+        typer.Option(
+            "--host-memory",
+            help=f"Host memory for the data, e.g. 1GiB (default: {HOST_MEMORY}); chunks are "
+            "sized to fit it, and JAX and the compiled programs take memory on top.",
+        ),
+    ] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option("--budget", hidden=True, help="Deprecated name of --host-memory."),
+    ] = None,
     chunk: Annotated[
         str, typer.Option("--chunk", help="Chunk size along the streamed index, or auto.")
     ] = "auto",
@@ -54,6 +73,10 @@ def run(
     devices: Devices = None,
 ) -> None:
     """Stream an einsum through the mesh a chunk at a time; rerun the same command to resume."""
+    from shardwise._model.units import parse_bytes
+
+    memory = renamed("run", "--host-memory", host_memory, "--budget", budget)
+    limit = parse_bytes(HOST_MEMORY if memory is None else memory, "--host-memory")
     setup_devices(devices)
     from shardwise._data.stream import stream
 
@@ -85,7 +108,7 @@ def run(
             *inputs,
             mesh=mesh,
             out=out,
-            budget=budget,
+            budget=limit,
             chunk=size,
             checksum=checksum,
             layout="auto" if auto else layout,
