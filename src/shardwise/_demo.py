@@ -21,6 +21,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
+from shardwise._extras import available, install_hint, require
 from shardwise._model.mesh import MeshSpec, build_mesh
 from shardwise._model.plan import Mode, Plan
 from shardwise._runtime.devices import device_summary
@@ -184,7 +185,7 @@ def run_s5(size: Size = "tutorial", seed: int = 0) -> dict[str, Any]:
     after compilation; times are medians of 5 runs taking turns with Dask's (3 of ours and
     one of Dask's for the dot, whose O(N³) product is slow).
     """
-    import dask.array as da
+    da = require("dask.array", "S5, the tutorial's Dask workloads,")
 
     from shardwise._api import einsum, mean
 
@@ -259,12 +260,16 @@ def run_demo(
     With ``pictures``, also draw each scenario's data flow to ``<pictures>/<name>.png`` and
     ``.svg`` (needs the ``pictures`` extra).
     """
+    skipped = []
     if with_dask is None:
-        import importlib.util
-
         # blocks run in whatever order Dask picks, but across processes every process must
         # run the same programs in the same order: S5 runs on one process only
-        with_dask = importlib.util.find_spec("dask") is not None and not multi_process()
+        if multi_process():
+            skipped.append({"name": "S5", "why": "the mesh spans several processes"})
+        elif not (available("dask") and available("distributed")):
+            why = f"Dask is not installed; install it with {install_hint('dask')}"
+            skipped.append({"name": "S5", "why": why})
+        with_dask = not skipped
     outcomes = []
     for scenario in scenarios(size):
         if on_start is not None:
@@ -298,4 +303,5 @@ def run_demo(
         "size": size,
         "ok": all(s["ok"] for s in found),
         "scenarios": found,
+        "skipped": skipped,
     }

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from shardwise._caches import cached
-from shardwise._errors import MissingExtraError
+from shardwise._extras import require
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 
@@ -38,13 +38,7 @@ def is_dask(x: Any) -> bool:
 
 
 def _dask_array() -> Any:
-    try:
-        import dask.array as da
-    except ImportError:
-        raise MissingExtraError(
-            "Dask arrays need dask; install the extra with pip install 'shardwise[dask]'."
-        ) from None
-    return da
+    return require("dask.array", "Dask arrays")
 
 
 @cached(maxsize=8)

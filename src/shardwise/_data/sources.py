@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from shardwise._data.dask import is_dask
-from shardwise._errors import ArgumentError, ArgumentTypeError, MissingExtraError, ShardwiseError
+from shardwise._errors import ArgumentError, ArgumentTypeError, ShardwiseError
+from shardwise._extras import require
 from shardwise._files import read_exactly
 
 SAMPLES, BLOCK = 64, 4096
@@ -29,14 +30,7 @@ SAMPLES, BLOCK = 64, 4096
 
 
 def _zarr() -> Any:
-    try:
-        import zarr
-    except ImportError:
-        raise MissingExtraError(
-            "reading or writing Zarr needs the zarr package; install the extra with "
-            "pip install 'shardwise[zarr]'."
-        ) from None
-    return zarr
+    return require("zarr", "reading or writing Zarr")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from shardwise._extras import require
 from shardwise._runtime.hostmem import HUGE_PAGE_TUNABLE
 from shardwise._runtime.timing import best_seconds
 
@@ -47,7 +48,7 @@ def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5
     triad = jax.jit(lambda a, b: a + 1.5 * b)
     results["jax_triad_gbps"] = 3 * a.nbytes / best_seconds(lambda: triad(a, b), repeat) / 1e9
     try:  # PyTorch's reductions and copies use every core: often the best figure
-        import torch
+        torch = require("torch", "the PyTorch peer")
 
         torch.set_num_threads(cores)
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
@@ -78,7 +79,7 @@ def bandwidth_probe(nbytes: int = 320 * 10**6) -> tuple[Any, int]:
     """
     x = np.ones(nbytes // 4, np.float32)
     try:
-        import torch
+        torch = require("torch", "the PyTorch peer")
 
         torch.set_num_threads(os.cpu_count() or 1)
         tx = torch.from_numpy(x)

@@ -14,12 +14,13 @@ mesh (placement is timed separately and reported).
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from shardwise._extras import available, require
 
 Runner = Callable[[], Any]
 PEERS = ("numpy", "torch", "dask", "jax")
@@ -43,10 +44,7 @@ class Workload:
 def installed(peer: str) -> bool:
     """Whether a peer library can be imported."""
     module = {"numpy": "numpy", "torch": "torch", "dask": "dask.array", "jax": "jax"}[peer]
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
+    return available(module)
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ SIZES = {
 def _torch_threads() -> None:
     import os
 
-    import torch
+    torch = require("torch", "the PyTorch peer")
 
     torch.set_num_threads(os.cpu_count() or 1)
 
@@ -113,14 +111,14 @@ def batched_dot(
         return lambda: np.einsum("nd,nd->n", a, b)
 
     def torch() -> Runner:
-        import torch as th
+        th = require("torch", "the PyTorch peer")
 
         _torch_threads()
         ta, tb = th.from_numpy(a), th.from_numpy(b)
         return lambda: th.einsum("nd,nd->n", ta, tb)
 
     def dask() -> Runner:
-        import dask.array as da
+        da = require("dask.array", "the Dask peer")
 
         xa, xb = da.from_array(a, chunks=dask_chunks), da.from_array(b, chunks=dask_chunks)
         return lambda: da.einsum("nd,nd->n", xa, xb).compute()
@@ -181,14 +179,14 @@ def matmul(size: int) -> Workload:
         return lambda: compiled(pa, pb)
 
     def torch() -> Runner:
-        import torch as th
+        th = require("torch", "the PyTorch peer")
 
         _torch_threads()
         t = th.from_numpy(a)
         return lambda: t @ t
 
     def dask() -> Runner:
-        import dask.array as da
+        da = require("dask.array", "the Dask peer")
 
         chunk = max(size // 4, 1)
         x = da.from_array(a, chunks=(chunk, chunk))
@@ -241,14 +239,14 @@ def mean(size: int, chunk: int) -> Workload:
         return lambda: compiled(px)
 
     def torch() -> Runner:
-        import torch as th
+        th = require("torch", "the PyTorch peer")
 
         _torch_threads()
         t = th.from_numpy(x)
         return lambda: t.mean()
 
     def dask() -> Runner:
-        import dask.array as da
+        da = require("dask.array", "the Dask peer")
 
         d = da.from_array(x, chunks=(chunk, chunk))
         return lambda: d.mean().compute()

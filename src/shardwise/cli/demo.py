@@ -7,11 +7,13 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from shardwise._model.units import format_shape
 from shardwise.cli._common import (
     EXIT_WRONG,
+    REPEAT,
     Devices,
     Json,
     friendly_errors,
@@ -111,7 +113,14 @@ def demo(
     size: Annotated[
         str, typer.Option("--size", help="tutorial (the tutorial's sizes) or small (quick).")
     ] = "tutorial",
-    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per scenario.")] = 3,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            "--repeat",
+            min=1,
+            help="Timed runs of each scenario, after a warm-up run; the median is shown.",
+        ),
+    ] = REPEAT,
     json: Json = False,
     dask: Annotated[
         bool,
@@ -150,6 +159,12 @@ def demo(
         print_json(report)
     else:
         console.print(demo_table(report))
+    for skip in report["skipped"]:
+        Console(stderr=True).print(
+            f"[yellow]skipped {skip['name']}[/] (the tutorial's Dask workloads): "
+            + escape(skip["why"]),
+            highlight=False,
+        )
     if pictures is not None:
         Console(stderr=True).print(f"pictures of S1–S4 written to {pictures}/ (PNG and SVG)")
     if not report["ok"]:

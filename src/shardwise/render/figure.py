@@ -18,7 +18,8 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardwise._errors import MissingExtraError, ShardwiseError
+from shardwise._errors import ShardwiseError
+from shardwise._extras import require
 from shardwise._model.spec import blocks
 from shardwise._model.units import format_shape
 
@@ -40,14 +41,7 @@ CIRCLED = "①②③④⑤⑥⑦⑧⑨⑩⑪⑫⑬⑭⑮⑯⑰⑱⑲⑳"
 
 
 def _import_matplotlib() -> Any:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise MissingExtraError(
-            "drawing pictures needs matplotlib, which is not installed; install the extra with "
-            "pip install 'shardwise[pictures]' (or pip install matplotlib)."
-        ) from None
-    return Figure
+    return require("matplotlib.figure", "drawing pictures").Figure
 
 
 def _grid(expl: Explanation) -> tuple[int, int]:
