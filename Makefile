@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo check lint typecheck test format clean
+.PHONY: install demo check lint typecheck test docs package format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,all,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,all,bench,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -18,12 +18,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/shardwise demo
 
-## The whole check suite: lint, type check, tests and doctests.
-check: lint typecheck test
+## The whole check suite: lint, type check, tests and doctests, the documentation site (with
+## the example notebooks executed), and the wheel installed without extras and used.
+check: lint typecheck test docs package
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check src tests conftest.py
-	$(BIN)/ruff check src tests conftest.py
+	$(BIN)/ruff format --check src tests examples conftest.py
+	$(BIN)/ruff check src tests examples conftest.py
 	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
@@ -32,9 +33,20 @@ typecheck: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+## The documentation site, built into site/ (warnings are errors); first the example notebooks
+## are executed into docs/examples/, where examples/execute.py exists.
+docs: $(STAMP)
+	if [ -f examples/execute.py ]; then $(BIN)/python examples/execute.py --out docs/examples; fi
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
+## The wheel and sdist built and checked, the wheel installed without extras into a fresh
+## virtual environment, and a smoke test there (scripts/wheel_smoke.sh).
+package: $(STAMP)
+	scripts/wheel_smoke.sh $(BIN)/python
+
 format: $(STAMP)
-	$(BIN)/ruff format src tests conftest.py
-	$(BIN)/ruff check --fix src tests conftest.py
+	$(BIN)/ruff format src tests examples conftest.py
+	$(BIN)/ruff check --fix src tests examples conftest.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site docs/examples
