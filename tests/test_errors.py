@@ -176,3 +176,29 @@ def test_cli_prints_the_message_and_exits_2(args, match):
     assert "error:" in result.output
     assert match in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+def test_shard_says_what_is_wrong_with_a_spec_before_jax_does():
+    def layer(x, w):
+        return x @ w
+
+    x, w = np.ones((8, 16), np.float32), np.ones((16, 32), np.float32)
+    with pytest.raises(SpecError, match=r"names mesh axis 'yy' \(did you mean `y`\?\)"):
+        shardwise.shard(layer, "x=2,y=4", in_specs=(P("x"), "-,yy"))
+    with pytest.raises(SpecError, match="uses mesh axis 'x' twice"):
+        shardwise.shard(layer, "x=2,y=4", in_specs=("x,y,x", None))
+    with pytest.raises(SpecError, match="uses mesh axis 'x' twice"):
+        shardwise.shard(layer, "x=2,y=4", in_specs=None, out_specs="x,x")
+    bad_out = shardwise.shard(layer, "x=2,y=4", in_specs=(P("x"), "-,y"), out_specs=P("x", "y"))
+    with pytest.raises(SpecError, match=r"of shape \(32,\): a spec has more entries"):
+        bad_out(x[0], w)
+    np.testing.assert_allclose(bad_out(x, w), x @ w)  # the same specs fit a 2-D result
+
+
+def test_explain_reads_out_spec_as_einsum_names_it():
+    a = np.ones((16, 8), np.float32)
+    given = {"mesh": "x=2,y=4", "in_specs": ["x,y", "x,y"]}
+    e = shardwise.explain("nd,nd->n", a, a, out_spec="x", **given)
+    assert e.output.spec.describe() == "x"
+    with pytest.raises(shardwise.ArgumentTypeError, match="give one"):
+        shardwise.explain("nd,nd->n", a, a, out_spec="x", out_specs="x", **given)

@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from shardwise._caches import Bounded
 from shardwise._data.dask import dask_einsum, dask_mean, is_dask
-from shardwise._errors import ArgumentError
+from shardwise._errors import ArgumentError, ArgumentTypeError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op, as_shapes
 from shardwise._model.plan import Plan
@@ -307,7 +307,8 @@ def explain(
         mesh: a JAX ``Mesh`` or a description such as ``"x=2,y=4"``.
         in_specs: as for :func:`shard` (for an equation: one spec per operand).
         out_specs: as for :func:`shard` (for an equation: the output spec, default inferred).
-        **einsum_options: for an equation, ``layout=`` and ``mode=``.
+        **einsum_options: for an equation, ``layout=`` and ``mode=``; ``out_spec=`` (as
+            :func:`einsum` names it) is read as ``out_specs``.
 
     >>> import jax, numpy as np
     >>> e = explain(lambda a: a.sum(), jax.ShapeDtypeStruct((8, 8), np.float32),
@@ -315,6 +316,10 @@ def explain(
     >>> sorted({c.kind for c in e.collectives}), e.causes[0].reason
     (['all-reduce'], 'partial-sum')
     """
+    if "out_spec" in einsum_options:
+        if not is_auto(out_specs):
+            raise ArgumentTypeError("explain() was given out_spec and out_specs; give one.")
+        out_specs = einsum_options.pop("out_spec")
     if isinstance(fn, str):
         check_arrays(args)
         return explain_einsum(

@@ -56,7 +56,9 @@ class Sharded:
 
     def _shardings(self, specs: Any, what: str) -> Any:
         def to_sharding(s: Any) -> NamedSharding:
-            return NamedSharding(self.mesh, Spec.parse(s, what).to_partition_spec())
+            spec = Spec.parse(s, what)
+            spec.check_axes(self.mesh_spec, what)
+            return NamedSharding(self.mesh, spec.to_partition_spec())
 
         if _is_spec_leaf(specs):
             return to_sharding(specs)
@@ -114,7 +116,7 @@ class Sharded:
                 jax.tree.map(functools.partial(_put_leaf, sharding=s), a)
                 for a, s in zip(args, self._per_arg_shardings(args), strict=True)
             )
-        with _explicit_hints():
+        with _explicit_hints(), self._out_specs_said(args):
             return self._jitted(*args)
 
     def _per_arg_shardings(self, args: tuple[Any, ...]) -> list[NamedSharding]:
@@ -131,8 +133,25 @@ class Sharded:
     def lower(self, *args: Any) -> Any:
         """``jax.jit(...).lower`` for these arguments (arrays or ``jax.ShapeDtypeStruct``)."""
         self._check(args)
-        with _explicit_hints():
+        with _explicit_hints(), self._out_specs_said(args):
             return self._jitted.lower(*args)
+
+    @contextlib.contextmanager
+    def _out_specs_said(self, args: tuple[Any, ...]) -> Iterator[None]:
+        """JAX's error for an output spec with more entries than the output has dimensions,
+        said as what was given and how to fix it."""
+        try:
+            yield
+        except ValueError as e:
+            if "sharding annotation" not in str(e) or "rank" not in str(e):
+                raise
+            shapes = [tuple(o.shape) for o in jax.tree.leaves(jax.eval_shape(self.fn, *args))]
+            raise SpecError(
+                f"out_specs {self.out_specs!r} do not fit the result of {_name(self.fn)}, of "
+                f"shape{'s' if len(shapes) != 1 else ''} {', '.join(map(str, shapes))}: a spec "
+                "has more entries than its output has dimensions; give each output a spec with "
+                "at most one entry per dimension, or out_specs='auto' to let XLA choose."
+            ) from None
 
     def explain(self, *args: Any) -> Explanation:
         """Compile for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and explain each device's

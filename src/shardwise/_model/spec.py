@@ -140,12 +140,11 @@ class Spec:
             "-" if not e else e[0] if len(e) == 1 else f"({','.join(e)})" for e in self.entries
         )
 
-    def validate(self, mesh: MeshSpec, shape: Sequence[int], what: str) -> None:
-        """Check the spec against a mesh and an operand shape.
+    def check_axes(self, mesh: MeshSpec, what: str) -> None:
+        """Check that every axis the spec names is one of ``mesh``'s, used once.
 
         Raises:
-            SpecError: an unknown axis, an axis used twice, or more entries than dimensions.
-            IndivisibleError: a dimension whose size the number of its shards does not divide.
+            SpecError: an unknown axis (with the closest name), or an axis used twice.
         """
         sizes = mesh.shape
         used: set[str] = set()
@@ -162,6 +161,15 @@ class Spec:
                     "an axis can split at most one dimension of an operand."
                 )
             used.add(axis)
+
+    def validate(self, mesh: MeshSpec, shape: Sequence[int], what: str) -> None:
+        """Check the spec against a mesh and an operand shape.
+
+        Raises:
+            SpecError: an unknown axis, an axis used twice, or more entries than dimensions.
+            IndivisibleError: a dimension whose size the number of its shards does not divide.
+        """
+        self.check_axes(mesh, what)
         if len(self.entries) > len(shape):
             raise SpecError(
                 f"{what} has {len(shape)} dimension{'s' if len(shape) != 1 else ''} "
