@@ -127,3 +127,9 @@ def test_plan_json_carries_the_reason_of_each_collective():
     rep = json.loads(json.dumps(p.report().to_json()))
     assert rep["memory"]["peak"] == max(rep["memory"]["points"])
     assert {"x", "params['w1']"} <= {a["name"] for r in rep["rows"] for a in r["inputs"]}
+
+
+def test_plans_and_reports_print_as_tables(mlp_train):
+    text = str(mlp_train)
+    assert "data-parallel" in text and "op by op" in text and "held at the peak" in text
+    assert "op by op" in str(mlp_train.report("fsdp")) and "fsdp" in str(mlp_train.report("fsdp"))

@@ -129,6 +129,18 @@ class ProgramPlan:
     def _repr_html_(self) -> str:
         return self.to_html()
 
+    def __rich__(self) -> Any:
+        from rich.console import Group
+
+        from shardwise.render.program import ops_view, plans_view
+
+        return Group(plans_view(self), ops_view(self.report()))
+
+    def __str__(self) -> str:
+        from shardwise.render.program import to_text
+
+        return to_text(self)
+
     def to_json(self) -> dict[str, Any]:
         """The JSON contract of ``shardwise plan --model/--function … --json``."""
         out: dict[str, Any] = {

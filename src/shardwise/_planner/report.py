@@ -126,6 +126,16 @@ class ProgramReport:
     memory: MemoryCurve
     seconds: float
 
+    def __rich__(self) -> Any:
+        from shardwise.render.program import ops_view
+
+        return ops_view(self)
+
+    def __str__(self) -> str:
+        from shardwise.render.program import to_text
+
+        return to_text(self)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "program": self.program,
