@@ -9,7 +9,7 @@ the layout the search chose for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -18,20 +18,18 @@ from jax.sharding import Mesh, NamedSharding
 
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
+from shardwise._planner.evaluate import Layouts
 from shardwise._planner.graph import Graph, Key
 from shardwise._planner.ops import INLINED, is_var
 
 
-def constrained(
-    graph: Graph,
-    mesh: Mesh,
-    specs: Mapping[int, Spec],
-    steps: Mapping[tuple[int, ...], tuple[tuple[Spec, ...], Spec]],
-) -> Callable[..., Any]:
-    """``fn`` as a function of the original arguments that follows ``specs`` (array → layout)
-    and ``steps`` (a step's place in the jaxpr → the layouts it reads its operands in and
-    makes its result in). Every change of layout goes one :func:`reshard_moves` step at a
-    time, so XLA emits exactly the collectives the cost model predicts."""
+def constrained(graph: Graph, mesh: Mesh, layouts: Layouts) -> Callable[..., Any]:
+    """``fn`` as a function of the original arguments that follows ``layouts``: each array's
+    layout, the layouts each step reads its operands in and makes its result in, and how a
+    scan's stacks are sliced and stacked. Every change of layout goes one
+    :func:`reshard_moves` step at a time, so XLA emits exactly the collectives the cost model
+    predicts."""
+    specs, steps = layouts.specs, layouts.steps
 
     def spec_of(key: Key) -> Spec | None:
         v = graph.keys.get(key) if is_var(key[1]) else None
@@ -68,7 +66,7 @@ def constrained(
         env: dict[Key, Any] = {
             ((), var): put(((), var), x) for var, x in zip(jaxpr.invars, leaves, strict=True)
         }
-        outs = run(jaxpr, graph.closed.consts, (), env, _Mover(mesh))
+        outs = run(jaxpr, graph.closed.consts, (), env, _Mover(mesh, graph, layouts))
         return jax.tree.unflatten(graph.out_tree, outs)
 
     return program
@@ -84,9 +82,18 @@ class _Mover:
     chains but not the later ones, and the cost model counts one. Entries hold their input
     alive, so an ``id`` is not reused while its entry exists."""
 
-    def __init__(self, mesh: Mesh) -> None:
-        self.mesh = mesh
+    def __init__(self, mesh: Mesh, graph: Graph, layouts: Layouts) -> None:
+        self.mesh, self.graph, self.layouts = mesh, graph, layouts
         self.memo: dict[tuple[int, Spec, Spec], tuple[Any, Any]] = {}
+
+    def scan_layouts(self, scan: tuple[int, ...], key: Key) -> tuple[Spec, Spec, Spec] | None:
+        """For the stack at ``key`` of the scan at ``scan``: its own layout, the layout it is
+        read in (slicing) or made in (stacking), and each slice's (slicing only)."""
+        v = self.graph.keys.get(key)
+        if v is None or (scan, v) not in self.layouts.scans:
+            return None
+        whole, mapped = self.layouts.scans[(scan, v)]
+        return self.layouts.specs[v], whole, mapped
 
     def constrain(self, x: Any, spec: Spec) -> Any:
         return _constrain(x, self.mesh, spec)
@@ -167,11 +174,13 @@ def _scan(
     consts, init, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
     invars = body.jaxpr.invars
     n_in = n_consts + n_carry
-    # a slice of a stack whose first dimension is whole is laid out as the stack's other ones
-    sliced = [
-        None if (s := spec_of((here[:-1], v))) is None or s.padded(1)[0] else Spec(s.entries[1:])
-        for v in eqn.invars[n_in:]
-    ]
+    # each stack moves to the layout it is sliced in, and each slice on from its layout
+    sliced: list[Spec | None] = []
+    for k, v in enumerate(eqn.invars[n_in:]):
+        found = mover.scan_layouts(here, (here[:-1], v)) if is_var(v) else None
+        sliced.append(found[2] if found else None)
+        if found:
+            xs[k] = mover.move(xs[k], found[0], found[1])
 
     def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
         local = dict(env)
@@ -179,7 +188,7 @@ def _scan(
             local[(here, var)] = put((here, var), value)
         for var, value, src in zip(invars[n_in:], x, sliced, strict=True):
             dst = spec_of((here, var))
-            moved = value if src is None or dst is None else mover.move(value, src.canonical(), dst)
+            moved = value if src is None or dst is None else mover.move(value, src, dst)
             local[(here, var)] = put((here, var), moved)
         outs = run(body.jaxpr, body.consts, here, local, mover)
         return outs[:n_carry], outs[n_carry:]
@@ -187,4 +196,8 @@ def _scan(
     carry, ys = jax.lax.scan(
         step, init, xs, length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
     )
+    for k, v in enumerate(eqn.outvars[n_carry:]):  # each stack from the layout it is made in
+        found = mover.scan_layouts(here, (here[:-1], v)) if is_var(v) else None
+        if found:
+            ys[k] = mover.move(ys[k], found[2], found[0])
     return [*carry, *ys]

@@ -10,7 +10,7 @@ is fused away, as XLA does. The peak is the largest sum of held blocks at one po
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -74,10 +74,14 @@ class ProgramVerified:
 class Layouts:
     """A solution read back: each array's spec, and by each step's place in the jaxpr the
     layouts its operands are read in and its result is made in (a dot's strategy; a map's
-    operand with the dimensions it needs whole, and its result; whole for an opaque op)."""
+    operand with the dimensions it needs whole, and its result; whole for an opaque op), and
+    for a scan's slicing and stacking, by (the scan's place, the stacked array), the layout
+    the stack is read in and the one each slice is made in (slicing), or the one the stack is
+    made in (stacking)."""
 
     specs: dict[int, Spec]
     steps: dict[tuple[int, ...], tuple[tuple[Spec, ...], Spec]]
+    scans: dict[tuple[tuple[int, ...], int], tuple[Spec, Spec]] = field(default_factory=dict)
 
 
 def read(graph: Graph, problem: Problem, choice: Sequence[int], mesh: MeshSpec) -> Layouts:
@@ -94,13 +98,18 @@ def read(graph: Graph, problem: Problem, choice: Sequence[int], mesh: MeshSpec) 
             strategy = problem.choices[k][c]
             assert isinstance(strategy, Strategy) and step.op is not None
             steps[step.key] = (strategy.in_specs(step.op), strategy.out_spec)
+    scans: dict[tuple[tuple[int, ...], int], tuple[Spec, Spec]] = {}
     for step in graph.steps:
-        if step.kind == "map" and not step.prim.startswith("scan") and not step.implicit:
+        if step.prim in ("scan slice", "scan stack"):
+            whole, mapped, _ = map_specs(graph, step, specs[step.inputs[0]], mesh)
+            stack = step.inputs[0] if step.prim == "scan slice" else step.output
+            scans[(step.key, stack)] = (whole, mapped)
+        elif step.kind == "map" and not step.implicit:
             whole, mapped, _ = map_specs(graph, step, specs[step.inputs[0]], mesh)
             steps[step.key] = ((whole,), mapped)
         elif step.kind == "opaque":
             steps[step.key] = ((Spec(),) * len(step.inputs), Spec())
-    return Layouts(specs, steps)
+    return Layouts(specs, steps, scans)
 
 
 def predicted(

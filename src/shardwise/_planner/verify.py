@@ -30,7 +30,7 @@ def _mesh(plan: ProgramPlan, mesh: Any) -> Any:
 def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Callable[..., Any]:
     """The program, jitted to follow ``chosen`` on ``mesh``."""
     m = _mesh(plan, mesh)
-    program = constrained(plan.graph, m, chosen.layouts.specs, chosen.layouts.steps)
+    program = constrained(plan.graph, m, chosen.layouts)
     leaves = [NamedSharding(m, s.to_partition_spec()) for s in chosen.in_specs]
     in_shardings = tuple(jax.tree.unflatten(plan.graph.tree, leaves))
     return jax.jit(program, in_shardings=in_shardings)
