@@ -31,7 +31,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 ## The documentation site, built into site/ (warnings are errors); first the example notebooks
 ## are executed into docs/examples/, where examples/execute.py exists.
