@@ -138,6 +138,20 @@ def _hop_collectives(
     return out
 
 
+def is_matmul(op: Op) -> bool:
+    """Whether ``op`` is a matrix product: two operands that share a summed index and each
+    have an index the other lacks (a weight multiplied into rows), as opposed to a batched dot
+    or a reduction that reads each element once.
+
+    >>> is_matmul(Op.parse("mk,kn->mn")), is_matmul(Op.parse("nd,nd->n"))
+    (True, False)
+    """
+    if len(op.inputs) != 2 or not op.contracted:
+        return False
+    a, b = (set(t) for t in op.inputs)
+    return bool(a - b) and bool(b - a)
+
+
 def predict(
     op: Op,
     shapes: Sequence[Sequence[int]],
@@ -203,7 +217,7 @@ def predict(
         c.bytes // width for c in collectives if c.kind in ("all-reduce", "reduce-scatter")
     )
     compute_s = flops / profile.flops(dtype)
-    memory_s = bytes_accessed / profile.memory_Bps
+    memory_s = bytes_accessed / (profile.gemm_Bps if is_matmul(op) else profile.memory_Bps)
     comm_s = sum(c.seconds for c in collectives)
     return Prediction(
         seconds=max(compute_s, memory_s) + comm_s,

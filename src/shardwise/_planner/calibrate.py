@@ -52,6 +52,17 @@ def matmul_flops(mesh: Mesh, size: int, dtype: str, repeat: int) -> float:
     return 2 * size**3 / median_seconds(lambda: mm(a), repeat)
 
 
+def matmul_bandwidth(mesh: Mesh, rows: int, k: int, n: int, repeat: int) -> float:
+    """Bytes per second one device moves in a memory-bound matmul, while every device does one:
+    ``rows`` rows against its own ``k`` × ``n`` weight (an MLP layer's data-parallel shape)."""
+    sharding = NamedSharding(mesh, _flat(mesh))
+    x = jax.device_put(jnp.ones((mesh.size, rows, k), jnp.float32), sharding)
+    w = jax.device_put(jnp.ones((mesh.size, k, n), jnp.float32), sharding)
+    mm = jax.jit(lambda a, b: jnp.einsum("bij,bjk->bik", a, b))
+    moved = 4 * (rows * k + k * n + rows * n)
+    return moved / median_seconds(lambda: mm(x, w), repeat)
+
+
 def collective_link(mesh: Mesh, axis: str, kind: str, small: int, large: int, repeat: int) -> Link:
     """Fit latency and bandwidth of a ring collective along ``axis`` from a small and a
     large message (bytes per device)."""
@@ -106,6 +117,8 @@ def calibrate(
     for dtype in ("float32", "bfloat16"):
         step(f"{dtype} matmul")
         flops[dtype] = matmul_flops(mesh, matmul_size, dtype, repeat)
+    step("memory-bound matmul")
+    gemm = matmul_bandwidth(mesh, 32, 1024, 4096, repeat)
     links: dict[str, Link] = {}
     measured: dict[str, float] = {}
     for axis, size in spec.axes:
@@ -135,6 +148,7 @@ def calibrate(
         memory_bytes=device_capacity(device),
         link=default,
         axis_links=links,
+        matmul_Bps=min(gemm, bandwidth),
         sources={
             "all": f"shardwise calibrate on {mesh.size} {platform} devices "
             f"({getattr(device, 'device_kind', platform)}), mesh {spec.describe()}, {stamp}; "

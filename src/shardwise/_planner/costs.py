@@ -189,9 +189,15 @@ def _map_head(
     whole, mapped, partial = map_specs(graph, step, src, mesh)
     parts = list(reshard(value, src, whole, mesh, profile, step, step.repeat).collectives)
     if partial:
+        # one all-reduce per split reduced dimension, over its axes (as XLA sums a reduction
+        # over two dimensions split on two axes: over one axis, then the other)
         n = shard_bytes(out, mapped, mesh)
-        seconds = ring_seconds("all-reduce", partial, n, mesh, profile)
-        parts.append((PredictedCollective("all-reduce", partial, n, seconds), step))
+        entries = src.padded(len(value.shape))
+        for d in step.reduced:
+            axes = tuple(a for a in mesh.names if a in entries[d] and a in partial)
+            if axes:
+                seconds = ring_seconds("all-reduce", axes, n, mesh, profile)
+                parts.append((PredictedCollective("all-reduce", axes, n, seconds), step))
     moved = shard_bytes(value, whole, mesh) + shard_bytes(out, mapped, mesh)
     comm = sum(c.seconds for c, _ in parts) * step.repeat
     return Cost(comm + step.repeat * moved / profile.memory_Bps, tuple(parts)), mapped
