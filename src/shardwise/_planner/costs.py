@@ -207,17 +207,17 @@ def _map_matrix(
     graph: Graph, step: Step, sa: list[Spec], sb: list[Spec], mesh: MeshSpec, profile: Profile
 ) -> np.ndarray:
     """:func:`map_cost` for every pair of layouts, the part before the result's resharding
-    computed once per operand layout."""
+    computed once per operand layout, the resharding once per layout the map makes."""
     out = graph.values[step.output]
+    after: dict[Spec, np.ndarray] = {}
     rows = []
     for s in sa:
         head, mapped = _map_head(graph, step, s, mesh, profile)
-        rows.append(
-            [
-                head.seconds + reshard(out, mapped, t, mesh, profile, step, step.repeat).seconds
-                for t in sb
-            ]
-        )
+        if mapped not in after:
+            after[mapped] = np.array(
+                [reshard(out, mapped, t, mesh, profile, step, step.repeat).seconds for t in sb]
+            )
+        rows.append(head.seconds + after[mapped])
     return np.array(rows)
 
 
