@@ -16,6 +16,7 @@ import numpy as np
 
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
+from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
 from shardwise._planner.attribute import ProgramCollective, Tally
@@ -25,6 +26,7 @@ from shardwise._planner.costs import (
     shard_bytes,
 )
 from shardwise._planner.graph import Graph
+from shardwise._planner.nodes import Value
 from shardwise._planner.search import Constraint, total
 
 MEMORY_POINTS = 16
@@ -134,7 +136,7 @@ def predicted(
             tally.map(k, step)
         else:
             tally.opaque(k, step)
-    memory = peak_bytes(graph, lay, mesh)
+    memory = peak_bytes(graph, lay, mesh, profile.platform)
     return lay, Predicted(
         total(problem, choice), memory, tally.flops, tally.collectives(), tuple(tally.seconds)
     )
@@ -156,30 +158,62 @@ def _live(graph: Graph) -> tuple[list[int], np.ndarray]:
     return arrays, live
 
 
-def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec) -> tuple[list[int], np.ndarray]:
+def held_curve(
+    graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = ""
+) -> tuple[list[int], np.ndarray]:
     """Per-device bytes at each program point: the arrays held there in their layouts, plus,
     at each step, the copies it makes of its operands in the layouts it reads them in, and of
     its result in the layout it makes it in, where those differ from the held ones (a gather's
-    result, or even a local slice, is a new buffer beside the array it came from)."""
+    result, or even a local slice, is a new buffer beside the array it came from). On CPU, a
+    gather along any dimension but the first also leaves a copy in the usual layout
+    (:func:`_relayouts`)."""
     arrays, live = _live(graph)
     sizes = np.array(
         [shard_bytes(graph.values[v], lay.specs[v], mesh) for v in arrays], dtype=np.int64
     )
     points = live.astype(np.int64) @ sizes if arrays else np.zeros(graph.clock + 1, np.int64)
+    cpu = platform == "cpu"
     for step in graph.steps:
+        at = graph.born[step.output]
+        if step.prim == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
+            _, mapped = lay.scans[(step.key, step.inputs[0])]
+            slice_ = graph.values[step.output]
+            if cpu:
+                points[at] += _relayouts(slice_, mapped, lay.specs[step.output], mesh)
+            continue
         if step.key not in lay.steps:
             continue
         ins, made = lay.steps[step.key]
-        at = graph.born[step.output]
-        for a, used in zip((*step.inputs, step.output), (*ins, made), strict=False):
+        for a, used in zip(step.inputs, ins, strict=False):
             if used.canonical() != lay.specs[a].canonical():
                 points[at] += shard_bytes(graph.values[a], used, mesh)
+                if cpu:
+                    points[at] += _relayouts(graph.values[a], lay.specs[a], used, mesh)
+        if made.canonical() != lay.specs[step.output].canonical():
+            points[at] += shard_bytes(graph.values[step.output], made, mesh)
     return arrays, points
 
 
-def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec) -> int:
+def _relayouts(value: Value, src: Spec, dst: Spec, mesh: MeshSpec) -> int:
+    """Bytes of the copies XLA's CPU backend makes when it moves ``value`` from ``src`` to
+    ``dst``: it gathers along the first dimension, so a gather along another one leaves its
+    result in a transposed layout that is copied back (seen in its buffer assignment)."""
+    extra = 0
+    rank = len(value.shape)
+    before = src.padded(rank)
+    for move in reshard_moves(src, dst, rank):
+        after = move.spec.padded(rank)
+        if move.kind == "all-gather":
+            grown = [d for d in range(rank) if len(after[d]) < len(before[d])]
+            if grown and grown[0] > 0:
+                extra += shard_bytes(value, move.spec, mesh)
+        before = after
+    return extra
+
+
+def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -> int:
     """Per-device bytes held at the fullest point of the program (:func:`held_curve`)."""
-    _, points = held_curve(graph, lay, mesh)
+    _, points = held_curve(graph, lay, mesh, platform)
     return int(points.max()) if len(points) else 0
 
 

@@ -152,7 +152,7 @@ def memory_curve(plan: ProgramPlan, chosen: PlannedLayout) -> MemoryCurve:
     """Per-device bytes held at each program point under ``chosen``'s layouts
     (:func:`~shardwise._planner.evaluate.held_curve`), and the arrays held at the peak."""
     graph, specs = plan.graph, chosen.layouts.specs
-    arrays, points = held_curve(graph, chosen.layouts, plan.mesh)
+    arrays, points = held_curve(graph, chosen.layouts, plan.mesh, plan.profile.platform)
     if not len(points):
         return MemoryCurve((0,), 0, 0, ())
     at = int(points.argmax())
