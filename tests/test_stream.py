@@ -411,3 +411,30 @@ def test_a_page_cache_that_refuses_advice_changes_nothing(tmp_path, monkeypatch)
     out = tmp_path / "o.npy"
     shardwise.stream("nd,nd->n", tmp_path / "a.npy", tmp_path / "b.npy", out=out, budget="64KiB")
     np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)
+
+
+def test_an_exception_from_on_chunk_stops_the_run_and_the_same_call_resumes(tmp_path):
+    """on_chunk is called as chunks become durable, with a count that grows (several chunks
+    may be recorded at once); once it raises it is not called again, the run stops and the
+    error reaches the caller, and the same call then finishes the rest."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((8192, 16)).astype(np.float32)
+    b = rng.standard_normal((8192, 16)).astype(np.float32)
+    seen: list[int] = []
+
+    class Stop(Exception):
+        pass
+
+    def stop_early(done: int, total: int, nbytes: int) -> None:
+        seen.append(done)
+        if done >= 2:
+            raise Stop
+
+    out = tmp_path / "o.npy"
+    with pytest.raises(Stop):
+        shardwise.stream("nd,nd->n", a, b, out=out, budget="64KiB", on_chunk=stop_early)
+    assert seen == sorted(seen) and len([d for d in seen if d >= 2]) == 1  # not called again
+    assert not out.exists()
+    r = shardwise.stream("nd,nd->n", a, b, out=out, budget="64KiB")
+    assert r.skipped >= 2 and r.computed == r.chunks - r.skipped
+    np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5, atol=1e-5)

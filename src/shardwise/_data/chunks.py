@@ -78,7 +78,8 @@ class ChunkWriter:
     run checks that evidence first (:meth:`check_resumed`).
 
     ``bytes_read`` is the input read so far, for ``on_chunk`` (chunks done, chunk count, bytes
-    read), called after each record.
+    read), called after each record (one record may hold several chunks). Once ``on_chunk``
+    raises, it is not called again and ``stopped`` is set, so that the run stops.
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class ChunkWriter:
         self.sink = sink
         self.manifest = manifest
         self.on_chunk = on_chunk
+        self.stopped = False
         self.bytes_read = 0
         self._folder = sink.path.parent
         self._landed: dict[int, int] = {}  # chunks written, not yet durable nor recorded
@@ -200,10 +202,14 @@ class ChunkWriter:
             old = self.manifest.record(chunks, evidence, accumulator)
         except OSError as e:
             raise self.sink.failed(e) from None
-        if self.on_chunk is not None:
-            plan = self.chunking.plan
-            self.on_chunk(len(self.manifest.done), plan.chunks, self.bytes_read)
         self._drop(old)
+        if self.on_chunk is not None and not self.stopped:
+            plan = self.chunking.plan
+            try:
+                self.on_chunk(len(self.manifest.done), plan.chunks, self.bytes_read)
+            except BaseException:
+                self.stopped = True
+                raise
 
     def _drop(self, name: str | None) -> None:
         if name:

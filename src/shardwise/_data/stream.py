@@ -117,7 +117,10 @@ def stream(
         layout: each chunk's layout on the mesh: by default the streamed index split over
             every mesh axis; ``"auto"`` for the planner's best for the chunk's shapes; or an
             index layout such as ``"n=x,d=y"`` (it must divide the chunk).
-        on_chunk: called after each chunk with (chunks done, chunk count, bytes read).
+        on_chunk: called as chunks are recorded as done (durable; several may be recorded
+            at once) with (chunks done so far, chunk count, bytes read). An exception it
+            raises stops the run within a chunk or two and reaches the caller; the chunks
+            recorded are kept, so the same call resumes.
 
     Returns:
         What was done; a finished run repeated does nothing (``computed == 0``).
@@ -354,6 +357,9 @@ def _run_chunks(
         flushes: list[Future[None]] = []
         for n, c in enumerate(todo):
             assert pending is not None and program is not None
+            if writer.stopped:  # on_chunk raised: stop here, with what is recorded kept
+                for f in flushes:
+                    f.result()
             blocks = pending.result()
             pending = (
                 reads.submit(reader.read, todo[n + 1], (n + 1) % 2) if n + 1 < len(todo) else None
