@@ -28,6 +28,7 @@ from ._model.plan import Plan as Plan
 from ._model.spec import Layout as Layout
 from ._model.spec import Spec as Spec
 from ._planner.einsum import PlanReport as PlanReport
+from ._planner.models import model as model
 from ._planner.program import ProgramPlan as ProgramPlan
 from ._planner.program import plan as plan
 from ._runtime.devices import use_cpu_devices as use_cpu_devices

@@ -88,7 +88,18 @@ def model(
     dtype: str = "float32",
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """A built-in model's function and argument shapes: ``(forward, (x, params))``, or with
-    ``train=True`` ``(loss, (params, x, y))``."""
+    ``train=True`` ``(loss, (params, x, y))``: plain JAX functions to plan, run or read.
+
+    ``mlp`` is ``relu(x @ w1) @ w2``; ``transformer`` is ``layers`` pre-LayerNorm blocks
+    (multi-head attention, then an MLP) stacked and run by ``lax.scan``.
+
+    >>> import shardwise
+    >>> fn, (x, params) = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
+    >>> x.shape, sorted(params)
+    ((64, 32), ['w1', 'w2'])
+    >>> shardwise.plan(fn, x, params, mesh="data=2,model=4", profile="cpu-2core").chosen.name
+    'search'
+    """
     for label, n in (
         ("batch", batch),
         ("hidden", hidden),
