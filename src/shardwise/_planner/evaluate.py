@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -158,9 +159,17 @@ def _live(graph: Graph) -> tuple[list[int], np.ndarray]:
     return arrays, live
 
 
-def held_curve(
-    graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = ""
-) -> tuple[list[int], np.ndarray]:
+class Held(NamedTuple):
+    """What :func:`held_curve` counts: the arrays that take memory, where each is alive
+    (program point × array), each one's block per device, and the bytes at each point."""
+
+    arrays: list[int]
+    live: np.ndarray
+    sizes: np.ndarray
+    points: np.ndarray
+
+
+def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -> Held:
     """Per-device bytes at each program point: the arrays held there in their layouts, plus,
     at each step, the copies it makes of its operands in the layouts it reads them in, and of
     its result in the layout it makes it in, where those differ from the held ones (a gather's
@@ -191,7 +200,7 @@ def held_curve(
                     points[at] += _relayouts(graph.values[a], lay.specs[a], used, mesh)
         if made.canonical() != lay.specs[step.output].canonical():
             points[at] += shard_bytes(graph.values[step.output], made, mesh)
-    return arrays, points
+    return Held(arrays, live, sizes, points)
 
 
 def _relayouts(value: Value, src: Spec, dst: Spec, mesh: MeshSpec) -> int:
@@ -213,7 +222,7 @@ def _relayouts(value: Value, src: Spec, dst: Spec, mesh: MeshSpec) -> int:
 
 def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -> int:
     """Per-device bytes held at the fullest point of the program (:func:`held_curve`)."""
-    _, points = held_curve(graph, lay, mesh, platform)
+    points = held_curve(graph, lay, mesh, platform).points
     return int(points.max()) if len(points) else 0
 
 

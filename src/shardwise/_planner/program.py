@@ -137,9 +137,9 @@ class ProgramPlan:
         return Group(plans_view(self), ops_view(self.report()))
 
     def __str__(self) -> str:
-        from shardwise.render.program import to_text
+        from shardwise.render.terminal import plain_text
 
-        return to_text(self)
+        return plain_text(self)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON contract of ``shardwise plan --model/--function … --json``."""

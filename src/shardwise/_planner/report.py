@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardwise._model.spec import Spec
 from shardwise._planner.attribute import ProgramCollective, dims_of, layout_text
-from shardwise._planner.costs import shard_bytes
-from shardwise._planner.evaluate import _live, held_curve
+from shardwise._planner.evaluate import held_curve
 from shardwise._planner.nodes import Step
 
 if TYPE_CHECKING:
@@ -132,9 +131,9 @@ class ProgramReport:
         return ops_view(self)
 
     def __str__(self) -> str:
-        from shardwise.render.program import to_text
+        from shardwise.render.terminal import plain_text
 
-        return to_text(self)
+        return plain_text(self)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -151,21 +150,20 @@ class ProgramReport:
 def memory_curve(plan: ProgramPlan, chosen: PlannedLayout) -> MemoryCurve:
     """Per-device bytes held at each program point under ``chosen``'s layouts
     (:func:`~shardwise._planner.evaluate.held_curve`), and the arrays held at the peak."""
-    graph, specs = plan.graph, chosen.layouts.specs
-    arrays, points = held_curve(graph, chosen.layouts, plan.mesh, plan.profile.platform)
+    held = held_curve(plan.graph, chosen.layouts, plan.mesh, plan.profile.platform)
+    points = held.points
     if not len(points):
         return MemoryCurve((0,), 0, 0, ())
     at = int(points.argmax())
-    _, live = _live(graph)
-    held = sorted(
+    alive = sorted(
         (
-            (graph.values[v].name, shard_bytes(graph.values[v], specs[v], plan.mesh))
-            for k, v in enumerate(arrays)
-            if live[at, k]
+            (plan.graph.values[v].name, int(held.sizes[k]))
+            for k, v in enumerate(held.arrays)
+            if held.live[at, k]
         ),
         key=lambda item: -item[1],
     )
-    return MemoryCurve(tuple(int(p) for p in points), int(points[at]), at, tuple(held))
+    return MemoryCurve(tuple(int(p) for p in points), int(points[at]), at, tuple(alive))
 
 
 def _mirrors(steps: list[Step], step: Step) -> str:

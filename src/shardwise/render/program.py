@@ -4,21 +4,13 @@ its memory over the program (``shardwise plan --model/--function``, and ``print`
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
 from shardwise._model.units import format_bytes, format_seconds
-
-
-def to_text(view: Any, width: int = 120) -> str:
-    """Plain text of a rich renderable."""
-    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-    console.print(view)
-    return console.export_text()
 
 
 def plans_view(report: Any) -> Any:

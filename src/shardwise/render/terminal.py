@@ -255,8 +255,13 @@ def explanation_view(expl: Explanation, quiet: bool = False) -> Any:
 
 def to_text(expl: Explanation, quiet: bool = False, width: int = 110) -> str:
     """Plain text of :func:`explanation_view`."""
+    return plain_text(explanation_view(expl, quiet), width)
+
+
+def plain_text(view: Any, width: int = 120) -> str:
+    """Plain text of any rich renderable, without colour."""
     from rich.console import Console
 
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-    console.print(explanation_view(expl, quiet))
+    console.print(view)
     return console.export_text()
