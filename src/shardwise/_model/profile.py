@@ -53,7 +53,12 @@ class Profile:
         sources: where each figure comes from.
         matmul_Bps: the rate a matmul reads and writes its operands when it is bound by
             memory (few rows against a large weight); ``None``: ``memory_Bps``. On CPUs it is
-            far below the streaming rate (the weight is packed and read more than once).
+            far below the streaming rate (the operands are packed first), and the packing
+            time adds to the multiplying time (:attr:`flops_per_s`: the rate once packed).
+        gather: default model of all-gathers and all-to-alls along any mesh axis; ``None``:
+            the all-reduce model. On CPUs an all-gather moves a byte at about half an
+            all-reduce's rate.
+        gather_links: measured all-gather models by mesh axis (calibrated profiles).
     """
 
     name: str
@@ -65,20 +70,13 @@ class Profile:
     axis_links: Mapping[str, Link] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
     matmul_Bps: float | None = None
+    gather: Link | None = None
+    gather_links: Mapping[str, Link] = field(default_factory=dict)
 
     def __hash__(self) -> int:
-        return hash(
-            (
-                self.name,
-                self.platform,
-                tuple(sorted(self.flops_per_s.items())),
-                self.memory_Bps,
-                self.memory_bytes,
-                self.link,
-                tuple(sorted(self.axis_links.items())),
-                self.matmul_Bps,
-            )
-        )
+        # a few fields suffice (equal profiles hash equal); the cost model's caches hash the
+        # profile on every lookup, and hashing the mappings too made it a planner hot spot
+        return hash((self.name, self.platform, self.memory_Bps, self.matmul_Bps))
 
     @property
     def gemm_Bps(self) -> float:
@@ -90,14 +88,19 @@ class Profile:
         """Peak FLOP/s for ``dtype`` (float32 if the dtype is not listed)."""
         return self.flops_per_s.get(dtype, self.flops_per_s.get("float32", 1e9))
 
-    def link_for(self, axis: str) -> Link:
-        """The collective model along ``axis``."""
+    def link_for(self, axis: str, kind: str = "all-reduce") -> Link:
+        """The model of a ``kind`` collective along ``axis``."""
+        if kind in ("all-gather", "all-to-all"):
+            found = self.gather_links.get(axis, self.gather)
+            if found is not None:
+                return found
         return self.axis_links.get(axis, self.link)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["flops_per_s"] = dict(self.flops_per_s)
         data["axis_links"] = {k: asdict(v) for k, v in self.axis_links.items()}
+        data["gather_links"] = {k: asdict(v) for k, v in self.gather_links.items()}
         data["sources"] = dict(self.sources)
         return data
 
@@ -116,6 +119,8 @@ class Profile:
                 axis_links={k: Link(**v) for k, v in data.get("axis_links", {}).items()},
                 sources=dict(data.get("sources", {})),
                 matmul_Bps=None if data.get("matmul_Bps") is None else float(data["matmul_Bps"]),
+                gather=None if data.get("gather") is None else Link(**data["gather"]),
+                gather_links={k: Link(**v) for k, v in data.get("gather_links", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ShardwiseError(f"profile is malformed ({type(e).__name__}: {e}).") from None
@@ -207,19 +212,24 @@ BUILTIN: dict[str, Profile] = {
     "cpu-2core": Profile(
         name="cpu-2core",
         platform="cpu",
-        flops_per_s={"float32": 2.0e10, "bfloat16": 1.8e10, "float64": 1.0e10},
-        memory_Bps=3.8 * GB,
+        flops_per_s={"float32": 3.5e10, "bfloat16": 3.2e10, "float64": 1.75e10},
+        memory_Bps=2.0 * GB,
         memory_bytes=None,
-        link=Link(latency_s=110e-6, bandwidth_Bps=1.7 * GB),
+        link=Link(latency_s=100e-6, bandwidth_Bps=0.6 * GB),
         axis_links={},
         sources={
             "all": "shardwise calibrate on a 2-core x86 machine with 24 GiB, 8 simulated CPU "
-            "devices, mesh x=2,y=4, 2026-11-30 (per-device figures while all 8 work at once); "
-            "float64 assumed half of float32. Used when no calibrated profile is in the cache",
-            "matmul_Bps": "calibrate's memory-bound matmul (32 rows against a 1024 x 4096 "
-            "float32 weight on every device at once), 0.22-0.37 GB/s in three runs",
+            "devices, mesh data=2,model=4, 2026-11-30, medians of four runs (per-device "
+            "figures while all 8 work at once); float64 assumed half of float32. Used when no "
+            "calibrated profile is in the cache",
+            "flops_per_s": "with matmul_Bps, fitted as t = FLOPs / F + bytes / B to ten "
+            "float32 matmuls from 32x1024x4096 to 2048x256x256 on every device at once",
+            "link": "all-reduces of 0.25, 1 and 4 MB per device over 2, 4 and 8 devices: 1.7 ms "
+            "per MB whatever the group's size",
+            "gather": "all-gathers of the same sizes: about 1.1 ms per MB they make",
         },
-        matmul_Bps=0.35 * GB,
+        matmul_Bps=0.385 * GB,
+        gather=Link(latency_s=100e-6, bandwidth_Bps=0.9 * GB),
     ),
 }
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
+from shardwise._caches import cached
 from shardwise._errors import SpecError
 from shardwise._model.cost import PredictedCollective, predict, ring_seconds
 from shardwise._model.mesh import MeshSpec
@@ -58,6 +59,7 @@ class Move:
     spec: Spec
 
 
+@cached(maxsize=1 << 14)
 def reshard_moves(src: Spec, dst: Spec, rank: int) -> tuple[Move, ...]:
     """The steps that move an array of ``rank`` dimensions from ``src`` to ``dst``, each one
     that XLA's partitioner carries out as exactly one collective.
@@ -190,12 +192,15 @@ def agreed_layout(
     >>> from shardwise._model.profile import BUILTIN
     >>> op, mesh = Op.parse("abc,abc->"), MeshSpec.parse("x=2,y=4")
     >>> agreed_layout(op, [(2, 4, 4)] * 2, [Spec.parse("x,y"), Spec.parse("x,-,y")],
-    ...               Spec(()), "float32", mesh, BUILTIN["cpu-2core"]).describe()
+    ...               Spec(()), "float32", mesh, BUILTIN["h100"]).describe()
     'a=x'
     >>> big = [(2, 4096, 4096)] * 2  # here moving one split costs less than gathering both
     >>> agreed_layout(op, big, [Spec.parse("x,y"), Spec.parse("x,-,y")],
-    ...               Spec(()), "float32", mesh, BUILTIN["cpu-2core"]).describe()
+    ...               Spec(()), "float32", mesh, BUILTIN["h100"]).describe()
     'a=x,c=y'
+
+    (On CPUs a collective costs one latency over any group, and moving one split wins even
+    for the small arrays.)
     """
     common = common_layout(op, in_specs)
     if common is not None:

@@ -8,7 +8,7 @@ cost model needs (on simulated CPU devices the devices share the host's cores).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import jax
@@ -45,22 +45,34 @@ def memory_bandwidth(mesh: Mesh, per_device_bytes: int, repeat: int) -> float:
     return max(read, copy)
 
 
-def matmul_flops(mesh: Mesh, size: int, dtype: str, repeat: int) -> float:
-    """FLOP/s of one device doing a ``size``³ matmul while every device does one."""
-    a = jax.device_put(jnp.ones((mesh.size, size, size), dtype), NamedSharding(mesh, _flat(mesh)))
-    mm = jax.jit(lambda x: jnp.einsum("bij,bjk->bik", x, x))
-    return 2 * size**3 / median_seconds(lambda: mm(a), repeat)
-
-
-def matmul_bandwidth(mesh: Mesh, rows: int, k: int, n: int, repeat: int) -> float:
-    """Bytes per second one device moves in a memory-bound matmul, while every device does one:
-    ``rows`` rows against its own ``k`` × ``n`` weight (an MLP layer's data-parallel shape)."""
+def matmul_seconds(mesh: Mesh, m: int, k: int, n: int, dtype: str, repeat: int) -> float:
+    """Seconds one device takes for an ``m×k`` by ``k×n`` matmul while every device does one."""
     sharding = NamedSharding(mesh, _flat(mesh))
-    x = jax.device_put(jnp.ones((mesh.size, rows, k), jnp.float32), sharding)
-    w = jax.device_put(jnp.ones((mesh.size, k, n), jnp.float32), sharding)
+    x = jax.device_put(jnp.ones((mesh.size, m, k), dtype), sharding)
+    w = jax.device_put(jnp.ones((mesh.size, k, n), dtype), sharding)
     mm = jax.jit(lambda a, b: jnp.einsum("bij,bjk->bik", a, b))
-    moved = 4 * (rows * k + k * n + rows * n)
-    return moved / median_seconds(lambda: mm(x, w), repeat)
+    return median_seconds(lambda: mm(x, w), repeat)
+
+
+def fit_matmul(
+    shapes: Sequence[tuple[int, int, int]], seconds: Sequence[float], width: int, platform: str
+) -> tuple[float, float]:
+    """FLOP/s and bytes/s of :func:`~shardwise._model.cost.predict`'s matmul model from a
+    square matmul and a thin one: on CPUs ``t = FLOPs / F + bytes / B`` (packing, then
+    multiplying), solved for both; elsewhere each bounds its own shape (F from the square one,
+    B from the thin one). Where the fit is not positive, the elsewhere rule.
+
+    >>> f, b = fit_matmul([(512, 512, 512), (32, 1024, 4096)], [0.01, 0.04], 4, "cpu")
+    >>> round(f / 1e9, 1), round(b / 1e9, 3)
+    (79.1, 0.476)
+    """
+    flops = [2.0 * m * k * n for m, k, n in shapes]
+    moved = [float(width * (m * k + k * n + m * n)) for m, k, n in shapes]
+    plain = flops[0] / seconds[0], moved[1] / seconds[1]
+    if platform != "cpu":
+        return plain
+    inv_f, inv_b = np.linalg.solve(np.array([flops, moved]).T, np.array(seconds))
+    return (float(1 / inv_f), float(1 / inv_b)) if inv_f > 0 and inv_b > 0 else plain
 
 
 def collective_link(mesh: Mesh, axis: str, kind: str, small: int, large: int, repeat: int) -> Link:
@@ -69,6 +81,8 @@ def collective_link(mesh: Mesh, axis: str, kind: str, small: int, large: int, re
     p = mesh.shape[axis]
     steps = 2 * (p - 1) if kind == "all-reduce" else p - 1
     factor = steps / p
+    if mesh.devices.flat[0].platform == "cpu":
+        steps, factor = 1, 1.0  # one step in shared memory (ring_seconds on CPUs)
 
     def timed(nbytes: int) -> float:
         per = max(nbytes // 4, 1)
@@ -113,13 +127,17 @@ def calibrate(
 
     step("memory bandwidth")
     bandwidth = memory_bandwidth(mesh, per_device_bytes, repeat)
+    shapes = [(matmul_size,) * 3, (32, 1024, 4096)]
     flops: dict[str, float] = {}
+    gemm = bandwidth
     for dtype in ("float32", "bfloat16"):
-        step(f"{dtype} matmul")
-        flops[dtype] = matmul_flops(mesh, matmul_size, dtype, repeat)
-    step("memory-bound matmul")
-    gemm = matmul_bandwidth(mesh, 32, 1024, 4096, repeat)
+        step(f"{dtype} matmuls")
+        width = jnp.dtype(dtype).itemsize
+        times = [matmul_seconds(mesh, *shape, dtype, repeat) for shape in shapes]
+        flops[dtype], rate = fit_matmul(shapes, times, width, platform)
+        gemm = rate if dtype == "float32" else gemm
     links: dict[str, Link] = {}
+    gathers: dict[str, Link] = {}
     measured: dict[str, float] = {}
     for axis, size in spec.axes:
         if size < 2:
@@ -129,16 +147,8 @@ def calibrate(
             link = collective_link(mesh, axis, kind, 1024, per_device_bytes // 8, repeat)
             measured[f"{kind}:{axis}:latency_s"] = link.latency_s
             measured[f"{kind}:{axis}:bandwidth_Bps"] = link.bandwidth_Bps
-            if kind == "all-reduce":
-                links[axis] = link
-    default = (
-        Link(
-            latency_s=float(np.median([lk.latency_s for lk in links.values()])),
-            bandwidth_Bps=float(np.median([lk.bandwidth_Bps for lk in links.values()])),
-        )
-        if links
-        else Link(latency_s=1e-5, bandwidth_Bps=bandwidth)
-    )
+            (links if kind == "all-reduce" else gathers)[axis] = link
+    default = _median_link(links) or Link(latency_s=1e-5, bandwidth_Bps=bandwidth)
     stamp = time.strftime("%Y-%m-%d")
     return Profile(
         name=local_name(platform, mesh.size),
@@ -148,6 +158,8 @@ def calibrate(
         memory_bytes=device_capacity(device),
         link=default,
         axis_links=links,
+        gather=_median_link(gathers),
+        gather_links=gathers,
         matmul_Bps=min(gemm, bandwidth),
         sources={
             "all": f"shardwise calibrate on {mesh.size} {platform} devices "
@@ -155,4 +167,14 @@ def calibrate(
             f"per-device figures while every device works at once",
             **{k: f"{v:.4g}" for k, v in measured.items()},
         },
+    )
+
+
+def _median_link(links: dict[str, Link]) -> Link | None:
+    """The median latency and bandwidth of ``links`` (``None`` for none)."""
+    if not links:
+        return None
+    return Link(
+        latency_s=float(np.median([lk.latency_s for lk in links.values()])),
+        bandwidth_Bps=float(np.median([lk.bandwidth_Bps for lk in links.values()])),
     )

@@ -27,7 +27,7 @@ from shardwise._caches import cached
 from shardwise._model.cost import PredictedCollective, predict, ring_seconds
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
-from shardwise._model.reshard import reshard_collectives
+from shardwise._model.reshard import reshard_collectives, reshard_moves
 from shardwise._model.spec import Entry, Spec
 from shardwise._model.strategy import Strategy, strategies
 from shardwise._planner.graph import Graph
@@ -138,18 +138,48 @@ def reshard(
     return Cost(seconds * repeat, tuple((c, step) for c in found))
 
 
+def reshard_seconds(
+    value: Value, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile, repeat: int
+) -> float:
+    """:func:`reshard`'s time alone (the cost matrices need nothing else, many thousand
+    times)."""
+    if src == dst:
+        return 0.0
+    return _reshard(value.shape, value.dtype, src, dst, mesh, profile)[0] * repeat
+
+
 @cached(maxsize=1 << 16)
 def _reshard(
     shape: tuple[int, ...], dtype: str, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile
 ) -> tuple[float, tuple[PredictedCollective, ...]]:
     found = reshard_collectives(src, dst, shape, dtype, mesh, profile)
     seconds = sum(c.seconds for c in found)
+    value = Value(shape, dtype, "")
     if set(dst.axes) - set(src.axes):
         # slicing on an axis is local, but XLA copies each device's new block out of the
         # array it holds (a dynamic-slice): it costs one write of that block
-        value = Value(shape, dtype, "")
         seconds += shard_bytes(value, dst, mesh) / profile.memory_Bps
+    if profile.platform == "cpu":
+        # ... and the CPU's gathers along a dimension but the first copy their result back
+        seconds += 2 * relayout_bytes(value, src, dst, mesh) / profile.memory_Bps
     return seconds, found
+
+
+def relayout_bytes(value: Value, src: Spec, dst: Spec, mesh: MeshSpec) -> int:
+    """Bytes of the copies XLA's CPU backend makes when it moves ``value`` from ``src`` to
+    ``dst``: it gathers along the first dimension, so a gather along another one leaves its
+    result in a transposed layout that is copied back (seen in its buffer assignment)."""
+    extra = 0
+    rank = len(value.shape)
+    before = src.padded(rank)
+    for move in reshard_moves(src, dst, rank):
+        after = move.spec.padded(rank)
+        if move.kind == "all-gather":
+            grown = [d for d in range(rank) if len(after[d]) < len(before[d])]
+            if grown and grown[0] > 0:
+                extra += shard_bytes(value, move.spec, mesh)
+        before = after
+    return extra
 
 
 def map_specs(graph: Graph, step: Step, src: Spec, mesh: MeshSpec) -> tuple[Spec, Spec, Entry]:
@@ -187,7 +217,8 @@ def _map_head(
     """A map's cost up to its result in the layout it makes it in, and that layout."""
     value, out = graph.values[step.inputs[0]], graph.values[step.output]
     whole, mapped, partial = map_specs(graph, step, src, mesh)
-    parts = list(reshard(value, src, whole, mesh, profile, step, step.repeat).collectives)
+    gather = reshard(value, src, whole, mesh, profile, step, step.repeat)
+    parts = list(gather.collectives)
     if partial:
         # one all-reduce per split reduced dimension, over its axes (as XLA sums a reduction
         # over two dimensions split on two axes: over one axis, then the other)
@@ -199,7 +230,9 @@ def _map_head(
                 seconds = ring_seconds("all-reduce", axes, n, mesh, profile)
                 parts.append((PredictedCollective("all-reduce", axes, n, seconds), step))
     moved = shard_bytes(value, whole, mesh) + shard_bytes(out, mapped, mesh)
-    comm = sum(c.seconds for c, _ in parts) * step.repeat
+    comm = (
+        gather.seconds + sum(c.seconds for c, _ in parts[len(gather.collectives) :]) * step.repeat
+    )
     return Cost(comm + step.repeat * moved / profile.memory_Bps, tuple(parts)), mapped
 
 
@@ -215,7 +248,7 @@ def _map_matrix(
         head, mapped = _map_head(graph, step, s, mesh, profile)
         if mapped not in after:
             after[mapped] = np.array(
-                [reshard(out, mapped, t, mesh, profile, step, step.repeat).seconds for t in sb]
+                [reshard_seconds(out, mapped, t, mesh, profile, step.repeat) for t in sb]
             )
         rows.append(head.seconds + after[mapped])
     return np.array(rows)
@@ -286,10 +319,7 @@ def _reshard_matrix(
     rows = {spec: k for k, spec in enumerate(dict.fromkeys(srcs))}
     cols = {spec: k for k, spec in enumerate(dict.fromkeys(dsts))}
     table = np.array(
-        [
-            [reshard(value, x, y, mesh, profile, step, step.repeat).seconds for y in cols]
-            for x in rows
-        ]
+        [[reshard_seconds(value, x, y, mesh, profile, step.repeat) for y in cols] for x in rows]
     )
     return table[np.ix_([rows[x] for x in srcs], [cols[y] for y in dsts])]
 

@@ -17,17 +17,16 @@ import numpy as np
 
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
-from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
 from shardwise._planner.attribute import ProgramCollective, Tally
 from shardwise._planner.costs import (
     Problem,
     map_specs,
+    relayout_bytes,
     shard_bytes,
 )
 from shardwise._planner.graph import Graph
-from shardwise._planner.nodes import Value
 from shardwise._planner.search import Constraint, total
 
 MEMORY_POINTS = 16
@@ -175,7 +174,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     its result in the layout it makes it in, where those differ from the held ones (a gather's
     result, or even a local slice, is a new buffer beside the array it came from). On CPU, a
     gather along any dimension but the first also leaves a copy in the usual layout
-    (:func:`_relayouts`)."""
+    (:func:`~shardwise._planner.costs.relayout_bytes`)."""
     arrays, live = _live(graph)
     sizes = np.array(
         [shard_bytes(graph.values[v], lay.specs[v], mesh) for v in arrays], dtype=np.int64
@@ -188,7 +187,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             _, mapped = lay.scans[(step.key, step.inputs[0])]
             slice_ = graph.values[step.output]
             if cpu:
-                points[at] += _relayouts(slice_, mapped, lay.specs[step.output], mesh)
+                points[at] += relayout_bytes(slice_, mapped, lay.specs[step.output], mesh)
             continue
         if step.key not in lay.steps:
             continue
@@ -197,27 +196,10 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             if used.canonical() != lay.specs[a].canonical():
                 points[at] += shard_bytes(graph.values[a], used, mesh)
                 if cpu:
-                    points[at] += _relayouts(graph.values[a], lay.specs[a], used, mesh)
+                    points[at] += relayout_bytes(graph.values[a], lay.specs[a], used, mesh)
         if made.canonical() != lay.specs[step.output].canonical():
             points[at] += shard_bytes(graph.values[step.output], made, mesh)
     return Held(arrays, live, sizes, points)
-
-
-def _relayouts(value: Value, src: Spec, dst: Spec, mesh: MeshSpec) -> int:
-    """Bytes of the copies XLA's CPU backend makes when it moves ``value`` from ``src`` to
-    ``dst``: it gathers along the first dimension, so a gather along another one leaves its
-    result in a transposed layout that is copied back (seen in its buffer assignment)."""
-    extra = 0
-    rank = len(value.shape)
-    before = src.padded(rank)
-    for move in reshard_moves(src, dst, rank):
-        after = move.spec.padded(rank)
-        if move.kind == "all-gather":
-            grown = [d for d in range(rank) if len(after[d]) < len(before[d])]
-            if grown and grown[0] > 0:
-                extra += shard_bytes(value, move.spec, mesh)
-        before = after
-    return extra
 
 
 def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -> int:

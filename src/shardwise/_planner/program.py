@@ -31,7 +31,7 @@ from shardwise._planner.evaluate import (
 )
 from shardwise._planner.graph import Graph, build
 from shardwise._planner.report import ProgramReport, report
-from shardwise._planner.search import TIME_LIMIT_S, Solution, solve
+from shardwise._planner.search import TIME_LIMIT_S, Solution, descend, solve
 from shardwise._planner.verify import sharded, verify
 
 
@@ -321,9 +321,9 @@ def _search(
         )
     found = [first]
     inputs = sorted(set(_input_vars(graph, problem)))
-    if constraints or first.method != "dynamic programming":
-        # an integer program (a budget, or cycles left after elimination) takes seconds to
-        # solve: find each next plan by excluding the ones found, one solve each
+    if constraints:
+        # a local move may break a budget: find each next plan by excluding the ones found,
+        # one integer program each
         exclude = [{v: first.choice[v] for v in inputs}]
         while len(found) < top:
             more = solve(problem, constraints, exclude, time_limit)
@@ -344,17 +344,30 @@ def _input_vars(graph: Graph, problem: Problem) -> list[int]:
 def _runners_up(
     problem: Problem, inputs: list[int], best: Solution, count: int, time_limit: float
 ) -> list[Solution]:
-    """The best plan with each input laid out each other way it can be, cheapest first: the
-    first of them is the second-best plan overall (it must lay out some input differently)."""
+    """For each input, the best plan that lays it out another way, cheapest first: what the
+    best plan's choice for that input is worth (then each input's second best, and so on).
+
+    Where dynamic programming solved the problem, each is solved exactly, and the first of
+    them is the second-best plan overall (it must lay out some input differently). Where an
+    integer program did (cycles), each is found by local search from the best plan
+    (:func:`~shardwise._planner.search.descend`): one integer program per input layout took
+    seconds (a 2-layer transformer's training step has 113)."""
     if count < 1:
         return []
+    exact = best.method == "dynamic programming"
     seen = {tuple(best.choice[v] for v in inputs)}
-    out = []
+    out: list[tuple[int, float, Solution]] = []
     for v in inputs:
+        alternatives = []
         for c in range(len(problem.choices[v])):
             if c == best.choice[v]:
                 continue
-            sol = solve(problem.restrict({v: [c]}), time_limit=time_limit)
+            if exact:
+                sol = solve(problem.restrict({v: [c]}), time_limit=time_limit)
+            else:
+                start = list(best.choice)
+                start[v] = c
+                sol = descend(problem, start, v)
             if sol is None:
                 continue
             choice = list(sol.choice)
@@ -362,9 +375,11 @@ def _runners_up(
             key = tuple(choice[u] for u in inputs)
             if key not in seen:
                 seen.add(key)
-                out.append(dataclasses.replace(sol, choice=tuple(choice)))
-    out.sort(key=lambda sol: sol.seconds)
-    return out[:count]
+                alternatives.append(dataclasses.replace(sol, choice=tuple(choice)))
+        alternatives.sort(key=lambda sol: sol.seconds)
+        out += [(rank, sol.seconds, sol) for rank, sol in enumerate(alternatives)]
+    # each input's best alternative first, then each one's second best, ...
+    return [sol for _, _, sol in sorted(out, key=lambda r: r[:2])[:count]]
 
 
 def _planned(

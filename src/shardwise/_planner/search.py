@@ -65,7 +65,7 @@ def solve(
 
     Variables with at most two neighbours (and in no constraint) are eliminated exactly first,
     as dynamic programming over chains and trees does; what is left, if anything, is an integer
-    program.
+    program (its linear relaxation first: where that is integral, it is the optimum).
     """
     start = time.perf_counter()
     protected = {v for c in constraints for v, _, _ in c.terms} | {v for e in exclude for v in e}
@@ -97,6 +97,31 @@ def solve(
         choice[v] = int(best[tuple(choice[n] for n in near)]) if near else int(best)
     seconds = time.perf_counter() - start
     return Solution(tuple(choice), total(problem, choice), optimal, method, seconds)
+
+
+def descend(problem: Problem, start: Sequence[int], fixed: int) -> Solution:
+    """A good solution near ``start`` with ``fixed`` kept at its choice there: each neighbour of
+    a changed variable takes its best choice given its own neighbours', until none improves
+    (iterated conditional modes). Each change lowers the cost, so it ends; what it finds is a
+    local optimum, not proven the best with that choice (:attr:`Solution.optimal` is False)."""
+    begin = time.perf_counter()
+    near: list[list[tuple[int, np.ndarray]]] = [[] for _ in problem.labels]
+    for (u, v), m in problem.edges.items():
+        near[u].append((v, m))
+        near[v].append((u, m.T))
+    choice = list(start)
+    queue = [u for u, _ in near[fixed]]
+    while queue:
+        v = queue.pop()
+        if v == fixed:
+            continue
+        scores = problem.unary[v] + sum((m[:, choice[u]] for u, m in near[v]), 0.0)
+        best = int(np.argmin(scores))
+        if scores[best] < scores[choice[v]] * (1 - 1e-12) - 1e-300:
+            choice[v] = best
+            queue.extend(u for u, _ in near[v])
+    seconds = time.perf_counter() - begin
+    return Solution(tuple(choice), total(problem, choice), False, "local search", seconds)
 
 
 def brute_force(problem: Problem) -> tuple[tuple[int, ...], float]:
@@ -273,6 +298,9 @@ def _milp(
     objective = np.concatenate(cost)
     # scaled: HiGHS's absolute gap (1e-6) would call any plan of seconds optimal
     objective = objective * (1e6 / max(float(np.abs(objective).max()), 1e-30))
+    relaxed = _integral_relaxation(objective, a, np.array(rows.lower), np.array(rows.upper), nx)
+    if relaxed is not None:
+        return _choices(relaxed, offset), True
     integrality = np.zeros(col)
     integrality[:nx] = 1
     result = scipy.optimize.milp(
@@ -284,6 +312,36 @@ def _milp(
     )
     if result.x is None:
         return None
-    x = result.x[:nx]
-    choice = tuple(int(np.argmax(x[offset[v] : offset[v + 1]])) for v in range(len(sizes)))
-    return choice, bool(result.status == 0 and math.isfinite(result.fun))
+    optimal = bool(result.status == 0 and math.isfinite(result.fun))
+    return _choices(result.x[:nx], offset), optimal
+
+
+def _choices(x: np.ndarray, offset: np.ndarray) -> tuple[int, ...]:
+    """Each variable's choice from the binaries ``x``."""
+    return tuple(int(np.argmax(x[offset[v] : offset[v + 1]])) for v in range(len(offset) - 1))
+
+
+def _integral_relaxation(
+    objective: np.ndarray, a: scipy.sparse.csr_array, lower: np.ndarray, upper: np.ndarray, nx: int
+) -> np.ndarray | None:
+    """The binaries of the linear relaxation's optimum where they are all 0 or 1, else ``None``.
+
+    A relaxation's optimum bounds the integer program's from below, so an integral one is the
+    integer program's optimum: proven, without branch and bound. Without budgets or excluded
+    solutions it almost always is (the pair variables make the relaxation tight on trees), and
+    HiGHS's dual simplex finds it in a third of the time its MIP solver takes to start.
+    """
+    equal = lower == upper
+    result = scipy.optimize.linprog(
+        objective,
+        A_ub=a[~equal] if not equal.all() else None,
+        b_ub=upper[~equal] if not equal.all() else None,
+        A_eq=a[equal],
+        b_eq=upper[equal],
+        bounds=(0, 1),
+        method="highs-ds",
+    )
+    if result.status != 0:
+        return None
+    x = np.asarray(result.x[:nx])
+    return x if float(np.abs(x - np.round(x)).max(initial=0.0)) < 1e-9 else None

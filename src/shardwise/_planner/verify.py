@@ -54,11 +54,18 @@ def _arrays(plan: ProgramPlan) -> list[np.ndarray]:
     return out
 
 
+TURN_SECONDS = 0.2
+"""Each plan's turn at the devices lasts this long at least (several calls of a small
+program, their mean counted): single calls of tens of milliseconds ranked ten plans of an MLP
+differently from one round to the next on a 2-core machine."""
+
+
 def verify(
     plan: ProgramPlan, repeat: int = 5, mesh: Any = None, on_step: Any = None
 ) -> ProgramPlan:
     """Compile and compare every plan of ``plan`` on ``mesh``, then time them all taking turns
-    (median of ``repeat`` runs each), so that the machine's drift falls on all alike."""
+    (median of ``repeat`` turns each, a turn at least :data:`TURN_SECONDS` long), so that the
+    machine's drift falls on all alike."""
     m = _mesh(plan, mesh)
     leaves = _arrays(plan)
     checked = []
@@ -82,7 +89,7 @@ def verify(
                        + memory.temp_size_in_bytes - memory.alias_size_in_bytes)  # fmt: skip
         checked.append((item, by_kind(got) == by_kind(want), held, got))
         runners[item.name] = functools.partial(compiled, *args)
-    seconds = alternate(runners, repeat)
+    seconds = alternate(runners, repeat, at_least=TURN_SECONDS)
     done = [
         dataclasses.replace(item, verified=ProgramVerified(match, seconds[item.name], held, got))
         for item, match, held, got in checked

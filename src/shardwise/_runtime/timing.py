@@ -36,11 +36,15 @@ workers spin for a few milliseconds after each call, holding the cores, and woul
 whichever runner comes next."""
 
 
-def alternate(runners: Mapping[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+def alternate(
+    runners: Mapping[str, Callable[[], Any]], repeat: int, at_least: float = 0.0
+) -> dict[str, float]:
     """Median seconds of each runner, the runners taking turns (A B C A B C …) so that
-    drift in the machine's speed falls on all of them alike, each call started on a quiet
+    drift in the machine's speed falls on all of them alike, each turn started on a quiet
     machine (:data:`QUIET_SECONDS`), so that no runner pays for the one before it. One
-    warm-up call each first."""
+    warm-up call each first. A turn calls its runner until ``at_least`` seconds have passed
+    (once at least) and counts the mean: one call of a few milliseconds is at the mercy of
+    the scheduler, many in a row are not."""
     for fn in runners.values():
         block(fn())
     times: dict[str, list[float]] = {name: [] for name in runners}
@@ -50,8 +54,12 @@ def alternate(runners: Mapping[str, Callable[[], Any]], repeat: int) -> dict[str
         for name in order:
             time.sleep(QUIET_SECONDS)
             start = time.perf_counter()
-            block(runners[name]())
-            times[name].append(time.perf_counter() - start)
+            calls, took = 0, 0.0
+            while calls == 0 or took < at_least:
+                block(runners[name]())
+                calls += 1
+                took = time.perf_counter() - start
+            times[name].append(took / calls)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

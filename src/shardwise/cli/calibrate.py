@@ -63,11 +63,15 @@ def calibrate(
         table.add_row("memory bandwidth", f"{profile.memory_Bps / 1e9:.2f} GB/s")
         for dtype, f in profile.flops_per_s.items():
             table.add_row(f"matmul {dtype}", f"{f / 1e9:.1f} GFLOP/s")
-        for axis, link in profile.axis_links.items():
-            table.add_row(
-                f"all-reduce along {axis}",
-                f"α {link.latency_s * 1e6:.1f} µs, β {link.bandwidth_Bps / 1e9:.2f} GB/s",
-            )
+        for kind, links in (
+            ("all-reduce", profile.axis_links),
+            ("all-gather", profile.gather_links),
+        ):
+            for axis, link in links.items():
+                table.add_row(
+                    f"{kind} along {axis}",
+                    f"α {link.latency_s * 1e6:.1f} µs, β {link.bandwidth_Bps / 1e9:.2f} GB/s",
+                )
         if profile.memory_bytes:
             table.add_row("memory", format_bytes(profile.memory_bytes))
         Console().print(table)

@@ -1,0 +1,158 @@
+"""The CPU cost model (collectives in shared memory, matmuls that pack then multiply, the copy
+after a gather along a later dimension), its calibration, fair timing, and the search's fast
+paths (the linear relaxation, local search for runners-up)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from shardwise._model.cost import predict, ring_seconds
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.op import Op
+from shardwise._model.profile import BUILTIN, Link, Profile
+from shardwise._model.spec import Layout, Spec
+from shardwise._model.strategy import Strategy
+from shardwise._planner.calibrate import fit_matmul
+from shardwise._planner.costs import Problem, reshard_seconds
+from shardwise._planner.nodes import Value
+from shardwise._planner.program import _runners_up
+from shardwise._planner.search import brute_force, descend, solve, total
+from shardwise._runtime.timing import alternate
+
+CPU = BUILTIN["cpu-2core"]
+MESH = MeshSpec.parse("x=2,y=4")
+
+
+def test_a_cpu_collective_takes_one_step_over_any_group():
+    """Measured on CPU: an all-reduce costs the same over 2, 4 or 8 devices, and a ring
+    model (one ring per axis, summed) would charge the 8-device one for both axes."""
+    one = ring_seconds("all-reduce", ["x"], 2**20, MESH, CPU)
+    assert ring_seconds("all-reduce", ["y"], 2**20, MESH, CPU) == pytest.approx(one)
+    assert ring_seconds("all-reduce", ["x", "y"], 2**20, MESH, CPU) == pytest.approx(one)
+    assert one == pytest.approx(CPU.link.latency_s + 2**20 / CPU.link.bandwidth_Bps)
+    ring = BUILTIN["h100"]
+    both = ring_seconds("all-reduce", ["x", "y"], 2**20, MESH, ring)
+    assert both == pytest.approx(
+        ring_seconds("all-reduce", ["x"], 2**20, MESH, ring)
+        + ring_seconds("all-reduce", ["y"], 2**20, MESH, ring)
+    )
+
+
+def test_all_gathers_use_their_own_link_and_profiles_keep_it():
+    gather, data = Link(3e-4, 5e8), Link(5e-4, 2e8)
+    p = dataclasses.replace(CPU, name="t", gather=gather, gather_links={"data": data})
+    assert p.link_for("model", "all-gather") == gather
+    assert p.link_for("data", "all-to-all") == data
+    assert p.link_for("data", "all-reduce") == CPU.link
+    assert Profile.from_json(p.to_json()) == p
+    assert ring_seconds("all-gather", ["x"], 4096, MESH, p) == pytest.approx(3e-4 + 4096 / 5e8)
+    old = {k: v for k, v in p.to_json().items() if k not in ("gather", "gather_links")}
+    assert Profile.from_json(old).link_for("x", "all-gather") == CPU.link
+
+
+def test_cpu_matmuls_add_packing_to_multiplying():
+    op = Op.parse("mk,kn->mn")
+    shapes = [(256, 1024), (1024, 512)]
+    s = Strategy(Layout.parse(""), Spec(()))
+    cpu = predict(op, shapes, "float32", MESH, s, CPU)
+    assert cpu.seconds == pytest.approx(cpu.compute_seconds + cpu.memory_seconds)
+    gpu = predict(op, shapes, "float32", MESH, s, BUILTIN["h100"])
+    assert gpu.seconds == pytest.approx(max(gpu.compute_seconds, gpu.memory_seconds))
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_fit_matmul_recovers_the_rates_it_was_made_from(platform):
+    shapes, flops_rate, byte_rate = [(512, 512, 512), (32, 1024, 4096)], 3e10, 4e8
+    times = [
+        2 * m * k * n / flops_rate + 4 * (m * k + k * n + m * n) / byte_rate for m, k, n in shapes
+    ]
+    f, b = fit_matmul(shapes, times, 4, platform)
+    if platform == "cpu":
+        assert (f, b) == (pytest.approx(flops_rate), pytest.approx(byte_rate))
+    else:  # each shape bounds its own figure: below the rates it was made from
+        assert f < flops_rate and b < byte_rate
+    # a fit that is not positive falls back to each shape's own figure
+    f, b = fit_matmul(shapes, [1.0, 1e-6], 4, "cpu")
+    assert f > 0 and b > 0
+
+
+def test_a_cpu_gather_along_a_later_dimension_costs_a_copy_back():
+    value = Value((256, 256), "float32", "")
+    first = reshard_seconds(value, Spec.parse("x"), Spec(()), MESH, CPU, 1)
+    later = reshard_seconds(value, Spec.parse("-,x"), Spec(()), MESH, CPU, 1)
+    # the same all-gather, then a read and a write of the whole array
+    assert later - first == pytest.approx(2 * 256 * 256 * 4 / CPU.memory_Bps)
+
+
+def test_alternate_turns_last_at_least_as_long_as_asked():
+    calls = {"a": 0, "b": 0}
+
+    def runner(name):
+        def run():
+            calls[name] += 1
+            return name
+
+        return run
+
+    seconds = alternate({n: runner(n) for n in calls}, repeat=2, at_least=0.02)
+    assert set(seconds) == {"a", "b"}
+    assert all(c > 2 + 1 for c in calls.values())  # warm-up, then several calls per turn
+    assert all(s < 0.02 for s in seconds.values())  # the mean of a call, not of a turn
+
+
+def _frustrated(n: int = 5) -> Problem:
+    """An odd cycle whose edges reward disagreeing: the linear relaxation's optimum is
+    fractional (every variable half one way, half the other), so the integer program runs."""
+    problem = Problem([("v", k) for k in range(n)])
+    problem.choices = [[0, 1] for _ in range(n)]
+    problem.unary = [np.array([0.0, 0.1 * k]) for k in range(n)]
+    for k in range(n):
+        problem.edges[(k, (k + 1) % n) if k + 1 < n else (0, n - 1)] = np.array(
+            [[1.0, 0.0], [0.0, 1.0]]
+        )
+    return problem
+
+
+def test_a_fractional_relaxation_falls_back_to_the_integer_program():
+    problem = _frustrated()
+    _, best = brute_force(problem)
+    found = solve(problem)
+    assert found is not None and found.optimal and found.seconds == pytest.approx(best)
+
+
+def test_descend_keeps_its_fixed_choice_and_ends_at_a_local_optimum():
+    rng = np.random.default_rng(0)
+    problem = _frustrated(7)
+    problem.unary = [rng.random(2) for _ in range(7)]
+    start = [0] * 7
+    found = descend(problem, start, fixed=3)
+    assert found.choice[3] == 0 and not found.optimal
+    assert found.seconds <= total(problem, start) + 1e-12
+    for v in range(7):  # no single change (but the fixed one) lowers the cost
+        if v == 3:
+            continue
+        for c in (0, 1):
+            moved = list(found.choice)
+            moved[v] = c
+            assert total(problem, moved) >= found.seconds - 1e-12
+
+
+def test_runners_up_where_an_integer_program_was_needed_come_from_local_search():
+    """Runners-up found by local search from the optimum, each with different input layouts,
+    none cheaper than it."""
+    rng = np.random.default_rng(1)
+    problem = Problem([("v", k) for k in range(6)])  # every pair joined: nothing eliminated
+    problem.choices = [[0, 1, 2] for _ in range(6)]
+    problem.unary = [rng.random(3) for _ in range(6)]
+    problem.edges = {(u, v): rng.random((3, 3)) for u in range(6) for v in range(u + 1, 6)}
+    best = solve(problem)
+    assert best is not None and "integer program" in best.method
+    inputs = [0, 2, 4]
+    found = _runners_up(problem, inputs, best, 5, 10.0)
+    keys = {tuple(s.choice[v] for v in inputs) for s in found}
+    assert len(found) == 5 and len(keys) == 5
+    assert tuple(best.choice[v] for v in inputs) not in keys
+    assert all(s.method == "local search" and s.seconds >= best.seconds for s in found)
