@@ -268,18 +268,3 @@ def test_transformer_training_step_plans_match_compiled_hlo():
     some = dataclasses.replace(plan, plans=(plan.get("replicated"), plan.get("fsdp")))
     checked = some.verify(repeat=1)
     assert [p.name for p in checked.plans if not p.verified.collectives_match] == []
-
-
-@pytest.mark.parametrize(("per_device", "wins"), [(256, "tensor"), (65536, "data")])
-def test_what_if_v5p_moves_from_tensor_to_data_parallel_past_the_scaling_book_point(
-    per_device, wins
-):
-    """On a 16×16 v5p mesh (not here) the scaling book puts the switch near 2550 tokens per
-    device; well below it a tensor-parallel baseline is the plan, well above a data-parallel."""
-    loss, args = model("mlp", batch=per_device * 256, hidden=8192, ffn=32768, train=True,
-                       dtype="bfloat16")  # fmt: skip
-    plan = shardwise.plan(loss, *args, mesh="data=16,model=16", profile="tpu-v5p", train=True)
-    best = plan.chosen.predicted.seconds
-    tensor = min(plan.get(n).predicted.seconds for n in ("megatron", "data×tensor")) / best
-    data = min(plan.get(n).predicted.seconds for n in ("data-parallel", "fsdp")) / best
-    assert (tensor, data)[wins == "data"] < 1.05 < (data, tensor)[wins == "data"] / 1.2

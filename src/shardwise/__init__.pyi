@@ -31,6 +31,8 @@ from ._planner.einsum import PlanReport as PlanReport
 from ._planner.models import model as model
 from ._planner.program import ProgramPlan as ProgramPlan
 from ._planner.program import plan as plan
+from ._planner.sweep import Sweep as Sweep
+from ._planner.sweep import sweep as sweep
 from ._runtime.devices import use_cpu_devices as use_cpu_devices
 from ._runtime.distributed import initialize_distributed as initialize_distributed
 from ._runtime.hostmem import keep_freed_memory_warm as keep_freed_memory_warm

@@ -32,6 +32,9 @@ def _program(given: dict[str, Any]) -> None:
 
     if given["model"] is not None and given["function"] is not None:
         raise ArgumentError("give --model or --function, not both.")
+    if given["sweep_batch"] is not None or given["plot"] is not None:
+        _sweep(given)
+        return
     if given["model"] is not None:
         fn, model_args = built_in(
             given["model"],
@@ -87,6 +90,46 @@ def _program(given: dict[str, Any]) -> None:
     show_ops(report.report(), console, quiet=given["quiet"])
     if given["html"] is not None:
         console.print(f"wrote {given['html']}")
+
+
+def _sweep(given: dict[str, Any]) -> None:
+    """``plan --model … --sweep-batch …``: plan the model at each batch size."""
+    from shardwise._model.mesh import MeshSpec
+    from shardwise._model.profile import load_profile
+    from shardwise._planner.sweep import sweep
+    from shardwise.cli.program import parse_batches
+    from shardwise.render.sweep import save_sweep, sweep_view
+
+    if given["model"] is None or given["sweep_batch"] is None:
+        raise ArgumentError(
+            "--sweep-batch and --plot plan a built-in model across batch sizes: give --model "
+            "and --sweep-batch (e.g. --sweep-batch 256..16777216), and --plot FILE for the "
+            "picture."
+        )
+    if given["profile"] is None or given["mesh"] == "auto":
+        raise ArgumentError(
+            "a sweep plans for a mesh and a profile you name: give --mesh (e.g. "
+            "data=16,model=16) and --profile (e.g. tpu-v5p)."
+        )
+    console = Console(stderr=given["json"])
+    with console.status("planning") as status:
+        result = sweep(
+            given["model"],
+            parse_batches(given["sweep_batch"]),
+            mesh=MeshSpec.parse(given["mesh"]),
+            profile=load_profile(given["profile"]),
+            train=given["train"],
+            on_step=lambda k, n: status.update(f"planning batch size {k + 1}/{n}"),
+            **{k: given[k] for k in ("hidden", "ffn", "seq", "heads", "layers", "dtype")},
+        )
+    if given["plot"] is not None:
+        save_sweep(result, given["plot"])
+    if given["json"]:
+        print_json(result.to_json())
+        return
+    console.print(sweep_view(result))
+    if given["plot"] is not None:
+        console.print(f"wrote {given['plot']}")
 
 
 @friendly_errors
@@ -175,6 +218,18 @@ def plan(
     html: Annotated[
         Path | None,
         typer.Option("--html", help="For a program: write a self-contained HTML report here."),
+    ] = None,
+    sweep_batch: Annotated[
+        str | None,
+        typer.Option(
+            "--sweep-batch",
+            help="For --model: plan at each of these batch sizes (256,1024 or 256..65536, "
+            "powers of two) and compare tensor- and data-parallel plans.",
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="With --sweep-batch: draw the sweep to this PNG or SVG."),
     ] = None,
 ) -> None:
     """Plan an einsum (every strategy, ranked) or a whole program (--model, --function)."""

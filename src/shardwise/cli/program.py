@@ -48,6 +48,27 @@ def _tree(raw: Any, where: str) -> Any:
     raise ArgumentError(f"cannot read {where}: {raw!r} is not a shape like f32[256,1024].")
 
 
+def parse_batches(text: str) -> list[int]:
+    """``--sweep-batch``: ``"256,1024"``, or ``"256..65536"`` for the powers of two from one to
+    the other (each times the first)."""
+    low, dots, high = text.partition("..")
+    try:
+        if dots:
+            start, stop = int(low), int(high)
+            if start < 1 or stop < start:
+                raise ValueError
+            out = [start]
+            while out[-1] * 2 <= stop:
+                out.append(out[-1] * 2)
+            return out
+        return [int(b) for b in text.split(",")]
+    except ValueError:
+        raise ArgumentError(
+            f"cannot read --sweep-batch {text!r}: give batch sizes (256,1024,4096) or a range "
+            "of powers of two (256..65536)."
+        ) from None
+
+
 def parse_args(items: list[str]) -> list[Any]:
     """``--args`` values (``x=f32[8,4]``, ``params.w1=f32[4,2]``, or a JSON file of them) as
     the function's positional arguments, in order of first appearance."""
