@@ -222,6 +222,12 @@ def test_calibrate_writes_a_profile_the_planner_uses(tmp_path, monkeypatch):
     assert data["memory_Bps"] > 0 and data["flops_per_s"]["float32"] > 0
     assert default_profile("cpu", 8).name == "local-cpu-8"
     assert load_profile("local-cpu-8").memory_Bps == pytest.approx(data["memory_Bps"])
+    assert set(data["gather_links"]) == {"x", "y"} and data["gather"]["bandwidth_Bps"] > 0
+    # a CPU profile from before the one-step collective model is left for the built-in one
+    path = next(tmp_path.rglob("local-cpu-8.json"))
+    stale = {k: v for k, v in data.items() if k not in ("gather", "gather_links")}
+    path.write_text(json.dumps(stale))
+    assert default_profile("cpu", 8).name == "cpu-2core"
 
 
 def test_verify_compares_and_times():

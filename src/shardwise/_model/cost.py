@@ -107,7 +107,10 @@ def ring_seconds(
     >>> round(t * 1e6, 2)  # 6 × 10 µs + 1.5 × 1 MB / 450 GB/s
     63.33
     """
-    if profile.platform == "cpu" and axes:
+    axes = [a for a in axes if mesh.shape[a] > 1]  # an axis of size 1 moves nothing
+    if not axes:
+        return 0.0
+    if profile.platform == "cpu":
         # shared memory, no ring: one step over the whole group whatever its size, at the
         # slowest axis's rate (measured: an all-reduce of 1 MB over 2, 4 or 8 devices alike
         # 1.7-1.9 ms; an all-gather in proportion to the bytes it makes)

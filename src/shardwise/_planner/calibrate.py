@@ -60,7 +60,8 @@ def fit_matmul(
     """FLOP/s and bytes/s of :func:`~shardwise._model.cost.predict`'s matmul model from a
     square matmul and a thin one: on CPUs ``t = FLOPs / F + bytes / B`` (packing, then
     multiplying), solved for both; elsewhere each bounds its own shape (F from the square one,
-    B from the thin one). Where the fit is not positive, the elsewhere rule.
+    B from the thin one). Where the fit is not positive, the elsewhere rule (on CPUs each of
+    those figures then also pays for the other's time: an overestimate).
 
     >>> f, b = fit_matmul([(512, 512, 512), (32, 1024, 4096)], [0.01, 0.04], 4, "cpu")
     >>> round(f / 1e9, 1), round(b / 1e9, 3)
@@ -71,13 +72,17 @@ def fit_matmul(
     plain = flops[0] / seconds[0], moved[1] / seconds[1]
     if platform != "cpu":
         return plain
-    inv_f, inv_b = np.linalg.solve(np.array([flops, moved]).T, np.array(seconds))
+    try:
+        inv_f, inv_b = np.linalg.solve(np.array([flops, moved]).T, np.array(seconds))
+    except np.linalg.LinAlgError:  # two shapes of one FLOP-to-byte ratio fit nothing
+        return plain
     return (float(1 / inv_f), float(1 / inv_b)) if inv_f > 0 and inv_b > 0 else plain
 
 
 def collective_link(mesh: Mesh, axis: str, kind: str, small: int, large: int, repeat: int) -> Link:
-    """Fit latency and bandwidth of a ring collective along ``axis`` from a small and a
-    large message (bytes per device)."""
+    """Fit latency and bandwidth of a collective along ``axis`` from a small and a large
+    message (bytes per device): as a ring, or on CPUs as one step (as ``ring_seconds``
+    predicts them)."""
     p = mesh.shape[axis]
     steps = 2 * (p - 1) if kind == "all-reduce" else p - 1
     factor = steps / p

@@ -17,6 +17,7 @@ import numpy as np
 
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
+from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
 from shardwise._planner.attribute import ProgramCollective, Tally
@@ -27,6 +28,7 @@ from shardwise._planner.costs import (
     shard_bytes,
 )
 from shardwise._planner.graph import Graph
+from shardwise._planner.nodes import Step
 from shardwise._planner.search import Constraint, total
 
 MEMORY_POINTS = 16
@@ -172,7 +174,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     """Per-device bytes at each program point: the arrays held there in their layouts, plus,
     at each step, the copies it makes of its operands in the layouts it reads them in, and of
     its result in the layout it makes it in, where those differ from the held ones (a gather's
-    result, or even a local slice, is a new buffer beside the array it came from). On CPU, a
+    result, or even a local slice, is a new buffer beside the array it came from; a replicated
+    stacked weight's local slices are all made before its scan, :func:`_hoist`). On CPU, a
     gather along any dimension but the first also leaves a copy in the usual layout
     (:func:`~shardwise._planner.costs.relayout_bytes`)."""
     arrays, live = _live(graph)
@@ -181,13 +184,16 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     )
     points = live.astype(np.int64) @ sizes if arrays else np.zeros(graph.clock + 1, np.int64)
     cpu = platform == "cpu"
+    arguments = set(graph.inputs)
     for step in graph.steps:
         at = graph.born[step.output]
         if step.prim == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
             _, mapped = lay.scans[(step.key, step.inputs[0])]
-            slice_ = graph.values[step.output]
+            slice_, spec = graph.values[step.output], lay.specs[step.output]
             if cpu:
-                points[at] += relayout_bytes(slice_, mapped, lay.specs[step.output], mesh)
+                points[at] += relayout_bytes(slice_, mapped, spec, mesh)
+            if step.inputs[0] in arguments:
+                _hoist(graph, step, lay, mapped, mesh, points)
             continue
         if step.key not in lay.steps:
             continue
@@ -200,6 +206,23 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         if made.canonical() != lay.specs[step.output].canonical():
             points[at] += shard_bytes(graph.values[step.output], made, mesh)
     return Held(arrays, live, sizes, points)
+
+
+def _hoist(
+    graph: Graph, step: Step, lay: Layouts, mapped: Spec, mesh: MeshSpec, points: np.ndarray
+) -> None:
+    """A replicated argument's stack, sliced locally for each layer: XLA hoists that slicing
+    out of the loop (it does not change from one iteration to the next), so every layer's
+    slice is made before the loop and all are held while it runs, where one is counted as the
+    array (seen in the compiled HLO: an ``f32[2,256,512]`` dynamic-slice of a
+    ``(2,256,1024)`` stack before the while loop)."""
+    stack, slice_, spec = step.inputs[0], graph.values[step.output], lay.specs[step.output]
+    moves = reshard_moves(mapped, spec, len(slice_.shape))
+    if lay.specs[stack].axes or not moves or any(m.kind != "slice" for m in moves):
+        return
+    within = [graph.born[s.output] for s in graph.steps if s.key[: len(step.key)] == step.key]
+    layers = graph.values[stack].shape[0]
+    points[min(within) : max(within) + 1] += (layers - 1) * shard_bytes(slice_, spec, mesh)
 
 
 def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -> int:

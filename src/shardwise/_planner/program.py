@@ -232,7 +232,8 @@ def plan(
         budget: bytes of memory per device; plans that need more are refused.
         fixed: input name → spec, pinned (e.g. ``{"x": "data"}``); names as in the report
             (``x``, ``params['w1']``).
-        top: how many of the search's best plans to keep (each one's inputs differ).
+        top: how many of the search's plans to keep: the best, and runners-up that lay out
+            some input another way (each one's inputs differ).
 
     >>> import jax.numpy as jnp
     >>> S = jax.ShapeDtypeStruct

@@ -5,7 +5,8 @@
   alone;
 - what is left (cycles: residual connections, operands shared by several dots), and variables
   a memory budget or an excluded solution names, form an integer program solved
-  by HiGHS through :func:`scipy.optimize.milp`: one binary per choice, and per edge one
+  by HiGHS (its linear relaxation first, with the dual simplex: where that is integral it is
+  the optimum; else :func:`scipy.optimize.milp`): one binary per choice, and per edge one
   continuous variable per pair of choices whose marginals are the two ends' choices (exact when
   the binaries are integral). HiGHS proves optimality or says it stopped at its time limit.
 """
@@ -100,17 +101,15 @@ def solve(
 
 
 def descend(problem: Problem, start: Sequence[int], fixed: int) -> Solution:
-    """A good solution near ``start`` with ``fixed`` kept at its choice there: each neighbour of
-    a changed variable takes its best choice given its own neighbours', until none improves
-    (iterated conditional modes). Each change lowers the cost, so it ends; what it finds is a
-    local optimum, not proven the best with that choice (:attr:`Solution.optimal` is False)."""
+    """A good solution near ``start`` with ``fixed`` kept at its choice there: each variable,
+    then each neighbour of a changed one, takes its best choice given its neighbours', until
+    none improves (iterated conditional modes). Each change lowers the cost, so it ends, at a
+    local optimum (no one variable's change helps), not proven the best with that choice
+    (:attr:`Solution.optimal` is False)."""
     begin = time.perf_counter()
-    near: list[list[tuple[int, np.ndarray]]] = [[] for _ in problem.labels]
-    for (u, v), m in problem.edges.items():
-        near[u].append((v, m))
-        near[v].append((u, m.T))
+    near = _neighbours(problem)
     choice = list(start)
-    queue = [u for u, _ in near[fixed]]
+    queue = [v for v in range(len(choice)) if v != fixed]
     while queue:
         v = queue.pop()
         if v == fixed:
@@ -203,10 +202,7 @@ def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
     ``unary[i] - unary[j] + Σ_edges max_c (m[i, c] - m[j, c]) ≤ 0``; some optimal solution
     uses no dominated choice, so dropping them is exact. Variables are pruned one after another,
     each against its neighbours' choices as they stand."""
-    near: list[list[tuple[int, np.ndarray]]] = [[] for _ in problem.labels]
-    for (u, v), m in problem.edges.items():
-        near[u].append((v, m))
-        near[v].append((u, m.T))
+    near = _neighbours(problem)
     kept: dict[int, list[int]] = {}
     for v, unary in enumerate(problem.unary):
         if v in protected or len(unary) < 2:
@@ -223,6 +219,15 @@ def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
         if len(alive) < len(unary):
             kept[v] = sorted(alive)
     return kept
+
+
+def _neighbours(problem: Problem) -> list[list[tuple[int, np.ndarray]]]:
+    """Each variable's neighbours and the edge's matrix, oriented from the variable."""
+    near: list[list[tuple[int, np.ndarray]]] = [[] for _ in problem.labels]
+    for (u, v), m in problem.edges.items():
+        near[u].append((v, m))
+        near[v].append((u, m.T))
+    return near
 
 
 @dataclass(slots=True)
@@ -298,7 +303,8 @@ def _milp(
     objective = np.concatenate(cost)
     # scaled: HiGHS's absolute gap (1e-6) would call any plan of seconds optimal
     objective = objective * (1e6 / max(float(np.abs(objective).max()), 1e-30))
-    relaxed = _integral_relaxation(objective, a, np.array(rows.lower), np.array(rows.upper), nx)
+    low, high = np.array(rows.lower), np.array(rows.upper)
+    relaxed = _integral_relaxation(objective, a, low, high, nx, time_limit)
     if relaxed is not None:
         return _choices(relaxed, offset), True
     integrality = np.zeros(col)
@@ -322,7 +328,12 @@ def _choices(x: np.ndarray, offset: np.ndarray) -> tuple[int, ...]:
 
 
 def _integral_relaxation(
-    objective: np.ndarray, a: scipy.sparse.csr_array, lower: np.ndarray, upper: np.ndarray, nx: int
+    objective: np.ndarray,
+    a: scipy.sparse.csr_array,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    nx: int,
+    time_limit: float,
 ) -> np.ndarray | None:
     """The binaries of the linear relaxation's optimum where they are all 0 or 1, else ``None``.
 
@@ -332,14 +343,18 @@ def _integral_relaxation(
     HiGHS's dual simplex finds it in a third of the time its MIP solver takes to start.
     """
     equal = lower == upper
+    above = ~equal & np.isfinite(upper)  # Σ ≤ upper
+    below = ~equal & np.isfinite(lower)  # Σ ≥ lower, as -Σ ≤ -lower
+    a_ub = scipy.sparse.vstack([a[above], -a[below]]).tocsr()
     result = scipy.optimize.linprog(
         objective,
-        A_ub=a[~equal] if not equal.all() else None,
-        b_ub=upper[~equal] if not equal.all() else None,
+        A_ub=a_ub if a_ub.shape[0] else None,
+        b_ub=np.concatenate([upper[above], -lower[below]]) if a_ub.shape[0] else None,
         A_eq=a[equal],
         b_eq=upper[equal],
         bounds=(0, 1),
         method="highs-ds",
+        options={"time_limit": time_limit},
     )
     if result.status != 0:
         return None

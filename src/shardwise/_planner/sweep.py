@@ -1,5 +1,5 @@
-"""What-if across batch sizes: plan one built-in model at each batch size and see where the
-planner moves from tensor-parallel plans to data-parallel / FSDP ones.
+"""What-if across batch sizes: plan one built-in model at each batch size and see where
+data-parallel / FSDP plans overtake tensor-parallel ones, the search's plan beside them.
 
 The scaling book (jax-ml/scaling-book, training.md) puts the point where data parallelism and
 FSDP become compute-bound at ``C / W_ici`` tokens per device: a device's FLOP/s over the bytes
@@ -15,12 +15,13 @@ from typing import Any
 from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile, load_profile
+from shardwise._planner.baselines import NAMES
 from shardwise._planner.models import model
 from shardwise._planner.program import plan
 
-DATA = ("data-parallel", "fsdp")
+DATA = tuple(n for n in NAMES if n in ("data-parallel", "fsdp"))
 """Baselines that split the batch and keep (or gather) whole weights."""
-TENSOR = ("megatron", "data×tensor")
+TENSOR = tuple(n for n in NAMES if n in ("megatron", "data×tensor"))
 """Baselines that split the weights' inner dimension."""
 
 
@@ -38,8 +39,11 @@ class SweepRow:
 
     @property
     def family(self) -> str:
-        """Which family the cheaper of the two best baselines belongs to."""
+        """Which family's best baseline is ahead: ``"data"``, ``"tensor"``, or ``"none"``
+        where neither applies."""
         if self.data_parallel is None or self.tensor_parallel is None:
+            if self.data_parallel is None and self.tensor_parallel is None:
+                return "none"
             return "tensor" if self.data_parallel is None else "data"
         return "data" if self.data_parallel <= self.tensor_parallel else "tensor"
 
@@ -57,7 +61,8 @@ class Sweep:
 
     @property
     def switch(self) -> float | None:
-        """Tokens per device of the first batch from which data-parallel plans stay ahead."""
+        """Tokens per device of the first batch from which the best data-parallel baseline
+        stays ahead of the best tensor-parallel one."""
         for k, row in enumerate(self.rows):
             if all(r.family == "data" for r in self.rows[k:]):
                 return row.tokens_per_device
@@ -109,8 +114,8 @@ def sweep(
 ) -> Sweep:
     """Plan the built-in model ``name`` at each batch size on ``mesh`` (which need not exist
     here) with ``profile`` standing in for its devices (``dims``: the model's other sizes, as
-    :func:`shardwise.model` takes them), and see where the planner moves from tensor-parallel
-    plans to data-parallel ones.
+    :func:`shardwise.model` takes them), and see where data-parallel plans overtake
+    tensor-parallel ones.
 
     >>> import shardwise
     >>> s = shardwise.sweep("mlp", [8, 4096], mesh="data=4,model=4", profile="tpu-v5p",
@@ -126,9 +131,10 @@ def sweep(
         raise ArgumentError(f"batch sizes must be 1 or more, got {list(batches)}.")
     tokens = dims.get("seq", 128) if name == "transformer" else 1
     rows = []
-    for k, batch in enumerate(sorted(set(batches))):
+    sizes = sorted(set(batches))
+    for k, batch in enumerate(sizes):
         if on_step is not None:
-            on_step(k, len(batches))
+            on_step(k, len(sizes))
         fn, args = model(name, batch=batch, train=train, **dims)
         report = plan(fn, *args, mesh=mesh, profile=profile, train=train, top=1)
         seconds = {p.name: p.predicted.seconds for p in report.plans}

@@ -31,7 +31,7 @@ def block(x: Any) -> Any:
 
 
 QUIET_SECONDS = 0.01
-"""Idle time before each timed call of :func:`alternate`, in seconds: PyTorch's OpenMP
+"""Idle time before each timed turn of :func:`alternate`, in seconds: PyTorch's OpenMP
 workers spin for a few milliseconds after each call, holding the cores, and would slow
 whichever runner comes next."""
 

@@ -111,6 +111,13 @@ def _sweep(given: dict[str, Any]) -> None:
             "a sweep plans for a mesh and a profile you name: give --mesh (e.g. "
             "data=16,model=16) and --profile (e.g. tpu-v5p)."
         )
+    flags = {"--verify": "verify", "--html": "html", "--fixed": "fixed"}
+    unused = [f for f, key in {**flags, "--device-memory": "device_memory"}.items() if given[key]]
+    if unused:
+        raise ArgumentError(
+            f"a sweep only plans; it does not take {', '.join(unused)}. Plan one batch size "
+            "without --sweep-batch for those."
+        )
     console = Console(stderr=given["json"])
     with console.status("planning") as status:
         result = sweep(
@@ -238,6 +245,8 @@ def plan(
     import shardwise
 
     device_memory = renamed("plan", "--device-memory", device_memory, "--budget", budget)
+    if (sweep_batch is not None or plot is not None) and model is None and function is None:
+        raise ArgumentError("--sweep-batch and --plot plan a built-in model: give --model.")
     if model is not None or function is not None:
         _program(locals())
         return

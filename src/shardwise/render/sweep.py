@@ -37,11 +37,10 @@ def save_sweep(data: Sweep, path: str | Path, title: str | None = None) -> Path:
     )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel(f"tokens per device (batch / {data.mesh.size} devices)")
+    ax.set_xlabel(f"tokens per device ({data.mesh.size} devices)")
     ax.set_ylabel("predicted time / search's plan")
-    step = "training step" if data.train else "forward pass"
     ax.set_title(
-        title or f"{data.program} {step}, {data.profile} {data.mesh.describe()} (planned)",
+        title or f"{data.program} {_step(data)}, {data.profile} {data.mesh.describe()} (planned)",
         fontsize=9,
     )
     ax.legend(fontsize=8)
@@ -55,11 +54,11 @@ def sweep_view(data: Sweep) -> Table:
     """The sweep as a table: per batch size, the search's plan and each family's best."""
     from rich.table import Table
 
-    step = "training step" if data.train else "forward pass"
     table = Table(
-        title=f"{data.program} {step} on mesh {data.mesh.describe()}, profile {data.profile}: "
+        title=f"{data.program} {_step(data)} on mesh {data.mesh.describe()}, "
+        f"profile {data.profile}: "
         f"scaling book's switch at C / W_ici ≈ {data.threshold:.0f} tokens per device; "
-        f"the planner's at {_tokens(data.switch)}",
+        f"data-parallel plans lead from {_tokens(data.switch)}",
         title_justify="left",
     )
     for column in ("batch", "tokens/device", "search", "its inputs", "best data-parallel",
@@ -75,6 +74,10 @@ def sweep_view(data: Sweep) -> Table:
             _ratio(r.tensor_parallel, r.family == "tensor"),
         )
     return table
+
+
+def _step(data: Sweep) -> str:
+    return "training step" if data.train else "forward pass"
 
 
 def _tokens(n: float | None) -> str:
