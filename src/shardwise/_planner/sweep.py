@@ -8,6 +8,7 @@ per second it exchanges along one mesh axis, both directions (about 2550 on TPU 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,7 +130,8 @@ def sweep(
     profile = load_profile(profile) if isinstance(profile, str) else profile
     if any(b < 1 for b in batches):
         raise ArgumentError(f"batch sizes must be 1 or more, got {list(batches)}.")
-    tokens = dims.get("seq", 128) if name == "transformer" else 1
+    seq = inspect.signature(model).parameters["seq"].default
+    tokens = dims.get("seq", seq) if name == "transformer" else 1
     rows = []
     sizes = sorted(set(batches))
     for k, batch in enumerate(sizes):

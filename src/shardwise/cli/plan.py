@@ -37,15 +37,7 @@ def _program(given: dict[str, Any]) -> None:
         return
     if given["model"] is not None:
         fn, model_args = built_in(
-            given["model"],
-            batch=given["batch"],
-            hidden=given["hidden"],
-            ffn=given["ffn"],
-            seq=given["seq"],
-            heads=given["heads"],
-            layers=given["layers"],
-            train=given["train"],
-            dtype=given["dtype"],
+            given["model"], batch=given["batch"], train=given["train"], **_dims(given)
         )
         fn_args = list(model_args)
         name = given["model"]
@@ -92,6 +84,11 @@ def _program(given: dict[str, Any]) -> None:
         console.print(f"wrote {given['html']}")
 
 
+def _dims(given: dict[str, Any]) -> dict[str, Any]:
+    """A built-in model's sizes from the command line, all but the batch."""
+    return {k: given[k] for k in ("hidden", "ffn", "seq", "heads", "layers", "dtype")}
+
+
 def _sweep(given: dict[str, Any]) -> None:
     """``plan --model … --sweep-batch …``: plan the model at each batch size."""
     from shardwise._model.mesh import MeshSpec
@@ -127,7 +124,7 @@ def _sweep(given: dict[str, Any]) -> None:
             profile=load_profile(given["profile"]),
             train=given["train"],
             on_step=lambda k, n: status.update(f"planning batch size {k + 1}/{n}"),
-            **{k: given[k] for k in ("hidden", "ffn", "seq", "heads", "layers", "dtype")},
+            **_dims(given),
         )
     if given["plot"] is not None:
         save_sweep(result, given["plot"])
