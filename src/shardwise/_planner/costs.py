@@ -237,11 +237,22 @@ def _map_head(
 
 
 def _map_matrix(
-    graph: Graph, step: Step, sa: list[Spec], sb: list[Spec], mesh: MeshSpec, profile: Profile
+    graph: Graph,
+    step: Step,
+    sa: list[Spec],
+    sb: list[Spec],
+    mesh: MeshSpec,
+    profile: Profile,
+    seen: dict[tuple[Any, ...], np.ndarray],
 ) -> np.ndarray:
     """:func:`map_cost` for every pair of layouts, the part before the result's resharding
-    computed once per operand layout, the resharding once per layout the map makes."""
-    out = graph.values[step.output]
+    computed once per operand layout, the resharding once per layout the map makes; once for
+    all maps alike (``seen``: 126 maps of a 2-layer transformer's training step are 44)."""
+    value, out = graph.values[step.inputs[0]], graph.values[step.output]
+    shapes = (value.shape, value.dtype, out.shape, out.dtype)
+    key = (shapes, step.dim_map, step.local, step.reduced, step.repeat, tuple(sa), tuple(sb))
+    if key in seen:
+        return seen[key]
     after: dict[Spec, np.ndarray] = {}
     rows = []
     for s in sa:
@@ -251,7 +262,8 @@ def _map_matrix(
                 [reshard_seconds(out, mapped, t, mesh, profile, step.repeat) for t in sb]
             )
         rows.append(head.seconds + after[mapped])
-    return np.array(rows)
+    seen[key] = np.array(rows)
+    return seen[key]
 
 
 def dot_cost(
@@ -275,6 +287,7 @@ def build_problem(
     roots = sorted(set(graph.classes))
     var_of: dict[int, int] = {}
     counts: dict[int, int] = {}
+    maps: dict[tuple[Any, ...], np.ndarray] = {}
     for v, n in graph.elementwise.items():
         counts[graph.find(v)] = counts.get(graph.find(v), 0) + n
     for root in roots:
@@ -295,7 +308,9 @@ def build_problem(
             _add_dot(graph, problem, var_of, k, step, mesh, profile)
         elif step.kind == "map":
             a, b = var_of[graph.find(step.inputs[0])], var_of[graph.find(step.output)]
-            matrix = _map_matrix(graph, step, problem.choices[a], problem.choices[b], mesh, profile)
+            matrix = _map_matrix(
+                graph, step, problem.choices[a], problem.choices[b], mesh, profile, maps
+            )
             problem.add_edge(a, b, matrix)
         else:
             for a in step.inputs:
