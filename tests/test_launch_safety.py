@@ -127,7 +127,9 @@ def _alive(pid: int) -> bool:
 def _wait_for_pids(folder: Path, count: int, launcher: subprocess.Popen[bytes]) -> list[int]:
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        files = sorted(folder.glob("pid.*"))
+        # only the finished files: each child writes pid.N.tmp and renames it, so a .tmp seen
+        # here may be gone by the time it is read
+        files = sorted(f for f in folder.glob("pid.*") if f.suffix != ".tmp")
         if len(files) == count:
             return [int(x) for f in files for x in f.read_text().split()]
         assert launcher.poll() is None, launcher.communicate()
