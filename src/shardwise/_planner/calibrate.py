@@ -134,13 +134,13 @@ def calibrate(
     bandwidth = memory_bandwidth(mesh, per_device_bytes, repeat)
     shapes = [(matmul_size,) * 3, (32, 1024, 4096)]
     flops: dict[str, float] = {}
-    gemm = bandwidth
+    packing: dict[str, float] = {}
     for dtype in ("float32", "bfloat16"):
         step(f"{dtype} matmuls")
         width = jnp.dtype(dtype).itemsize
         times = [matmul_seconds(mesh, *shape, dtype, repeat) for shape in shapes]
-        flops[dtype], rate = fit_matmul(shapes, times, width, platform)
-        gemm = rate if dtype == "float32" else gemm
+        flops[dtype], packing[dtype] = fit_matmul(shapes, times, width, platform)
+    gemm = packing["float32"]
     links: dict[str, Link] = {}
     gathers: dict[str, Link] = {}
     measured: dict[str, float] = {}

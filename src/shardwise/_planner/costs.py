@@ -218,7 +218,7 @@ def _map_head(
     value, out = graph.values[step.inputs[0]], graph.values[step.output]
     whole, mapped, partial = map_specs(graph, step, src, mesh)
     gather = reshard(value, src, whole, mesh, profile, step, step.repeat)
-    parts = list(gather.collectives)
+    sums: list[tuple[PredictedCollective, Step]] = []
     if partial:
         # one all-reduce per split reduced dimension, over its axes (as XLA sums a reduction
         # over two dimensions split on two axes: over one axis, then the other)
@@ -228,12 +228,12 @@ def _map_head(
             axes = tuple(a for a in mesh.names if a in entries[d] and a in partial)
             if axes:
                 seconds = ring_seconds("all-reduce", axes, n, mesh, profile)
-                parts.append((PredictedCollective("all-reduce", axes, n, seconds), step))
+                sums.append((PredictedCollective("all-reduce", axes, n, seconds), step))
     moved = shard_bytes(value, whole, mesh) + shard_bytes(out, mapped, mesh)
-    comm = (
-        gather.seconds + sum(c.seconds for c, _ in parts[len(gather.collectives) :]) * step.repeat
-    )
-    return Cost(comm + step.repeat * moved / profile.memory_Bps, tuple(parts)), mapped
+    # the gather's cost already counts its repeats (and its copies); the sums are per run
+    comm = gather.seconds + sum(c.seconds for c, _ in sums) * step.repeat
+    parts = (*gather.collectives, *sums)
+    return Cost(comm + step.repeat * moved / profile.memory_Bps, parts), mapped
 
 
 def _map_matrix(

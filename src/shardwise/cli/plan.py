@@ -91,8 +91,6 @@ def _dims(given: dict[str, Any]) -> dict[str, Any]:
 
 def _sweep(given: dict[str, Any]) -> None:
     """``plan --model … --sweep-batch …``: plan the model at each batch size."""
-    from shardwise._model.mesh import MeshSpec
-    from shardwise._model.profile import load_profile
     from shardwise._planner.sweep import sweep
     from shardwise.cli.program import parse_batches
     from shardwise.render.sweep import save_sweep, sweep_view
@@ -108,8 +106,9 @@ def _sweep(given: dict[str, Any]) -> None:
             "a sweep plans for a mesh and a profile you name: give --mesh (e.g. "
             "data=16,model=16) and --profile (e.g. tpu-v5p)."
         )
-    flags = {"--verify": "verify", "--html": "html", "--fixed": "fixed"}
-    unused = [f for f, key in {**flags, "--device-memory": "device_memory"}.items() if given[key]]
+    flags = {"--verify": "verify", "--html": "html", "--fixed": "fixed",
+             "--device-memory": "device_memory"}  # fmt: skip
+    unused = [flag for flag, key in flags.items() if given[key]]
     if unused:
         raise ArgumentError(
             f"a sweep only plans; it does not take {', '.join(unused)}. Plan one batch size "
@@ -120,8 +119,8 @@ def _sweep(given: dict[str, Any]) -> None:
         result = sweep(
             given["model"],
             parse_batches(given["sweep_batch"]),
-            mesh=MeshSpec.parse(given["mesh"]),
-            profile=load_profile(given["profile"]),
+            mesh=given["mesh"],
+            profile=given["profile"],
             train=given["train"],
             on_step=lambda k, n: status.update(f"planning batch size {k + 1}/{n}"),
             **_dims(given),
