@@ -130,6 +130,8 @@ def test_baselines_and_search_match_compiled_hlo_and_numpy(mesh):
          by_kind(p.verified.collectives)) for p in checked.plans if not p.verified.collectives_match
     ]  # fmt: skip
     assert wrong == []
+    # and each compiled collective carries the op and the user's line it was predicted for
+    assert [p.name for p in checked.plans if not p.verified.sources_match] == []
 
 
 def test_megatron_is_column_then_row_parallel():
@@ -250,6 +252,7 @@ def test_transformer_plans_match_compiled_hlo_and_numpy():
     assert len(checked.plans) == 7
     wrong = [p.name for p in checked.plans if not p.verified.collectives_match]
     assert wrong == []
+    assert [p.name for p in checked.plans if not p.verified.sources_match] == []
     # two blocks of LayerNorm, softmax and six contractions each, summed in another order
     # on each device: float32 rounding reaches about 1e-4 (a wrong block would be off by O(1))
     for name in ("search", "megatron", "data×tensor"):
@@ -268,3 +271,4 @@ def test_transformer_training_step_plans_match_compiled_hlo():
     some = dataclasses.replace(plan, plans=(plan.get("replicated"), plan.get("fsdp")))
     checked = some.verify(repeat=1)
     assert [p.name for p in checked.plans if not p.verified.collectives_match] == []
+    assert [p.name for p in checked.plans if not p.verified.sources_match] == []

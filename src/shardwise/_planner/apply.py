@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax._src import source_info_util
 from jax.sharding import Mesh, NamedSharding
 
 from shardwise._model.reshard import reshard_moves
@@ -49,15 +50,16 @@ def constrained(graph: Graph, mesh: Mesh, layouts: Layouts) -> Callable[..., Any
         for k, eqn in enumerate(jaxpr.eqns):
             here = (*path, k)
             ins = [v.val if not is_var(v) else env[(path, v)] for v in eqn.invars]
-            if here in steps:
-                src = [spec_of((path, v)) for v in eqn.invars]
-                dst = [spec_of((path, v)) for v in eqn.outvars]
-                outs = _step(eqn, ins, src, dst, steps[here], mover)
-            else:
-                outs = _equation(eqn, here, ins, env, run, put, spec_of, mover)
-            for var, x in zip(eqn.outvars, outs, strict=True):
-                if is_var(var):
-                    env[(path, var)] = put((path, var), x)
+            with _where(eqn):
+                if here in steps:
+                    src = [spec_of((path, v)) for v in eqn.invars]
+                    dst = [spec_of((path, v)) for v in eqn.outvars]
+                    outs = _step(eqn, ins, src, dst, steps[here], mover)
+                else:
+                    outs = _equation(eqn, here, ins, env, run, put, spec_of, mover)
+                for var, x in zip(eqn.outvars, outs, strict=True):
+                    if is_var(var):
+                        env[(path, var)] = put((path, var), x)
         return [v.val if not is_var(v) else env[(path, v)] for v in jaxpr.outvars]
 
     def program(*args: Any) -> Any:
@@ -70,6 +72,14 @@ def constrained(graph: Graph, mesh: Mesh, layouts: Layouts) -> Callable[..., Any
         return jax.tree.unflatten(graph.out_tree, outs)
 
     return program
+
+
+def _where(eqn: Any) -> Any:
+    """Trace under ``eqn``'s source line and name stack, as :func:`jax.core.eval_jaxpr` does,
+    so the compiled program's ops, and the collectives XLA makes for them or for the layout
+    changes around them, carry the user's ``file:line`` in their metadata."""
+    stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    return source_info_util.user_context(eqn.source_info.traceback, name_stack=stack)
 
 
 def _constrain(x: Any, mesh: Mesh, spec: Spec) -> Any:

@@ -61,15 +61,22 @@ class ProgramVerified:
     collectives_match: bool
     seconds: float
     memory_bytes: int | None
-    collectives: tuple[tuple[str, tuple[str, ...], int], ...]
+    collectives: tuple[tuple[str, tuple[str, ...], int, str, str], ...]
+    """The compiled program's collectives: kind, mesh axes, bytes, and from the HLO's
+    metadata the op (``op_name``) and ``file:line`` behind each."""
+    sources_match: bool = False
+    """Whether each compiled collective belongs to the op and source line predicted for it
+    (see :func:`shardwise._planner.verify.attributed`)."""
 
     def to_json(self) -> dict[str, object]:
         return {
             "collectives_match": self.collectives_match,
+            "sources_match": self.sources_match,
             "seconds": self.seconds,
             "memory_bytes": self.memory_bytes,
             "collectives": [
-                {"kind": k, "mesh_axes": list(a), "bytes": b} for k, a, b in self.collectives
+                {"kind": k, "mesh_axes": list(a), "bytes": b, "op": op, "source": src}
+                for k, a, b, op, src in self.collectives
             ],
         }
 

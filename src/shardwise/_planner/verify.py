@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -39,9 +39,117 @@ def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Calla
 def by_kind(found: Any) -> dict[tuple[str, tuple[str, ...]], int]:
     """Bytes per (kind, mesh axes): XLA may combine or split collectives of one kind."""
     out: dict[tuple[str, tuple[str, ...]], int] = {}
-    for kind, axes, nbytes in found:
+    for kind, axes, nbytes, *_ in found:
         out[(kind, tuple(axes))] = out.get((kind, tuple(axes)), 0) + nbytes
     return out
+
+
+def _line(source: str) -> str:
+    """``file:line`` of an HLO source (``/path/models.py:35 (mlp)`` → ``models.py:35``)."""
+    return source.split(" ", 1)[0].rsplit("/", 1)[-1]
+
+
+def _ops(op_name: str) -> set[str]:
+    """The ops behind one HLO collective, from its ``op_name``: one, or several where XLA
+    combined collectives (``jit(f)/(jvp()/reduce_sum:transpose(jvp())/dot_general)``; parts
+    of the same name are named once)."""
+    start = op_name.find("/(")
+    if start < 0 or not op_name.endswith(")"):
+        return {op_name.rsplit("/", 1)[-1]}
+    parts, depth, word = [], 0, ""
+    for ch in op_name[start + 2 : -1]:
+        depth += (ch == "(") - (ch == ")")
+        if ch == ":" and depth == 0:
+            parts.append(word)
+            word = ""
+        else:
+            word += ch
+    return {part.rsplit("/", 1)[-1] for part in [*parts, word]}
+
+
+LAYOUT_CHANGE = "sharding_constraint"
+"""What XLA names a collective that changes a layout the plan constrains: it stands for
+whichever op the plan moves the array for."""
+
+SCAN_OPS = frozenset({"scan slice", "scan stack"})
+"""A scan's own slicing and stacking: XLA does them with ops of its choosing (``squeeze``,
+``dynamic-slice``, ``dynamic-update-slice``) and names the collective after those."""
+
+Said = tuple[str, tuple[str, ...], int, str, str]
+"""A collective as (kind, mesh axes, bytes, op, ``file:line``)."""
+
+_TRIES = 200_000
+
+
+def attributed(predicted: Sequence[Said], compiled: Sequence[Said]) -> bool:
+    """Whether the compiled collectives belong to the ops and source lines the plan says.
+
+    Each compiled collective stands for some predicted ones of its kind and axes (XLA
+    combines collectives, and names each op once): their bytes add up to its bytes, its
+    ``source_line`` is one of theirs (a combined one keeps its first part's), and their ops are
+    the ops its ``op_name`` gives (:data:`LAYOUT_CHANGE` stands for any op, and any op for one
+    of :data:`SCAN_OPS`). Every predicted collective must be stood for, once.
+
+    >>> said = [("all-reduce", ("model",), 8, "dot_general", "m.py:3")]
+    >>> attributed(said, [("all-reduce", ("model",), 8, "jit(f)/dot_general", "/src/m.py:3 (f)")])
+    True
+    >>> attributed(said, [("all-reduce", ("model",), 8, "jit(f)/dot_general", "/src/m.py:4 (f)")])
+    False
+    """
+    groups = {(c[0], c[1]) for c in [*predicted, *compiled]}
+    return all(
+        _stands_for(
+            sorted(((c[2], _ops(c[3]), _line(c[4])) for c in compiled if (c[0], c[1]) == g),
+                   key=lambda c: (len(c[1]), -c[0])),
+            sorted((p[2], p[3], p[4]) for p in predicted if (p[0], p[1]) == g),
+        )
+        for g in groups
+    )  # fmt: skip
+
+
+def _fits(names: set[str], line: str, parts: list[tuple[int, str, str]]) -> bool:
+    ops = {p[1] for p in parts}
+    named = names - {LAYOUT_CHANGE}
+    return (
+        any(p[2] == line for p in parts)
+        and (ops - SCAN_OPS <= names or LAYOUT_CHANGE in names)
+        and (named <= ops or bool(ops & SCAN_OPS))
+    )
+
+
+def _stands_for(found: list[tuple[int, set[str], str]], left: list[tuple[int, str, str]]) -> bool:
+    """Whether ``found`` (bytes, ops, line) of one kind and axes can each stand for a set of
+    ``left`` (bytes, op, line), sorted, using each once and all; a bounded backtracking
+    search that tries each distinct set once."""
+    tries = [0]
+
+    def subsets(need: int, start: int, chosen: list[tuple[int, str, str]]) -> Any:
+        if need == 0:
+            yield list(chosen)
+            return
+        for i in range(start, len(left)):
+            tries[0] += 1
+            if (i > start and left[i] == left[i - 1]) or left[i][0] > need or tries[0] > _TRIES:
+                continue
+            chosen.append(left[i])
+            yield from subsets(need - left[i][0], i + 1, chosen)
+            chosen.pop()
+
+    def match(k: int) -> bool:
+        if k == len(found):
+            return not left
+        nbytes, names, line = found[k]
+        for parts in subsets(nbytes, 0, []):
+            if _fits(names, line, parts):
+                for p in parts:
+                    left.remove(p)
+                if match(k + 1):
+                    return True
+                left.extend(parts)
+                left.sort()
+        return False
+
+    return match(0)
 
 
 def _arrays(plan: ProgramPlan) -> list[np.ndarray]:
@@ -80,19 +188,21 @@ def verify(
         args = jax.tree.unflatten(plan.graph.tree, placed)
         compiled = sharded(plan, item, m).lower(*args).compile()  # type: ignore[attr-defined]
         found = collectives(compiled.as_text() or "", plan.mesh.shape)
-        got = tuple((c.kind, c.mesh_axes, c.bytes) for c in found)
-        want = [(c.kind, c.mesh_axes, c.bytes) for c in item.predicted.collectives]
+        got = tuple((c.kind, c.mesh_axes, c.bytes, c.op_name, c.source) for c in found)
+        want = [(c.kind, c.mesh_axes, c.bytes, c.op, c.source) for c in item.predicted.collectives]
         memory = compiled.memory_analysis()
         held = None
         if memory is not None:
             held = int(memory.argument_size_in_bytes + memory.output_size_in_bytes
                        + memory.temp_size_in_bytes - memory.alias_size_in_bytes)  # fmt: skip
-        checked.append((item, by_kind(got) == by_kind(want), held, got))
+        checked.append((item, by_kind(got) == by_kind(want), attributed(want, got), held, got))
         runners[item.name] = functools.partial(compiled, *args)
     seconds = alternate(runners, repeat, at_least=TURN_SECONDS)
     done = [
-        dataclasses.replace(item, verified=ProgramVerified(match, seconds[item.name], held, got))
-        for item, match, held, got in checked
+        dataclasses.replace(
+            item, verified=ProgramVerified(match, seconds[item.name], held, got, sources)
+        )
+        for item, match, sources, held, got in checked
     ]
     rho = spearman(
         [p.predicted.seconds for p in done], [p.verified.seconds for p in done if p.verified]

@@ -48,7 +48,7 @@ def plans_view(report: Any) -> Any:
             row += [
                 format_seconds(v.seconds),
                 format_bytes(v.memory_bytes) if v.memory_bytes is not None else "n/a",
-                "[green]yes[/]" if v.collectives_match else "[red]no[/]",
+                match_text(v.collectives_match, v.sources_match),
             ]
         table.add_row(*row)
     parts.append(table)
@@ -70,6 +70,18 @@ def plans_view(report: Any) -> Any:
             + (f"{rho:.2f}" if rho is not None else "n/a")
         )
     return Group(*parts)
+
+
+def match_text(collectives: bool, sources: bool) -> str:
+    """The "HLO match" cell: the collectives (kind, axes, bytes), then the ops and source lines
+    XLA's metadata gives them.
+
+    >>> match_text(True, True), match_text(True, False), match_text(False, True)
+    ('[green]yes[/]', '[yellow]collectives yes, ops/lines no[/]', '[red]no[/]')
+    """
+    if not collectives:
+        return "[red]no[/]"
+    return "[green]yes[/]" if sources else "[yellow]collectives yes, ops/lines no[/]"
 
 
 SPARK = "▁▂▃▄▅▆▇█"

@@ -201,7 +201,8 @@ def _plan_row(p: Mapping[str, Any], shown: str, base: float) -> str:
         format_bytes(pred["memory_bytes"]),
         format_bytes(ver["memory_bytes"]) if "memory_bytes" in ver else "—",
         str(len(pred.get("collectives", []))),
-        {None: "—", True: "yes", False: "NO"}[ver.get("collectives_match")],
+        {None: "—", True: "yes", False: "NO"}[ver.get("collectives_match")]
+        + (" (ops/lines NO)" if ver.get("sources_match") is False else ""),
     ]
     cls = ' class="shown"' if p["name"] == shown else ""
     name = f'<tr{cls}><td title="{_e(p.get("in_specs", ""))}">{_e(p["name"])}</td>'

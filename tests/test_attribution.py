@@ -1,0 +1,144 @@
+"""Predicted collectives against the compiled HLO's metadata: each compiled collective must
+belong to the op and the user's source line the plan gives it, where XLA combines some."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import pytest
+
+import shardwise
+from shardwise._planner.verify import _ops, attributed
+from shardwise._xla.hlo import collectives
+
+AR, AG = "all-reduce", "all-gather"
+M, D = ("model",), ("data",)
+
+
+def test_op_names_of_plain_and_combined_collectives():
+    assert _ops("jit(f)/jvp()/dot_general") == {"dot_general"}
+    assert _ops("jit(f)/(jvp()/reduce_sum:transpose(jvp())/dot_general)") == {
+        "reduce_sum",
+        "dot_general",
+    }
+    assert _ops("jit(f)/while/body/(a/dot_general:b/sharding_constraint)") == {
+        "dot_general",
+        "sharding_constraint",
+    }
+    assert _ops("") == {""}
+
+
+def test_one_to_one_matches_and_a_wrong_line_or_op_does_not():
+    said = [(AR, M, 8, "dot_general", "m.py:3"), (AG, D, 16, "dot_general", "m.py:5")]
+    hlo = [
+        (AR, M, 8, "jit(f)/dot_general", "/x/m.py:3 (f)"),
+        (AG, D, 16, "jit(f)/sharding_constraint", "/x/m.py:5 (f)"),
+    ]
+    assert attributed(said, hlo)
+    assert not attributed(said, [hlo[0], (AG, D, 16, "jit(f)/sharding_constraint", "m.py:6")])
+    assert not attributed(said, [(AR, M, 8, "jit(f)/reduce_sum", "m.py:3"), hlo[1]])
+    # the right op and line, the wrong axes
+    assert not attributed(said, [(AR, D, 8, "jit(f)/dot_general", "m.py:3"), hlo[1]])
+    # one predicted collective that never came
+    assert not attributed(said, hlo[:1])
+    # one that came unpredicted
+    assert not attributed(said[:1], hlo)
+
+
+def test_combined_collectives_stand_for_their_parts():
+    said = [
+        (AR, D, 4, "reduce_sum", "loss.py:9"),
+        (AR, D, 100, "dot_general", "m.py:3"),
+        (AR, D, 100, "dot_general", "m.py:4"),
+        (AR, D, 100, "dot_general", "m.py:5"),
+    ]
+    # XLA names each op once: three dots summed together read as one dot_general
+    hlo = [
+        (AR, D, 4, "jit(f)/reduce_sum", "loss.py:9 (loss)"),
+        (AR, D, 300, "jit(f)/transpose(jvp())/dot_general", "m.py:4 (f)"),
+    ]
+    assert attributed(said, hlo)
+    mixed = [(AR, D, 104, "jit(f)/(jvp()/reduce_sum:jvp()/dot_general)", "loss.py:9"),
+             (AR, D, 200, "jit(f)/dot_general", "m.py:5")]  # fmt: skip
+    assert attributed(said, mixed)
+    # the combined one's line must be one of its parts'
+    assert not attributed(said, [hlo[0], (AR, D, 300, "jit(f)/dot_general", "m.py:7")])
+    # a combined reduce_sum and dot cannot stand for two dots
+    assert not attributed(
+        said,
+        [
+            (AR, D, 200, "jit(f)/(a/reduce_sum:b/dot_general)", "m.py:3"),
+            *hlo[:1],
+            (AR, D, 100, "jit(f)/dot_general", "m.py:5"),
+        ],
+    )
+
+
+def test_layout_changes_and_scan_slices_stand_for_the_ops_they_serve():
+    said = [(AG, M, 64, "dot_general", "m.py:3"), (AG, M, 32, "scan slice", "m.py:9")]
+    hlo = [
+        (AG, M, 64, "jit(f)/while/body/closed_call/sharding_constraint", "m.py:3 (block)"),
+        (AG, M, 32, "jit(f)/while/body/jit(dynamic_index_in_dim)/squeeze", "m.py:9 (f)"),
+    ]
+    assert attributed(said, hlo)
+    # a squeeze is not a dot
+    assert not attributed(said, [(AG, M, 64, "jit(f)/squeeze", "m.py:3"), hlo[1]])
+
+
+def test_many_equal_collectives_are_matched_without_search_blowing_up():
+    said = [(AG, M, 8, "scan slice", "m.py:9")] * 40 + [(AG, M, 16, "dot_general", "m.py:3")]
+    hlo = [(AG, M, 8, "jit(f)/squeeze", "m.py:9")] * 40 + [
+        (AG, M, 16, "jit(f)/sharding_constraint", "m.py:3")
+    ]
+    assert attributed(said, hlo)
+    assert not attributed(said, hlo[1:])
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_compiled_collectives_carry_the_users_lines(train):
+    """The plan's program runs each equation under the user's source line, so the HLO's
+    collectives point at the model's code, not at shardwise's."""
+    fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=128, train=train)
+    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile="cpu-2core", train=train)
+    item = plan.get("megatron")
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    leaves = [
+        jax.ShapeDtypeStruct(
+            a.shape, a.dtype, sharding=jax.NamedSharding(mesh, s.to_partition_spec())
+        )
+        for a, s in zip(jax.tree.leaves(shapes), item.in_specs, strict=True)
+    ]
+    compiled = (
+        plan.sharded("megatron")
+        .lower(*jax.tree.unflatten(jax.tree.structure(shapes), leaves))
+        .compile()
+    )
+    found = collectives(compiled.as_text(), {"data": 2, "model": 4})
+    assert found and all(
+        c.source.split(" ")[0].rsplit("/", 1)[-1].startswith("models.py:") for c in found
+    )
+
+
+def test_cli_verify_json_gives_each_collective_the_users_line(tmp_path):
+    """A user's own function: the verified collectives point at its file and line, as the
+    predicted ones do, and the JSON says whether they agree."""
+    from typer.testing import CliRunner
+
+    from shardwise.cli import app
+
+    src = tmp_path / "prog.py"
+    src.write_text("def f(x, w):\n    return (x @ w).sum(0)\n")
+    args = ["plan", "--function", f"{src}:f", "--args", "x=f32[64,32]", "--args",
+            "w=f32[32,16]", "--mesh", "data=2,model=4", "--profile", "cpu-2core", "--top", "2",
+            "--verify", "--json"]  # fmt: skip
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    plans = json.loads(r.stdout)["plans"]
+    said = [c for p in plans for c in p["predicted"]["collectives"]]
+    seen = [c for p in plans for c in p["verified"]["collectives"]]
+    assert said and seen
+    assert {c["source"] for c in said} == {"prog.py:2"}
+    assert all(c["source"].startswith(f"{src}:2") for c in seen), seen
+    assert all(p["verified"]["sources_match"] for p in plans)
