@@ -201,6 +201,41 @@ def test_descend_from_anywhere_ends_where_no_one_change_helps(seed):
         assert total(problem, moved) >= found.seconds - 1e-12
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_descend_from_an_optimum_looks_at_the_changed_variables_neighbours_only(seed):
+    """From an optimum with one choice changed, only that variable's neighbours can improve
+    at first: the settled descent ends where the full one does."""
+    rng = np.random.default_rng(seed)
+    problem = Problem([("v", k) for k in range(6)])
+    problem.choices = [[0, 1, 2] for _ in range(6)]
+    problem.unary = [rng.random(3) for _ in range(6)]
+    problem.edges = {(u, u + 1): rng.random((3, 3)) for u in range(5)} | {
+        (0, 5): rng.random((3, 3))
+    }
+    best, _ = brute_force(problem)
+    for v in range(6):
+        start = list(best)
+        start[v] = (start[v] + 1) % 3
+        settled = descend(problem, start, v, settled=True)
+        assert settled.choice == descend(problem, start, v).choice
+        assert settled.choice[v] == start[v]
+
+
+def test_resharding_seconds_from_the_shape_free_recipe_equal_the_full_prediction():
+    """The planner's cost matrices take a resharding's seconds from a recipe cached per pair
+    of layouts; they must equal the full prediction's, bit for bit, for every pair."""
+    from shardwise._planner.costs import _reshard, spec_choices
+
+    for mesh, profile in ((MESH, CPU), (MeshSpec.parse("a=2,b=2,c=2"), BUILTIN["h100"])):
+        for shape, dtype in (((8, 16), "float32"), ((4, 8, 16), "bfloat16"), ((16,), "int8")):
+            specs = spec_choices(shape, mesh)[1]
+            value = Value(shape, dtype, "v")
+            for a in specs:
+                for b in specs:
+                    want = _reshard(shape, dtype, a, b, mesh, profile)[0] if a != b else 0.0
+                    assert reshard_seconds(value, a, b, mesh, profile, 3) == want * 3
+
+
 def test_a_replicated_stacked_weights_hoisted_slices_are_counted():
     """XLA slices a replicated stacked weight for every layer before the scan's loop and holds
     the slices while it runs; counting one layer's slice put these plans 15-20% low."""

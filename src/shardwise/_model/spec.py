@@ -268,7 +268,10 @@ class Layout:
 
     def axes_of(self, index: str) -> Entry:
         """The mesh axes that split ``index`` (``()`` when unsharded)."""
-        return dict(self.assignment).get(index, ())
+        for i, entry in self.assignment:  # a few pairs: a scan beats building a dict
+            if i == index:
+                return entry
+        return ()
 
     def spec_for(self, indices: str) -> Spec:
         """The spec of an operand whose dimensions are ``indices``."""

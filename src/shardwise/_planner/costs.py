@@ -145,7 +145,57 @@ def reshard_seconds(
     times)."""
     if src == dst:
         return 0.0
-    return _reshard(value.shape, value.dtype, src, dst, mesh, profile)[0] * repeat
+    return _reshard_seconds(value.shape, value.dtype, src, dst, mesh, profile) * repeat
+
+
+@dataclass(frozen=True, slots=True)
+class _Recipe:
+    """What a resharding moves, whatever the array's shape: each collective's kind, axis and
+    the ways its block is split per dimension; the block a slice writes (``None``: no slice);
+    the blocks a CPU copies back after gathering along a later dimension."""
+
+    collectives: tuple[tuple[str, str, tuple[int, ...]], ...]
+    sliced: tuple[int, ...] | None
+    relayout: tuple[tuple[int, ...], ...]
+
+
+@cached(maxsize=1 << 14)
+def _recipe(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> _Recipe:
+    def ways(spec: Spec) -> tuple[int, ...]:
+        return tuple(_ways(e, mesh) for e in spec.padded(rank))
+
+    moves = reshard_moves(src, dst, rank)
+    found, before = [], src
+    for move in moves:
+        if move.axis is not None and mesh.shape[move.axis] > 1:
+            held = move.spec if move.kind == "all-gather" else before
+            found.append((move.kind, move.axis, ways(held)))
+        before = move.spec
+    sliced = ways(dst) if set(dst.axes) - set(src.axes) else None
+    return _Recipe(tuple(found), sliced, tuple(ways(s) for s in _relayouts(src, moves, rank)))
+
+
+def _blocks(shape: tuple[int, ...], ways: tuple[int, ...]) -> int:
+    return math.prod(n // w for n, w in zip(shape, ways, strict=True))
+
+
+@cached(maxsize=1 << 16)
+def _reshard_seconds(
+    shape: tuple[int, ...], dtype: str, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile
+) -> float:
+    """:func:`_reshard`'s seconds from the shape-free :func:`_recipe` (the same sums in the
+    same order, so the same number)."""
+    r = _recipe(src, dst, len(shape), mesh)
+    width = np.dtype(dtype).itemsize
+    seconds = sum(
+        ring_seconds(kind, (axis,), width * _blocks(shape, ways), mesh, profile)
+        for kind, axis, ways in r.collectives
+    )
+    if r.sliced is not None:
+        seconds += _blocks(shape, r.sliced) * width / profile.memory_Bps
+    if profile.platform == "cpu":
+        seconds += 2 * sum(_blocks(shape, w) * width for w in r.relayout) / profile.memory_Bps
+    return seconds
 
 
 @cached(maxsize=1 << 16)
@@ -169,17 +219,24 @@ def relayout_bytes(value: Value, src: Spec, dst: Spec, mesh: MeshSpec) -> int:
     """Bytes of the copies XLA's CPU backend makes when it moves ``value`` from ``src`` to
     ``dst``: it gathers along the first dimension, so a gather along another one leaves its
     result in a transposed layout that is copied back (seen in its buffer assignment)."""
-    extra = 0
     rank = len(value.shape)
+    moves = reshard_moves(src, dst, rank)
+    return sum(shard_bytes(value, spec, mesh) for spec in _relayouts(src, moves, rank))
+
+
+def _relayouts(src: Spec, moves: Sequence[Any], rank: int) -> list[Spec]:
+    """The layouts after each gather along a dimension but the first: the CPU backend copies
+    them back."""
+    out = []
     before = src.padded(rank)
-    for move in reshard_moves(src, dst, rank):
+    for move in moves:
         after = move.spec.padded(rank)
         if move.kind == "all-gather":
             grown = [d for d in range(rank) if len(after[d]) < len(before[d])]
             if grown and grown[0] > 0:
-                extra += shard_bytes(value, move.spec, mesh)
+                out.append(move.spec)
         before = after
-    return extra
+    return out
 
 
 def map_specs(graph: Graph, step: Step, src: Spec, mesh: MeshSpec) -> tuple[Spec, Spec, Entry]:

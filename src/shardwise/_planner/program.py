@@ -31,7 +31,7 @@ from shardwise._planner.evaluate import (
 )
 from shardwise._planner.graph import Graph, build
 from shardwise._planner.report import ProgramReport, report
-from shardwise._planner.search import TIME_LIMIT_S, Solution, descend, solve
+from shardwise._planner.search import TIME_LIMIT_S, Solution, descend, neighbours, solve
 from shardwise._planner.verify import sharded, verify
 
 
@@ -356,6 +356,7 @@ def _runners_up(
     if count < 1:
         return []
     exact = best.method == "dynamic programming"
+    near = neighbours(problem)
     seen = {tuple(best.choice[v] for v in inputs)}
     out: list[tuple[int, float, Solution]] = []
     for v in inputs:
@@ -368,7 +369,7 @@ def _runners_up(
             else:
                 start = list(best.choice)
                 start[v] = c
-                sol = descend(problem, start, v)
+                sol = descend(problem, start, v, near, settled=best.optimal)
             if sol is None:
                 continue
             choice = list(sol.choice)

@@ -100,16 +100,26 @@ def solve(
     return Solution(tuple(choice), total(problem, choice), optimal, method, seconds)
 
 
-def descend(problem: Problem, start: Sequence[int], fixed: int) -> Solution:
+def descend(
+    problem: Problem,
+    start: Sequence[int],
+    fixed: int,
+    near: Sequence[Sequence[tuple[int, np.ndarray]]] | None = None,
+    settled: bool = False,
+) -> Solution:
     """A good solution near ``start`` with ``fixed`` kept at its choice there: each variable,
     then each neighbour of a changed one, takes its best choice given its neighbours', until
     none improves (iterated conditional modes). Each change lowers the cost, so it ends, at a
     local optimum (no one variable's change helps), not proven the best with that choice
-    (:attr:`Solution.optimal` is False)."""
+    (:attr:`Solution.optimal` is False).
+
+    ``settled``: every variable of ``start`` but ``fixed`` is already at its best given its
+    neighbours (``start`` is an optimum with ``fixed`` changed), so only ``fixed``'s
+    neighbours are looked at first. ``near``: :func:`neighbours` of ``problem``, if at hand."""
     begin = time.perf_counter()
-    near = _neighbours(problem)
+    near = neighbours(problem) if near is None else near
     choice = list(start)
-    queue = [v for v in range(len(choice)) if v != fixed]
+    queue = [u for u, _ in near[fixed]] if settled else list(range(len(choice)))
     while queue:
         v = queue.pop()
         if v == fixed:
@@ -202,7 +212,7 @@ def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
     ``unary[i] - unary[j] + Σ_edges max_c (m[i, c] - m[j, c]) ≤ 0``; some optimal solution
     uses no dominated choice, so dropping them is exact. Variables are pruned one after another,
     each against its neighbours' choices as they stand."""
-    near = _neighbours(problem)
+    near = neighbours(problem)
     kept: dict[int, list[int]] = {}
     for v, unary in enumerate(problem.unary):
         if v in protected or len(unary) < 2:
@@ -221,7 +231,7 @@ def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
     return kept
 
 
-def _neighbours(problem: Problem) -> list[list[tuple[int, np.ndarray]]]:
+def neighbours(problem: Problem) -> list[list[tuple[int, np.ndarray]]]:
     """Each variable's neighbours and the edge's matrix, oriented from the variable."""
     near: list[list[tuple[int, np.ndarray]]] = [[] for _ in problem.labels]
     for (u, v), m in problem.edges.items():
