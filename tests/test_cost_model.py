@@ -17,7 +17,8 @@ from shardwise._model.profile import BUILTIN, Link, Profile
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import Strategy
 from shardwise._planner.calibrate import fit_matmul
-from shardwise._planner.costs import Problem, reshard_seconds
+from shardwise._planner.costs import Problem
+from shardwise._planner.moves import reshard_seconds
 from shardwise._planner.nodes import Value
 from shardwise._planner.program import _runners_up
 from shardwise._planner.search import _milp, brute_force, descend, solve, total
@@ -224,7 +225,8 @@ def test_descend_from_an_optimum_looks_at_the_changed_variables_neighbours_only(
 def test_resharding_seconds_from_the_shape_free_recipe_equal_the_full_prediction():
     """The planner's cost matrices take a resharding's seconds from a recipe cached per pair
     of layouts; they must equal the full prediction's, bit for bit, for every pair."""
-    from shardwise._planner.costs import _reshard, spec_choices
+    from shardwise._planner.costs import spec_choices
+    from shardwise._planner.moves import _reshard
 
     for mesh, profile in ((MESH, CPU), (MeshSpec.parse("a=2,b=2,c=2"), BUILTIN["h100"])):
         for shape, dtype in (((8, 16), "float32"), ((4, 8, 16), "bfloat16"), ((16,), "int8")):

@@ -13,8 +13,9 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
-from shardwise._planner.costs import Cost, _map_head, dot_cost, reshard
+from shardwise._planner.costs import _map_head, dot_cost
 from shardwise._planner.graph import Graph
+from shardwise._planner.moves import Cost, reshard
 from shardwise._planner.nodes import Step
 
 if TYPE_CHECKING:

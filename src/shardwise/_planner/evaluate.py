@@ -21,13 +21,9 @@ from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
 from shardwise._planner.attribute import ProgramCollective, Tally
-from shardwise._planner.costs import (
-    Problem,
-    map_specs,
-    relayout_bytes,
-    shard_bytes,
-)
+from shardwise._planner.costs import Problem, map_specs
 from shardwise._planner.graph import Graph
+from shardwise._planner.moves import relayout_bytes, shard_bytes
 from shardwise._planner.nodes import Step
 from shardwise._planner.search import Constraint, total
 
@@ -184,7 +180,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     result, or even a local slice, is a new buffer beside the array it came from; a replicated
     stacked weight's local slices are all made before its scan, :func:`_hoist`). On CPU, a
     gather along any dimension but the first also leaves a copy in the usual layout
-    (:func:`~shardwise._planner.costs.relayout_bytes`)."""
+    (:func:`~shardwise._planner.moves.relayout_bytes`)."""
     arrays, live = _live(graph)
     sizes = np.array(
         [shard_bytes(graph.values[v], lay.specs[v], mesh) for v in arrays], dtype=np.int64

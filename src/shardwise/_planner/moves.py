@@ -1,0 +1,163 @@
+"""What moving an array between layouts costs the planner: the bytes of one device's block,
+a resharding's time and collectives (as :func:`~shardwise._model.reshard.reshard_collectives`
+predicts XLA emits them, plus the slice's copy and the CPU's copy back after a gather along a
+later dimension), and the same time alone from a recipe cached per pair of layouts, for the
+cost matrices that need it many thousand times.
+
+Pure: no devices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardwise._caches import cached
+from shardwise._model.cost import PredictedCollective, ring_seconds
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.profile import Profile
+from shardwise._model.reshard import reshard_collectives, reshard_moves
+from shardwise._model.spec import Spec
+from shardwise._planner.nodes import Step, Value
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """Seconds, collectives and FLOPs of one choice or one edge (already times its repeats)."""
+
+    seconds: float = 0.0
+    collectives: tuple[tuple[PredictedCollective, Step | None], ...] = ()
+    flops: float = 0.0
+
+
+def entry_ways(entry: Sequence[str], mesh: MeshSpec) -> int:
+    """How many ways the mesh axes of one spec entry split its dimension."""
+    return math.prod(mesh.shape[a] for a in entry)
+
+
+def shard_bytes(value: Value, spec: Spec, mesh: MeshSpec) -> int:
+    """Bytes of one device's block of ``value`` under ``spec``."""
+    entries = spec.padded(len(value.shape))
+    blocks = math.prod(n // entry_ways(e, mesh) for n, e in zip(value.shape, entries, strict=True))
+    return blocks * np.dtype(value.dtype).itemsize
+
+
+def reshard(
+    value: Value,
+    src: Spec,
+    dst: Spec,
+    mesh: MeshSpec,
+    profile: Profile,
+    step: Step | None,
+    repeat: int,
+) -> Cost:
+    """What moving ``value`` from ``src`` to ``dst`` costs."""
+    if src == dst:
+        return Cost()
+    seconds, found = _reshard(value.shape, value.dtype, src, dst, mesh, profile)
+    return Cost(seconds * repeat, tuple((c, step) for c in found))
+
+
+def reshard_seconds(
+    value: Value, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile, repeat: int
+) -> float:
+    """:func:`reshard`'s time alone (the cost matrices need nothing else, many thousand
+    times)."""
+    if src == dst:
+        return 0.0
+    return _reshard_seconds(value.shape, value.dtype, src, dst, mesh, profile) * repeat
+
+
+@dataclass(frozen=True, slots=True)
+class _Recipe:
+    """What a resharding moves, whatever the array's shape: each collective's kind, axis and
+    the ways its block is split per dimension; the block a slice writes (``None``: no slice);
+    the blocks a CPU copies back after gathering along a later dimension."""
+
+    collectives: tuple[tuple[str, str, tuple[int, ...]], ...]
+    sliced: tuple[int, ...] | None
+    relayout: tuple[tuple[int, ...], ...]
+
+
+@cached(maxsize=1 << 14)
+def _recipe(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> _Recipe:
+    def ways(spec: Spec) -> tuple[int, ...]:
+        return tuple(entry_ways(e, mesh) for e in spec.padded(rank))
+
+    moves = reshard_moves(src, dst, rank)
+    found, before = [], src
+    for move in moves:
+        if move.axis is not None and mesh.shape[move.axis] > 1:
+            held = move.spec if move.kind == "all-gather" else before
+            found.append((move.kind, move.axis, ways(held)))
+        before = move.spec
+    sliced = ways(dst) if set(dst.axes) - set(src.axes) else None
+    return _Recipe(tuple(found), sliced, tuple(ways(s) for s in _relayouts(src, moves, rank)))
+
+
+def _blocks(shape: tuple[int, ...], ways: tuple[int, ...]) -> int:
+    return math.prod(n // w for n, w in zip(shape, ways, strict=True))
+
+
+@cached(maxsize=1 << 16)
+def _reshard_seconds(
+    shape: tuple[int, ...], dtype: str, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile
+) -> float:
+    """:func:`_reshard`'s seconds from the shape-free :func:`_recipe` (the same sums in the
+    same order, so the same number)."""
+    r = _recipe(src, dst, len(shape), mesh)
+    width = np.dtype(dtype).itemsize
+    seconds = sum(
+        ring_seconds(kind, (axis,), width * _blocks(shape, ways), mesh, profile)
+        for kind, axis, ways in r.collectives
+    )
+    if r.sliced is not None:
+        seconds += _blocks(shape, r.sliced) * width / profile.memory_Bps
+    if profile.platform == "cpu":
+        seconds += 2 * sum(_blocks(shape, w) * width for w in r.relayout) / profile.memory_Bps
+    return seconds
+
+
+@cached(maxsize=1 << 16)
+def _reshard(
+    shape: tuple[int, ...], dtype: str, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile
+) -> tuple[float, tuple[PredictedCollective, ...]]:
+    found = reshard_collectives(src, dst, shape, dtype, mesh, profile)
+    seconds = sum(c.seconds for c in found)
+    value = Value(shape, dtype, "")
+    if set(dst.axes) - set(src.axes):
+        # slicing on an axis is local, but XLA copies each device's new block out of the
+        # array it holds (a dynamic-slice): it costs one write of that block
+        seconds += shard_bytes(value, dst, mesh) / profile.memory_Bps
+    if profile.platform == "cpu":
+        # ... and the CPU's gathers along a dimension but the first copy their result back
+        seconds += 2 * relayout_bytes(value, src, dst, mesh) / profile.memory_Bps
+    return seconds, found
+
+
+def relayout_bytes(value: Value, src: Spec, dst: Spec, mesh: MeshSpec) -> int:
+    """Bytes of the copies XLA's CPU backend makes when it moves ``value`` from ``src`` to
+    ``dst``: it gathers along the first dimension, so a gather along another one leaves its
+    result in a transposed layout that is copied back (seen in its buffer assignment)."""
+    rank = len(value.shape)
+    moves = reshard_moves(src, dst, rank)
+    return sum(shard_bytes(value, spec, mesh) for spec in _relayouts(src, moves, rank))
+
+
+def _relayouts(src: Spec, moves: Sequence[Any], rank: int) -> list[Spec]:
+    """The layouts after each gather along a dimension but the first: the CPU backend copies
+    them back."""
+    out = []
+    before = src.padded(rank)
+    for move in moves:
+        after = move.spec.padded(rank)
+        if move.kind == "all-gather":
+            grown = [d for d in range(rank) if len(after[d]) < len(before[d])]
+            if grown and grown[0] > 0:
+                out.append(move.spec)
+        before = after
+    return out
