@@ -238,20 +238,46 @@ def test_resharding_seconds_from_the_shape_free_recipe_equal_the_full_prediction
                     assert reshard_seconds(value, a, b, mesh, profile, 3) == want * 3
 
 
-def test_a_replicated_stacked_weights_hoisted_slices_are_counted():
-    """XLA slices a replicated stacked weight for every layer before the scan's loop and holds
-    the slices while it runs; counting one layer's slice put these plans 15-20% low."""
+# A faster 2-core machine's profile (``shardwise calibrate``): planned with it, the
+# data-parallel baseline keeps every stacked weight's layer slices replicated.
+FASTER = dataclasses.replace(
+    CPU,
+    name="faster-2core",
+    flops_per_s={"float32": 5.98e10, "bfloat16": 1.15e11},
+    memory_Bps=3.69e9,
+    link=Link(272e-6, 1.09e9),
+    axis_links={"data": Link(280e-6, 0.93e9), "model": Link(264e-6, 1.26e9)},
+    matmul_Bps=0.796e9,
+    gather=Link(252e-6, 1.83e9),
+    gather_links={"data": Link(293e-6, 1.24e9), "model": Link(212e-6, 2.43e9)},
+)
+
+
+@pytest.mark.parametrize(
+    ("profile", "train"),
+    [(CPU, False), (CPU, True), (FASTER, False)],
+    ids=["forward", "training step", "forward, faster machine"],
+)
+def test_predicted_memory_of_transformer_plans_follows_xla(profile, train):
+    """Every plan within 20% of XLA's buffers, and the data-parallel baseline within 10% where
+    it had been furthest off: XLA slices a replicated stacked weight for every layer before
+    the scan's loop only where the slice splits it (a replicated slice is read in place;
+    counting it had put the faster machine's forward pass 30% high), and gives each result a
+    buffer held from the program's start, in which the SGD update and its gradient run
+    (counting the new weights from the update on had put the training step 18% low)."""
     import shardwise
     from shardwise._planner import verify
 
     fn, args = shardwise.model(
-        "transformer", batch=16, seq=64, hidden=256, ffn=1024, heads=8, layers=2
+        "transformer", batch=16, seq=64, hidden=256, ffn=1024, heads=8, layers=2, train=train
     )
-    p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile="cpu-2core", top=1)
-    some = dataclasses.replace(p, plans=(p.get("data-parallel"), p.get("replicated")))
+    p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=profile, train=train, top=1)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(verify, "TURN_SECONDS", 0.0)
-        checked = some.verify(repeat=1)
+        checked = p.verify(repeat=1)
     for q in checked.plans:
         assert q.verified is not None and q.verified.memory_bytes
-        assert q.predicted.memory_bytes / q.verified.memory_bytes == pytest.approx(1, abs=0.1)
+        ratio = q.predicted.memory_bytes / q.verified.memory_bytes
+        assert 0.8 <= ratio <= 1.2, (q.name, ratio)
+        if q.name == "data-parallel" and (train or profile is FASTER):
+            assert ratio == pytest.approx(1, abs=0.1), ratio
