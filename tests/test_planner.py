@@ -39,6 +39,7 @@ SUITE = {
     "mk,k->m": [(16, 8), (8,)],  # matrix-vector
     "bi,bj->bij": [(8, 4), (8, 4)],  # batched outer product
     "abc,cd->abd": [(4, 4, 8), (8, 4)],
+    "abc,abd->cd": [(4, 8, 2), (4, 8, 2)],
 }
 
 
@@ -87,6 +88,22 @@ def test_predicted_collectives_match_compiled_hlo_for_every_strategy(mesh_text):
             assert got == want, (equation, s.describe(op))
             checked += 1
     assert checked >= 50
+
+
+@pytest.mark.parametrize("layout", ["a=x,b=y", "a=y,b=x", "a=(x,y)"])
+def test_two_contracted_indices_on_two_axes_are_summed_one_index_at_a_time(layout):
+    """XLA adds the partial sums of ``abc,abd->cd`` with ``a`` and ``b`` split on two axes in
+    two all-reduces, one per index (the model had predicted one over both axes, which a
+    planned program's HLO check caught); one index on both axes is one all-reduce."""
+    mesh = MeshSpec.parse("x=2,y=4")
+    op, shapes = Op.parse("abc,abd->cd"), [(8, 8, 2), (8, 8, 2)]
+    s = Strategy(Layout.parse(layout), Spec())
+    plan = Plan.make(op, shapes, mesh=mesh, in_specs=list(s.in_specs(op)), out_spec=Spec())
+    text = compile_plan(plan, build_mesh(mesh)).as_text() or ""
+    got = sorted((c.kind, c.mesh_axes, c.bytes) for c in collectives(text, mesh.shape))
+    want = predict(op, shapes, "float32", mesh, s, CPU).collectives
+    assert got == sorted((c.kind, c.mesh_axes, c.bytes) for c in want)
+    assert len(got) == (1 if "(" in layout else 2)
 
 
 # (equation, shapes, mesh, layout, output spec): strategies whose collectives the model once got

@@ -162,6 +162,25 @@ def is_matmul(op: Op) -> bool:
     return bool(a - b) and bool(b - a)
 
 
+def sum_groups(op: Op, layout: Layout, axes: Sequence[str]) -> list[tuple[str, ...]]:
+    """The all-reduces XLA adds a partial sum over ``axes`` with: one per contracted index
+    split on some of them, over that index's axes, the last index first; one where a single
+    index is split on all (seen in compiled HLO: ``abc,abd->cd`` with ``a`` on ``data`` and
+    ``b`` on ``model`` is summed over ``model``, then over ``data``).
+
+    >>> sum_groups(Op.parse("abc,abd->cd"), Layout.parse("a=x,b=y"), ("x", "y"))
+    [('y',), ('x',)]
+    >>> sum_groups(Op.parse("ab,bc->ac"), Layout.parse("b=(x,y)"), ("x", "y"))
+    [('x', 'y')]
+    """
+    groups = []
+    for index in reversed(op.contracted):
+        group = tuple(a for a in axes if a in layout.axes_of(index))
+        if group:
+            groups.append(group)
+    return groups
+
+
 def predict(
     op: Op,
     shapes: Sequence[Sequence[int]],
@@ -216,12 +235,13 @@ def predict(
                     # ... and it computes only the half of the product that each device keeps
                     flops = flops * out_bytes // partial_bytes
             rest = tuple(a for a in axes if all(a != hop.axis for hop in hops))
-            if rest:
-                seconds = ring_seconds("all-reduce", rest, partial_bytes, mesh, profile)
-                collectives.append(PredictedCollective("all-reduce", rest, partial_bytes, seconds))
+            for group in sum_groups(op, strategy.layout, rest):
+                seconds = ring_seconds("all-reduce", group, partial_bytes, mesh, profile)
+                collectives.append(PredictedCollective("all-reduce", group, partial_bytes, seconds))
         else:
-            seconds = ring_seconds("all-reduce", axes, partial_bytes, mesh, profile)
-            collectives.append(PredictedCollective("all-reduce", axes, partial_bytes, seconds))
+            for group in sum_groups(op, strategy.layout, axes):
+                seconds = ring_seconds("all-reduce", group, partial_bytes, mesh, profile)
+                collectives.append(PredictedCollective("all-reduce", group, partial_bytes, seconds))
     # summing partial results costs one add per element reduced (as XLA counts it)
     flops += sum(
         c.bytes // width for c in collectives if c.kind in ("all-reduce", "reduce-scatter")
