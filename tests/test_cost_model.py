@@ -281,3 +281,21 @@ def test_predicted_memory_of_transformer_plans_follows_xla(profile, train):
         assert 0.8 <= ratio <= 1.2, (q.name, ratio)
         if q.name == "data-parallel" and (train or profile is FASTER):
             assert ratio == pytest.approx(1, abs=0.1), ratio
+
+
+def test_a_gather_two_moves_of_an_operand_share_is_counted_once():
+    """XLA computes a constraint on the same array once: the MLP training step's backward
+    pass reads ``x`` gathered on ``model``, which the forward pass made on its way to another
+    layout, so one all-gather serves both (the model had counted two, and the data-parallel
+    baseline's collectives did not match the HLO's)."""
+    import shardwise
+    from shardwise._planner import verify
+
+    fn, args = shardwise.model("mlp", batch=256, hidden=1024, ffn=4096, train=True)
+    p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=FASTER, train=True, top=1)
+    some = dataclasses.replace(p, plans=(p.get("data-parallel"),))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(verify, "TURN_SECONDS", 0.0)
+        (q,) = some.verify(repeat=1).plans
+    assert q.verified is not None
+    assert q.verified.collectives_match and q.verified.sources_match

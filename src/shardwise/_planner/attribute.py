@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
+from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
 from shardwise._planner.costs import _map_head, dot_cost
@@ -79,7 +80,8 @@ def dims_of(step: Step, position: int, rank: int) -> str | int:
 
 class Tally:
     """The collectives and time of one plan, op by op, each collective with its reason. An
-    operand moved the same way twice in one scope is counted once, as XLA computes it once."""
+    operand moved the same way twice in one scope is counted once, as XLA computes it once,
+    and so are the first steps that two of its moves share."""
 
     def __init__(self, graph: Graph, lay: Layouts, mesh: MeshSpec, profile: Profile) -> None:
         self.graph, self.lay, self.mesh, self.profile = graph, lay, mesh, profile
@@ -98,18 +100,37 @@ class Tally:
     def feed(self, k: int, step: Step, position: int, a: int, dst: Spec) -> None:
         """Operand ``a`` moved to the layout ``step`` reads it in."""
         src = self.lay.specs[a]
-        key = (a, src, dst, step.key[:-1])
-        if key in self.moved or src == dst:
+        if src == dst:
             return
-        self.moved.add(key)
+        shared = self._shared(a, src, dst, step.key[:-1])
+        if shared is None:
+            return
         value = self.graph.values[a]
         cost = reshard(value, src, dst, self.mesh, self.profile, step, step.repeat)
+        if shared:
+            skipped = sum(c.seconds for c, _ in cost.collectives[:shared]) * step.repeat
+            cost = Cost(cost.seconds - skipped, cost.collectives[shared:])
         self.add(
             k,
             cost,
             f"{value.name} is held as [{self._text(src, step, position, a)}]; {step.prim} "
             f"reads it as [{self._text(dst, step, position, a)}]",
         )
+
+    def _shared(self, a: int, src: Spec, dst: Spec, scope: tuple[int, ...]) -> int | None:
+        """How many of the collectives that move ``a`` from ``src`` to ``dst`` an earlier move
+        of ``a`` in ``scope`` already made (XLA computes the same constraint on the same array
+        once: a backward pass that reads ``x`` gathered on one axis reuses the forward pass's
+        gather on its way to another layout); ``None`` where it made every step."""
+        before, shared, fresh = src.canonical(), 0, False
+        for move in reshard_moves(src, dst, len(self.graph.values[a].shape)):
+            key = (a, before, move.spec, scope)
+            fresh = fresh or key not in self.moved
+            self.moved.add(key)
+            if not fresh and move.axis is not None and self.mesh.shape[move.axis] > 1:
+                shared += 1
+            before = move.spec
+        return shared if fresh else None
 
     def dot(self, k: int, step: Step, strategy: Strategy) -> None:
         assert step.op is not None
