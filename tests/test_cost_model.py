@@ -299,3 +299,43 @@ def test_a_gather_two_moves_of_an_operand_share_is_counted_once():
         (q,) = some.verify(repeat=1).plans
     assert q.verified is not None
     assert q.verified.collectives_match and q.verified.sources_match
+
+
+# Another calibration of a 2-core machine: its transformer training step has runners-up
+# that gather a stack along its layers before the forward scan slices it.
+ANOTHER = dataclasses.replace(
+    CPU,
+    name="another-2core",
+    flops_per_s={"float32": 6.56e10, "bfloat16": 1.10e11},
+    memory_Bps=3.88e9,
+    link=Link(317e-6, 1.07e9),
+    axis_links={"data": Link(320e-6, 0.987e9), "model": Link(314e-6, 1.15e9)},
+    matmul_Bps=0.867e9,
+    gather=Link(266e-6, 1.51e9),
+    gather_links={"data": Link(208e-6, 1.16e9), "model": Link(324e-6, 1.86e9)},
+)
+
+
+def test_a_stack_gathered_for_the_forward_scan_is_not_gathered_again_for_the_backward():
+    """The forward scan and the backward scan slice the same stack: XLA gathers it once
+    before both (the model had counted a gather for each scan, and two runners-up's
+    collectives did not match the HLO's)."""
+    import shardwise
+    from shardwise._planner import verify
+
+    fn, args = shardwise.model(
+        "transformer", batch=16, seq=64, hidden=256, ffn=1024, heads=8, layers=2, train=True
+    )
+    p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=ANOTHER, train=True)
+    gathered = tuple(
+        q
+        for q in p.plans
+        if any(c.op == "scan slice" and c.kind == "all-gather" for c in q.predicted.collectives)
+    )
+    assert gathered
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(verify, "TURN_SECONDS", 0.0)
+        checked = dataclasses.replace(p, plans=gathered).verify(repeat=1)
+    for q in checked.plans:
+        assert q.verified is not None
+        assert q.verified.collectives_match and q.verified.sources_match, q.name

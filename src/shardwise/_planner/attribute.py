@@ -14,7 +14,7 @@ from shardwise._model.profile import Profile
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
-from shardwise._planner.costs import _map_head, dot_cost
+from shardwise._planner.costs import _map_head, dot_cost, map_specs
 from shardwise._planner.graph import Graph
 from shardwise._planner.moves import Cost, reshard
 from shardwise._planner.nodes import Step
@@ -162,10 +162,22 @@ class Tally:
         )
 
     def map(self, k: int, step: Step) -> None:
-        src = self.lay.specs[step.inputs[0]]
+        a = step.inputs[0]
+        src = self.lay.specs[a]
         head, mapped = _map_head(self.graph, step, src, self.mesh, self.profile)
-        held = self._text(src, step, 0, step.inputs[0])
+        held = self._text(src, step, 0, a)
         need = ", ".join(f"d{d}" for d in step.local) or "its split dimensions"
+        # the gather to the whole operand comes first; what an earlier move of the operand
+        # made (a backward scan slices the stack the forward one gathered) is not made again
+        whole = map_specs(self.graph, step, src, self.mesh)[0]
+        shared = self._shared(a, src, whole, step.key[:-1]) if src != whole else 0
+        gathers = sum(c.kind != "all-reduce" for c, _ in head.collectives)
+        skip = gathers if shared is None else shared
+        skipped = head.collectives[:skip]
+        head = Cost(
+            head.seconds - sum(c.seconds for c, _ in skipped) * step.repeat,
+            head.collectives[skip:],
+        )
         for c, _ in head.collectives:
             why = (
                 f"{step.prim} sums over split dimensions: each device holds a partial sum"
