@@ -218,7 +218,7 @@ def predict(
     collectives: list[PredictedCollective] = []
     temp = 0
     if axes:
-        temp = partial_bytes
+        temp, summed = partial_bytes, axes[:0]  # nothing summed by all-reduce yet
         scattered = set(axes) <= set(strategy.out_spec.axes)
         hops = (
             scatter_hops(op, tuple(tuple(s) for s in shapes), mesh, strategy)
@@ -234,14 +234,12 @@ def predict(
                 if hop.whole and partial_bytes:
                     # ... and it computes only the half of the product that each device keeps
                     flops = flops * out_bytes // partial_bytes
-            rest = tuple(a for a in axes if all(a != hop.axis for hop in hops))
-            for group in sum_groups(op, strategy.layout, rest):
-                seconds = ring_seconds("all-reduce", group, partial_bytes, mesh, profile)
-                collectives.append(PredictedCollective("all-reduce", group, partial_bytes, seconds))
+            summed = tuple(a for a in axes if all(a != hop.axis for hop in hops))
         else:
-            for group in sum_groups(op, strategy.layout, axes):
-                seconds = ring_seconds("all-reduce", group, partial_bytes, mesh, profile)
-                collectives.append(PredictedCollective("all-reduce", group, partial_bytes, seconds))
+            summed = axes
+        for group in sum_groups(op, strategy.layout, summed):
+            seconds = ring_seconds("all-reduce", group, partial_bytes, mesh, profile)
+            collectives.append(PredictedCollective("all-reduce", group, partial_bytes, seconds))
     # summing partial results costs one add per element reduced (as XLA counts it)
     flops += sum(
         c.bytes // width for c in collectives if c.kind in ("all-reduce", "reduce-scatter")
