@@ -238,19 +238,49 @@ def test_resharding_seconds_from_the_shape_free_recipe_equal_the_full_prediction
                     assert reshard_seconds(value, a, b, mesh, profile, 3) == want * 3
 
 
-# A faster 2-core machine's profile (``shardwise calibrate``): planned with it, the
-# data-parallel baseline keeps every stacked weight's layer slices replicated.
-FASTER = dataclasses.replace(
-    CPU,
-    name="faster-2core",
-    flops_per_s={"float32": 5.98e10, "bfloat16": 1.15e11},
-    memory_Bps=3.69e9,
-    link=Link(272e-6, 1.09e9),
-    axis_links={"data": Link(280e-6, 0.93e9), "model": Link(264e-6, 1.26e9)},
-    matmul_Bps=0.796e9,
-    gather=Link(252e-6, 1.83e9),
-    gather_links={"data": Link(293e-6, 1.24e9), "model": Link(212e-6, 2.43e9)},
-)
+def _calibrated(name, flops, memory_Bps, matmul_Bps, reduce, gather):
+    """A profile as ``shardwise calibrate`` writes one: float32 and bfloat16 FLOP/s, and for
+    all-reduces and all-gathers (latency, bandwidth) overall, along ``data`` and along
+    ``model``."""
+    (r, rd, rm), (g, gd, gm) = ([Link(*x) for x in links] for links in (reduce, gather))
+    return dataclasses.replace(
+        CPU,
+        name=name,
+        flops_per_s=dict(zip(("float32", "bfloat16"), flops, strict=True)),
+        memory_Bps=memory_Bps,
+        matmul_Bps=matmul_Bps,
+        link=r,
+        axis_links={"data": rd, "model": rm},
+        gather=g,
+        gather_links={"data": gd, "model": gm},
+    )
+
+
+def _checked(plan, *names):
+    """``plan`` verified on the devices at hand (only the plans ``names``, if given), each
+    compiled and run once, not timed."""
+    from shardwise._planner import verify
+
+    if names:
+        plan = dataclasses.replace(plan, plans=tuple(plan.get(n) for n in names))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(verify, "TURN_SECONDS", 0.0)
+        return plan.verify(repeat=1)
+
+
+# Two calibrations of 2-core machines. Planned with the first, the data-parallel baseline
+# keeps every stacked weight's layer slices replicated; with the second, the transformer
+# training step has runners-up that gather a stack along its layers before the forward scan.
+FASTER = _calibrated(
+    "faster-2core", (5.98e10, 1.15e11), 3.69e9, 0.796e9,
+    reduce=((272e-6, 1.09e9), (280e-6, 0.93e9), (264e-6, 1.26e9)),
+    gather=((252e-6, 1.83e9), (293e-6, 1.24e9), (212e-6, 2.43e9)),
+)  # fmt: skip
+ANOTHER = _calibrated(
+    "another-2core", (6.56e10, 1.10e11), 3.88e9, 0.867e9,
+    reduce=((317e-6, 1.07e9), (320e-6, 0.987e9), (314e-6, 1.15e9)),
+    gather=((266e-6, 1.51e9), (208e-6, 1.16e9), (324e-6, 1.86e9)),
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -266,16 +296,12 @@ def test_predicted_memory_of_transformer_plans_follows_xla(profile, train):
     buffer held from the program's start, in which the SGD update and its gradient run
     (counting the new weights from the update on had put the training step 18% low)."""
     import shardwise
-    from shardwise._planner import verify
 
     fn, args = shardwise.model(
         "transformer", batch=16, seq=64, hidden=256, ffn=1024, heads=8, layers=2, train=train
     )
     p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=profile, train=train, top=1)
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(verify, "TURN_SECONDS", 0.0)
-        checked = p.verify(repeat=1)
-    for q in checked.plans:
+    for q in _checked(p).plans:
         assert q.verified is not None and q.verified.memory_bytes
         ratio = q.predicted.memory_bytes / q.verified.memory_bytes
         assert 0.8 <= ratio <= 1.2, (q.name, ratio)
@@ -289,31 +315,12 @@ def test_a_gather_two_moves_of_an_operand_share_is_counted_once():
     layout, so one all-gather serves both (the model had counted two, and the data-parallel
     baseline's collectives did not match the HLO's)."""
     import shardwise
-    from shardwise._planner import verify
 
     fn, args = shardwise.model("mlp", batch=256, hidden=1024, ffn=4096, train=True)
     p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=FASTER, train=True, top=1)
-    some = dataclasses.replace(p, plans=(p.get("data-parallel"),))
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(verify, "TURN_SECONDS", 0.0)
-        (q,) = some.verify(repeat=1).plans
+    (q,) = _checked(p, "data-parallel").plans
     assert q.verified is not None
     assert q.verified.collectives_match and q.verified.sources_match
-
-
-# Another calibration of a 2-core machine: its transformer training step has runners-up
-# that gather a stack along its layers before the forward scan slices it.
-ANOTHER = dataclasses.replace(
-    CPU,
-    name="another-2core",
-    flops_per_s={"float32": 6.56e10, "bfloat16": 1.10e11},
-    memory_Bps=3.88e9,
-    link=Link(317e-6, 1.07e9),
-    axis_links={"data": Link(320e-6, 0.987e9), "model": Link(314e-6, 1.15e9)},
-    matmul_Bps=0.867e9,
-    gather=Link(266e-6, 1.51e9),
-    gather_links={"data": Link(208e-6, 1.16e9), "model": Link(324e-6, 1.86e9)},
-)
 
 
 def test_a_stack_gathered_for_the_forward_scan_is_not_gathered_again_for_the_backward():
@@ -321,21 +328,17 @@ def test_a_stack_gathered_for_the_forward_scan_is_not_gathered_again_for_the_bac
     before both (the model had counted a gather for each scan, and two runners-up's
     collectives did not match the HLO's)."""
     import shardwise
-    from shardwise._planner import verify
 
     fn, args = shardwise.model(
         "transformer", batch=16, seq=64, hidden=256, ffn=1024, heads=8, layers=2, train=True
     )
     p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=ANOTHER, train=True)
-    gathered = tuple(
-        q
+    gathered = [
+        q.name
         for q in p.plans
         if any(c.op == "scan slice" and c.kind == "all-gather" for c in q.predicted.collectives)
-    )
+    ]
     assert gathered
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(verify, "TURN_SECONDS", 0.0)
-        checked = dataclasses.replace(p, plans=gathered).verify(repeat=1)
-    for q in checked.plans:
+    for q in _checked(p, *gathered).plans:
         assert q.verified is not None
         assert q.verified.collectives_match and q.verified.sources_match, q.name
