@@ -78,6 +78,13 @@ def dims_of(step: Step, position: int, rank: int) -> str | int:
     return step.op.output if position < 0 else step.op.inputs[position]
 
 
+def _less(cost: Cost, skip: int, repeat: int) -> Cost:
+    """``cost`` without its first ``skip`` collectives (an earlier move made them) and their
+    time."""
+    gone = sum(c.seconds for c, _ in cost.collectives[:skip]) * repeat
+    return Cost(cost.seconds - gone, cost.collectives[skip:], cost.flops)
+
+
 class Tally:
     """The collectives and time of one plan, op by op, each collective with its reason. An
     operand moved the same way twice in one scope is counted once, as XLA computes it once,
@@ -107,9 +114,7 @@ class Tally:
             return
         value = self.graph.values[a]
         cost = reshard(value, src, dst, self.mesh, self.profile, step, step.repeat)
-        if shared:
-            skipped = sum(c.seconds for c, _ in cost.collectives[:shared]) * step.repeat
-            cost = Cost(cost.seconds - skipped, cost.collectives[shared:])
+        cost = _less(cost, shared, step.repeat)
         self.add(
             k,
             cost,
@@ -172,12 +177,7 @@ class Tally:
         whole = map_specs(self.graph, step, src, self.mesh)[0]
         shared = self._shared(a, src, whole, step.key[:-1]) if src != whole else 0
         gathers = sum(c.kind != "all-reduce" for c, _ in head.collectives)
-        skip = gathers if shared is None else shared
-        skipped = head.collectives[:skip]
-        head = Cost(
-            head.seconds - sum(c.seconds for c, _ in skipped) * step.repeat,
-            head.collectives[skip:],
-        )
+        head = _less(head, gathers if shared is None else shared, step.repeat)
         for c, _ in head.collectives:
             why = (
                 f"{step.prim} sums over split dimensions: each device holds a partial sum"
