@@ -26,6 +26,8 @@ import jax.numpy as jnp
 from shardwise._errors import ArgumentError
 
 MODELS = ("mlp", "transformer")
+SEQ = 128
+"""The transformer's sequence length where none is given."""
 S = jax.ShapeDtypeStruct
 
 
@@ -81,7 +83,7 @@ def model(
     batch: int,
     hidden: int,
     ffn: int,
-    seq: int = 128,
+    seq: int = SEQ,
     heads: int = 8,
     layers: int = 1,
     train: bool = False,

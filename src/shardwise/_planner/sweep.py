@@ -8,7 +8,6 @@ per second it exchanges along one mesh axis, both directions (about 2550 on TPU 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,7 @@ from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile, load_profile
 from shardwise._planner.baselines import NAMES
-from shardwise._planner.models import model
+from shardwise._planner.models import SEQ, model
 from shardwise._planner.program import plan
 
 DATA = tuple(n for n in NAMES if n in ("data-parallel", "fsdp"))
@@ -130,8 +129,7 @@ def sweep(
     profile = load_profile(profile) if isinstance(profile, str) else profile
     if any(b < 1 for b in batches):
         raise ArgumentError(f"batch sizes must be 1 or more, got {list(batches)}.")
-    seq = inspect.signature(model).parameters["seq"].default
-    tokens = dims.get("seq", seq) if name == "transformer" else 1
+    tokens = dims.get("seq", SEQ) if name == "transformer" else 1
     rows = []
     sizes = sorted(set(batches))
     for k, batch in enumerate(sizes):
