@@ -9,6 +9,7 @@ the layout the search chose for it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -87,9 +88,10 @@ def _constrain(x: Any, mesh: Mesh, spec: Spec) -> Any:
 
 
 class _Mover:
-    """Moves of arrays between layouts while one program is traced. An array moved the same
-    way for two readers is moved once: XLA merges the first step's collectives of two such
-    chains but not the later ones, and the cost model counts one. Entries hold their input
+    """Moves of arrays between layouts while one program is traced. Each step of a move is
+    made once per array: two moves of one array that begin alike (for two readers, or a
+    forward and a backward pass) share their first steps, as the cost model counts them
+    (XLA merges only the first step of two such chains by itself). Entries hold their input
     alive, so an ``id`` is not reused while its entry exists."""
 
     def __init__(self, mesh: Mesh, graph: Graph, layouts: Layouts) -> None:
@@ -109,13 +111,22 @@ class _Mover:
         return _constrain(x, self.mesh, spec)
 
     def move(self, x: Any, src: Spec, dst: Spec) -> Any:
-        """``x`` moved from ``src`` to ``dst`` one step of :func:`reshard_moves` at a time."""
-        key = (id(x), src, dst)
+        """``x`` moved from ``src`` to ``dst`` one step of :func:`reshard_moves` at a time,
+        each step made once for ``x`` (keyed by the layouts it goes between)."""
+        if src == dst:
+            return self._once(x, (src, dst), lambda: self.constrain(x, dst))
+        out, before = x, src.canonical()
+        for move in reshard_moves(src, dst, x.ndim):
+            out = self._once(
+                x, (before, move.spec), functools.partial(self.constrain, out, move.spec)
+            )
+            before = move.spec
+        return out
+
+    def _once(self, x: Any, step: tuple[Spec, Spec], make: Callable[[], Any]) -> Any:
+        key = (id(x), *step)
         if key not in self.memo:
-            out = self.constrain(x, dst) if src == dst else x
-            for move in reshard_moves(src, dst, x.ndim) if src != dst else ():
-                out = self.constrain(out, move.spec)
-            self.memo[key] = (x, out)
+            self.memo[key] = (x, make())
         return self.memo[key][1]
 
 
