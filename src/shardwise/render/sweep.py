@@ -63,7 +63,12 @@ def sweep_view(data: Sweep) -> Table:
     )
     for column in ("batch", "tokens/device", "search", "its inputs", "best data-parallel",
                    "best tensor-parallel"):  # fmt: skip
-        table.add_column(column, justify="left" if column == "its inputs" else "right")
+        # the headers of numbers wrap at spaces; "tokens/device" has none, so keep it whole
+        table.add_column(
+            column,
+            justify="left" if column == "its inputs" else "right",
+            min_width=len(column) if "/" in column else None,
+        )
     for r in data.rows:
         table.add_row(
             str(r.batch),
