@@ -5,7 +5,10 @@ paths (the linear relaxation, local search for runners-up)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.optimize
@@ -17,7 +20,8 @@ from shardwise._model.profile import BUILTIN, Link, Profile
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import Strategy
 from shardwise._planner.calibrate import fit_matmul
-from shardwise._planner.costs import Problem
+from shardwise._planner.costs import Problem, build_problem, effective_mesh, map_cost
+from shardwise._planner.graph import build
 from shardwise._planner.moves import reshard_seconds
 from shardwise._planner.nodes import Value
 from shardwise._planner.program import _runners_up
@@ -87,6 +91,46 @@ def test_a_cpu_gather_along_a_later_dimension_costs_a_copy_back():
     later = reshard_seconds(value, Spec.parse("-,x"), Spec(()), MESH, CPU, 1)
     # the same all-gather, then a read and a write of the whole array
     assert later - first == pytest.approx(2 * 256 * 256 * 4 / CPU.memory_Bps)
+
+
+def test_a_slice_reads_and_writes_the_block_it_keeps():
+    value = Value((256, 256), "float32", "")
+    for spec in ("x", "-,x", "(x,y)"):
+        dst = Spec.parse(spec)
+        block = 256 * 256 * 4 // math.prod(MESH.shape[a] for a in dst.axes)
+        seconds = reshard_seconds(value, Spec(()), dst, MESH, CPU, 1)
+        assert seconds == pytest.approx(2 * block / CPU.memory_Bps)
+
+
+def _class_seconds(fn, *shapes):
+    """The elementwise seconds of the class of ``fn``'s first argument, replicated on MESH."""
+    S = jax.ShapeDtypeStruct
+    graph = build(fn, tuple(S(s, "float32") for s in shapes))
+    problem = build_problem(graph, effective_mesh(MESH), CPU)
+    var = problem.labels.index(("class", graph.find(graph.inputs[0])))
+    return graph, problem.unary[var][problem.choices[var].index(Spec(()))]
+
+
+def test_elementwise_ops_cost_only_the_arrays_xla_writes():
+    # XLA fuses a chain of elementwise ops: only the array the dot reads is written
+    _, one = _class_seconds(lambda x, w: jnp.sin(x) @ w, (64, 32), (32, 16))
+    _, chain = _class_seconds(lambda x, w: jnp.exp(jnp.cos(jnp.sin(x))) @ w, (64, 32), (32, 16))
+    _, two = _class_seconds(
+        lambda x, w: jnp.sin(x) @ w + jnp.cos(jnp.sin(x)) @ w, (64, 32), (32, 16)
+    )
+    assert one == pytest.approx(2 * 64 * 32 * 4 / CPU.memory_Bps)  # written, then read
+    assert chain == pytest.approx(one)
+    assert two == pytest.approx(2 * one)
+
+
+def test_an_implicit_broadcast_reads_its_operand_and_writes_nothing():
+    graph, _ = _class_seconds(lambda x: x - jnp.mean(x, axis=-1, keepdims=True), (64, 32))
+    (step,) = [s for s in graph.steps if s.implicit]
+    cost = map_cost(graph, step, Spec(()), Spec(()), effective_mesh(MESH), CPU)
+    assert cost.seconds == pytest.approx(64 * 1 * 4 / CPU.memory_Bps)
+    (mean,) = [s for s in graph.steps if s.prim == "reduce_sum"]
+    cost = map_cost(graph, mean, Spec(()), Spec(()), effective_mesh(MESH), CPU)
+    assert cost.seconds == pytest.approx((64 * 32 + 64) * 4 / CPU.memory_Bps)
 
 
 def test_alternate_turns_last_at_least_as_long_as_asked():

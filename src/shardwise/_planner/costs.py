@@ -2,7 +2,8 @@
 choice costs, and what each pair of neighbouring choices costs to connect.
 
 - a **class** of arrays (joined by elementwise ops) chooses a :class:`Spec`; its elementwise
-  ops cost their bytes over the memory bandwidth;
+  ops cost the bytes of the arrays XLA writes out over the memory bandwidth (it fuses chains
+  of them: a result that only elementwise ops read is never written);
 - a **dot** chooses a :class:`Strategy` from the einsum enumerator, costed by the einsum cost
   model (so a one-dot program plans exactly like ``plan_einsum``);
 - an **edge** joins a class to a dot that reads or makes it, or two classes a map joins; it
@@ -148,7 +149,11 @@ def _map_head(
             if axes:
                 seconds = ring_seconds("all-reduce", axes, n, mesh, profile)
                 sums.append((PredictedCollective("all-reduce", axes, n, seconds), step))
-    moved = shard_bytes(value, whole, mesh) + shard_bytes(out, mapped, mesh)
+    # it reads its operand and writes its result, but an implicit broadcast is carried out
+    # inside the elementwise op that reads it, and writes nothing of its own
+    moved = shard_bytes(value, whole, mesh)
+    if not step.implicit:
+        moved += shard_bytes(out, mapped, mesh)
     # the gather's cost already counts its repeats (and its copies); the sums are per run
     comm = gather.seconds + sum(c.seconds for c, _ in sums) * step.repeat
     parts = (*gather.collectives, *sums)
@@ -207,8 +212,10 @@ def build_problem(
     var_of: dict[int, int] = {}
     counts: dict[int, int] = {}
     maps: dict[tuple[Any, ...], np.ndarray] = {}
+    written = _written(graph)
     for v, n in graph.elementwise.items():
-        counts[graph.find(v)] = counts.get(graph.find(v), 0) + n
+        if v in written:
+            counts[graph.find(v)] = counts.get(graph.find(v), 0) + n
     for root in roots:
         considered, specs = spec_choices(graph.values[root].shape, mesh)
         problem.considered += considered
@@ -218,7 +225,7 @@ def build_problem(
         var_of[root] = len(problem.labels)
         problem.labels.append(("class", root))
         problem.choices.append(specs)
-        unit = 2.0 * counts.get(root, 0) / profile.memory_Bps  # each op reads and writes once
+        unit = 2.0 * counts.get(root, 0) / profile.memory_Bps  # each one read and written once
         problem.unary.append(
             np.array([unit * shard_bytes(graph.values[root], s, mesh) for s in specs])
         )
@@ -243,6 +250,14 @@ def build_problem(
                     ]
                 )
     return problem
+
+
+def _written(graph: Graph) -> set[int]:
+    """The arrays XLA writes out: those a step reads (not an implicit broadcast, which is
+    fused into its elementwise op) and the program's results. An elementwise result that only
+    elementwise ops read is fused into them: it costs no memory traffic of its own."""
+    read = {a for step in graph.steps if not step.implicit for a in step.inputs}
+    return read | {v for v in graph.outputs if v is not None}
 
 
 def _reshard_matrix(
