@@ -19,7 +19,7 @@ from shardwise._model.op import Op
 from shardwise._model.profile import BUILTIN, Link, Profile
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import Strategy
-from shardwise._planner.calibrate import fit_matmul
+from shardwise._planner.calibrate import MATMULS, fit_matmul
 from shardwise._planner.costs import Problem, build_problem, effective_mesh, map_cost
 from shardwise._planner.graph import build
 from shardwise._planner.moves import reshard_seconds
@@ -83,6 +83,21 @@ def test_fit_matmul_recovers_the_rates_it_was_made_from(platform):
     # a fit that is not positive falls back to each shape's own figure
     f, b = fit_matmul(shapes, [1.0, 1e-6], 4, "cpu")
     assert f > 0 and b > 0
+
+
+def test_fit_matmul_fits_every_shape_it_is_given():
+    shapes = [(512, 512, 512), *MATMULS]
+    flops = np.array([2.0 * m * k * n for m, k, n in shapes])
+    moved = np.array([4.0 * (m * k + k * n + m * n) for m, k, n in shapes])
+    exact = flops / 3e10 + moved / 4e8
+    assert fit_matmul(shapes, exact, 4, "cpu") == (pytest.approx(3e10), pytest.approx(4e8))
+    # one shape measured 30% slow moves the fit less than a fit to two ends would move
+    slow = exact * np.where(np.arange(len(shapes)) == 1, 1.3, 1.0)
+    f, b = fit_matmul(shapes, slow, 4, "cpu")
+    two = fit_matmul(shapes[:2], slow[:2], 4, "cpu")
+    assert abs(np.log(b / 4e8)) < abs(np.log(two[1] / 4e8))
+    predicted = flops / f + moved / b
+    assert np.all(np.abs(predicted / slow - 1) < 0.3)
 
 
 def test_a_cpu_gather_along_a_later_dimension_costs_a_copy_back():
