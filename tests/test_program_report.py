@@ -3,6 +3,7 @@ each collective's reason, the memory over the program against XLA's, and the CLI
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -133,3 +134,25 @@ def test_plans_and_reports_print_as_tables(mlp_train):
     text = str(mlp_train)
     assert "data-parallel" in text and "op by op" in text and "held at the peak" in text
     assert "op by op" in str(mlp_train.report("fsdp")) and "fsdp" in str(mlp_train.report("fsdp"))
+
+
+def _timed(plan, seconds):
+    """``plan`` as if verified, each plan measured at ``seconds[name]``."""
+    from shardwise._planner.evaluate import ProgramVerified
+
+    plans = tuple(
+        dataclasses.replace(p, verified=ProgramVerified(True, seconds[p.name], None, (), True))
+        for p in plan.plans
+    )
+    return dataclasses.replace(plan, plans=plans, spearman=0.5)
+
+
+def test_a_plan_that_ran_clearly_faster_than_the_chosen_one_is_pointed_out(mlp_train):
+    names = [p.name for p in mlp_train.plans]
+    even = {n: 1.0 for n in names}
+    assert "measured fastest" not in str(_timed(mlp_train, even))
+    # 3% faster: within what two runs of one plan differ by, not pointed out
+    assert "measured fastest" not in str(_timed(mlp_train, {**even, "data-parallel": 0.97}))
+    text = str(_timed(mlp_train, {**even, "data-parallel": 0.8})).replace("\n", " ")
+    assert "measured fastest here: data-parallel ran 1.25× as fast as the chosen plan" in text
+    assert "ProgramPlan.sharded('data-parallel')" in text

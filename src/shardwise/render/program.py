@@ -69,7 +69,30 @@ def plans_view(report: Any) -> Any:
             "rank correlation (Spearman) of predicted and measured time: "
             + (f"{rho:.2f}" if rho is not None else "n/a")
         )
+        parts += faster_than_chosen(report)
     return Group(*parts)
+
+
+FASTER = 0.95
+"""A measured plan is pointed out when it ran in less than this share of the chosen plan's
+time (closer than that, two runs of the same plan may trade places)."""
+
+
+def faster_than_chosen(report: Any) -> list[str]:
+    """A line naming the plan that ran fastest on the devices at hand, where it beat the
+    chosen plan clearly: the prediction missed something there, and the user can run it."""
+    timed = [p for p in report.plans if p.verified is not None]
+    chosen = report.chosen.verified
+    if not timed or chosen is None:
+        return []
+    fastest = min(timed, key=lambda p: p.verified.seconds)
+    if fastest.verified.seconds >= FASTER * chosen.seconds:
+        return []
+    return [
+        f"[yellow]measured fastest here:[/] {escape(fastest.name)} ran "
+        f"{chosen.seconds / fastest.verified.seconds:.2f}× as fast as the chosen plan on these "
+        f"devices; run it with ProgramPlan.sharded({fastest.name!r})"
+    ]
 
 
 def match_text(collectives: bool, sources: bool) -> str:
