@@ -156,3 +156,10 @@ def test_a_plan_that_ran_clearly_faster_than_the_chosen_one_is_pointed_out(mlp_t
     text = str(_timed(mlp_train, {**even, "data-parallel": 0.8})).replace("\n", " ")
     assert "measured fastest here: data-parallel ran 1.25× as fast as the chosen plan" in text
     assert "ProgramPlan.sharded('data-parallel')" in text
+
+
+def test_the_planned_program_is_named_after_the_users_function(mlp_train):
+    x = [jax.numpy.zeros(mlp_train.graph.values[v].shape) for v in mlp_train.graph.inputs]
+    args = jax.tree.unflatten(mlp_train.graph.tree, x)
+    text = mlp_train.sharded().lower(*args).compile().as_text()
+    assert f"jit({mlp_train.program})" in text and "jit(program)" not in text

@@ -31,6 +31,8 @@ def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Calla
     """The program, jitted to follow ``chosen`` on ``mesh``."""
     m = _mesh(plan, mesh)
     program = constrained(plan.graph, m, chosen.layouts)
+    # named after the user's function, so the compiled HLO reads jit(mlp), not jit(program)
+    program.__name__ = program.__qualname__ = plan.program
     leaves = [NamedSharding(m, s.to_partition_spec()) for s in chosen.in_specs]
     in_shardings = tuple(jax.tree.unflatten(plan.graph.tree, leaves))
     return jax.jit(program, in_shardings=in_shardings)
