@@ -117,12 +117,18 @@ def test_a_slice_reads_and_writes_the_block_it_keeps():
         assert seconds == pytest.approx(2 * block / CPU.memory_Bps)
 
 
-def _class_seconds(fn, *shapes):
-    """The elementwise seconds of the class of ``fn``'s first argument, replicated on MESH."""
+def _class_seconds(fn, *shapes, of=None):
+    """The elementwise seconds of the class of ``fn``'s first argument (or of the first array
+    whose name starts with ``of``), replicated on MESH."""
     S = jax.ShapeDtypeStruct
     graph = build(fn, tuple(S(s, "float32") for s in shapes))
     problem = build_problem(graph, effective_mesh(MESH), CPU)
-    var = problem.labels.index(("class", graph.find(graph.inputs[0])))
+    v = (
+        graph.inputs[0]
+        if of is None
+        else next(k for k, value in enumerate(graph.values) if value.name.startswith(of))
+    )
+    var = problem.labels.index(("class", graph.find(v)))
     return graph, problem.unary[var][problem.choices[var].index(Spec(()))]
 
 
@@ -146,6 +152,63 @@ def test_an_implicit_broadcast_reads_its_operand_and_writes_nothing():
     (mean,) = [s for s in graph.steps if s.prim == "reduce_sum"]
     cost = map_cost(graph, mean, Spec(()), Spec(()), effective_mesh(MESH), CPU)
     assert cost.seconds == pytest.approx((64 * 32 + 64) * 4 / CPU.memory_Bps)
+
+
+def test_a_reduction_reads_its_operand_fused_so_the_operand_is_not_written():
+    # (tanh(x @ w) * 2).sum(-1) compiles to one multiply-reduce fusion on CPU
+    shapes = (64, 32), (32, 16)
+    _, fused = _class_seconds(lambda x, w: (jnp.tanh(x @ w) * 2).sum(-1), *shapes, of="mul")
+    _, dot = _class_seconds(lambda x, w: (jnp.tanh(x @ w) * 2) @ w.T, *shapes, of="mul")
+    assert fused == 0.0
+    assert dot == pytest.approx(2 * 64 * 16 * 4 / CPU.memory_Bps)
+
+
+def test_a_scan_writes_what_it_carries_round_even_where_only_elementwise_ops_read_it():
+    def carried(x, ws):
+        return jax.lax.scan(lambda h, w: (jnp.tanh(h @ w) + h, None), x, ws)[0]
+
+    graph, seconds = _class_seconds(carried, (64, 32), (3, 32, 32))
+    # the carry's new value is written on each of the 3 iterations (the add; tanh fuses)
+    assert seconds == pytest.approx(3 * 2 * 64 * 32 * 4 / CPU.memory_Bps)
+    assert graph.looped
+
+
+def test_maps_alike_but_one_implicit_are_costed_apart():
+    """An implicit broadcast and an explicit one of the same shapes: the cost matrix of one
+    must not stand for the other's."""
+
+    def both(x, m, y, n):
+        return (x - m) @ y.T, jnp.broadcast_to(n, (64, 32)) @ y.T
+
+    S = jax.ShapeDtypeStruct
+    args = tuple(S(s, "float32") for s in ((64, 32), (64, 1), (16, 32), (64, 1)))
+    graph = build(both, args)
+    mesh = effective_mesh(MESH)
+    maps = [s for s in graph.steps if s.kind == "map" and graph.values[s.output].shape == (64, 32)]
+    assert sorted(s.implicit for s in maps) == [False, True]
+    problem = build_problem(graph, mesh, CPU)
+    for step in maps:
+        u, v = (
+            problem.labels.index(("class", graph.find(a))) for a in (step.inputs[0], step.output)
+        )
+        matrix = problem.edges[(u, v)]
+        i, j = problem.choices[u].index(Spec(())), problem.choices[v].index(Spec(()))
+        assert matrix[i, j] == pytest.approx(
+            map_cost(graph, step, Spec(()), Spec(()), mesh, CPU).seconds
+        )
+
+
+def test_fit_matmul_keeps_only_terms_the_times_measure():
+    shapes = [(512, 512, 512), *MATMULS]
+    flops = np.array([2.0 * m * k * n for m, k, n in shapes])
+    moved = np.array([4.0 * (m * k + k * n + m * n) for m, k, n in shapes])
+    plain = fit_matmul(shapes, flops / 3e10, 4, "gpu")
+    # times that FLOPs alone explain: nothing measures packing, so each shape's own figure
+    assert fit_matmul(shapes, flops / 3e10, 4, "cpu") == plain
+    # a time that is zero or not a number is left out of the fit
+    times = flops / 3e10 + moved / 4e8
+    times[3], times[4] = 0.0, float("nan")
+    assert fit_matmul(shapes, times, 4, "cpu") == (pytest.approx(3e10), pytest.approx(4e8))
 
 
 def test_alternate_turns_last_at_least_as_long_as_asked():

@@ -23,7 +23,7 @@ from shardwise._model.profile import Link, Profile, local_name
 from shardwise._runtime.timing import median_seconds
 from shardwise._xla.resources import device_capacity
 
-MATMULS = (
+MATMULS: tuple[tuple[int, int, int], ...] = (
     (32, 1024, 4096),
     (128, 256, 1024),
     (128, 1024, 256),
@@ -65,6 +65,10 @@ def matmul_seconds(mesh: Mesh, m: int, k: int, n: int, dtype: str, repeat: int) 
     return median_seconds(lambda: mm(x, w), repeat)
 
 
+MIN_SHARE = 0.01
+"""The least share of some matmul's time each term of the fit must explain to be kept."""
+
+
 def fit_matmul(
     shapes: Sequence[tuple[int, int, int]], seconds: Sequence[float], width: int, platform: str
 ) -> tuple[float, float]:
@@ -72,10 +76,11 @@ def fit_matmul(
     matmuls of ``shapes`` (a square one first, a thin one second, any others after): on CPUs
     ``t = FLOPs / F + bytes / B`` (packing, then multiplying), fitted to all of them by
     non-negative least squares on the relative error; elsewhere each bounds its own shape
-    (F from the square one, B from the thin one). Where the fit is not positive, the elsewhere
-    rule (on CPUs each of those figures then also pays for the other's time: an
-    overestimate). Two shapes fix the line; the operands of a model's matmuls are mostly
-    between the two, where a fit to the two ends alone predicted 1.2-1.9× the time.
+    (F from the square one, B from the thin one). Where the fit is not positive, where a term
+    explains under :data:`MIN_SHARE` of every shape's time, or where fewer than two times are
+    positive, the elsewhere rule (on CPUs each of those figures then also pays for the other's
+    time: an overestimate). Two shapes fix the line; the operands of a model's matmuls are
+    mostly between the two, where a fit to the two ends alone predicted 1.2-1.9× the time.
 
     >>> f, b = fit_matmul([(512, 512, 512), (32, 1024, 4096)], [0.01, 0.04], 4, "cpu")
     >>> round(f / 1e9, 1), round(b / 1e9, 3)
@@ -87,9 +92,16 @@ def fit_matmul(
     if platform != "cpu":
         return plain
     t = np.asarray(seconds, dtype=float)
-    inverse, _ = nnls(np.stack([flops / t, moved / t], axis=1), np.ones(len(t)))
+    ok = np.isfinite(t) & (t > 0)
+    if ok.sum() < 2:
+        return plain
+    shares = np.stack([flops[ok] / t[ok], moved[ok] / t[ok]], axis=1)
+    inverse, _ = nnls(shares, np.ones(int(ok.sum())))
+    # a term that explains almost none of any matmul's time is not measured, only fitted
+    if np.any((shares * inverse).max(axis=0) < MIN_SHARE):
+        return plain
     inv_f, inv_b = inverse
-    return (float(1 / inv_f), float(1 / inv_b)) if inv_f > 0 and inv_b > 0 else plain
+    return float(1 / inv_f), float(1 / inv_b)
 
 
 def collective_link(mesh: Mesh, axis: str, kind: str, small: int, large: int, repeat: int) -> Link:
@@ -145,7 +157,9 @@ def calibrate(
 
     step("memory bandwidth")
     bandwidth = memory_bandwidth(mesh, per_device_bytes, repeat)
-    shapes = [(matmul_size,) * 3, *MATMULS]
+    # elsewhere the fit reads only the square and the thin one
+    extra = MATMULS if platform == "cpu" else MATMULS[:1]
+    shapes = [(matmul_size, matmul_size, matmul_size), *extra]
     flops: dict[str, float] = {}
     packing: dict[str, float] = {}
     for dtype in ("float32", "bfloat16"):

@@ -3,7 +3,7 @@ choice costs, and what each pair of neighbouring choices costs to connect.
 
 - a **class** of arrays (joined by elementwise ops) chooses a :class:`Spec`; its elementwise
   ops cost the bytes of the arrays XLA writes out over the memory bandwidth (it fuses chains
-  of them: a result that only elementwise ops read is never written);
+  of them, and into reductions: a result that only those read is never written);
 - a **dot** chooses a :class:`Strategy` from the einsum enumerator, costed by the einsum cost
   model (so a one-dot program plans exactly like ``plan_einsum``);
 - an **edge** joins a class to a dot that reads or makes it, or two classes a map joins; it
@@ -174,7 +174,8 @@ def _map_matrix(
     all maps alike (``seen``: 126 maps of a 2-layer transformer's training step are 44)."""
     value, out = graph.values[step.inputs[0]], graph.values[step.output]
     shapes = (value.shape, value.dtype, out.shape, out.dtype)
-    key = (shapes, step.dim_map, step.local, step.reduced, step.repeat, tuple(sa), tuple(sb))
+    key = (shapes, step.dim_map, step.local, step.reduced, step.repeat, step.implicit,
+           tuple(sa), tuple(sb))  # fmt: skip
     if key in seen:
         return seen[key]
     after: dict[Spec, np.ndarray] = {}
@@ -253,11 +254,13 @@ def build_problem(
 
 
 def _written(graph: Graph) -> set[int]:
-    """The arrays XLA writes out: those a step reads (not an implicit broadcast, which is
-    fused into its elementwise op) and the program's results. An elementwise result that only
-    elementwise ops read is fused into them: it costs no memory traffic of its own."""
-    read = {a for step in graph.steps if not step.implicit for a in step.inputs}
-    return read | {v for v in graph.outputs if v is not None}
+    """The arrays XLA writes out: those a step reads, those a scan's loop takes in or
+    carries, and the program's results. An elementwise result that only elementwise ops, an
+    implicit broadcast or a reduction read is fused into them (``(tanh(x @ w) * 2).sum(-1)``
+    compiles to one multiply-reduce fusion on CPU): it costs no memory traffic of its own."""
+    kept = [s for s in graph.steps if not s.implicit and not (s.kind == "map" and s.reduced)]
+    read = {a for s in kept for a in s.inputs}
+    return read | graph.looped | {v for v in graph.outputs if v is not None}
 
 
 def _reshard_matrix(

@@ -62,6 +62,8 @@ class Graph:
         keys: each jaxpr variable's array.
         born, last: the program position where each array is made and last read.
         fed: arrays that a step reads (so they are materialised, not fused away).
+        looped: arrays a scan's loop takes in or carries round (XLA writes them each time,
+            even where only elementwise ops read them).
         closed: the traced jaxpr.
         tree: the arguments' pytree structure; ``out_tree`` the result's.
         elementwise_ops: elementwise ops in the program.
@@ -82,6 +84,7 @@ class Graph:
     born: list[int] = field(default_factory=list)
     last: list[int] = field(default_factory=list)
     fed: set[int] = field(default_factory=set)
+    looped: set[int] = field(default_factory=set)
     clock: int = 0
     context: str = ""
     backward: bool = False
@@ -327,6 +330,8 @@ def _scan(
     source = _where(graph, eqn)
     ins = body.invars
     _alias(graph, path, here, eqn.invars[: n_consts + n_carry], ins[: n_consts + n_carry])
+    taken = [_array(graph, path, v) for v in eqn.invars[: n_consts + n_carry]]
+    graph.looped |= {a for a in taken if a is not None}
     for outer, inner in zip(
         eqn.invars[n_consts + n_carry :], ins[n_consts + n_carry :], strict=True
     ):
@@ -362,6 +367,7 @@ def _scan(
         if got is None:
             continue
         if k < n_carry:
+            graph.looped.add(got)
             graph.join(got, y)
             init = _array(graph, path, eqn.invars[n_consts + k])
             carried = _array(graph, here, ins[n_consts + k])
