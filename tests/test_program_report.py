@@ -155,7 +155,7 @@ def test_a_plan_that_ran_clearly_faster_than_the_chosen_one_is_pointed_out(mlp_t
     assert "measured fastest" not in str(_timed(mlp_train, {**even, "data-parallel": 0.97}))
     text = str(_timed(mlp_train, {**even, "data-parallel": 0.8})).replace("\n", " ")
     assert "measured fastest here: data-parallel ran 1.25× as fast as the chosen plan" in text
-    assert "ProgramPlan.sharded('data-parallel')" in text
+    assert "plan.sharded('data-parallel') runs it" in text
 
 
 def test_the_planned_program_is_named_after_the_users_function(mlp_train):

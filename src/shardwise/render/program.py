@@ -86,12 +86,12 @@ def faster_than_chosen(report: Any) -> list[str]:
     if not timed or chosen is None:
         return []
     fastest = min(timed, key=lambda p: p.verified.seconds)
-    if fastest.verified.seconds >= FASTER * chosen.seconds:
+    if fastest.verified.seconds <= 0 or fastest.verified.seconds >= FASTER * chosen.seconds:
         return []
     return [
         f"[yellow]measured fastest here:[/] {escape(fastest.name)} ran "
         f"{chosen.seconds / fastest.verified.seconds:.2f}× as fast as the chosen plan on these "
-        f"devices; run it with ProgramPlan.sharded({fastest.name!r})"
+        f"devices; in Python, plan.sharded({fastest.name!r}) runs it"
     ]
 
 
