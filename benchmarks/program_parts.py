@@ -6,9 +6,9 @@ it costs anything: **dots** (multiplying and packing), **elementwise** (the arra
 between fused elementwise ops), **maps and slices** (reductions, broadcasts, local slices and
 the CPU's copies back), and **collectives**. Then ``rounds`` rounds of ``verify(repeat=…)``
 measure every plan (median). Where two plans predicted alike measure apart, or one plan's
-rank is off, its parts say which part of the model to look at: on 8 simulated CPU devices, a
-transformer training step's data-parallel plans measured 97 and 122 ms with the same parts
-to within a millisecond (a GELU gradient fused with a transpose, which no part counts).
+rank is off, its parts say which part of the model to look at, or that none counts what
+differs (the plan guide's shortfalls give such a case: a GELU gradient fused with a
+transpose).
 
     .venv/bin/python benchmarks/program_parts.py --model transformer --train
         [--profile calibrate|NAME|FILE] [--rounds 1] [--repeat 15] [--out FILE.json]
