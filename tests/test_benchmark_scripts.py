@@ -1,0 +1,38 @@
+"""The benchmark scripts' own logic, on the smallest program (their runs are not tests)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+import shardwise
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def corpus_module(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import program_corpus
+
+    return program_corpus
+
+
+def test_corpus_repredicts_each_plan_as_its_own_profile_did(corpus_module) -> None:  # type: ignore[no-untyped-def]
+    """Every plan is predicted under the reference profile: for the reference's own plans that
+    is their own prediction, plans are distinct, and random profiles add plans of their own."""
+    fn, args = shardwise.model("mlp", batch=64, hidden=128, ffn=256)
+    reference, items = corpus_module.corpus(fn, args, False, "cpu-2core", 2, 1)
+    own = [(label, item, p) for label, plan, item, p in items if plan is reference]
+    assert [label for label, *_ in own] == [
+        p.name for p in reference.plans if any(p is item for _, item, _ in own)
+    ]
+    for _, item, predicted in own:
+        assert math.isclose(predicted, item.predicted.seconds, rel_tol=1e-9)
+    labels = [label for label, *_ in items]
+    assert len(labels) == len(set(labels))
+    assert len(items) > len(own)
+    seconds = corpus_module.measure(items[:2], repeat=1)
+    assert set(seconds) == set(labels[:2]) and all(s > 0 for s in seconds.values())
