@@ -27,8 +27,6 @@ import statistics
 import tempfile
 from typing import Any
 
-import jax
-from jax.sharding import NamedSharding
 from program_parts import choice
 from program_random_profiles import _profile as random_profile
 from program_verify import MESH, PROGRAMS, _figures, _profile
@@ -71,14 +69,9 @@ def measure(
 ) -> dict[str, float]:
     """Median seconds of every plan, all compiled first, then taking turns."""
     runners = {}
+    leaves = verify._arrays(items[0][1])  # every plan is of one program: the same inputs
     for label, plan, item, _ in items:
-        mesh = verify._mesh(plan, None)
-        placed = [
-            jax.device_put(x, NamedSharding(mesh, s.to_partition_spec()))
-            for x, s in zip(verify._arrays(plan), item.in_specs, strict=True)
-        ]
-        args = jax.tree.unflatten(plan.graph.tree, placed)
-        compiled = verify.sharded(plan, item, mesh).lower(*args).compile()
+        compiled, args = verify.compile_plan(plan, item, verify._mesh(plan, None), leaves)
         runners[label] = functools.partial(compiled, *args)
     return alternate(runners, repeat, at_least=verify.TURN_SECONDS)
 

@@ -164,6 +164,19 @@ def _arrays(plan: ProgramPlan) -> list[np.ndarray]:
     return out
 
 
+def compile_plan(
+    plan: ProgramPlan, item: PlannedLayout, mesh: Any, leaves: Sequence[np.ndarray]
+) -> tuple[Any, Any]:
+    """``item`` compiled on ``mesh``, and ``leaves`` (the program's inputs, flat) placed as its
+    inputs' specs say and arranged as the program's arguments."""
+    placed = [
+        jax.device_put(x, NamedSharding(mesh, s.to_partition_spec()))
+        for x, s in zip(leaves, item.in_specs, strict=True)
+    ]
+    args = jax.tree.unflatten(plan.graph.tree, placed)
+    return sharded(plan, item, mesh).lower(*args).compile(), args  # type: ignore[attr-defined]
+
+
 TURN_SECONDS = 0.2
 """Each plan's turn at the devices lasts this long at least (several calls of a small
 program, their mean counted): single calls of tens of milliseconds ranked ten plans of an MLP
@@ -183,12 +196,7 @@ def verify(
     for k, item in enumerate(plan.plans):
         if on_step is not None:
             on_step(k, len(plan.plans))
-        placed = [
-            jax.device_put(x, NamedSharding(m, s.to_partition_spec()))
-            for x, s in zip(leaves, item.in_specs, strict=True)
-        ]
-        args = jax.tree.unflatten(plan.graph.tree, placed)
-        compiled = sharded(plan, item, m).lower(*args).compile()  # type: ignore[attr-defined]
+        compiled, args = compile_plan(plan, item, m, leaves)
         found = collectives(compiled.as_text() or "", plan.mesh.shape)
         got = tuple((c.kind, c.mesh_axes, c.bytes, c.op_name, c.source) for c in found)
         want = [(c.kind, c.mesh_axes, c.bytes, c.op, c.source) for c in item.predicted.collectives]
