@@ -24,8 +24,8 @@ from shardwise._planner.costs import Problem, build_problem, effective_mesh, map
 from shardwise._planner.graph import build
 from shardwise._planner.moves import reshard_seconds
 from shardwise._planner.nodes import Value
-from shardwise._planner.program import _runners_up
 from shardwise._planner.search import _milp, brute_force, descend, solve, total
+from shardwise._planner.top import runners_up
 from shardwise._runtime.timing import alternate
 
 CPU = BUILTIN["cpu-2core"]
@@ -303,7 +303,7 @@ def test_runners_up_where_an_integer_program_was_needed_come_from_local_search()
     best = solve(problem)
     assert best is not None and "integer program" in best.method
     inputs = [0, 2, 4]
-    found = _runners_up(problem, inputs, best, 5, 10.0)
+    found = runners_up(problem, inputs, best, 5, 10.0)
     keys = {tuple(s.choice[v] for v in inputs) for s in found}
     assert len(found) == 5 and len(keys) == 5
     assert tuple(best.choice[v] for v in inputs) not in keys

@@ -8,7 +8,6 @@ and puts the named baselines (:mod:`~shardwise._planner.baselines`) beside it. T
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,8 +30,9 @@ from shardwise._planner.evaluate import (
 )
 from shardwise._planner.graph import Graph, build
 from shardwise._planner.report import ProgramReport, report
-from shardwise._planner.search import TIME_LIMIT_S, Solution, descend, neighbours, solve
-from shardwise._planner.verify import sharded, verify
+from shardwise._planner.search import TIME_LIMIT_S, Solution, solve
+from shardwise._planner.top import best_plans, input_vars
+from shardwise._planner.verify import sharded, tune, verify
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,9 @@ class ProgramPlan:
         plans: the search's plans and the baselines, cheapest first.
         skipped: baselines that do not apply, and why.
         spearman: rank correlation of predicted and measured times (after ``verify``).
+        chosen_name: the plan :attr:`chosen` names: the search's (``"search"``), or after
+            ``tune`` the one that ran fastest on the devices at hand.
+        tuned: whether ``tune`` chose by measuring.
     """
 
     program: str
@@ -78,11 +81,13 @@ class ProgramPlan:
     plans: tuple[PlannedLayout, ...]
     skipped: tuple[tuple[str, str], ...] = ()
     spearman: float | None = None
+    chosen_name: str = "search"
+    tuned: bool = False
 
     @property
     def chosen(self) -> PlannedLayout:
-        """The search's plan."""
-        return next(p for p in self.plans if p.name == "search")
+        """The plan to run: the search's, or after :meth:`tune` the fastest measured."""
+        return self.get(self.chosen_name)
 
     @property
     def in_specs(self) -> Any:
@@ -102,29 +107,38 @@ class ProgramPlan:
             f"no plan named {name!r}; the plans are {', '.join(p.name for p in self.plans)}."
         )
 
-    def sharded(self, name: str = "search", mesh: Any = None) -> Callable[..., Any]:
-        """The program compiled to follow plan ``name`` on ``mesh`` (by default the planned
-        mesh, built on the devices at hand): inputs placed by the plan's specs, and every
-        intermediate constrained to its layout so XLA's partitioner follows the plan."""
-        return sharded(self, self.get(name), mesh)
+    def sharded(self, name: str | None = None, mesh: Any = None) -> Callable[..., Any]:
+        """The program compiled to follow plan ``name`` (by default the chosen one) on
+        ``mesh`` (by default the planned mesh, built on the devices at hand): inputs placed by
+        the plan's specs, and every intermediate constrained to its layout so XLA's
+        partitioner follows the plan."""
+        return sharded(self, self.get(name or self.chosen_name), mesh)
 
     def verify(self, repeat: int = 5, mesh: Any = None, on_step: Any = None) -> ProgramPlan:
         """Compile every plan here, compare its collectives and memory with the prediction,
         time it (median of ``repeat`` runs), and rank-correlate predicted and measured times."""
         return verify(self, repeat, mesh, on_step)
 
-    def report(self, name: str = "search") -> ProgramReport:
-        """Plan ``name`` op by op: layouts in and out, each collective and why, time shares,
-        and the memory held per device over the program."""
-        return report(self, name)
+    def tune(self, repeat: int = 5, mesh: Any = None, on_step: Any = None) -> ProgramPlan:
+        """:meth:`verify`, then choose the plan that ran fastest: where the cost model
+        cannot tell plans apart (on this machine it ranks a transformer's training-step plans
+        with a Spearman of 0.6–0.9), the devices at hand decide. :attr:`chosen`,
+        :meth:`sharded` and the JSON's ``"chosen"`` then name that plan."""
+        return tune(self, repeat, mesh, on_step)
 
-    def to_html(self, name: str = "search") -> str:
+    def report(self, name: str | None = None) -> ProgramReport:
+        """Plan ``name`` (by default the chosen one) op by op: layouts in and out, each
+        collective and why, time shares, and the memory held per device over the program."""
+        return report(self, name or self.chosen_name)
+
+    def to_html(self, name: str | None = None) -> str:
         """One self-contained HTML file (no network needed to view it): the plans compared,
-        plan ``name`` op by op with every array drawn on the mesh and each collective's
-        cause, and the memory held per device over the program."""
+        plan ``name`` (by default the chosen one) op by op with every array drawn on the mesh
+        and each collective's cause, and the memory held per device over the program."""
         from shardwise.render.report import program_html
 
-        return program_html({"plan": self.to_json(), "report": self.report(name).to_json()})
+        shown = self.report(name).to_json()
+        return program_html({"plan": self.to_json(), "report": shown})
 
     def _repr_html_(self) -> str:
         return self.to_html()
@@ -153,7 +167,8 @@ class ProgramPlan:
             "solve_seconds": round(self.solve_seconds, 4),
             "optimal": self.optimal,
             "method": self.method,
-            "chosen": "search",
+            "chosen": self.chosen_name,
+            "tuned": self.tuned,
             "plans": [self._plan_json(p) for p in self.plans],
             "skipped": [{"name": n, "why": w} for n, w in self.skipped],
         }
@@ -254,7 +269,7 @@ def plan(
     plans, skipped = [], []
     full = build_problem(graph, eff, prof)
     searchable = _pinned(graph, full, fixed_specs)
-    searched = _search(graph, searchable, eff, budget, top, time_limit)
+    searched = best_plans(graph, searchable, eff, budget, top, time_limit)
     for k, sol in enumerate(searched):
         name_k = "search" if k == 0 else f"search {k + 1}"
         plans.append(_planned(name_k, graph, searchable, sol, eff, prof))
@@ -292,7 +307,7 @@ def _pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem
     keep: dict[int, list[int]] = {}
     for k, spec in pins.items():
         root = graph.find(graph.inputs[k])
-        var = _input_vars(graph, problem)[k]
+        var = input_vars(graph, problem)[k]
         if var in keep:
             continue
         choices = problem.choices[var]
@@ -303,85 +318,6 @@ def _pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem
             )
         keep[var] = [choices.index(spec)]
     return problem.restrict(keep)
-
-
-def _search(
-    graph: Graph,
-    problem: Problem,
-    mesh: MeshSpec,
-    budget: int | None,
-    top: int,
-    time_limit: float,
-) -> list[Solution]:
-    constraints = memory_constraints(graph, problem, budget, mesh) if budget else []
-    first = solve(problem, constraints, time_limit=time_limit)
-    if first is None:
-        raise ArgumentError(
-            f"no plan fits in {budget:,} bytes per device on mesh {mesh.describe()}; give a "
-            "larger budget (--device-memory from the command line) or a larger mesh."
-        )
-    found = [first]
-    inputs = sorted(set(_input_vars(graph, problem)))
-    if constraints:
-        # a local move may break a budget: find each next plan by excluding the ones found,
-        # one integer program each
-        exclude = [{v: first.choice[v] for v in inputs}]
-        while len(found) < top:
-            more = solve(problem, constraints, exclude, time_limit)
-            if more is None:
-                break
-            found.append(more)
-            exclude.append({v: more.choice[v] for v in inputs})
-        return found
-    return found + _runners_up(problem, inputs, first, top - 1, time_limit)
-
-
-def _input_vars(graph: Graph, problem: Problem) -> list[int]:
-    """The variable of each input's class, in input order."""
-    var_of = {label: k for k, label in enumerate(problem.labels)}
-    return [var_of[("class", graph.find(v))] for v in graph.inputs]
-
-
-def _runners_up(
-    problem: Problem, inputs: list[int], best: Solution, count: int, time_limit: float
-) -> list[Solution]:
-    """For each input, the best plan that lays it out another way, cheapest first: what the
-    best plan's choice for that input is worth (then each input's second best, and so on).
-
-    Where dynamic programming solved the problem, each is solved exactly, and the first of
-    them is the second-best plan overall (it must lay out some input differently). Where an
-    integer program did (cycles), each is found by local search from the best plan
-    (:func:`~shardwise._planner.search.descend`): one integer program per input layout took
-    seconds (a 2-layer transformer's training step has 113)."""
-    if count < 1:
-        return []
-    exact = best.method == "dynamic programming"
-    near = neighbours(problem)
-    seen = {tuple(best.choice[v] for v in inputs)}
-    out: list[tuple[int, float, Solution]] = []
-    for v in inputs:
-        alternatives = []
-        for c in range(len(problem.choices[v])):
-            if c == best.choice[v]:
-                continue
-            if exact:
-                sol = solve(problem.restrict({v: [c]}), time_limit=time_limit)
-            else:
-                start = list(best.choice)
-                start[v] = c
-                sol = descend(problem, start, v, near, settled=best.optimal)
-            if sol is None:
-                continue
-            choice = list(sol.choice)
-            choice[v] = c
-            key = tuple(choice[u] for u in inputs)
-            if key not in seen:
-                seen.add(key)
-                alternatives.append(dataclasses.replace(sol, choice=tuple(choice)))
-        alternatives.sort(key=lambda sol: sol.seconds)
-        out += [(rank, sol.seconds, sol) for rank, sol in enumerate(alternatives)]
-    # each input's best alternative first, then each one's second best, ...
-    return [sol for _, _, sol in sorted(out, key=lambda r: r[:2])[:count]]
 
 
 def _planned(

@@ -184,7 +184,7 @@ def _view(plan: ProgramPlan, chosen: PlannedLayout, step: Step, position: int, u
     return ArrayView(value.name, value.shape, value.dtype, chosen.layouts.specs[v], used, names)
 
 
-def report(plan: ProgramPlan, name: str = "search") -> ProgramReport:
+def report(plan: ProgramPlan, name: str) -> ProgramReport:
     """Plan ``name`` of ``plan`` op by op: a row per dot, per opaque op, and per other op that
     causes a collective."""
     chosen = plan.get(name)

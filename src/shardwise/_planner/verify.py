@@ -218,3 +218,11 @@ def verify(
         [p.predicted.seconds for p in done], [p.verified.seconds for p in done if p.verified]
     )
     return dataclasses.replace(plan, plans=tuple(done), spearman=rho)
+
+
+def tune(plan: ProgramPlan, repeat: int = 5, mesh: Any = None, on_step: Any = None) -> ProgramPlan:
+    """:func:`verify` every plan of ``plan``, then choose the one that ran fastest."""
+    done = verify(plan, repeat, mesh, on_step)
+    timed = [p for p in done.plans if p.verified is not None]
+    fastest = min(timed, key=lambda p: p.verified.seconds if p.verified else 0.0)
+    return dataclasses.replace(done, chosen_name=fastest.name, tuned=True)

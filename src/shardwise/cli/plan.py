@@ -52,7 +52,7 @@ def _program(given: dict[str, Any]) -> None:
         fixed[key] = value
     memory = given["device_memory"]
     limit = None if memory is None else parse_bytes(memory, "--device-memory")
-    if given["verify"] or given["mesh"] == "auto" or given["profile"] is None:
+    if given["verify"] or given["tune"] or given["mesh"] == "auto" or given["profile"] is None:
         setup_devices(given["devices"])
     console = Console(stderr=given["json"])
     with console.status("planning") as status:
@@ -66,8 +66,9 @@ def _program(given: dict[str, Any]) -> None:
             train=given["train"],
             top=given["top"],
         )
-        if given["verify"]:
-            report = report.verify(
+        if given["verify"] or given["tune"]:
+            measure = report.tune if given["tune"] else report.verify
+            report = measure(
                 repeat=given["repeat"],
                 on_step=lambda k, n: status.update(f"compiling and timing plan {k + 1}/{n}"),
             )
@@ -106,7 +107,7 @@ def _sweep(given: dict[str, Any]) -> None:
             "a sweep plans for a mesh and a profile you name: give --mesh (e.g. "
             "data=16,model=16) and --profile (e.g. tpu-v5p)."
         )
-    flags = {"--verify": "verify", "--html": "html", "--fixed": "fixed",
+    flags = {"--verify": "verify", "--tune": "tune", "--html": "html", "--fixed": "fixed",
              "--device-memory": "device_memory"}  # fmt: skip
     unused = [flag for flag, key in flags.items() if given[key]]
     if unused:
@@ -201,13 +202,20 @@ def plan(
     verify: Annotated[
         bool, typer.Option("--verify", help="Compile and run the top strategies here; compare.")
     ] = False,
+    tune: Annotated[
+        bool,
+        typer.Option(
+            "--tune",
+            help="For a program: verify every plan here, then choose the one that ran fastest.",
+        ),
+    ] = False,
     repeat: Annotated[
         int,
         typer.Option(
             "--repeat",
             min=1,
-            help="With --verify: timed runs of each strategy (or plan), after a warm-up run; "
-            "the median is shown.",
+            help="With --verify or --tune: timed runs of each strategy (or plan), after a "
+            "warm-up run; the median is shown.",
         ),
     ] = REPEAT,
     json: Json = False,
@@ -246,6 +254,11 @@ def plan(
     if model is not None or function is not None:
         _program(locals())
         return
+    if tune:
+        raise ArgumentError(
+            "--tune chooses among a program's plans: give --model or --function. For an "
+            "einsum, --verify times the top strategies."
+        )
     if equation is None or shapes is None:
         raise ArgumentError(
             "give an einsum and its shapes (shardwise plan 'nd,nd->n' --shapes 4000x10000,"

@@ -35,7 +35,7 @@ def plans_view(report: Any) -> Any:
         for c in p.predicted.collectives:
             kinds[(c.kind, c.mesh_axes)] = kinds.get((c.kind, c.mesh_axes), 0) + 1
         row = [
-            f"[bold]{p.name}[/]" if p.name == "search" else p.name,
+            f"[bold]{p.name}[/]" if p.name == report.chosen_name else p.name,
             escape(
                 "\n".join(f"{n}: {s.describe()}" for n, s in zip(names, p.in_specs, strict=True))
             ),
@@ -54,15 +54,7 @@ def plans_view(report: Any) -> Any:
     parts.append(table)
     for name, why in report.skipped:
         parts.append(f"[yellow]skipped[/] {name}: {escape(why)}")
-    best = report.chosen.predicted.seconds
-    others = [p for p in report.plans if not p.name.startswith("search")]
-    if others:
-        parts.append(
-            "[bold]chosen:[/] the search's plan, predicted "
-            + ", ".join(f"{p.predicted.seconds / best:.2f}× as long for {p.name}" for p in others)
-            if best > 0
-            else "[bold]chosen:[/] the search's plan"
-        )
+    parts += chosen_lines(report)
     if verified:
         rho = report.spearman
         parts.append(
@@ -71,6 +63,29 @@ def plans_view(report: Any) -> Any:
         )
         parts += faster_than_chosen(report)
     return Group(*parts)
+
+
+def chosen_lines(report: Any) -> list[str]:
+    """What was chosen and why: the search's plan against each baseline's prediction, or
+    after ``tune`` the plan that ran fastest against the search's measured time."""
+    search = report.get("search")
+    if report.tuned and search.verified is not None and report.chosen.verified is not None:
+        took = search.verified.seconds / (report.chosen.verified.seconds or 1.0)
+        return [
+            f"[bold]chosen:[/] {escape(report.chosen_name)}, the plan that ran fastest on "
+            "these devices (tuned)"
+            + ("" if report.chosen_name == "search" else f"; the search's plan took {took:.2f}×")
+        ]
+    best = search.predicted.seconds
+    others = [p for p in report.plans if not p.name.startswith("search")]
+    if not others:
+        return []
+    if best <= 0:
+        return ["[bold]chosen:[/] the search's plan"]
+    return [
+        "[bold]chosen:[/] the search's plan, predicted "
+        + ", ".join(f"{p.predicted.seconds / best:.2f}× as long for {p.name}" for p in others)
+    ]
 
 
 FASTER = 0.95
@@ -91,7 +106,8 @@ def faster_than_chosen(report: Any) -> list[str]:
     return [
         f"[yellow]measured fastest here:[/] {escape(fastest.name)} ran "
         f"{chosen.seconds / fastest.verified.seconds:.2f}× as fast as the chosen plan on these "
-        f"devices; in Python, plan.sharded({fastest.name!r}) runs it"
+        f"devices; --tune (plan.tune() in Python) chooses it, plan.sharded({fastest.name!r}) "
+        "runs it"
     ]
 
 

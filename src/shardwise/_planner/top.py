@@ -1,0 +1,95 @@
+"""The search's plans of a program: the cheapest, and runners-up that lay out some input
+another way."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shardwise._errors import ArgumentError
+from shardwise._model.mesh import MeshSpec
+from shardwise._planner.costs import Problem
+from shardwise._planner.evaluate import memory_constraints
+from shardwise._planner.graph import Graph
+from shardwise._planner.search import Solution, descend, neighbours, solve
+
+
+def best_plans(
+    graph: Graph,
+    problem: Problem,
+    mesh: MeshSpec,
+    budget: int | None,
+    top: int,
+    time_limit: float,
+) -> list[Solution]:
+    """Up to ``top`` plans of ``problem``, the cheapest first: the search's best, then
+    :func:`runners_up`; under a memory ``budget``, each next one by an integer program that
+    excludes the input layouts already found (a local move may break the budget)."""
+    constraints = memory_constraints(graph, problem, budget, mesh) if budget else []
+    first = solve(problem, constraints, time_limit=time_limit)
+    if first is None:
+        raise ArgumentError(
+            f"no plan fits in {budget:,} bytes per device on mesh {mesh.describe()}; give a "
+            "larger budget (--device-memory from the command line) or a larger mesh."
+        )
+    found = [first]
+    inputs = sorted(set(input_vars(graph, problem)))
+    if constraints:
+        # a local move may break a budget: find each next plan by excluding the ones found,
+        # one integer program each
+        exclude = [{v: first.choice[v] for v in inputs}]
+        while len(found) < top:
+            more = solve(problem, constraints, exclude, time_limit)
+            if more is None:
+                break
+            found.append(more)
+            exclude.append({v: more.choice[v] for v in inputs})
+        return found
+    return found + runners_up(problem, inputs, first, top - 1, time_limit)
+
+
+def input_vars(graph: Graph, problem: Problem) -> list[int]:
+    """The variable of each input's class, in input order."""
+    var_of = {label: k for k, label in enumerate(problem.labels)}
+    return [var_of[("class", graph.find(v))] for v in graph.inputs]
+
+
+def runners_up(
+    problem: Problem, inputs: list[int], best: Solution, count: int, time_limit: float
+) -> list[Solution]:
+    """For each input, the best plan that lays it out another way, cheapest first: what the
+    best plan's choice for that input is worth (then each input's second best, and so on).
+
+    Where dynamic programming solved the problem, each is solved exactly, and the first of
+    them is the second-best plan overall (it must lay out some input differently). Where an
+    integer program did (cycles), each is found by local search from the best plan
+    (:func:`~shardwise._planner.search.descend`): one integer program per input layout took
+    seconds (a 2-layer transformer's training step has 113)."""
+    if count < 1:
+        return []
+    exact = best.method == "dynamic programming"
+    near = neighbours(problem)
+    seen = {tuple(best.choice[v] for v in inputs)}
+    out: list[tuple[int, float, Solution]] = []
+    for v in inputs:
+        alternatives = []
+        for c in range(len(problem.choices[v])):
+            if c == best.choice[v]:
+                continue
+            if exact:
+                sol = solve(problem.restrict({v: [c]}), time_limit=time_limit)
+            else:
+                start = list(best.choice)
+                start[v] = c
+                sol = descend(problem, start, v, near, settled=best.optimal)
+            if sol is None:
+                continue
+            choice = list(sol.choice)
+            choice[v] = c
+            key = tuple(choice[u] for u in inputs)
+            if key not in seen:
+                seen.add(key)
+                alternatives.append(dataclasses.replace(sol, choice=tuple(choice)))
+        alternatives.sort(key=lambda sol: sol.seconds)
+        out += [(rank, sol.seconds, sol) for rank, sol in enumerate(alternatives)]
+    # each input's best alternative first, then each one's second best, ...
+    return [sol for _, _, sol in sorted(out, key=lambda r: r[:2])[:count]]

@@ -1,0 +1,97 @@
+"""``ProgramPlan.tune`` and ``shardwise plan --tune``: measure every plan, choose the fastest,
+and have everything that follows the choice (``chosen``, ``sharded``, the report, the JSON,
+the table) follow it."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import shardwise
+from shardwise._model.profile import BUILTIN
+from shardwise._planner import verify
+from shardwise._planner.models import model
+from shardwise.cli import app
+
+CPU = BUILTIN["cpu-2core"]
+runner = CliRunner()
+
+
+def _plan():
+    fn, args = model("mlp", batch=64, hidden=32, ffn=64)
+    return fn, args, shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, top=2)
+
+
+def test_tune_chooses_the_plan_that_measured_fastest(monkeypatch):
+    fn, args, plan = _plan()
+    assert plan.chosen.name == "search" and not plan.tuned
+    # the machine's clock decides: say the replicated plan ran fastest, the search's slowest
+    fake = {p.name: 1.0 + k for k, p in enumerate(plan.plans)}
+    fake["replicated"], fake["search"] = 0.5, 9.0
+    monkeypatch.setattr(verify, "alternate", lambda runners, *a, **k: {n: fake[n] for n in runners})
+    tuned = plan.tune(repeat=1)
+    assert tuned.tuned and tuned.chosen_name == "replicated"
+    assert tuned.chosen is tuned.get("replicated")
+    assert tuned.in_specs == tuned.specs_tree(tuned.get("replicated"))
+    # what runs, what is reported and what the JSON says all follow the measured choice
+    out = tuned.to_json()
+    assert out["chosen"] == "replicated" and out["tuned"] is True
+    assert tuned.report().seconds == tuned.get("replicated").predicted.seconds
+    leaves = [np.full(a.shape, 0.01, a.dtype) for a in jax.tree.leaves(args)]
+    x, params = jax.tree.unflatten(jax.tree.structure(args), leaves)
+    program = tuned.sharded()
+    placed = jax.tree.leaves(program.lower(x, params).compile().input_shardings[0])
+    assert all(s.is_fully_replicated for s in placed)
+    searched = tuned.sharded("search").lower(x, params).compile().input_shardings[0]
+    assert not all(s.is_fully_replicated for s in jax.tree.leaves(searched))
+    result = program(x, params)
+    np.testing.assert_allclose(np.asarray(result), np.asarray(fn(x, params)), rtol=1e-5)
+    text = str(tuned)
+    assert "chosen: replicated, the plan that ran fastest" in text
+    assert "the search's plan took 18.00×" in text
+    assert "measured fastest here" not in text  # the chosen one is the fastest
+
+
+def test_tune_keeps_the_search_plan_where_it_ran_fastest(monkeypatch):
+    _, _, plan = _plan()
+    fake = {p.name: 2.0 for p in plan.plans} | {"search": 1.0}
+    monkeypatch.setattr(verify, "alternate", lambda runners, *a, **k: {n: fake[n] for n in runners})
+    tuned = plan.tune(repeat=1)
+    assert tuned.chosen_name == "search" and tuned.tuned
+    assert "chosen: search, the plan that ran fastest on these devices (tuned)" in str(tuned)
+
+
+def test_untuned_plans_still_choose_the_search_and_say_so():
+    _, _, plan = _plan()
+    out = plan.to_json()
+    assert out["chosen"] == "search" and out["tuned"] is False
+    assert "chosen: the search's plan, predicted" in str(plan)
+
+
+def test_cli_tune_measures_every_plan_and_chooses_the_fastest():
+    r = runner.invoke(app, ["plan", "--model", "mlp", "--batch", "64", "--hidden", "32",
+                            "--ffn", "64", "--mesh", "data=2,model=4", "--profile", "cpu-2core",
+                            "--top", "2", "--tune", "--repeat", "1", "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["tuned"] is True and "spearman" in out
+    measured = {p["name"]: p["verified"]["seconds"] for p in out["plans"]}
+    assert out["chosen"] == min(measured, key=measured.__getitem__)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["plan", "ij,jk->ik", "--shapes", "64x32,32x16", "--mesh", "x=8", "--tune"],
+         "--tune chooses among a program's plans"),
+        (["plan", "--model", "mlp", "--sweep-batch", "64,128", "--mesh", "x=8",
+          "--profile", "cpu-2core", "--tune"], "does not take --tune"),
+    ],
+)  # fmt: skip
+def test_cli_tune_is_refused_where_there_are_no_program_plans_to_choose(argv, message):
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 2 and message in r.output, r.output
