@@ -416,7 +416,10 @@ def test_predicted_memory_of_transformer_plans_follows_xla(profile, train):
     the scan's loop only where the slice splits it (a replicated slice is read in place;
     counting it had put the faster machine's forward pass 30% high), and gives each result a
     buffer held from the program's start, in which the SGD update and its gradient run
-    (counting the new weights from the update on had put the training step 18% low)."""
+    (counting the new weights from the update on had put the training step 18% low). A scan
+    whose carry starts from an argument runs in a copy of it (without that copy, the forward
+    pass's Megatron and replicated baselines, whose activations are replicated, were 0.85 and
+    0.86 of XLA's buffers here, and 0.76 under another calibration)."""
     import shardwise
 
     fn, args = shardwise.model(
@@ -429,6 +432,8 @@ def test_predicted_memory_of_transformer_plans_follows_xla(profile, train):
         assert 0.8 <= ratio <= 1.2, (q.name, ratio)
         if q.name == "data-parallel" and (train or profile is FASTER):
             assert ratio == pytest.approx(1, abs=0.1), ratio
+        if q.name in ("megatron", "replicated") and not train:
+            assert ratio == pytest.approx(1, abs=0.1), (q.name, ratio)
 
 
 def test_a_gather_two_moves_of_an_operand_share_is_counted_once():

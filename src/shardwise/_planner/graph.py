@@ -64,6 +64,7 @@ class Graph:
         fed: arrays that a step reads (so they are materialised, not fused away).
         looped: arrays a scan's loop takes in or carries round (XLA writes them each time,
             even where only elementwise ops read them).
+        carries: each scan's initial carries, with the path of the scan's body.
         closed: the traced jaxpr.
         tree: the arguments' pytree structure; ``out_tree`` the result's.
         elementwise_ops: elementwise ops in the program.
@@ -85,6 +86,7 @@ class Graph:
     last: list[int] = field(default_factory=list)
     fed: set[int] = field(default_factory=set)
     looped: set[int] = field(default_factory=set)
+    carries: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     clock: int = 0
     context: str = ""
     backward: bool = False
@@ -370,6 +372,8 @@ def _scan(
             graph.looped.add(got)
             graph.join(got, y)
             init = _array(graph, path, eqn.invars[n_consts + k])
+            if init is not None:
+                graph.carries.append((init, here))
             carried = _array(graph, here, ins[n_consts + k])
             for other in (init, carried):
                 if other is not None:
