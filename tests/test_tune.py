@@ -54,6 +54,9 @@ def test_tune_chooses_the_plan_that_measured_fastest(monkeypatch):
     assert "chosen: replicated, the plan that ran fastest" in text
     assert "the search's plan took 18.00×" in text
     assert "measured fastest here" not in text  # the chosen one is the fastest
+    page = tuned.to_html()
+    assert "replicated, the plan that ran fastest here (tuned)" in page
+    assert "the plan that ran fastest here" not in plan.to_html()
 
 
 def test_tune_keeps_the_search_plan_where_it_ran_fastest(monkeypatch):

@@ -186,6 +186,8 @@ def _program_header(plan: Mapping[str, Any], report: Mapping[str, Any], mesh: Me
         ("profile", str(plan.get("profile", ""))),
         ("searched by", search),
     ]
+    if plan.get("tuned"):
+        facts.append(("chosen", f"{plan.get('chosen')}, the plan that ran fastest here (tuned)"))
     if plan.get("spearman") is not None:
         facts.append(("rank correlation, predicted vs measured", f"{plan['spearman']:.2f}"))
     kind = "training step" if report.get("train") else "forward pass"
