@@ -426,6 +426,7 @@ def test_predicted_memory_of_transformer_plans_follows_xla(profile, train):
         "transformer", batch=16, seq=64, hidden=256, ffn=1024, heads=8, layers=2, train=train
     )
     p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=profile, train=train, top=1)
+    assert {"megatron", "replicated", "data-parallel"} <= {q.name for q in p.plans}
     for q in _checked(p).plans:
         assert q.verified is not None and q.verified.memory_bytes
         ratio = q.predicted.memory_bytes / q.verified.memory_bytes
@@ -469,3 +470,41 @@ def test_a_stack_gathered_for_the_forward_scan_is_not_gathered_again_for_the_bac
     for q in _checked(p, *gathered).plans:
         assert q.verified is not None
         assert q.verified.collectives_match and q.verified.sources_match, q.name
+
+
+def _scan_over(start, keep):
+    def program(x, ws):
+        def layer(h, w):
+            return jnp.tanh(h @ w), h.sum()
+
+        h, sums = jax.lax.scan(layer, start(x), ws)
+        return (h, sums) if keep else sums
+
+    return program
+
+
+@pytest.mark.parametrize(
+    ("start", "keep", "copied"),
+    [(lambda x: x, True, True), (lambda x: x * 2.0, True, False), (lambda x: x, False, True)],
+    ids=["carry from an argument", "carry from a computed array", "final carry dropped"],
+)
+def test_a_scan_carry_from_an_argument_is_held_in_a_copy_while_the_loop_runs(start, keep, copied):
+    """XLA runs a while loop in a buffer of its own: an argument it starts from is copied
+    there first, whether or not the final carry is used (a computed array is taken over in
+    place)."""
+    import shardwise
+    from shardwise._planner.evaluate import _carry_copies, shard_bytes
+
+    S = jax.ShapeDtypeStruct
+    args = (S((64, 32), "float32"), S((3, 32, 32), "float32"))
+    p = shardwise.plan(_scan_over(start, keep), *args, mesh="data=2,model=4", profile=CPU, top=1)
+    graph, lay, mesh = p.graph, p.chosen.layouts, effective_mesh(p.mesh)
+    (init, body), *_ = graph.carries
+    points = np.zeros(graph.clock + 1, np.int64)
+    _carry_copies(graph, lay, mesh, points)
+    loop = [graph.born[s.output] for s in graph.steps if s.key[: len(body)] == body]
+    size = shard_bytes(graph.values[init], lay.specs[init], mesh)
+    expected = np.zeros_like(points)
+    if copied:
+        expected[min(loop) : max(loop) + 1] = size
+    assert size > 0 and points.tolist() == expected.tolist()

@@ -40,7 +40,7 @@ def test_tune_chooses_the_plan_that_measured_fastest(monkeypatch):
     # what runs, what is reported and what the JSON says all follow the measured choice
     out = tuned.to_json()
     assert out["chosen"] == "replicated" and out["tuned"] is True
-    assert tuned.report().seconds == tuned.get("replicated").predicted.seconds
+    assert tuned.report().plan == "replicated"
     leaves = [np.full(a.shape, 0.01, a.dtype) for a in jax.tree.leaves(args)]
     x, params = jax.tree.unflatten(jax.tree.structure(args), leaves)
     program = tuned.sharded()
@@ -51,8 +51,9 @@ def test_tune_chooses_the_plan_that_measured_fastest(monkeypatch):
     result = program(x, params)
     np.testing.assert_allclose(np.asarray(result), np.asarray(fn(x, params)), rtol=1e-5)
     text = str(tuned)
-    assert "chosen: replicated, the plan that ran fastest" in text
-    assert "the search's plan took 18.00×" in text
+    assert "chosen: replicated, the plan that ran fastest when tuned" in text
+    assert "the search's plan took 18.00× its time" in text
+    assert "plan 'replicated' op by op" in text
     assert "measured fastest here" not in text  # the chosen one is the fastest
     page = tuned.to_html()
     assert "replicated, the plan that ran fastest here (tuned)" in page
@@ -65,7 +66,31 @@ def test_tune_keeps_the_search_plan_where_it_ran_fastest(monkeypatch):
     monkeypatch.setattr(verify, "alternate", lambda runners, *a, **k: {n: fake[n] for n in runners})
     tuned = plan.tune(repeat=1)
     assert tuned.chosen_name == "search" and tuned.tuned
-    assert "chosen: search, the plan that ran fastest on these devices (tuned)" in str(tuned)
+    assert "chosen: search, the plan that ran fastest when tuned" in str(tuned)
+
+
+def _fake(monkeypatch, fastest):
+    def alternate(runners, *a, **k):
+        return {n: 0.5 if n == fastest else 2.0 for n in runners}
+
+    monkeypatch.setattr(verify, "alternate", alternate)
+
+
+def test_tune_may_choose_a_runner_up(monkeypatch):
+    _, _, plan = _plan()
+    _fake(monkeypatch, "search 2")
+    tuned = plan.tune(repeat=1)
+    assert tuned.chosen_name == "search 2" and tuned.to_json()["chosen"] == "search 2"
+
+
+def test_tune_keeps_the_inputs_that_fixed_pins(monkeypatch):
+    fn, args = model("mlp", batch=64, hidden=32, ffn=64)
+    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, top=2, fixed={"x": "data"})
+    assert plan.get("replicated").in_specs[0].describe() == "replicated"  # a baseline's own
+    _fake(monkeypatch, "replicated")
+    tuned = plan.tune(repeat=1)
+    assert tuned.chosen_name != "replicated"
+    assert tuned.chosen.in_specs[0].describe() == "data"
 
 
 def test_untuned_plans_still_choose_the_search_and_say_so():
@@ -75,7 +100,8 @@ def test_untuned_plans_still_choose_the_search_and_say_so():
     assert "chosen: the search's plan, predicted" in str(plan)
 
 
-def test_cli_tune_measures_every_plan_and_chooses_the_fastest():
+def test_cli_tune_measures_every_plan_and_chooses_the_fastest(monkeypatch):
+    monkeypatch.setattr(verify, "TURN_SECONDS", 0.0)  # real timings, short turns
     r = runner.invoke(app, ["plan", "--model", "mlp", "--batch", "64", "--hidden", "32",
                             "--ffn", "64", "--mesh", "data=2,model=4", "--profile", "cpu-2core",
                             "--top", "2", "--tune", "--repeat", "1", "--json"])  # fmt: skip
@@ -84,6 +110,17 @@ def test_cli_tune_measures_every_plan_and_chooses_the_fastest():
     assert out["tuned"] is True and "spearman" in out
     measured = {p["name"]: p["verified"]["seconds"] for p in out["plans"]}
     assert out["chosen"] == min(measured, key=measured.__getitem__)
+
+
+def test_cli_tune_says_what_it_chose_and_shows_that_plan(monkeypatch):
+    _fake(monkeypatch, "data-parallel")
+    r = runner.invoke(app, ["plan", "--model", "mlp", "--batch", "64", "--hidden", "32",
+                            "--ffn", "64", "--mesh", "data=2,model=4", "--profile", "cpu-2core",
+                            "--top", "1", "--tune", "--repeat", "1", "-q"],
+                      env={"COLUMNS": "200"})  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "chosen: data-parallel, the plan that ran fastest when tuned" in r.output
+    assert "plan 'data-parallel' op by op" in r.output
 
 
 @pytest.mark.parametrize(

@@ -360,6 +360,10 @@ def _scan(
     graph.context, graph.backward = source, _backward(graph, eqn)
     _walk(graph, body, here, repeat * length)
     graph.context, graph.backward = outer
+    for v in eqn.invars[n_consts : n_consts + n_carry]:  # even where the result is dropped
+        init = _array(graph, path, v)
+        if init is not None and graph.values[init].shape:
+            graph.carries.append((init, here))
     outs = body.outvars
     for k, (outer, inner) in enumerate(zip(eqn.outvars, outs, strict=True)):
         if not is_var(outer) or not _rank(outer):
@@ -372,8 +376,6 @@ def _scan(
             graph.looped.add(got)
             graph.join(got, y)
             init = _array(graph, path, eqn.invars[n_consts + k])
-            if init is not None:
-                graph.carries.append((init, here))
             carried = _array(graph, here, ins[n_consts + k])
             for other in (init, carried):
                 if other is not None:

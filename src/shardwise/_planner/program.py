@@ -66,6 +66,7 @@ class ProgramPlan:
         chosen_name: the plan :attr:`chosen` names: the search's (``"search"``), or after
             ``tune`` the one that ran fastest on the devices at hand.
         tuned: whether ``tune`` chose by measuring.
+        pinned: the inputs ``fixed`` pins, by position.
     """
 
     program: str
@@ -83,6 +84,7 @@ class ProgramPlan:
     spearman: float | None = None
     chosen_name: str = "search"
     tuned: bool = False
+    pinned: tuple[int, ...] = ()
 
     @property
     def chosen(self) -> PlannedLayout:
@@ -120,10 +122,11 @@ class ProgramPlan:
         return verify(self, repeat, mesh, on_step)
 
     def tune(self, repeat: int = 5, mesh: Any = None, on_step: Any = None) -> ProgramPlan:
-        """:meth:`verify`, then choose the plan that ran fastest: where the cost model
-        cannot tell plans apart (on this machine it ranks a transformer's training-step plans
-        with a Spearman of 0.6–0.9), the devices at hand decide. :attr:`chosen`,
-        :meth:`sharded` and the JSON's ``"chosen"`` then name that plan."""
+        """:meth:`verify`, then choose the plan that ran fastest (of those that keep the
+        inputs ``fixed`` pinned): where the cost model cannot tell plans apart (on a 2-core
+        x86 machine with 24 GiB it ranks a transformer's training-step plans with a Spearman
+        of 0.6–0.7), the devices at hand decide. :attr:`chosen`, :meth:`sharded`,
+        :meth:`report` and the JSON's ``"chosen"`` then name that plan."""
         return tune(self, repeat, mesh, on_step)
 
     def report(self, name: str | None = None) -> ProgramReport:
@@ -299,6 +302,7 @@ def plan(
         method=searched[0].method,
         plans=tuple(plans),
         skipped=tuple(skipped),
+        pinned=tuple(sorted(fixed_specs)),
     )
 
 

@@ -67,15 +67,16 @@ def plans_view(report: Any) -> Any:
 
 def chosen_lines(report: Any) -> list[str]:
     """What was chosen and why: the search's plan against each baseline's prediction, or
-    after ``tune`` the plan that ran fastest against the search's measured time."""
+    after ``tune`` the plan that ran fastest when tuned, against the search's measured time."""
     search = report.get("search")
-    if report.tuned and search.verified is not None and report.chosen.verified is not None:
-        took = search.verified.seconds / (report.chosen.verified.seconds or 1.0)
-        return [
-            f"[bold]chosen:[/] {escape(report.chosen_name)}, the plan that ran fastest on "
-            "these devices (tuned)"
-            + ("" if report.chosen_name == "search" else f"; the search's plan took {took:.2f}×")
-        ]
+    if report.tuned:
+        line = (
+            f"[bold]chosen:[/] {escape(report.chosen_name)}, the plan that ran fastest when tuned"
+        )
+        mine, theirs = report.chosen.verified, search.verified
+        if report.chosen_name != "search" and mine and theirs and mine.seconds > 0:
+            line += f"; the search's plan took {theirs.seconds / mine.seconds:.2f}× its time"
+        return [line]
     best = search.predicted.seconds
     others = [p for p in report.plans if not p.name.startswith("search")]
     if not others:
@@ -106,8 +107,8 @@ def faster_than_chosen(report: Any) -> list[str]:
     return [
         f"[yellow]measured fastest here:[/] {escape(fastest.name)} ran "
         f"{chosen.seconds / fastest.verified.seconds:.2f}× as fast as the chosen plan on these "
-        f"devices; --tune (plan.tune() in Python) chooses it, plan.sharded({fastest.name!r}) "
-        "runs it"
+        f"devices; plan.sharded({fastest.name!r}) runs it"
+        + ("" if report.tuned else ", and --tune (plan.tune()) chooses the fastest measured")
     ]
 
 
