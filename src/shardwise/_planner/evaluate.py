@@ -258,10 +258,16 @@ def _carry_copies(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarray
     XLA's buffers."""
     arguments = set(graph.inputs)
     for init, body in graph.carries:
-        within = [graph.born[s.output] for s in graph.steps if s.key[: len(body)] == body]
-        if init in arguments and within:
-            size = shard_bytes(graph.values[init], lay.specs[init], mesh)
-            points[min(within) : max(within) + 1] += size
+        loop = _loop(graph, body)
+        if init in arguments and loop is not None:
+            points[loop] += shard_bytes(graph.values[init], lay.specs[init], mesh)
+
+
+def _loop(graph: Graph, body: tuple[int, ...]) -> slice | None:
+    """The program points a scan's loop runs over: from the first step of its ``body`` (the
+    path of the scan's body in the jaxpr) to the last; ``None`` where it has no steps."""
+    within = [graph.born[s.output] for s in graph.steps if s.key[: len(body)] == body]
+    return slice(min(within), max(within) + 1) if within else None
 
 
 def _hoist(
@@ -279,9 +285,10 @@ def _hoist(
     sliced = set(spec.axes) - set(mapped.axes)
     if lay.specs[stack].axes or not sliced or any(m.kind != "slice" for m in moves):
         return
-    within = [graph.born[s.output] for s in graph.steps if s.key[: len(step.key)] == step.key]
+    loop = _loop(graph, step.key)
+    assert loop is not None  # the slicing step itself is in the loop's body
     layers = graph.values[stack].shape[0]
-    points[min(within) : max(within) + 1] += (layers - 1) * shard_bytes(slice_, spec, mesh)
+    points[loop] += (layers - 1) * shard_bytes(slice_, spec, mesh)
 
 
 def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -> int:
