@@ -22,7 +22,7 @@ from shardwise._model.strategy import Strategy
 from shardwise._planner.calibrate import MATMULS, fit_matmul
 from shardwise._planner.costs import Problem, build_problem, effective_mesh, map_cost
 from shardwise._planner.graph import build
-from shardwise._planner.moves import reshard_seconds
+from shardwise._planner.moves import A2A_COPIES, reshard, reshard_seconds
 from shardwise._planner.nodes import Value
 from shardwise._planner.search import _milp, brute_force, descend, solve, total
 from shardwise._planner.top import runners_up
@@ -106,6 +106,51 @@ def test_a_cpu_gather_along_a_later_dimension_costs_a_copy_back():
     later = reshard_seconds(value, Spec.parse("-,x"), Spec(()), MESH, CPU, 1)
     # the same all-gather, then a read and a write of the whole array
     assert later - first == pytest.approx(2 * 256 * 256 * 4 / CPU.memory_Bps)
+
+
+def test_a_cpu_all_to_all_costs_two_copies_of_its_block():
+    """XLA's CPU backend copies the block into one piece per device before an all-to-all and
+    the pieces back into one block after it: a read and a write of the block each."""
+    value = Value((256, 512), "float32", "")
+    src, dst = Spec.parse("x"), Spec.parse("-,x")
+    cost = reshard(value, src, dst, MESH, CPU, None, 1)
+    [(collective, _)] = cost.collectives
+    assert collective.kind == "all-to-all" and collective.bytes == 256 * 512 * 4 // 2
+    block = collective.bytes
+    assert cost.seconds == pytest.approx(collective.seconds + A2A_COPIES * block / CPU.memory_Bps)
+    # the cost matrices' fast path gives the same number
+    assert reshard_seconds(value, src, dst, MESH, CPU, 3) == pytest.approx(3 * cost.seconds)
+    # elsewhere the collective alone
+    h100 = BUILTIN["h100"]
+    gpu = reshard(value, src, dst, MESH, h100, None, 1)
+    assert gpu.seconds == pytest.approx(sum(c.seconds for c, _ in gpu.collectives))
+
+
+def test_xla_cpu_copies_around_an_all_to_all():
+    """The premise of the rule above, in the compiled HLO: each piece the all-to-all sends is
+    a fusion that copies it out of the block, and one fusion puts the pieces received
+    together into the new block."""
+    import re
+
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((2, 4), ("x", "y"))
+    for src, dst in ((P("y"), P(None, "y")), (P(None, "y"), P("y"))):
+        x = jax.device_put(jnp.ones((256, 512)), NamedSharding(mesh, src))
+        move = jax.jit(lambda v: v * 2.0, out_shardings=NamedSharding(mesh, dst))
+        hlo = move.lower(x).compile().as_text()
+        lines = hlo[hlo.index("ENTRY") :].splitlines()
+        made = {
+            m[1]: m[2]
+            for m in (re.match(r"\s*(?:ROOT )?%(\S+) = .*? ([\w-]+)\(", ln) for ln in lines)
+            if m
+        }
+        [a2a] = [ln for ln in lines if " all-to-all(" in ln]
+        pieces = re.findall(r"%([\w.-]+)", a2a.split(" all-to-all(", 1)[1].split(")", 1)[0])
+        assert len(pieces) == 4 and all(made[p] == "fusion" for p in pieces)
+        [root] = [ln for ln in lines if ln.lstrip().startswith("ROOT")]
+        assert " fusion(" in root and root.count("get-tuple-element") == 4
 
 
 def test_a_slice_reads_and_writes_the_block_it_keeps():
