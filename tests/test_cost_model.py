@@ -5,6 +5,7 @@ paths (the linear relaxation, local search for runners-up)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import jax
@@ -20,9 +21,16 @@ from shardwise._model.profile import BUILTIN, Link, Profile
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import Strategy
 from shardwise._planner.calibrate import MATMULS, fit_matmul
-from shardwise._planner.costs import Problem, build_problem, effective_mesh, map_cost
+from shardwise._planner.costs import (
+    Problem,
+    a2a_copies,
+    build_problem,
+    effective_mesh,
+    made_by_ops,
+    map_cost,
+)
 from shardwise._planner.graph import build
-from shardwise._planner.moves import A2A_COPIES, reshard, reshard_seconds
+from shardwise._planner.moves import COPY_BYTES, reshard, reshard_seconds
 from shardwise._planner.nodes import Value
 from shardwise._planner.search import _milp, brute_force, descend, solve, total
 from shardwise._planner.top import runners_up
@@ -108,22 +116,44 @@ def test_a_cpu_gather_along_a_later_dimension_costs_a_copy_back():
     assert later - first == pytest.approx(2 * 256 * 256 * 4 / CPU.memory_Bps)
 
 
-def test_a_cpu_all_to_all_costs_two_copies_of_its_block():
-    """XLA's CPU backend copies the block into one piece per device before an all-to-all and
-    the pieces back into one block after it: a read and a write of the block each."""
+def test_a_cpu_all_to_all_costs_the_copies_no_neighbour_makes():
+    """XLA's CPU backend cuts the block into one piece per device before an all-to-all and
+    puts the pieces received together after it: a read and a write of the block each, where
+    no neighbouring op does it (a program argument, a dot's result; a dot that reads it)."""
     value = Value((256, 512), "float32", "")
     src, dst = Spec.parse("x"), Spec.parse("-,x")
-    cost = reshard(value, src, dst, MESH, CPU, None, 1)
-    [(collective, _)] = cost.collectives
+    bare = reshard(value, src, dst, MESH, CPU, None, 1)
+    [(collective, _)] = bare.collectives
     assert collective.kind == "all-to-all" and collective.bytes == 256 * 512 * 4 // 2
-    block = collective.bytes
-    assert cost.seconds == pytest.approx(collective.seconds + A2A_COPIES * block / CPU.memory_Bps)
-    # the cost matrices' fast path gives the same number
-    assert reshard_seconds(value, src, dst, MESH, CPU, 3) == pytest.approx(3 * cost.seconds)
+    assert bare.seconds == pytest.approx(collective.seconds)
+    for copies in (1, 2):
+        cost = reshard(value, src, dst, MESH, CPU, None, 1, copies)
+        extra = copies * COPY_BYTES * collective.bytes / CPU.memory_Bps
+        assert cost.seconds == pytest.approx(collective.seconds + extra)
+        # the cost matrices' fast path gives the same number
+        fast = reshard_seconds(value, src, dst, MESH, CPU, 3, copies)
+        assert fast == pytest.approx(3 * cost.seconds)
     # elsewhere the collective alone
-    h100 = BUILTIN["h100"]
-    gpu = reshard(value, src, dst, MESH, h100, None, 1)
+    gpu = reshard(value, src, dst, MESH, BUILTIN["h100"], None, 1, 2)
     assert gpu.seconds == pytest.approx(sum(c.seconds for c, _ in gpu.collectives))
+
+
+def test_which_copies_an_all_to_all_costs_follow_its_neighbours():
+    S = jax.ShapeDtypeStruct
+
+    def f(x, w):
+        h = x @ w  # a dot's result
+        g = jnp.tanh(h)  # an elementwise op's
+        return g @ w.T + x
+
+    graph = build(f, (S((64, 32), "float32"), S((32, 32), "float32")))
+    made = made_by_ops(graph)
+    x = graph.inputs[0]
+    [first, second] = [s for s in graph.steps if s.kind == "dot"]
+    assert a2a_copies(x, made, into_op=True) == 2  # an argument a dot reads
+    assert a2a_copies(first.output, made, into_op=False) == 1  # a dot's result, kept
+    g = second.inputs[0]
+    assert g not in made and a2a_copies(g, made, into_op=True) == 1  # made by tanh
 
 
 def test_xla_cpu_copies_around_an_all_to_all():
@@ -399,10 +429,9 @@ def test_resharding_seconds_from_the_shape_free_recipe_equal_the_full_prediction
         for shape, dtype in (((8, 16), "float32"), ((4, 8, 16), "bfloat16"), ((16,), "int8")):
             specs = spec_choices(shape, mesh)[1]
             value = Value(shape, dtype, "v")
-            for a in specs:
-                for b in specs:
-                    want = _reshard(shape, dtype, a, b, mesh, profile)[0] if a != b else 0.0
-                    assert reshard_seconds(value, a, b, mesh, profile, 3) == want * 3
+            for a, b, copies in itertools.product(specs, specs, (0, 1, 2)):
+                want = _reshard(shape, dtype, a, b, mesh, profile, copies)[0] if a != b else 0.0
+                assert reshard_seconds(value, a, b, mesh, profile, 3, copies) == want * 3
 
 
 def _calibrated(name, flops, memory_Bps, matmul_Bps, reduce, gather):

@@ -93,6 +93,27 @@ def test_tune_keeps_the_inputs_that_fixed_pins(monkeypatch):
     assert tuned.chosen.in_specs[0].describe() == "data"
 
 
+def test_the_measured_fastest_hint_names_only_plans_that_keep_the_pins(monkeypatch):
+    """After verify, the hint points at the plan tune would choose: a baseline that lays a
+    pinned input out its own way is not offered, however fast it ran."""
+    fn, args = model("mlp", batch=64, hidden=32, ffn=64)
+    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, top=2, fixed={"x": "data"})
+    keeps = [p.name for p in plan.plans if p.in_specs[0].describe() == "data"]
+    assert "replicated" not in keeps and "search 2" in keeps
+
+    def alternate(runners, *a, **k):
+        return {n: {"replicated": 0.1, "search 2": 0.5}.get(n, 2.0) for n in runners}
+
+    monkeypatch.setattr(verify, "alternate", alternate)
+    checked = plan.verify(repeat=1)
+    assert checked.fastest_measured() is checked.get("search 2")
+    text = str(checked)
+    assert "measured fastest here: search 2 ran 4.00× as fast" in text
+    assert "measured fastest here: replicated" not in text
+    assert checked.tune(repeat=1).chosen_name == "search 2"
+    assert plan.fastest_measured() is None  # nothing measured yet
+
+
 def test_untuned_plans_still_choose_the_search_and_say_so():
     _, _, plan = _plan()
     out = plan.to_json()

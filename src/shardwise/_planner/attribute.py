@@ -14,7 +14,7 @@ from shardwise._model.profile import Profile
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
-from shardwise._planner.costs import _map_head, dot_cost, map_specs
+from shardwise._planner.costs import _map_head, a2a_copies, dot_cost, made_by_ops, map_specs
 from shardwise._planner.graph import Graph
 from shardwise._planner.moves import Cost, reshard
 from shardwise._planner.nodes import Step
@@ -96,6 +96,7 @@ class Tally:
         self.seconds = [0.0] * len(graph.steps)
         self.flops = 0.0
         self.moved: set[tuple[int, Spec, Spec, tuple[int, ...]]] = set()
+        self.made = made_by_ops(graph)
 
     def add(self, k: int, cost: Cost, why: str) -> None:
         self.seconds[k] += cost.seconds
@@ -113,7 +114,8 @@ class Tally:
         if shared is None:
             return
         value = self.graph.values[a]
-        cost = reshard(value, src, dst, self.mesh, self.profile, step, step.repeat)
+        copies = a2a_copies(a, self.made, into_op=True)
+        cost = reshard(value, src, dst, self.mesh, self.profile, step, step.repeat, copies)
         cost = _less(cost, shared, step.repeat)
         self.add(
             k,
@@ -159,9 +161,10 @@ class Tally:
     def _result(self, k: int, step: Step, made: Spec, who: str) -> None:
         out = self.graph.values[step.output]
         kept = self.lay.specs[step.output]
+        copies = a2a_copies(step.output, self.made, into_op=False)
         self.add(
             k,
-            reshard(out, made, kept, self.mesh, self.profile, step, step.repeat),
+            reshard(out, made, kept, self.mesh, self.profile, step, step.repeat, copies),
             f"{who} makes {out.name} as [{self._text(made, step, -1, step.output)}]; it is "
             f"kept as [{self._text(kept, step, -1, step.output)}]",
         )
@@ -169,7 +172,7 @@ class Tally:
     def map(self, k: int, step: Step) -> None:
         a = step.inputs[0]
         src = self.lay.specs[a]
-        head, mapped = _map_head(self.graph, step, src, self.mesh, self.profile)
+        head, mapped = _map_head(self.graph, step, src, self.mesh, self.profile, self.made)
         held = self._text(src, step, 0, a)
         need = ", ".join(f"d{d}" for d in step.local) or "its split dimensions"
         # the gather to the whole operand comes first; what an earlier move of the operand

@@ -18,7 +18,7 @@ Pure: no devices.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,18 +126,22 @@ def map_cost(
     """A map from its operand's layout ``src`` to its result's ``dst``: whole the dimensions it
     needs whole, all-reduce the partial sums of a reduction over split dimensions, carry the
     rest over, and reshard the result to ``dst``."""
-    head, mapped = _map_head(graph, step, src, mesh, profile)
-    after = reshard(graph.values[step.output], mapped, dst, mesh, profile, step, step.repeat)
+    made = made_by_ops(graph)
+    head, mapped = _map_head(graph, step, src, mesh, profile, made)
+    after = reshard(graph.values[step.output], mapped, dst, mesh, profile, step, step.repeat,
+                    a2a_copies(step.output, made, into_op=False))  # fmt: skip
     return Cost(head.seconds + after.seconds, (*head.collectives, *after.collectives))
 
 
 def _map_head(
-    graph: Graph, step: Step, src: Spec, mesh: MeshSpec, profile: Profile
+    graph: Graph, step: Step, src: Spec, mesh: MeshSpec, profile: Profile, made: Set[int]
 ) -> tuple[Cost, Spec]:
-    """A map's cost up to its result in the layout it makes it in, and that layout."""
+    """A map's cost up to its result in the layout it makes it in, and that layout
+    (``made``: :func:`made_by_ops`)."""
     value, out = graph.values[step.inputs[0]], graph.values[step.output]
     whole, mapped, partial = map_specs(graph, step, src, mesh)
-    gather = reshard(value, src, whole, mesh, profile, step, step.repeat)
+    copies = a2a_copies(step.inputs[0], made, into_op=False)
+    gather = reshard(value, src, whole, mesh, profile, step, step.repeat, copies)
     sums: list[tuple[PredictedCollective, Step]] = []
     if partial:
         # one all-reduce per split reduced dimension, over its axes (as XLA sums a reduction
@@ -168,23 +172,25 @@ def _map_matrix(
     mesh: MeshSpec,
     profile: Profile,
     seen: dict[tuple[Any, ...], np.ndarray],
+    made: Set[int],
 ) -> np.ndarray:
     """:func:`map_cost` for every pair of layouts, the part before the result's resharding
     computed once per operand layout, the resharding once per layout the map makes; once for
     all maps alike (``seen``: 126 maps of a 2-layer transformer's training step are 44)."""
     value, out = graph.values[step.inputs[0]], graph.values[step.output]
     shapes = (value.shape, value.dtype, out.shape, out.dtype)
+    copies = (a2a_copies(step.inputs[0], made, False), a2a_copies(step.output, made, False))
     key = (shapes, step.dim_map, step.local, step.reduced, step.repeat, step.implicit,
-           tuple(sa), tuple(sb))  # fmt: skip
+           tuple(sa), tuple(sb), copies)  # fmt: skip
     if key in seen:
         return seen[key]
     after: dict[Spec, np.ndarray] = {}
     rows = []
     for s in sa:
-        head, mapped = _map_head(graph, step, s, mesh, profile)
+        head, mapped = _map_head(graph, step, s, mesh, profile, made)
         if mapped not in after:
             after[mapped] = np.array(
-                [reshard_seconds(out, mapped, t, mesh, profile, step.repeat) for t in sb]
+                [reshard_seconds(out, mapped, t, mesh, profile, step.repeat, copies[1]) for t in sb]
             )
         rows.append(head.seconds + after[mapped])
     seen[key] = np.array(rows)
@@ -214,6 +220,7 @@ def build_problem(
     counts: dict[int, int] = {}
     maps: dict[tuple[Any, ...], np.ndarray] = {}
     written = _written(graph)
+    made = made_by_ops(graph)
     for v, n in graph.elementwise.items():
         if v in written:
             counts[graph.find(v)] = counts.get(graph.find(v), 0) + n
@@ -232,11 +239,11 @@ def build_problem(
         )
     for k, step in enumerate(graph.steps):
         if step.kind == "dot":
-            _add_dot(graph, problem, var_of, k, step, mesh, profile)
+            _add_dot(graph, problem, var_of, k, step, mesh, profile, made)
         elif step.kind == "map":
             a, b = var_of[graph.find(step.inputs[0])], var_of[graph.find(step.output)]
             matrix = _map_matrix(
-                graph, step, problem.choices[a], problem.choices[b], mesh, profile, maps
+                graph, step, problem.choices[a], problem.choices[b], mesh, profile, maps, made
             )
             problem.add_edge(a, b, matrix)
         else:
@@ -245,12 +252,34 @@ def build_problem(
                 problem.unary[u] = problem.unary[u] + np.array(
                     [
                         reshard(
-                            graph.values[a], s, Spec(), mesh, profile, step, step.repeat
+                            graph.values[a],
+                            s,
+                            Spec(),
+                            mesh,
+                            profile,
+                            step,
+                            step.repeat,
+                            a2a_copies(a, made, into_op=True),
                         ).seconds
                         for s in problem.choices[u]
                     ]
                 )
     return problem
+
+
+def a2a_copies(a: int, made: Set[int], into_op: bool) -> int:
+    """How many copies of its block an all-to-all that moves array ``a`` costs on a CPU
+    (:data:`~shardwise._planner.moves.COPY_BYTES`): one where ``a`` is in ``made`` (from
+    :func:`made_by_ops`: an elementwise op or a map that makes an array cuts it up itself),
+    and one more where a dot or an opaque op reads it (``into_op``; an elementwise op reads
+    the pieces as they are)."""
+    return int(a in made) + int(into_op)
+
+
+def made_by_ops(graph: Graph) -> frozenset[int]:
+    """The arrays XLA cannot fuse a copy into the making of: the program's arguments and the
+    results of its dots and opaque ops."""
+    return frozenset(graph.inputs) | {s.output for s in graph.steps if s.kind != "map"}
 
 
 def _written(graph: Graph) -> set[int]:
@@ -264,14 +293,23 @@ def _written(graph: Graph) -> set[int]:
 
 
 def _reshard_matrix(
-    value: Value, srcs: list[Spec], dsts: list[Spec], mesh: MeshSpec, profile: Profile, step: Step
+    value: Value,
+    srcs: list[Spec],
+    dsts: list[Spec],
+    mesh: MeshSpec,
+    profile: Profile,
+    step: Step,
+    copies: int,
 ) -> np.ndarray:
     """Seconds to reshard ``value`` from each of ``srcs`` to each of ``dsts`` (each distinct
-    pair costed once)."""
+    pair costed once; ``copies``: :func:`a2a_copies`)."""
     rows = {spec: k for k, spec in enumerate(dict.fromkeys(srcs))}
     cols = {spec: k for k, spec in enumerate(dict.fromkeys(dsts))}
     table = np.array(
-        [[reshard_seconds(value, x, y, mesh, profile, step.repeat) for y in cols] for x in rows]
+        [
+            [reshard_seconds(value, x, y, mesh, profile, step.repeat, copies) for y in cols]
+            for x in rows
+        ]
     )
     return table[np.ix_([rows[x] for x in srcs], [cols[y] for y in dsts])]
 
@@ -291,6 +329,7 @@ def _add_dot(
     step: Step,
     mesh: MeshSpec,
     profile: Profile,
+    made: Set[int],
 ) -> None:
     assert step.op is not None
     sizes = step.op.sizes([graph.values[a].shape for a in step.inputs])
@@ -303,11 +342,15 @@ def _add_dot(
     for slot, a in enumerate(step.inputs):
         u = var_of[graph.find(a)]
         wanted = [t.in_specs(step.op)[slot] for t in found]
-        matrix = _reshard_matrix(graph.values[a], problem.choices[u], wanted, mesh, profile, step)
+        copies = a2a_copies(a, made, into_op=True)
+        matrix = _reshard_matrix(
+            graph.values[a], problem.choices[u], wanted, mesh, profile, step, copies
+        )
         problem.add_edge(u, d, matrix)
     out = var_of[graph.find(step.output)]
-    made = [t.out_spec for t in found]
+    made_specs = [t.out_spec for t in found]
+    copies = a2a_copies(step.output, made, into_op=False)
     matrix = _reshard_matrix(
-        graph.values[step.output], made, problem.choices[out], mesh, profile, step
+        graph.values[step.output], made_specs, problem.choices[out], mesh, profile, step, copies
     )
     problem.add_edge(d, out, matrix)

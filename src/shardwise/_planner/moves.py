@@ -24,13 +24,15 @@ from shardwise._model.reshard import reshard_collectives, reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._planner.nodes import Step, Value
 
-A2A_COPIES = 4
-"""Bytes of memory traffic per byte of the block an all-to-all moves on a CPU, besides the
-collective: XLA copies the block into one piece per device before it (``copy_slice`` fusions
-or a transpose) and the pieces it receives into one block after it (a ``copy_bitcast``
-fusion), each copy reading and writing the block. Measured on 8 CPU devices, an all-to-all
-of 1-4 MiB blocks took 1.8-2.5× the time of the collective alone; with the copies the model
-predicts 0.7-1.4× the measured time."""
+COPY_BYTES = 2
+"""Bytes of memory traffic per byte of the block for each copy XLA's CPU backend makes around
+an all-to-all (a read and a write): one that cuts the block into one piece per device before
+it, where what makes the array cannot do the cutting itself (a program argument, or a dot's
+result: ``copy_slice`` fusions), and one that puts the pieces received together after it,
+where what reads the array cannot (a dot: a ``copy_bitcast`` fusion). An elementwise op fuses
+either (:func:`~shardwise._planner.costs.a2a_copies`). Measured on 8 CPU devices,
+all-to-alls of a program argument's 1-4 MiB blocks took 1.8-2.7× the collective's predicted
+time; with both copies the model predicts 1.0-1.7× their time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,22 +64,31 @@ def reshard(
     profile: Profile,
     step: Step | None,
     repeat: int,
+    copies: int = 0,
 ) -> Cost:
-    """What moving ``value`` from ``src`` to ``dst`` costs."""
+    """What moving ``value`` from ``src`` to ``dst`` costs, where an all-to-all costs
+    ``copies`` copies of its block besides the collective on a CPU
+    (:func:`~shardwise._planner.costs.a2a_copies`)."""
     if src == dst:
         return Cost()
-    seconds, found = _reshard(value.shape, value.dtype, src, dst, mesh, profile)
+    seconds, found = _reshard(value.shape, value.dtype, src, dst, mesh, profile, copies)
     return Cost(seconds * repeat, tuple((c, step) for c in found))
 
 
 def reshard_seconds(
-    value: Value, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile, repeat: int
+    value: Value,
+    src: Spec,
+    dst: Spec,
+    mesh: MeshSpec,
+    profile: Profile,
+    repeat: int,
+    copies: int = 0,
 ) -> float:
     """:func:`reshard`'s time alone (the cost matrices need nothing else, many thousand
     times)."""
     if src == dst:
         return 0.0
-    return _reshard_seconds(value.shape, value.dtype, src, dst, mesh, profile) * repeat
+    return _reshard_seconds(value.shape, value.dtype, src, dst, mesh, profile, copies) * repeat
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +124,13 @@ def _blocks(shape: tuple[int, ...], ways: tuple[int, ...]) -> int:
 
 @cached(maxsize=1 << 16)
 def _reshard_seconds(
-    shape: tuple[int, ...], dtype: str, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile
+    shape: tuple[int, ...],
+    dtype: str,
+    src: Spec,
+    dst: Spec,
+    mesh: MeshSpec,
+    profile: Profile,
+    copies: int,
 ) -> float:
     """:func:`_reshard`'s seconds from the shape-free :func:`_recipe` (the same sums in the
     same order, so the same number)."""
@@ -128,13 +145,19 @@ def _reshard_seconds(
     if profile.platform == "cpu":
         seconds += 2 * sum(_blocks(shape, w) * width for w in r.relayout) / profile.memory_Bps
         moved = sum(_blocks(shape, w) for kind, _, w in r.collectives if kind == "all-to-all")
-        seconds += A2A_COPIES * moved * width / profile.memory_Bps
+        seconds += copies * COPY_BYTES * moved * width / profile.memory_Bps
     return seconds
 
 
 @cached(maxsize=1 << 16)
 def _reshard(
-    shape: tuple[int, ...], dtype: str, src: Spec, dst: Spec, mesh: MeshSpec, profile: Profile
+    shape: tuple[int, ...],
+    dtype: str,
+    src: Spec,
+    dst: Spec,
+    mesh: MeshSpec,
+    profile: Profile,
+    copies: int,
 ) -> tuple[float, tuple[PredictedCollective, ...]]:
     found = reshard_collectives(src, dst, shape, dtype, mesh, profile)
     seconds = sum(c.seconds for c in found)
@@ -148,10 +171,9 @@ def _reshard(
     if profile.platform == "cpu":
         # ... and the CPU's gathers along a dimension but the first copy their result back
         seconds += 2 * relayout_bytes(value, src, dst, mesh) / profile.memory_Bps
-        # ... and its all-to-alls copy the block into one piece per device and the pieces
-        # received back into one block
+        # ... and the copies around its all-to-alls that no neighbouring op does
         moved = sum(c.bytes for c in found if c.kind == "all-to-all")
-        seconds += A2A_COPIES * moved / profile.memory_Bps
+        seconds += copies * COPY_BYTES * moved / profile.memory_Bps
     return seconds, found
 
 

@@ -8,6 +8,7 @@ and puts the named baselines (:mod:`~shardwise._planner.baselines`) beside it. T
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -107,6 +108,19 @@ class ProgramPlan:
                 return p
         raise ArgumentError(
             f"no plan named {name!r}; the plans are {', '.join(p.name for p in self.plans)}."
+        )
+
+    def fastest_measured(self) -> PlannedLayout | None:
+        """The verified plan that ran fastest, of those that keep the inputs ``fixed`` pins
+        (a baseline may lay them out its own way); ``None`` before :meth:`verify`."""
+        search = self.get("search").in_specs
+        keeps = [
+            p for p in self.plans
+            if p.verified is not None
+            and all(p.in_specs[k].canonical() == search[k].canonical() for k in self.pinned)
+        ]  # fmt: skip
+        return min(
+            keeps, key=lambda p: p.verified.seconds if p.verified else math.inf, default=None
         )
 
     def sharded(self, name: str | None = None, mesh: Any = None) -> Callable[..., Any]:

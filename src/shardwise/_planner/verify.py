@@ -226,11 +226,5 @@ def tune(plan: ProgramPlan, repeat: int = 5, mesh: Any = None, on_step: Any = No
     by any margin: plans within about 1% of each other trade places from one timing to the
     next, and either is as good a choice."""
     done = verify(plan, repeat, mesh, on_step)
-    search = done.get("search").in_specs
-    keeps = [
-        p for p in done.plans
-        if p.verified is not None
-        and all(p.in_specs[k].canonical() == search[k].canonical() for k in plan.pinned)
-    ]  # fmt: skip
-    fastest = min(keeps, key=lambda p: p.verified.seconds if p.verified else float("inf"))
-    return dataclasses.replace(done, chosen_name=fastest.name, tuned=True)
+    fastest = done.fastest_measured()
+    return dataclasses.replace(done, chosen_name=fastest.name if fastest else "search", tuned=True)

@@ -95,13 +95,13 @@ time (closer than that, two runs of the same plan may trade places)."""
 
 
 def faster_than_chosen(report: Any) -> list[str]:
-    """A line naming the plan that ran fastest on the devices at hand, where it beat the
-    chosen plan clearly: the prediction missed something there, and the user can run it."""
-    timed = [p for p in report.plans if p.verified is not None]
+    """A line naming the plan that ran fastest on the devices at hand (of those that keep
+    the inputs ``fixed`` pins, as ``tune`` chooses), where it beat the chosen plan clearly:
+    the prediction missed something there, and the user can run it."""
+    fastest = report.fastest_measured()
     chosen = report.chosen.verified
-    if not timed or chosen is None:
+    if fastest is None or chosen is None:
         return []
-    fastest = min(timed, key=lambda p: p.verified.seconds)
     if fastest.verified.seconds <= 0 or fastest.verified.seconds >= FASTER * chosen.seconds:
         return []
     return [
