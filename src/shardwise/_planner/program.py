@@ -139,7 +139,7 @@ class ProgramPlan:
         """:meth:`verify`, then choose the plan that ran fastest (of those that keep the
         inputs ``fixed`` pinned): where the cost model cannot tell plans apart (on a 2-core
         x86 machine with 24 GiB it ranks a transformer's training-step plans with a Spearman
-        of 0.6–0.7), the devices at hand decide. :attr:`chosen`, :meth:`sharded`,
+        of 0.6–0.9), the devices at hand decide. :attr:`chosen`, :meth:`sharded`,
         :meth:`report` and the JSON's ``"chosen"`` then name that plan."""
         return tune(self, repeat, mesh, on_step)
 
