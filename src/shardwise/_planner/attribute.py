@@ -96,7 +96,7 @@ class Tally:
         self.seconds = [0.0] * len(graph.steps)
         self.flops = 0.0
         self.moved: set[tuple[int, Spec, Spec, tuple[int, ...]]] = set()
-        self.made = made_by_ops(graph)
+        self.by_ops = made_by_ops(graph)
 
     def add(self, k: int, cost: Cost, why: str) -> None:
         self.seconds[k] += cost.seconds
@@ -114,7 +114,7 @@ class Tally:
         if shared is None:
             return
         value = self.graph.values[a]
-        copies = a2a_copies(a, self.made, into_op=True)
+        copies = a2a_copies(a, self.by_ops, into_op=True)
         cost = reshard(value, src, dst, self.mesh, self.profile, step, step.repeat, copies)
         cost = _less(cost, shared, step.repeat)
         self.add(
@@ -161,7 +161,7 @@ class Tally:
     def _result(self, k: int, step: Step, made: Spec, who: str) -> None:
         out = self.graph.values[step.output]
         kept = self.lay.specs[step.output]
-        copies = a2a_copies(step.output, self.made, into_op=False)
+        copies = a2a_copies(step.output, self.by_ops, into_op=False)
         self.add(
             k,
             reshard(out, made, kept, self.mesh, self.profile, step, step.repeat, copies),
@@ -172,7 +172,7 @@ class Tally:
     def map(self, k: int, step: Step) -> None:
         a = step.inputs[0]
         src = self.lay.specs[a]
-        head, mapped = _map_head(self.graph, step, src, self.mesh, self.profile, self.made)
+        head, mapped = _map_head(self.graph, step, src, self.mesh, self.profile, self.by_ops)
         held = self._text(src, step, 0, a)
         need = ", ".join(f"d{d}" for d in step.local) or "its split dimensions"
         # the gather to the whole operand comes first; what an earlier move of the operand
