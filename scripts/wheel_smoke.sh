@@ -14,7 +14,10 @@ trap 'rm -rf "$WORK"' EXIT
 "$PY" -m twine check --strict "$WORK"/dist/* >"$WORK/twine.log" 2>&1 \
     || { cat "$WORK/twine.log"; exit 1; }
 wheel=$(ls "$WORK"/dist/*.whl)
-unzip -l "$wheel" | grep -q 'csrc/.*\.cc' || { echo "smoke: the wheel lacks the native kernels' C++ sources"; exit 1; }
+# list to a file first: with pipefail, `unzip | grep -q` fails whenever grep exits before unzip
+# has written everything (unzip dies of SIGPIPE), a race that once failed a clean build
+unzip -l "$wheel" >"$WORK/wheel.txt"
+grep -q 'csrc/.*\.cc' "$WORK/wheel.txt" || { echo "smoke: the wheel lacks the native kernels' C++ sources"; exit 1; }
 
 python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/python" -m pip install --quiet "$wheel" >"$WORK/pip.log" 2>&1 \
