@@ -247,6 +247,37 @@ def test_calibrate_writes_a_profile_the_planner_uses(tmp_path, monkeypatch):
     assert default_profile("cpu", 8).name == "cpu-2core"
 
 
+def test_calibrate_times_every_measurement_in_one_round_of_turns(monkeypatch):
+    """Every figure comes from one ``alternate`` over all measurements, fitted from its
+    medians: a collective's link from its small and large times, memory from the faster of
+    its read and copy."""
+    from shardwise._planner import calibrate as cal
+
+    calls = []
+    big = 2**20
+
+    def fake_alternate(runners, repeat, at_least=0.0):
+        calls.append((sorted(runners), repeat, at_least))
+        times = {name: 1e-3 for name in runners}
+        times["memory read"], times["memory copy"] = big / 4e9, 2 * big / 5e9
+        times["all-reduce y 1024"], times[f"all-reduce y {big // 8}"] = 2e-4, 2e-4 + 1e-4
+        return times
+
+    monkeypatch.setattr(cal, "alternate", fake_alternate)
+    profile = cal.calibrate(build_mesh(MeshSpec.parse("x=2,y=4")), per_device_bytes=big, repeat=3)
+    [(names, repeat, at_least)] = calls
+    assert repeat == 3 and at_least == cal.TURN_SECONDS
+    assert {"memory read", "memory copy", "all-gather x 1024", "all-reduce y 131072"} <= set(names)
+    assert sum(n.startswith("float32 ") for n in names) == 1 + len(cal.MATMULS)
+    assert profile.memory_Bps == pytest.approx(5e9)
+    link = profile.axis_links["y"]
+    assert link.latency_s == pytest.approx(2e-4)
+    assert link.bandwidth_Bps == pytest.approx((big // 8) / 1e-4)
+    assert profile.axis_links["x"] == cal.fit_link(
+        2, "all-reduce", "cpu", 1024, big // 8, 1e-3, 1e-3
+    )
+
+
 def test_verify_compares_and_times():
     op = Op.parse("nd,nd->n")
     mesh = MeshSpec.parse("x=2,y=4")

@@ -20,7 +20,7 @@ from scipy.optimize import nnls
 
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Link, Profile, local_name
-from shardwise._runtime.timing import median_seconds
+from shardwise._runtime.timing import alternate
 from shardwise._xla.resources import device_capacity
 
 MATMULS: tuple[tuple[int, int, int], ...] = (
@@ -38,8 +38,8 @@ def _flat(mesh: Mesh) -> P:
     return P(tuple(mesh.axis_names))
 
 
-def memory_bandwidth(mesh: Mesh, per_device_bytes: int, repeat: int) -> float:
-    """Bytes per second one device reads, the best of a sum (read) and a scale (read + write)."""
+def memory_runners(mesh: Mesh, per_device_bytes: int) -> dict[str, Callable[[], object]]:
+    """A sum (reads its block) and a scale (reads and writes it) on every device at once."""
     n = mesh.size * (per_device_bytes // 4)
     x = jax.device_put(jnp.ones((n,), jnp.float32), NamedSharding(mesh, _flat(mesh)))
     local_sum = jax.jit(
@@ -51,19 +51,19 @@ def memory_bandwidth(mesh: Mesh, per_device_bytes: int, repeat: int) -> float:
         )
     )
     scale = jax.jit(lambda b: b * 1.0001)
-    read = per_device_bytes / median_seconds(lambda: local_sum(x), repeat)
-    copy = 2 * per_device_bytes / median_seconds(lambda: scale(x), repeat)
-    return max(read, copy)
+    return {"memory read": partial(local_sum, x), "memory copy": partial(scale, x)}
 
 
-def matmul_seconds(mesh: Mesh, m: int, k: int, n: int, dtype: str, repeat: int) -> float:
-    """Seconds one device takes for an ``m×k`` by ``k×n`` matmul while every device does one."""
+def matmul_runner(mesh: Mesh, m: int, k: int, n: int, dtype: str) -> Callable[[], object]:
+    """An ``m×k`` by ``k×n`` matmul on every device at once."""
     sharding = NamedSharding(mesh, _flat(mesh))
     x = jax.device_put(jnp.ones((mesh.size, m, k), dtype), sharding)
     w = jax.device_put(jnp.ones((mesh.size, k, n), dtype), sharding)
-    mm = jax.jit(lambda a, b: jnp.einsum("bij,bjk->bik", a, b))
-    return median_seconds(lambda: mm(x, w), repeat)
+    return partial(jax.jit(lambda a, b: jnp.einsum("bij,bjk->bik", a, b)), x, w)
 
+
+TURN_SECONDS = 0.02
+"""Each turn of a measurement calls it for at least this long and counts the mean."""
 
 MIN_SHARE = 0.01
 """The least share of some matmul's time each term of the fit must explain to be kept."""
@@ -104,38 +104,42 @@ def fit_matmul(
     return float(1 / inv_f), float(1 / inv_b)
 
 
-def collective_link(mesh: Mesh, axis: str, kind: str, small: int, large: int, repeat: int) -> Link:
-    """Fit latency and bandwidth of a collective along ``axis`` from a small and a large
-    message (bytes per device): as a ring, or on CPUs as one step (as ``ring_seconds``
-    predicts them)."""
+def collective_runner(mesh: Mesh, axis: str, kind: str, nbytes: int) -> Callable[[], object]:
+    """An all-reduce or all-gather of ``nbytes`` per device along ``axis``, every group at once."""
     p = mesh.shape[axis]
+    per = max(nbytes // 4, 1)
+    if kind == "all-gather":
+        per = max(per // p, 1)
+    x = jax.device_put(jnp.ones((mesh.size * per,), jnp.float32), NamedSharding(mesh, _flat(mesh)))
+    if kind == "all-reduce":
+        body = partial(jax.lax.psum, axis_name=axis)
+    else:
+        body = partial(jax.lax.all_gather, axis_name=axis, tiled=True)
+    others = tuple(a for a in mesh.axis_names if a != axis)
+    out = P((*others, axis)) if kind == "all-reduce" else P(others or None)
+    f = jax.jit(
+        jax.shard_map(body, mesh=mesh, in_specs=_flat(mesh), out_specs=out, check_vma=False)
+    )
+    return partial(f, x)
+
+
+def fit_link(
+    p: int, kind: str, platform: str, small: int, large: int, t_small: float, t_large: float
+) -> Link:
+    """Latency and bandwidth of a collective over ``p`` devices from its time for a small and
+    a large message (bytes per device): as a ring, or on CPUs as one step (as
+    ``ring_seconds`` predicts them).
+
+    >>> link = fit_link(4, "all-reduce", "cpu", 1024, 2**20, 2e-4, 1.2e-3)
+    >>> round(link.latency_s * 1e6), round(link.bandwidth_Bps / 2**20)
+    (200, 1000)
+    """
     steps = 2 * (p - 1) if kind == "all-reduce" else p - 1
     factor = steps / p
-    if mesh.devices.flat[0].platform == "cpu":
+    if platform == "cpu":
         steps, factor = 1, 1.0  # one step in shared memory (ring_seconds on CPUs)
-
-    def timed(nbytes: int) -> float:
-        per = max(nbytes // 4, 1)
-        if kind == "all-gather":
-            per = max(per // p, 1)
-        x = jax.device_put(
-            jnp.ones((mesh.size * per,), jnp.float32), NamedSharding(mesh, _flat(mesh))
-        )
-        if kind == "all-reduce":
-            body = partial(jax.lax.psum, axis_name=axis)
-        else:
-            body = partial(jax.lax.all_gather, axis_name=axis, tiled=True)
-        others = tuple(a for a in mesh.axis_names if a != axis)
-        out = P((*others, axis)) if kind == "all-reduce" else P(others or None)
-        f = jax.jit(
-            jax.shard_map(body, mesh=mesh, in_specs=_flat(mesh), out_specs=out, check_vma=False)
-        )
-        return median_seconds(lambda: f(x), repeat)
-
-    t_small, t_large = timed(small), timed(large)
     latency = max(t_small / max(steps, 1), 1e-7)
-    moved = factor * large
-    bandwidth = moved / max(t_large - steps * latency, t_large * 0.1)
+    bandwidth = factor * large / max(t_large - steps * latency, t_large * 0.1)
     return Link(latency_s=latency, bandwidth_Bps=bandwidth)
 
 
@@ -155,28 +159,42 @@ def calibrate(
         if on_step is not None:
             on_step(what)
 
-    step("memory bandwidth")
-    bandwidth = memory_bandwidth(mesh, per_device_bytes, repeat)
-    # elsewhere the fit reads only the square and the thin one
-    extra = MATMULS if platform == "cpu" else MATMULS[:1]
-    shapes = [(matmul_size, matmul_size, matmul_size), *extra]
+    small, large = 1024, per_device_bytes // 8
+    # elsewhere the matmul fit reads only the square and the thin one
+    shapes = [
+        (matmul_size, matmul_size, matmul_size),
+        *(MATMULS if platform == "cpu" else MATMULS[:1]),
+    ]
+    dtypes = ("float32", "bfloat16")
+    axes = [axis for axis, size in spec.axes if size >= 2]
+    step("compiling the measurements")
+    runners = memory_runners(mesh, per_device_bytes)
+    for dtype in dtypes:
+        for shape in shapes:
+            runners[f"{dtype} {shape}"] = matmul_runner(mesh, *shape, dtype)
+    for axis in axes:
+        for kind in ("all-reduce", "all-gather"):
+            for nbytes in (small, large):
+                runners[f"{kind} {axis} {nbytes}"] = collective_runner(mesh, axis, kind, nbytes)
+    step(f"{len(runners)} measurements, taking turns")
+    # taking turns, a passing load on the machine slows every measurement a little rather
+    # than one of them a lot (one all-reduce, timed alone, once came out 6x slow)
+    t = alternate(runners, repeat, at_least=TURN_SECONDS)
+    bandwidth = max(per_device_bytes / t["memory read"], 2 * per_device_bytes / t["memory copy"])
     flops: dict[str, float] = {}
     packing: dict[str, float] = {}
-    for dtype in ("float32", "bfloat16"):
-        step(f"{dtype} matmuls")
+    for dtype in dtypes:
+        times = [t[f"{dtype} {shape}"] for shape in shapes]
         width = jnp.dtype(dtype).itemsize
-        times = [matmul_seconds(mesh, *shape, dtype, repeat) for shape in shapes]
         flops[dtype], packing[dtype] = fit_matmul(shapes, times, width, platform)
     gemm = packing["float32"]
     links: dict[str, Link] = {}
     gathers: dict[str, Link] = {}
     measured: dict[str, float] = {}
-    for axis, size in spec.axes:
-        if size < 2:
-            continue
+    for axis in axes:
         for kind in ("all-reduce", "all-gather"):
-            step(f"{kind} along {axis}")
-            link = collective_link(mesh, axis, kind, 1024, per_device_bytes // 8, repeat)
+            pair = t[f"{kind} {axis} {small}"], t[f"{kind} {axis} {large}"]
+            link = fit_link(mesh.shape[axis], kind, platform, small, large, *pair)
             measured[f"{kind}:{axis}:latency_s"] = link.latency_s
             measured[f"{kind}:{axis}:bandwidth_Bps"] = link.bandwidth_Bps
             (links if kind == "all-reduce" else gathers)[axis] = link

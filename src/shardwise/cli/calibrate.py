@@ -26,8 +26,9 @@ def calibrate(
         typer.Option(
             "--repeat",
             min=1,
-            help="Timed runs of each measurement (memory bandwidth, matmul per dtype, each "
-            "collective on each axis at a small and a large size); the median is kept.",
+            help="Timed runs of each measurement (memory bandwidth, matmuls per dtype, each "
+            "collective on each axis at a small and a large size), all taking turns; the "
+            "median is kept.",
         ),
     ] = 5,
     json: Json = False,
