@@ -121,6 +121,18 @@ def test_port_in_use():
     assert f"port {port} on 127.0.0.1 is in use" in " ".join(result.stderr.split())
 
 
+def test_the_launcher_picks_a_port_no_outgoing_connection_can_take():
+    # a port from the ephemeral range may become some connection's end (gloo opens many)
+    # in the second before process 0 listens there: that failed a launch in the test suite
+    from shardwise._runtime.distributed import _ephemeral_low, bind_error, free_port
+
+    low = _ephemeral_low()
+    for _ in range(20):
+        port = free_port()
+        assert 1024 <= port < low
+        assert bind_error("127.0.0.1", port) is None
+
+
 def test_wrong_coordinator_fails_with_a_clear_error():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

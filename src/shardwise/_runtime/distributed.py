@@ -26,8 +26,10 @@ them (:func:`to_host`).
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -173,6 +175,33 @@ def _can_host(coordinator: str, bind: str | None) -> None:
                 f"process 0 cannot host the coordinator on {join_address(where, port)} "
                 f"({e.strerror or e}); the port is in use or the address is not this machine's."
             )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now at ``host``, below the range the kernel hands out
+    to outgoing connections and ``bind(0)``: process 0 listens there only a second or more
+    later, and a port from that range may by then be another connection's end (gloo opens
+    many). Falls back to a port the kernel picks.
+
+    >>> 1024 <= free_port() < 65536
+    True
+    """
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(min(10000, low // 2), low)
+        if bind_error(host, port) is None:
+            return port
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux says; else IANA's 49152)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
 
 
 def bind_error(host: str, port: int) -> OSError | None:

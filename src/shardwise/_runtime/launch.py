@@ -22,7 +22,6 @@ import ctypes
 import errno
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -40,6 +39,7 @@ from shardwise._runtime.distributed import (
     ENV_NUM_PROCESSES,
     ENV_PROCESS_ID,
     bind_error,
+    free_port,
     join_address,
     split_address,
 )
@@ -67,13 +67,6 @@ class Outcome:
 
     returncode: int
     message: str
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now at 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def check_port(port: int, host: str = "127.0.0.1") -> None:
