@@ -177,8 +177,8 @@ def _can_host(coordinator: str, bind: str | None) -> None:
             )
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now at ``host``, below the range the kernel hands out
+def free_port() -> int:
+    """A TCP port nothing listens on now at 127.0.0.1, below the range the kernel hands out
     to outgoing connections and ``bind(0)``: process 0 listens there only a second or more
     later, and a port from that range may by then be another connection's end (gloo opens
     many). Falls back to a port the kernel picks.
@@ -189,10 +189,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     low = _ephemeral_low()
     for _ in range(64):
         port = random.randrange(min(10000, low // 2), low)
-        if bind_error(host, port) is None:
+        if bind_error("127.0.0.1", port) is None:
             return port
     with socket.socket() as s:
-        s.bind((host, 0))
+        s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
