@@ -194,6 +194,57 @@ def test_mixed_dtypes_promote_as_numpy_does():
     assert out.dtype == np.result_type(a, b)  # float64, as np.einsum gives
 
 
+SUPPORTED_DTYPES = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+)
+
+
+def _pair_operand(dtype: str, first: bool) -> np.ndarray:
+    """Small values every dtype holds (their dot product too), and in the first operand 1000001
+    where the dtype holds it exactly: a product computed in a narrower type than NumPy's
+    (bfloat16 keeps 8 bits) is then a different number, not a rounding."""
+    dt = np.dtype(jnp.dtype(dtype))
+    values = [1, 2, 3, 1, 0, 2, 1, 3] if not first else [1, 0, 3, 2, 1, 2, 1, 0]
+    wide = dt.kind in "iuf c" and dt.itemsize >= 4 and dt.name not in ("float16", "bfloat16")
+    if first and wide:
+        values[0] = 1000001
+    return np.asarray(values).astype(dt)
+
+
+@pytest.mark.parametrize("second", SUPPORTED_DTYPES)
+@pytest.mark.parametrize("first", SUPPORTED_DTYPES)
+def test_every_pair_of_dtypes_gives_numpys_dtype_and_numbers(first, second):
+    a, b = _pair_operand(first, True), _pair_operand(second, False)
+    dtype = np.result_type(a, b)  # NumPy's promotion (ml_dtypes' for bfloat16): the promise
+    x, y = a.astype(dtype), b.astype(dtype)
+    want = x & y if dtype == np.bool_ else x * y  # np.einsum's product (it has no bfloat16)
+    if dtype != jnp.bfloat16:
+        np.testing.assert_array_equal(np.einsum("n,n->n", a, b), want)
+    out = shardwise.einsum("n,n->n", a, b, mesh="devices=2", in_specs=["devices", None])
+    assert out.dtype == dtype, (first, second)
+    np.testing.assert_array_equal(np.asarray(out), want)
+    total = shardwise.einsum("n,n->", a, b, mesh="devices=2", in_specs=["devices", "devices"])
+    assert total.dtype == dtype
+    exact = np.dot(a.astype(np.complex128), b.astype(np.complex128))
+    if dtype == np.bool_:
+        exact = exact != 0
+    np.testing.assert_allclose(np.asarray(total).astype(np.complex128), exact)
+
+
 @pytest.mark.parametrize("dtype", ["int64", "float64"])
 def test_streaming_keeps_64_bit_inputs_in_64_bits(tmp_path, dtype):
     a = (np.arange(192).reshape(64, 3) + 2**20).astype(dtype)  # squares need more than 32 bits

@@ -101,11 +101,14 @@ def _kind(dtype: np.dtype[Any]) -> str:
 
 
 def result_dtype(arrays: Sequence[Any]) -> np.dtype[Any]:
-    """The dtype NumPy's einsum gives these operands (JAX's promotion where a type is JAX's
-    own, such as bfloat16); 64-bit types are computed in 64 bits (:func:`wide`).
+    """The dtype NumPy's einsum gives these operands, bfloat16 included (with ``ml_dtypes``, as
+    JAX's own arrays convert to NumPy; JAX's promotion only where NumPy has no rule); 64-bit
+    types are computed in 64 bits (:func:`wide`).
 
     >>> result_dtype([np.ones(2, np.int8), np.ones(2, np.float32)]).name
     'float32'
+    >>> result_dtype([np.ones(2, jnp.bfloat16), np.ones(2, np.int32)]).name  # JAX: bfloat16
+    'float64'
     """
     return _result_dtype(tuple(a.dtype for a in arrays))
 
@@ -113,9 +116,10 @@ def result_dtype(arrays: Sequence[Any]) -> np.dtype[Any]:
 @cached(maxsize=64)
 def _result_dtype(given: tuple[Any, ...]) -> np.dtype[Any]:
     dtypes = [supported(d, f"operand {k}") for k, d in enumerate(given)]
-    if all(d.kind in "biufc" for d in dtypes):
+    try:  # ml_dtypes teaches NumPy its types' promotions: bfloat16 with int32 is float64
         return np.result_type(*dtypes)
-    return np.dtype(functools.reduce(jnp.promote_types, dtypes))
+    except TypeError:  # a pair NumPy has no rule for: JAX's promotion
+        return np.dtype(functools.reduce(jnp.promote_types, dtypes))
 
 
 def wide(dtype: Any) -> contextlib.AbstractContextManager[Any]:
