@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 import shardwise
 from shardwise import ArgumentError, ShardwiseError
+from shardwise._data.sources import BLOCK, SAMPLES, Source
 from shardwise._files import exclusive_lock
 from shardwise.cli import app
 
@@ -308,7 +309,9 @@ def test_an_input_only_touched_resumes_when_checksums_were_recorded(tmp_path):
     _interrupted(ins, plain)
     _interrupted(ins, summed, checksum=True)
     os.utime(ins[0], ns=(10**9, 10**9))
-    with pytest.raises(ShardwiseError, match=r"changed since the last run \(mtime_ns differ"):
+    with pytest.raises(
+        ShardwiseError, match=r"changed since the last run \(mtime_ns, ctime_ns differ"
+    ):
         _run(ins, plain)  # nothing recorded tells the bytes are the same
     result = _run(ins, summed)  # the manifest holds SHA-256: the resume compares that
     assert result.skipped > 0
@@ -329,21 +332,187 @@ def test_swapped_inputs_are_refused(tmp_path):
         _run(ins, out)
 
 
-def test_an_input_changed_mid_run_stops_it_and_the_resume_refuses_it(tmp_path):
+def test_an_input_changed_mid_run_stops_it_and_the_resume_refuses_it(tmp_path, monkeypatch):
     ins = _inputs(tmp_path)
     out = tmp_path / "o.npy"
+    read = Source.read
+    reads = []
 
-    fired = []
+    def read_then_rewrite(self, *args, **kwargs):
+        # the input is rewritten once the first chunk's blocks are read: an event, so
+        # that the run has chunks left to read whatever the machine's speed
+        block = read(self, *args, **kwargs)
+        reads.append(self.name)
+        if len(reads) == len(ins):
+            _rewrite_in_place(ins[0], ins[0].stat().st_size - 1)
+        return block
 
-    def rewrite(done, total, nbytes):
-        if not fired:
-            fired.append(done)
-            np.save(ins[0], np.load(ins[0]) * 2)
-
+    monkeypatch.setattr(Source, "read", read_then_rewrite)
     with pytest.raises(ShardwiseError, match=r"changed or was truncated|ended early"):
-        _run(ins, out, on_chunk=rewrite)
+        _run(ins, out, chunk=128)
+    monkeypatch.setattr(Source, "read", read)
     with pytest.raises(ShardwiseError, match="changed since the last run"):
         _run(ins, out)
+
+
+# 3b. a resumed result is a fresh run's on the inputs as they are now, or the resume is refused
+
+
+def _rewrite_in_place(path: Path, position: int, keep_times: bool = True) -> None:
+    """Change one byte of ``path`` in place, then put its atime and mtime back."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(b"\t" if byte == b" " else bytes([byte[0] ^ 0x40]))  # (a header stays valid)
+    if keep_times:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ino,
+    )
+
+
+ROWS = 100_001
+"""Rows of the inputs whose in-place edits are tested: 1.2 MB, so that most bytes lie outside
+the blocks a file's quick fingerprint samples (64 of 4 KiB)."""
+
+
+def _unsampled(position: int, size: int) -> int:
+    """The first byte at or after ``position`` outside the blocks the quick fingerprint hashes:
+    an edit there is one that fingerprint cannot see."""
+    step = max(0, size - BLOCK) / (SAMPLES - 1)
+    blocks = sorted({round(k * step) for k in range(SAMPLES)})
+    for start in blocks:
+        if start <= position < start + BLOCK:
+            position = start + BLOCK
+    assert position < size
+    return position
+
+
+def _regions(path: Path, chunk_bytes: int, done: int) -> dict[str, int]:
+    """A byte in every region of a .npy file a resume must notice a change in (outside the
+    sampled blocks where the region has such bytes; the header is always sampled)."""
+    size = path.stat().st_size
+    header = size - ROWS * 3 * 4
+    return {
+        "header's padding": header - 2,
+        "first data byte": header,
+        "inside a done chunk": _unsampled(header + chunk_bytes // 2, size),
+        "last byte of the done chunks": header + done * chunk_bytes - 1,
+        "first byte not done": header + done * chunk_bytes,
+        "middle": _unsampled(header + (size - header) // 2, size),
+        "last byte": size - 1,
+    }
+
+
+REGIONS = [
+    "header's padding",
+    "first data byte",
+    "inside a done chunk",
+    "last byte of the done chunks",
+    "first byte not done",
+    "middle",
+    "last byte",
+]
+
+
+@pytest.mark.parametrize("equation", ["nd,nd->n", "nd,nd->d"])
+@pytest.mark.parametrize("region", REGIONS)
+def test_a_resume_after_an_in_place_edit_with_mtime_put_back_is_refused(tmp_path, region, equation):
+    ins = _inputs(tmp_path, n=ROWS)
+    out = tmp_path / "o.npy"
+    chunk = 2048  # 24 KiB of each input a chunk: the edits below land in the chunks named
+    data = _interrupted(ins, out, equation, chunk=chunk, budget="1MiB")
+    position = _regions(ins[1], chunk * 3 * 4, len(data["done"]))[region]
+    _rewrite_in_place(ins[1], position)
+    with pytest.raises(ShardwiseError, match=r"input 1 .* changed since the last run .*ctime"):
+        _run(ins, out, equation, chunk=chunk, budget="1MiB")
+
+
+def test_the_command_line_refuses_a_resume_after_an_in_place_edit(tmp_path):
+    ins = _inputs(tmp_path)
+    out = tmp_path / "o.npy"
+    _interrupted(ins, out)
+    _rewrite_in_place(ins[0], ins[0].stat().st_size - 1)
+    result = runner.invoke(
+        app, ["run", "nd,nd->n", *map(str, ins), "--out", str(out), "--budget", "64KiB"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "changed since the last run" in " ".join(result.output.split())
+    assert not out.exists()
+
+
+def test_a_zarr_folder_edited_in_place_with_mtime_put_back_is_refused(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    rng = np.random.default_rng(3)
+    a = rng.random((4096, 3), dtype=np.float32)
+    z = zarr.open_array(
+        str(tmp_path / "a.zarr"), mode="w", shape=a.shape, chunks=(512, 3), dtype="f4"
+    )
+    z[:] = a
+    out = tmp_path / "o.npy"
+    ins = [tmp_path / "a.zarr", tmp_path / "a.zarr"]
+    _interrupted(ins, out)
+    files = sorted(
+        p for p in (tmp_path / "a.zarr").rglob("*") if p.is_file() and p.stat().st_size > 64
+    )
+    _rewrite_in_place(files[len(files) // 2], 40)
+    with pytest.raises(ShardwiseError, match=r"changed since the last run"):
+        _run(ins, out)
+
+
+def _changed_rows(a: np.ndarray, rows: list[int]) -> np.ndarray:
+    b = a.copy()
+    b[rows] += 7.0
+    return b
+
+
+@pytest.mark.parametrize("equation", ["nd,nd->n", "nd,nd->d"])
+def test_arrays_in_memory_changed_in_a_done_chunk_refuse_the_resume(tmp_path, equation):
+    rng = np.random.default_rng(5)
+    a, b = rng.random((10_001, 3), dtype=np.float32), rng.random((10_001, 3), dtype=np.float32)
+    out = tmp_path / "o.npy"
+    _interrupted([a, b], out, equation)
+    # row 5: in the first chunk, done, and not one of the rows the quick fingerprint samples
+    assert 5 not in np.linspace(0, 10_000, 64).astype(np.int64)
+    with pytest.raises(
+        ShardwiseError, match=r"input 1 \(array 1\) changed .* rows 0:128 that chunk 0 read"
+    ):
+        _run([a, _changed_rows(b, [5])], out, equation)
+    assert not out.exists()
+    _run([a, b], out, equation)  # the same inputs: it resumes
+    np.testing.assert_allclose(np.load(out), np.einsum(equation, a, b), rtol=1e-5)
+
+
+@pytest.mark.parametrize("equation", ["nd,nd->n", "nd,nd->d"])
+def test_arrays_in_memory_changed_where_no_chunk_is_done_resume_to_a_fresh_result(
+    tmp_path, equation
+):
+    rng = np.random.default_rng(6)
+    a, b = rng.random((10_001, 3), dtype=np.float32), rng.random((10_001, 3), dtype=np.float32)
+    out = tmp_path / "o.npy"
+    data = _interrupted([a, b], out, equation)
+    row = 128 * len(data["done"]) + 1  # not done, not sampled
+    assert row not in np.linspace(0, 10_000, 64).astype(np.int64)
+    changed = _changed_rows(b, [row])
+    result = _run([a, changed], out, equation)
+    assert result.skipped == len(data["done"])
+    np.testing.assert_allclose(np.load(out), np.einsum(equation, a, changed), rtol=1e-5)
+
+
+def test_dask_arrays_changed_between_runs_refuse_the_resume(tmp_path):
+    da = pytest.importorskip("dask.array")
+    rng = np.random.default_rng(7)
+    a = rng.random((10_001, 3), dtype=np.float32)
+    out = tmp_path / "o.npy"
+    _interrupted([da.from_array(a, chunks=1000), da.from_array(a, chunks=1000)], out)
+    changed = da.from_array(_changed_rows(a, [3]), chunks=1000)
+    with pytest.raises(ShardwiseError, match=r"input 1 \(dask array 1\) changed .* chunk 0 read"):
+        _run([da.from_array(a, chunks=1000), changed], out)
 
 
 # 4. one writer per output

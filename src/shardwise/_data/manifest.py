@@ -3,8 +3,10 @@
 It holds the command (equation, the inputs' fingerprints, the output's shape and dtype), the
 chunk plan, the run's ``token`` (which names its work files), the inode of its partial output,
 the chunks whose results are on disk (``done``) with a checksum of sampled bytes of each
-(``evidence``), the file holding the running sum when chunks are added up (``accumulator``,
-with a checksum of its bytes), and whether the output is ``complete``. Every change is written
+(``evidence``) and, where some inputs are not files (arrays in memory, Dask arrays), a checksum
+of the blocks each done chunk read of those (``reads``), the file holding the running sum
+when chunks are added up (``accumulator``, with a checksum of its bytes), and whether the
+output is ``complete``. Every change is written
 atomically and durably before the run goes on.
 
 A manifest is input like any other: it is read without following a symbolic link and checked
@@ -29,7 +31,7 @@ from shardwise._errors import ShardwiseError
 from shardwise._files import open_regular, write_atomic
 from shardwise._model.op import Op
 
-FORMAT = "shardwise-stream/2"
+FORMAT = "shardwise-stream/3"
 """The manifest's format; a manifest of another format is refused."""
 
 _KEYS = {
@@ -43,6 +45,7 @@ _KEYS = {
     "partial": int,
     "done": list,
     "evidence": dict,
+    "reads": dict,
     "accumulator": (dict, type(None)),
     "complete": bool,
 }
@@ -53,12 +56,13 @@ _INPUT_KEYS = {
     "kind": str,
     "size": int,
     "mtime_ns": int,
+    "ctime_ns": int,
     "inode": int,
     "sample": str,
     "sha256": str,
     "token": str,
 }
-_COMPARED = ("size", "mtime_ns", "inode", "sample", "token")
+_COMPARED = ("size", "mtime_ns", "ctime_ns", "inode", "sample", "token")
 _MAX_BYTES = 1 << 26
 
 
@@ -189,6 +193,10 @@ class Manifest:
         want = set() if plan.accumulate else {str(c) for c in done}
         if set(evidence) != want or not all(_typed(v, int) for v in evidence.values()):
             raise _bad(path, "'evidence' does not hold one checksum for each chunk done")
+        reads, n = data["reads"], self.unstamped
+        want = {str(c) for c in done} if n else set()
+        if set(reads) != want or not all(_counts(v) and len(v) == n for v in reads.values()):
+            raise _bad(path, f"'reads' does not hold {n} checksums for each chunk done")
         acc = data["accumulator"]
         if not plan.accumulate or data["complete"] or not done:
             if acc is not None:
@@ -232,6 +240,7 @@ class Manifest:
                 "partial": partial,
                 "done": [],
                 "evidence": {},
+                "reads": {},
                 "accumulator": None,
                 "complete": False,
             },
@@ -271,12 +280,34 @@ class Manifest:
         for k, new in enumerate(fingerprints):
             changed = _changed(before[k], new)
             if changed:
-                moved = [j for j, old in enumerate(before) if j != k and not _changed(old, new)]
+                moved = [  # (a rename moves the ctime: it names the file, not its bytes)
+                    j
+                    for j, old in enumerate(before)
+                    if j != k and not _changed(old, new, ignore="ctime_ns")
+                ]
                 how = f"it now holds what input {moved[0]} held" if moved else ""
+                if not how and changed == ["ctime_ns"]:
+                    how = (
+                        "ctime_ns differ: the file was written, or its times or mode were set, "
+                        "though its size and mtime are as they were; a run with checksum=True "
+                        "(--checksum) records SHA-256 and resumes across such changes"
+                    )
                 raise ShardwiseError(
                     f"input {k} ({new['name']}) changed since the last run "
                     f"({how or ', '.join(changed) + ' differ'}); restore it, or {start_over}."
                 )
+
+    @property
+    def unstamped(self) -> int:
+        """How many inputs are not files (arrays in memory, Dask arrays): each done chunk's
+        ``reads`` checksums of its blocks of those are what shows a resume reads the same."""
+        return sum("inode" not in fp for fp in self.data["inputs"])
+
+    def reads(self, c: int) -> list[int]:
+        """The checksums recorded for the blocks done chunk ``c`` read of each input that is not
+        a file, in input order."""
+        crcs: list[int] = self.data["reads"][str(c)]
+        return crcs
 
     @property
     def checksums(self) -> bool:
@@ -332,9 +363,11 @@ class Manifest:
         chunks: Iterable[int],
         evidence: dict[int, int] | None = None,
         accumulator: dict[str, Any] | None = None,
+        reads: dict[int, list[int]] | None = None,
     ) -> str | None:
         """Record ``chunks`` as done, with the checksums of their bytes (``evidence``), or with
-        ``accumulator``, the running sum now saved durably; return the name of the running
+        ``accumulator``, the running sum now saved durably, and the checksums of the blocks
+        they read of the inputs that are not files (``reads``); return the name of the running
         sum's file this replaces, now unneeded."""
         old = None
         if accumulator is not None:
@@ -343,6 +376,7 @@ class Manifest:
         self.done.update(chunks)
         self.data["done"] = sorted(self.done)
         self.data["evidence"].update({str(c): crc for c, crc in (evidence or {}).items()})
+        self.data["reads"].update({str(c): crc for c, crc in (reads or {}).items()})
         self.write()
         return old["name"] if old else None
 
@@ -366,12 +400,13 @@ class Manifest:
         write_atomic(self.path, json.dumps(self.data, indent=1), tmp=tmp)
 
 
-def _changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What differs between two fingerprints of an input: everything both hold, or only
-    SHA-256 when both hold it (the same bytes are the same input, moved or touched)."""
+def _changed(old: dict[str, Any], new: dict[str, Any], ignore: str = "") -> list[str]:
+    """What differs between two fingerprints of an input: everything both hold (but
+    ``ignore``), or only SHA-256 when both hold it (the same bytes are the same input, moved or
+    touched)."""
     shape = [k for k in ("shape", "dtype", "kind") if old[k] != new[k]]
     if shape:
         return shape
     if "sha256" in old and "sha256" in new:
         return [] if old["sha256"] == new["sha256"] else ["sha256"]
-    return [k for k in _COMPARED if k in old and k in new and old[k] != new[k]]
+    return [k for k in _COMPARED if k in old and k in new and old[k] != new[k] and k != ignore]

@@ -1,8 +1,14 @@
 """Where streamed data come from: NumPy arrays, ``.npy`` files, Zarr arrays and Dask arrays.
 
 A ``.npy`` input is opened once and read with ``pread`` into warm buffers through that one
-descriptor; its size, mtime and inode are checked before and after every chunk, so an input
-changed or truncated mid-run stops the run with a clear error. It is memory-mapped and used in
+descriptor; its size, mtime, ctime and inode are checked before and after every chunk, so an
+input changed or truncated mid-run stops the run with a clear error. The ctime (the time of
+the inode's last change) is what no user can set back: a write whose mtime was put back with
+``touch`` or ``os.utime`` still moves it.
+
+Inputs with no such stamp (arrays in memory, Zarr array objects, Dask arrays) are
+:attr:`Source.stamped` false: a streamed run records a checksum of the blocks it read of them
+for each chunk, and a resume reads those blocks again and compares. It is memory-mapped and used in
 place (:meth:`Source.map_rows`) only where nobody can truncate it — on a read-only file system
 — since touching a map past a truncated file's end kills the process (``SIGBUS``).
 """
@@ -36,7 +42,7 @@ def _zarr() -> Any:
 @dataclass
 class Source:
     """A read-only array read in slices along one axis; a ``.npy`` file is read through ``fd``,
-    and ``stamp`` is its (size, mtime_ns, inode) when opened."""
+    and ``stamp`` is its (size, mtime_ns, inode, ctime_ns) when opened."""
 
     name: str
     shape: tuple[int, ...]
@@ -46,11 +52,17 @@ class Source:
     path: Path | None = None
     offset: int = 0
     fd: int | None = None
-    stamp: tuple[int, int, int] | None = None
+    stamp: tuple[int, int, int, int] | None = None
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def stamped(self) -> bool:
+        """Whether this input lies in files whose change a resume sees from their metadata
+        (size, mtime, inode and ctime); else a resume compares what it reads."""
+        return self.path is not None
 
     def close(self) -> None:
         if self.fd is not None:
@@ -62,16 +74,13 @@ class Source:
         if self.fd is None or self.stamp is None or self.path is None:
             return
         st = os.fstat(self.fd)
-        now = st.st_size, st.st_mtime_ns, st.st_ino
+        now = st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
         with contextlib.suppress(OSError):
             if os.stat(self.path).st_ino != st.st_ino:
-                now = (*now[:2], -1)
+                now = (*now[:2], -1, now[3])
         if now != self.stamp:
-            what = [
-                k
-                for k, a, b in zip(("size", "mtime", "file"), now, self.stamp, strict=True)
-                if a != b
-            ]
+            names = ("size", "mtime", "file", "ctime")
+            what = [k for k, a, b in zip(names, now, self.stamp, strict=True) if a != b]
             raise ShardwiseError(
                 f"input {self.name} changed or was truncated while this run read it "
                 f"({', '.join(what)} changed); chunks finished before are kept: restore the "
@@ -159,10 +168,11 @@ class Source:
 
     def fingerprint(self, checksum: bool = False) -> dict[str, Any]:
         """What identifies this input's contents: shape and dtype; for files their size,
-        mtime and inode and a hash of ``SAMPLES`` blocks spread over them (``sample``); for
-        arrays in memory a hash of rows spread over them; with ``checksum``, SHA-256 of all
-        the bytes too; for a Dask array only its shape and dtype (reading it to hash it would
-        compute it)."""
+        mtime, ctime and inode and a hash of ``SAMPLES`` blocks spread over them (``sample``);
+        for arrays in memory a hash of rows spread over them (a quick first check: the blocks
+        each chunk read are checked on resume); with ``checksum``, SHA-256 of all the bytes
+        too; for a Dask array only its shape and dtype (reading it to hash it would compute
+        it)."""
         data: dict[str, Any] = {
             "name": self.name,
             "shape": list(self.shape),
@@ -186,19 +196,21 @@ class Source:
 
 
 def _file_fingerprint(source: Source, checksum: bool) -> dict[str, Any]:
-    """Size, mtime, inode, sampled hash (and SHA-256 with ``checksum``) of a ``.npy`` file or
-    of a Zarr folder's files (its listing, and blocks of up to ``SAMPLES`` of its files)."""
+    """Size, mtime, ctime, inode, sampled hash (and SHA-256 with ``checksum``) of a ``.npy``
+    file or of a Zarr folder's files (its listing, the latest mtime and ctime of any, and blocks
+    of up to ``SAMPLES`` of them)."""
     assert source.path is not None
     sample = hashlib.blake2b(digest_size=16)
     full = hashlib.sha256() if checksum else None
     if source.fd is not None and source.stamp is not None:
-        size, mtime, inode = source.stamp
+        size, mtime, inode, ctime = source.stamp
         _digest(source.fd, size, sample, full)
     else:
         paths = sorted(p for p in source.path.rglob("*") if p.is_file())
         stats = [p.stat() for p in paths]
         size = sum(s.st_size for s in stats)
         mtime = max([s.st_mtime_ns for s in stats], default=0)
+        ctime = max([s.st_ctime_ns for s in stats], default=0)
         inode = os.stat(source.path).st_ino
         pick = {round(k * (len(paths) - 1) / (SAMPLES - 1)) for k in range(SAMPLES)}
         for k, (p, s) in enumerate(zip(paths, stats, strict=True)):
@@ -209,7 +221,13 @@ def _file_fingerprint(source: Source, checksum: bool) -> dict[str, Any]:
                     _digest(fd, s.st_size, sample if k in pick else None, full)
                 finally:
                     os.close(fd)
-    found = {"size": size, "mtime_ns": mtime, "inode": inode, "sample": sample.hexdigest()}
+    found = {
+        "size": size,
+        "mtime_ns": mtime,
+        "ctime_ns": ctime,
+        "inode": inode,
+        "sample": sample.hexdigest(),
+    }
     return found if full is None else {**found, "sha256": full.hexdigest()}
 
 
@@ -295,7 +313,7 @@ def _open_npy(path: Path, k: int) -> Source:
     except (ValueError, OSError, SyntaxError) as e:
         os.close(fd)
         raise ArgumentError(f"input {k} {str(path)!r} is not a readable .npy file ({e}).") from None
-    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
     return Source(
         str(path), tuple(shape), dtype, "npy", path=path, offset=offset, fd=fd, stamp=stamp
     )

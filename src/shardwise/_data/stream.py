@@ -14,8 +14,11 @@ stopped.
 One run at a time writes an output (an exclusive lock on ``OUT.lock``). Its work files are
 created exclusively and never through symbolic links; it removes only files it created; and a
 resume trusts nothing it reads back: the manifest is checked against a schema, the partial
-output by inode, size and checksums of what each done chunk wrote, and the inputs by their
-fingerprints.
+output by inode, size and checksums of what each done chunk wrote, the input files by their
+fingerprints (size, mtime, inode and ctime, which no user can set back), and inputs that are
+not files (arrays in memory, Dask arrays) by checksums of the blocks each done chunk read of
+them, read again. A resumed run's result is a fresh run's on the inputs as they are now, or
+the resume is refused.
 """
 
 from __future__ import annotations
@@ -111,9 +114,12 @@ def stream(
         budget: host memory for the data, e.g. ``"1GiB"``; the runtime's own overhead (JAX,
             compiled programs) comes on top.
         chunk: size of a chunk along the streamed index, or ``"auto"`` (the largest that fits).
-        checksum: fingerprint inputs by SHA-256 of all their bytes too (by default: size,
-            mtime, inode and a hash of sampled blocks); a resume of a run that did compares
-            SHA-256 whatever it is asked.
+        checksum: fingerprint input files by SHA-256 of all their bytes too (by default:
+            size, mtime, ctime, inode and a hash of sampled blocks, so any write, even one
+            whose mtime was put back, refuses a resume; with SHA-256 a resume compares the
+            bytes instead, whatever else changed); a resume of a run that did compares SHA-256
+            whatever it is asked. Inputs that are not files are checked on resume by reading
+            the blocks the done chunks read again.
         layout: each chunk's layout on the mesh: by default the streamed index split over
             every mesh axis; ``"auto"`` for the planner's best for the chunk's shapes; or an
             index layout such as ``"n=x,d=y"`` (it must divide the chunk).
@@ -178,11 +184,13 @@ def _stream(
     chunking = Chunking.of(op, sources, plan, cpu)
     writer = ChunkWriter(chunking, sink, manifest, on_chunk)
     writer.check_resumed()
+    reader = ChunkReader(chunking)
+    reader.check_resumed(manifest)
     todo = manifest.todo()
     chunk_layout = {plan.index: spec.names} if layout is None else layout
     start_time = time.perf_counter()
     compile_ = functools.partial(compile_program, op, chunking, dtype, jmesh, chunk_layout)
-    _run_chunks(todo, ChunkReader(chunking), writer, compile_)
+    _run_chunks(todo, reader, writer, compile_)
     writer.finish()
     return StreamResult(
         sink.path,
@@ -360,7 +368,7 @@ def _run_chunks(
             if writer.stopped:  # on_chunk raised: stop here, with what is recorded kept
                 for f in flushes:
                     f.result()
-            blocks = pending.result()
+            blocks, read_sum = pending.result()
             pending = (
                 reads.submit(reader.read, todo[n + 1], (n + 1) % 2) if n + 1 < len(todo) else None
             )
@@ -375,7 +383,7 @@ def _run_chunks(
                     finished.result()  # a failed flush (disk full) stops the run here
                     flushes.remove(finished)
                 flushes.append(syncs.submit(writer.sync))
-            writing = writes.submit(writer.commit, c, pieces)
+            writing = writes.submit(writer.commit, c, pieces, read_sum)
             del pieces
         if writing is not None:
             writing.result()
