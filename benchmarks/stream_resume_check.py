@@ -9,8 +9,9 @@ the reading thread as the run goes, and read again for the done chunks on resume
 Measured here, in one process, alternating (``--trials``, medians reported):
 - the stream benchmark's `.npy` pair (``benchmarks/stream_bench.py`` writes it): a fresh run,
   and the check a resume of it makes (the same call once it is complete: fingerprints only);
-- an in-memory pair (``--memory-gib``): a fresh run, the CRC-32 of all its input bytes (what
-  the run sums on its reading thread), and a resume's check after half the chunks.
+- an in-memory pair (``--memory-gib``): a fresh run, the same run with its checksums stubbed
+  out, the CRC-32 of all its input bytes alone (what the run sums on its reading thread), and
+  a resume's check after half the chunks.
 
     .venv/bin/python benchmarks/stream_resume_check.py [--dir /tmp/shardwise-stream]
 """
@@ -75,13 +76,14 @@ def main() -> None:
     parser.add_argument("--budget", default="1GiB")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/stream_resume_check.json")
+    parser.add_argument("--skip-files", action="store_true")
     args = parser.parse_args()
     shardwise.use_cpu_devices(8)
     folder = Path(args.dir)
     report: dict[str, object] = {"budget": args.budget, "trials": args.trials}
 
     files = [folder / "a.npy", folder / "b.npy"]
-    if all(p.exists() for p in files):
+    if all(p.exists() for p in files) and not args.skip_files:
         out = folder / "resume-out.npy"
         fresh, check = [], []
         for _ in range(args.trials):
@@ -103,9 +105,17 @@ def main() -> None:
     rng = np.random.default_rng(0)
     pair = [rng.random((rows, 3), dtype=np.float32), rng.random((rows, 3), dtype=np.float32)]
     out = folder / "resume-mem.npy"
-    fresh, sums, resume = [], [], []
+    fresh, bare, sums, resume = [], [], [], []
+    from shardwise._data.chunks import ChunkReader
+
+    checksum = ChunkReader._checksum
     for _ in range(args.trials):
         fresh.append(_fresh(pair, out, args.budget))
+        ChunkReader._checksum = staticmethod(lambda c, rows: 0)  # type: ignore[method-assign]
+        try:
+            bare.append(_fresh(pair, out, args.budget))  # the same run, summing nothing
+        finally:
+            ChunkReader._checksum = checksum  # type: ignore[method-assign]
         sums.append(_timed(lambda: [zlib.crc32(a.reshape(-1).view(np.uint8).data) for a in pair]))
         for leftover in folder.glob("resume-mem.npy*"):
             leftover.unlink()
@@ -122,6 +132,8 @@ def main() -> None:
     report["memory"] = {
         "input_bytes": sum(a.nbytes for a in pair),
         "fresh_seconds": fresh,
+        "fresh_without_checksums_seconds": bare,
+        "checksums_vs_fresh": statistics.median(fresh) / statistics.median(bare) - 1,
         "crc_all_inputs_seconds": sums,
         "resume_check_seconds": resume,
         "crc_vs_fresh": statistics.median(sums) / statistics.median(fresh),
