@@ -33,7 +33,7 @@ def main() -> None:
     import jax
 
     from shardwise._model.mesh import MeshSpec, build_mesh
-    from shardwise._model.profile import default_profile
+    from shardwise._model.profile_files import default_profile
     from shardwise._planner.einsum import rank, spearman, verify
 
     results = []

@@ -154,7 +154,8 @@ def test_a_float64_einsum_is_right_with_64_bit_mode_off_then_on():
 
 
 def test_a_profile_recalibrated_between_two_auto_einsums_is_used(tmp_path, monkeypatch):
-    from shardwise._model.profile import Link, Profile, cache_dir, local_name, save_profile
+    from shardwise._model.profile import Link, Profile
+    from shardwise._model.profile_files import cache_dir, local_name, save_profile
     from shardwise._xla import native
 
     for kernel in native.KERNELS:  # loaded from the real cache, not built into tmp_path

@@ -20,6 +20,7 @@ from ._errors import MiscompileError as MiscompileError
 from ._errors import MissingExtraError as MissingExtraError
 from ._errors import ShapeError as ShapeError
 from ._errors import ShardwiseError as ShardwiseError
+from ._errors import ShardwiseWarning as ShardwiseWarning
 from ._errors import SpecError as SpecError
 from ._model.mesh import MeshSpec as MeshSpec
 from ._model.mesh import mesh as mesh

@@ -17,7 +17,8 @@ from shardwise._errors import ArgumentError, ArgumentTypeError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op, as_shapes
 from shardwise._model.plan import Plan
-from shardwise._model.profile import Profile, default_profile, load_profile, profile_stamp
+from shardwise._model.profile import Profile
+from shardwise._model.profile_files import default_profile, load_profile, profile_stamp
 from shardwise._model.spec import LayoutLike, SpecLike
 from shardwise._model.units import format_bytes, parse_bytes
 from shardwise._planner.einsum import PlanReport, rank

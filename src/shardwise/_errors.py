@@ -65,6 +65,12 @@ class DistributedError(ShardwiseError, RuntimeError):
     """The processes could not form, or keep, one runtime."""
 
 
+class ShardwiseWarning(UserWarning):
+    """Something shardwise was given could not be used and it carried on without it (a
+    calibrated profile it could not read, for instance); the message says what was set
+    aside, what was used instead, and how to fix it."""
+
+
 class MiscompileError(ShardwiseError, RuntimeError):
     """The compiled program would return a wrong result (XLA dropped a sum it needs), or a
     result failed its check against NumPy; shardwise returns nothing from it."""

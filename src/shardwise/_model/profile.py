@@ -11,18 +11,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from shardwise._caches import cached
-from shardwise._errors import ArgumentError, ShardwiseError
-from shardwise._files import write_atomic
+from shardwise._errors import ArgumentError
 
 GB = 1e9
 TERA = 1e12
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+"""The platforms a profile can describe (JAX's names for them)."""
+
+
+class InvalidProfile(ArgumentError):
+    """A profile's figures are not usable; ``fact`` says which one and why, without naming
+    where the profile came from (the caller that knows adds that)."""
+
+    def __init__(self, name: object, fact: str) -> None:
+        super().__init__(
+            f"profile {name!r} is not usable: {fact}. Give every figure as a finite number "
+            "above 0 (latencies may be 0), or measure the devices with shardwise calibrate."
+        )
+        self.fact = fact
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +86,11 @@ class Profile:
     gather: Link | None = None
     gather_links: Mapping[str, Link] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        fact = _invalid(self)
+        if fact is not None:
+            raise InvalidProfile(self.name, fact)
+
     def __hash__(self) -> int:
         # a few fields suffice (equal profiles hash equal); the cost model's caches hash the
         # profile on every lookup, and hashing the mappings too made it a planner hot spot
@@ -105,25 +123,131 @@ class Profile:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Profile:
-        try:
-            return cls(
-                name=str(data["name"]),
-                platform=str(data["platform"]),
-                flops_per_s={str(k): float(v) for k, v in data["flops_per_s"].items()},
-                memory_Bps=float(data["memory_Bps"]),
-                memory_bytes=None
-                if data.get("memory_bytes") is None
-                else float(data["memory_bytes"]),
-                link=Link(**data["link"]),
-                axis_links={k: Link(**v) for k, v in data.get("axis_links", {}).items()},
-                sources=dict(data.get("sources", {})),
-                matmul_Bps=None if data.get("matmul_Bps") is None else float(data["matmul_Bps"]),
-                gather=None if data.get("gather") is None else Link(**data["gather"]),
-                gather_links={k: Link(**v) for k, v in data.get("gather_links", {}).items()},
+    def from_json(cls, data: object) -> Profile:
+        """The profile ``data`` (as :meth:`to_json` writes it) describes.
+
+        Raises:
+            InvalidProfile: for anything else: another type, an unknown or missing key, a
+                figure that is not a finite number above 0 (a string, a bool, NaN, ...).
+        """
+        name = data.get("name") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            raise InvalidProfile(name, f"it is a JSON {_json_type(data)}, not an object")
+        unknown = sorted(set(data) - set(_FIELDS))
+        if unknown:
+            raise InvalidProfile(
+                name, f"it has the unknown key {unknown[0]!r} (the keys are {', '.join(_FIELDS)})"
             )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ShardwiseError(f"profile is malformed ({type(e).__name__}: {e}).") from None
+        missing = [k for k in _REQUIRED if k not in data]
+        if missing:
+            raise InvalidProfile(name, f"it has no {missing[0]!r}")
+        for key in ("flops_per_s", "axis_links", "sources", "gather_links"):
+            if not isinstance(data.get(key, {}), dict):
+                raise InvalidProfile(
+                    name, f"{key} is a JSON {_json_type(data[key])}, not an object"
+                )
+        gather = data.get("gather")
+        return cls(
+            name=data["name"],
+            platform=data["platform"],
+            flops_per_s=dict(data["flops_per_s"]),
+            memory_Bps=data["memory_Bps"],
+            memory_bytes=data.get("memory_bytes"),
+            link=_link(name, "link", data["link"]),
+            axis_links={k: _link(name, f"axis_links[{k!r}]", v) for k, v in
+                        data.get("axis_links", {}).items()},
+            sources=dict(data.get("sources", {})),
+            matmul_Bps=data.get("matmul_Bps"),
+            gather=None if gather is None else _link(name, "gather", gather),
+            gather_links={k: _link(name, f"gather_links[{k!r}]", v) for k, v in
+                          data.get("gather_links", {}).items()},
+        )  # fmt: skip
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Profile))
+_REQUIRED = ("name", "platform", "flops_per_s", "memory_Bps", "link")
+_LINK_FIELDS = tuple(f.name for f in dataclasses.fields(Link))
+
+
+def _json_type(value: object) -> str:
+    """What JSON calls ``value``'s type."""
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "boolean"), (str, "string"), (dict, "object"), (list, "array")):
+        if isinstance(value, kind):
+            return name
+    return "number" if isinstance(value, int | float) else type(value).__name__
+
+
+def _link(name: object, where: str, value: object) -> Link:
+    """The link a profile's JSON gives at ``where`` (its figures checked with the profile's)."""
+    if not isinstance(value, dict) or set(value) != set(_LINK_FIELDS):
+        raise InvalidProfile(
+            name,
+            f"{where} is {json.dumps(value)[:80]}; give an object of two figures, latency_s and "
+            "bandwidth_Bps",
+        )
+    return Link(**value)
+
+
+def _figure(value: object, where: str, zero_ok: bool = False) -> str | None:
+    """Why ``value`` is not a usable figure (a finite number above 0, or from 0 with
+    ``zero_ok``), or ``None`` when it is one."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        shown = json.dumps(value) if isinstance(value, str | bool) else repr(value)
+        return f"{where} is {shown[:80]}, not a number"
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite or value < 0 or (value == 0 and not zero_ok):
+        least = "of 0 or more" if zero_ok else "above 0"
+        return f"{where} is {value!r:.40}; it must be a finite number {least}"
+    return None
+
+
+def _invalid(p: Profile) -> str | None:
+    """Why ``p`` is not a usable profile, or ``None`` when it is: every figure a finite number
+    (not a bool or a string) above 0, latencies 0 or more; a known platform; names as text."""
+    if not isinstance(p.name, str) or not p.name:
+        return f"name is {p.name!r}; give the profile a name"
+    if p.platform not in PLATFORMS:
+        return f"platform is {p.platform!r}; it must be one of {', '.join(PLATFORMS)}"
+    if not isinstance(p.flops_per_s, Mapping) or not p.flops_per_s:
+        return "flops_per_s is empty; give the peak FLOP/s of float32 at least"
+    figures: list[tuple[object, str, bool]] = [
+        (v, f"flops_per_s[{k!r}]", False) for k, v in p.flops_per_s.items()
+    ]
+    figures.append((p.memory_Bps, "memory_Bps", False))
+    figures += [(v, k, False) for k, v in (("memory_bytes", p.memory_bytes),
+                ("matmul_Bps", p.matmul_Bps)) if v is not None]  # fmt: skip
+    links: list[tuple[str, object]] = [("link", p.link)]
+    if p.gather is not None:
+        links.append(("gather", p.gather))
+    for group in ("axis_links", "gather_links"):
+        mapping = getattr(p, group)
+        if not isinstance(mapping, Mapping):
+            return f"{group} is {type(mapping).__name__}, not a mapping of mesh axis to link"
+        links += [(f"{group}[{k!r}]", v) for k, v in mapping.items()]
+    for where, link in links:
+        if not isinstance(link, Link):
+            return f"{where} is {type(link).__name__}, not a Link"
+        figures.append((link.latency_s, f"{where}.latency_s", True))
+        figures.append((link.bandwidth_Bps, f"{where}.bandwidth_Bps", False))
+    for value, where, zero_ok in figures:
+        fact = _figure(value, where, zero_ok)
+        if fact is not None:
+            return fact
+    keys = [*p.flops_per_s, *p.axis_links, *p.gather_links]
+    if isinstance(p.sources, Mapping):
+        keys += list(p.sources)
+        if not all(isinstance(v, str) for v in p.sources.values()):
+            return "sources has an entry that is not text"
+    else:
+        return f"sources is {type(p.sources).__name__}, not a mapping of figure to text"
+    if not all(isinstance(k, str) for k in keys):
+        return "a dtype, mesh axis or source is named by something other than text"
+    return None
 
 
 _NVLINK4 = (
@@ -234,103 +358,20 @@ BUILTIN: dict[str, Profile] = {
 }
 
 
-def cache_root() -> Path:
-    """shardwise's cache: ``$XDG_CACHE_HOME/shardwise`` or ``~/.cache/shardwise``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "shardwise"
-
-
-def cache_dir() -> Path:
-    """Where calibrated profiles live: ``profiles`` in :func:`cache_root`."""
-    return cache_root() / "profiles"
-
-
-def local_name(platform: str, count: int) -> str:
-    """Name of the calibrated profile for ``count`` devices of ``platform``."""
-    return f"local-{platform}-{count}"
-
-
-def save_profile(profile: Profile, path: Path | None = None) -> Path:
-    """Write ``profile`` as JSON (by default into :func:`cache_dir`)."""
-    path = path or cache_dir() / f"{profile.name}.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(profile.to_json(), indent=2))
-    except OSError as e:
-        raise ShardwiseError(f"cannot write profile {str(path)!r}: {e.strerror or e}.") from None
-    return path
-
-
-def load_profile(name: str) -> Profile:
-    """A built-in profile, a calibrated one from the cache, or a JSON file.
+def check_platform(profile: Profile, platform: str, what: str) -> None:
+    """Refuse to check ``profile``'s predictions against programs compiled for ``platform``
+    (``what`` says who checks) when the profile is for another platform: it predicts the
+    collectives XLA emits there, which differ (a TPU's reduce-scatter is a CPU's all-reduce
+    and slice), so every comparison would be wrong.
 
     Raises:
-        ArgumentError: when nothing by that name exists (lists what does).
+        ArgumentError: when the platforms differ.
     """
-    if name in BUILTIN:
-        return BUILTIN[name]
-    candidates = [Path(name), cache_dir() / f"{name}.json"]
-    for path in candidates:
-        if path.is_file():
-            try:
-                return Profile.from_json(json.loads(path.read_text()))
-            except json.JSONDecodeError as e:
-                raise ShardwiseError(f"profile {str(path)!r} is not valid JSON: {e}.") from None
-    cached = sorted(p.stem for p in cache_dir().glob("*.json")) if cache_dir().is_dir() else []
-    raise ArgumentError(
-        f"no profile named {name!r}; valid names are {', '.join([*BUILTIN, *cached])}, or give "
-        "the path of a profile JSON file (shardwise calibrate writes one)."
-    )
-
-
-def default_profile(platform: str, count: int) -> Profile:
-    """The calibrated profile for these devices if there is one, else a built-in guess.
-
-    The file is read again whenever it changes (its size, time or inode), so a profile
-    recalibrated while a program runs is used from then on.
-    """
-    found = _read_profile(*stamp) if (stamp := profile_stamp(platform, count)) else None
-    if found is not None:
-        return found
-    return {"cpu": BUILTIN["cpu-2core"], "tpu": BUILTIN["tpu-v5e"]}.get(platform, BUILTIN["h100"])
-
-
-def profile_stamp(platform: str, count: int) -> tuple[str, tuple[int, int, int]] | None:
-    """Which calibrated profile file :func:`default_profile` reads for these devices, as it is
-    now (path; modification time, size, inode), or ``None`` where there is none: a cheap key
-    for caches whose values depend on the profile."""
-    path = _profile_path(os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"), platform, count)
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return path, (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-
-
-@cached(maxsize=16)
-def _profile_path(xdg: str | None, home: str | None, platform: str, count: int) -> str:
-    """The calibrated profile's path for these settings of ``XDG_CACHE_HOME`` and ``HOME``."""
-    return str(cache_dir() / f"{local_name(platform, count)}.json")
-
-
-@cached(maxsize=16)
-def _read_profile(path: str, stamp: tuple[int, int, int]) -> Profile | None:
-    """The profile in the file at ``path`` as it was at ``stamp``; ``None`` if unreadable, or
-    if it is a CPU profile calibrated before the CPU model took collectives as one step and
-    matmuls as packing plus multiplying (no ``gather`` key): its figures were fitted to the
-    older model, and the built-in one is closer until ``shardwise calibrate`` runs again."""
-    try:
-        data = json.loads(Path(path).read_text())
-        if data.get("platform") == "cpu" and "gather" not in data:
-            return None
-        return Profile.from_json(data)
-    except (
-        OSError,
-        ShardwiseError,
-        json.JSONDecodeError,
-        KeyError,
-        TypeError,
-        ValueError,
-        AttributeError,
-    ):
-        return None
+    if profile.platform != platform:
+        raise ArgumentError(
+            f"{what} compiles and runs the plans on the {platform} devices here, but profile "
+            f"{profile.name!r} is for {profile.platform} devices: its predictions are of what "
+            f"XLA does on {profile.platform}, so they cannot be checked here. Plan with a "
+            f"{platform} profile (or none: the devices' own) to verify, or plan for "
+            f"{profile.platform} without verifying."
+        )

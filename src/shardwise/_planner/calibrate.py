@@ -7,6 +7,7 @@ cost model needs (on simulated CPU devices the devices share the host's cores).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -18,8 +19,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from scipy.optimize import nnls
 
+from shardwise._errors import ShardwiseError
 from shardwise._model.mesh import MeshSpec
-from shardwise._model.profile import Link, Profile, local_name
+from shardwise._model.profile import InvalidProfile, Link, Profile
+from shardwise._model.profile_files import local_name
 from shardwise._runtime.timing import alternate
 from shardwise._xla.resources import device_capacity
 
@@ -180,6 +183,7 @@ def calibrate(
     # taking turns, a passing load on the machine slows every measurement a little rather
     # than one of them a lot (one all-reduce, timed alone, once came out 6x slow)
     t = alternate(runners, repeat, at_least=TURN_SECONDS)
+    _check_times(t)
     bandwidth = max(per_device_bytes / t["memory read"], 2 * per_device_bytes / t["memory copy"])
     flops: dict[str, float] = {}
     packing: dict[str, float] = {}
@@ -200,23 +204,40 @@ def calibrate(
             (links if kind == "all-reduce" else gathers)[axis] = link
     default = _median_link(links) or Link(latency_s=1e-5, bandwidth_Bps=bandwidth)
     stamp = time.strftime("%Y-%m-%d")
-    return Profile(
-        name=local_name(platform, mesh.size),
-        platform=platform,
-        flops_per_s=flops,
-        memory_Bps=bandwidth,
-        memory_bytes=device_capacity(device),
-        link=default,
-        axis_links=links,
-        gather=_median_link(gathers),
-        gather_links=gathers,
-        matmul_Bps=min(gemm, bandwidth),
-        sources={
-            "all": f"shardwise calibrate on {mesh.size} {platform} devices "
-            f"({getattr(device, 'device_kind', platform)}), mesh {spec.describe()}, {stamp}; "
-            f"per-device figures while every device works at once",
-            **{k: f"{v:.4g}" for k, v in measured.items()},
-        },
+    try:
+        return Profile(
+            name=local_name(platform, mesh.size),
+            platform=platform,
+            flops_per_s=flops,
+            memory_Bps=bandwidth,
+            memory_bytes=device_capacity(device),
+            link=default,
+            axis_links=links,
+            gather=_median_link(gathers),
+            gather_links=gathers,
+            matmul_Bps=min(gemm, bandwidth),
+            sources={
+                "all": f"shardwise calibrate on {mesh.size} {platform} devices "
+                f"({getattr(device, 'device_kind', platform)}), mesh {spec.describe()}, {stamp}; "
+                f"per-device figures while every device works at once",
+                **{k: f"{v:.4g}" for k, v in measured.items()},
+            },
+        )
+    except InvalidProfile as e:
+        raise _unusable(f"made a profile that cannot be used: {e.fact}") from None
+
+
+def _check_times(seconds: dict[str, float]) -> None:
+    """Refuse a measurement timed at no time, or at none that is finite: no figure fits it."""
+    for name, t in seconds.items():
+        if not (math.isfinite(t) and t > 0):
+            raise _unusable(f"timed {name} at {t!r} s, which is no time to fit figures to")
+
+
+def _unusable(what: str) -> ShardwiseError:
+    return ShardwiseError(
+        f"calibration {what}; no profile was written. Run shardwise calibrate again (a larger "
+        "--size or --repeat measures longer)."
     )
 
 

@@ -20,13 +20,13 @@ from shardwise._model.cost import Prediction, predict
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op, as_shapes
 from shardwise._model.plan import Plan, check_extent
-from shardwise._model.profile import Profile
+from shardwise._model.profile import Profile, check_platform
 from shardwise._model.strategy import MAX_LAYOUTS, Strategy, layout_count, strategies
 from shardwise._model.units import format_bytes
 from shardwise._runtime.timing import median_seconds
 from shardwise._xla.explain import compile_plan
 from shardwise._xla.hlo import collectives
-from shardwise._xla.lower import place
+from shardwise._xla.lower import place, platform
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +264,12 @@ def verify(
     """Compile, compare and time the ``top`` best strategies on ``mesh`` (a JAX mesh).
 
     Time is the median of ``repeat`` runs after one warm-up, on random data.
+
+    Raises:
+        ArgumentError: when the report's profile is for another platform than ``mesh``'s
+            devices (its predictions are of what XLA does there).
     """
+    check_platform(report.profile, platform(mesh), "verifying")
     chosen = report.strategies[: top or len(report.strategies)]
     rng = np.random.default_rng(0)
     arrays = [rng.random(s).astype(report.dtype) for s in report.shapes]

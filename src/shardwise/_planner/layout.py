@@ -14,7 +14,8 @@ from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.plan import Plan
-from shardwise._model.profile import Profile, default_profile
+from shardwise._model.profile import Profile
+from shardwise._model.profile_files import default_profile
 from shardwise._model.spec import LayoutLike, Spec, SpecLike
 from shardwise._planner.einsum import rank
 from shardwise._xla.dtypes import result_dtype

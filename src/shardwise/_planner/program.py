@@ -18,7 +18,8 @@ import jax
 
 from shardwise._errors import ArgumentError, SpecError
 from shardwise._model.mesh import MeshSpec
-from shardwise._model.profile import Profile, default_profile, load_profile
+from shardwise._model.profile import Profile
+from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import Spec, SpecLike
 from shardwise._planner.baselines import NAMES, baseline
 from shardwise._planner.costs import Problem, build_problem, effective_mesh

@@ -14,7 +14,8 @@ from typing import Any
 
 from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
-from shardwise._model.profile import Profile, load_profile
+from shardwise._model.profile import Profile
+from shardwise._model.profile_files import load_profile
 from shardwise._planner.baselines import NAMES
 from shardwise._planner.models import SEQ, model
 from shardwise._planner.program import plan

@@ -12,12 +12,13 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from shardwise._model.profile import check_platform
 from shardwise._planner.apply import constrained
 from shardwise._planner.einsum import spearman
 from shardwise._planner.evaluate import ProgramVerified
 from shardwise._runtime.timing import alternate
 from shardwise._xla.hlo import collectives
-from shardwise._xla.lower import jax_mesh
+from shardwise._xla.lower import jax_mesh, platform
 
 if TYPE_CHECKING:
     from shardwise._planner.program import PlannedLayout, ProgramPlan
@@ -188,8 +189,10 @@ def verify(
 ) -> ProgramPlan:
     """Compile and compare every plan of ``plan`` on ``mesh``, then time them all taking turns
     (median of ``repeat`` turns each, a turn at least :data:`TURN_SECONDS` long), so that the
-    machine's drift falls on all alike."""
+    machine's drift falls on all alike. A plan made with a profile of another platform is
+    refused (``ArgumentError``): it predicts what XLA does there, not here."""
     m = _mesh(plan, mesh)
+    check_platform(plan.profile, platform(m), "verifying")
     leaves = _arrays(plan)
     checked = []
     runners = {}

@@ -32,7 +32,8 @@ from shardwise._model.cost import local_sizes
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.mesh import mesh as make_mesh
 from shardwise._model.plan import Plan
-from shardwise._model.profile import Profile, default_profile
+from shardwise._model.profile import Profile
+from shardwise._model.profile_files import default_profile
 from shardwise._model.reshard import agreed_layout, reshard_moves
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import reduce_axes

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from shardwise._model.profile import cache_root
+from shardwise._model.profile_files import cache_root
 
 ENV = "SHARDWISE_NATIVE"
 """Set to ``0`` to keep XLA's own kernels everywhere."""

@@ -40,7 +40,7 @@ def calibrate(
     per_device = parse_bytes(size, "--size")
     setup_devices(devices)
     from shardwise._model.mesh import mesh as make_mesh
-    from shardwise._model.profile import save_profile
+    from shardwise._model.profile_files import save_profile
     from shardwise._planner.calibrate import calibrate as measure
 
     jmesh = make_mesh(mesh)
