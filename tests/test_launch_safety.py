@@ -302,3 +302,73 @@ def test_a_hidden_process_that_fails_says_why():
     assert result.returncode == 3
     assert "process 1 exited with status 3" in result.stderr
     assert "[p1] error: [b]p1[/b] broke" in result.stderr  # shown as written, not as markup
+
+
+# --- the process that failed first is named, and the launch honours --timeout ----------------
+
+# Python programs, joined into one runtime before their first line: process 1 ends at once
+# with status 3 while process 0 waits (JAX's runtime then aborts process 0), or process 1
+# hangs while process 0 finishes (JAX's shutdown then waits for it, and aborts process 0)
+EXITS = """
+import os, sys, time
+if os.environ["SHARDWISE_PROCESS_ID"] == "1":
+    print("p1: no data to read", file=sys.stderr)
+    sys.exit(3)
+time.sleep(300)
+"""
+HANGS = """
+import os, sys, time
+if os.environ["SHARDWISE_PROCESS_ID"] == "1":
+    print("p1: waiting for a lock", file=sys.stderr, flush=True)
+    time.sleep(600)
+"""
+NATIVE_DUMP = ("SIGABRT", "Check failure", "Fatal Python error", "coordination_service")
+
+
+def _launch_python(tmp_path: Path, program: str, *options: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "program.py"
+    script.write_text(program)
+    args = ["-n", "2", "--devices-per-process", "1", "--timeout", "5", *options]
+    return _run([*LAUNCH, *args, "--", sys.executable, str(script)], timeout=300)
+
+
+def test_the_process_that_failed_first_is_named_not_the_one_the_runtime_aborted(tmp_path):
+    result = _launch_python(tmp_path, EXITS)
+    text = _text(result)
+    assert result.returncode == 3, result.stderr
+    assert "error: process 1 exited with status 3; stopped the others" in text
+    assert "[p1] p1: no data to read" in text and "process 0" not in text
+    assert not [mark for mark in NATIVE_DUMP if mark in result.stderr], result.stderr
+    assert "--verbose shows them" in text
+
+
+def test_a_hung_process_times_out_and_is_named(tmp_path):
+    # the program sleeps 600 s: that the launch ends at all (within _run's 300 s) is the
+    # --timeout at work; its bound is not asserted, the machine may be loaded
+    result = _launch_python(tmp_path, HANGS)
+    text = _text(result)
+    assert result.returncode == 1, result.stderr
+    assert "error: process 1 timed out after" in text and "(--timeout 5); stopped it" in text
+    assert "still running when process 0 had finished" in text
+    assert "[p1] p1: waiting for a lock" in text
+    assert not [mark for mark in NATIVE_DUMP if mark in result.stderr], result.stderr
+
+
+# process 0 says so when it is stopped; process 1 fails once process 0 is ready to say it
+STOPPED = (
+    'if [ "$SHARDWISE_PROCESS_ID" = 1 ]; then while [ ! -e "$0/ready" ]; do sleep 0.05; done; '
+    "exit 3; fi; "
+    "trap 'echo p0 was stopped >&2; exit 1' TERM; touch \"$0/ready\"; sleep 60 & wait"
+)
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_what_the_others_print_once_one_failed_is_held_back_unless_verbose(tmp_path, verbose):
+    options = ["--verbose"] if verbose else []
+    argv = [*LAUNCH, "-n", "2", *options, "--", "sh", "-c", STOPPED, str(tmp_path)]
+    result = _run(argv, timeout=60)
+    text = _text(result)
+    assert result.returncode == 3, result.stderr
+    assert "process 1 exited with status 3" in text
+    assert ("p0 was stopped" in text) == verbose
+    assert ("1 more lines of standard error held back" in text) != verbose

@@ -22,6 +22,7 @@ from ._errors import ShapeError as ShapeError
 from ._errors import ShardwiseError as ShardwiseError
 from ._errors import ShardwiseWarning as ShardwiseWarning
 from ._errors import SpecError as SpecError
+from ._errors import UserCodeError as UserCodeError
 from ._model.mesh import MeshSpec as MeshSpec
 from ._model.mesh import mesh as mesh
 from ._model.op import Op as Op

@@ -8,7 +8,9 @@ already catches ``ValueError`` or ``TypeError`` keeps working.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable
+from types import FrameType
 
 
 class ShardwiseError(Exception):
@@ -74,3 +76,76 @@ class ShardwiseWarning(UserWarning):
 class MiscompileError(ShardwiseError, RuntimeError):
     """The compiled program would return a wrong result (XLA dropped a sum it needs), or a
     result failed its check against NumPy; shardwise returns nothing from it."""
+
+
+class UserCodeError(ShardwiseError, RuntimeError):
+    """The user's own code raised an exception (or called ``sys.exit``) while shardwise ran
+    it: the module that ``--function`` names, as shardwise imported it, or a function, as
+    shardwise traced it. The message says where; the original exception is the
+    ``__cause__``."""
+
+
+_LIBRARIES = frozenset({"shardwise", "jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum"})
+"""Top-level packages whose frames are never the user's code in a traceback."""
+
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+
+
+def _is_library(frame: FrameType) -> bool:
+    module = str(frame.f_globals.get("__name__", ""))
+    if module.partition(".")[0] in _LIBRARIES:
+        return True
+    file = frame.f_code.co_filename
+    return file.startswith("<frozen ") or (file.startswith(_STDLIB) and "-packages" not in file)
+
+
+def _shown(file: str) -> str:
+    """``file`` relative to the working directory where it lies below it."""
+    try:
+        rel = os.path.relpath(file)
+    except ValueError:  # another drive
+        return file
+    return file if rel.startswith("..") else rel
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """Where in the user's code ``exc`` was raised, as ``file:line (in function)``: the
+    innermost frame of its traceback outside shardwise, JAX, NumPy and Python's own library
+    (for a ``SyntaxError``, the place it names); ``None`` when no frame is the user's."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{_shown(exc.filename)}:{exc.lineno}"
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        if not _is_library(tb.tb_frame):
+            found = tb
+        tb = tb.tb_next
+    if found is None:
+        return None
+    code = found.tb_frame.f_code
+    return f"{_shown(code.co_filename)}:{found.tb_lineno} (in {code.co_name})"
+
+
+def user_code_error(exc: BaseException, what: str, doing: str, fix: str) -> UserCodeError:
+    """``exc``, raised by the user's code, as a :class:`UserCodeError` that says whose code
+    raised it, where, and what it said; raise it ``from exc``.
+
+    Args:
+        exc: what the user's code raised.
+        what: the user's code, e.g. ``"your module 'mypkg.model'"``.
+        doing: what shardwise was doing with it, e.g. ``"imported"``.
+        fix: the sentence that ends the message, saying what to change.
+
+    >>> str(user_code_error(KeyError("w1"), "your function 'f'", "traced", "Fix it."))
+    "your function 'f' raised KeyError while shardwise traced it: 'w1'. Fix it."
+    """
+    where = user_frame(exc)
+    at = f" at {where}" if where else ""
+    if isinstance(exc, SystemExit):
+        text = f"{what} called sys.exit({exc.code!r}){at} while shardwise {doing} it"
+    elif isinstance(exc, SyntaxError):
+        text = f"{what} has a syntax error{at}: {exc.msg}"
+    else:
+        said = str(exc).strip()
+        text = f"{what} raised {type(exc).__name__}{at} while shardwise {doing} it"
+        text += f": {said}" if said else ""
+    return UserCodeError(f"{text.rstrip('.')}. {fix}")

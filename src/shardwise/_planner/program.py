@@ -8,6 +8,7 @@ and puts the named baselines (:mod:`~shardwise._planner.baselines`) beside it. T
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -16,7 +17,7 @@ from typing import Any
 
 import jax
 
-from shardwise._errors import ArgumentError, SpecError
+from shardwise._errors import ArgumentError, ShardwiseError, SpecError, user_code_error
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
@@ -268,6 +269,9 @@ def plan(
         top: how many of the search's plans to keep: the best, and runners-up that lay out
             some input another way (each one's inputs differ).
 
+    Raises:
+        UserCodeError: ``fn`` raised (the ``__cause__``) while it was traced; says where.
+
     >>> import jax.numpy as jnp
     >>> S = jax.ShapeDtypeStruct
     >>> p = plan(lambda x, w: x @ w, S((512, 256), "float32"), S((256, 1024), "float32"),
@@ -280,7 +284,8 @@ def plan(
     if top < 1:
         raise ArgumentError(f"top is {top}; give 1 or more plans to keep.")
     name = getattr(fn, "__name__", "program")
-    graph = build(train_step(fn) if train else fn, args, name, signature=fn)
+    traced = _as_users(fn, name)  # what fn raises is the user's, said as such
+    graph = build(train_step(traced) if train else traced, args, name, signature=fn)
     eff = effective_mesh(spec)
     fixed_specs = _fixed(graph, fixed, spec)
     start = time.perf_counter()
@@ -319,6 +324,27 @@ def plan(
         skipped=tuple(skipped),
         pinned=tuple(sorted(fixed_specs)),
     )
+
+
+def _as_users(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn``, whose exceptions while shardwise traces it (and ``sys.exit``) are raised as
+    the user's own, with where in their code: a :class:`UserCodeError` from the original.
+    shardwise's own errors (``fn`` may call shardwise) pass unchanged."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ShardwiseError:
+            raise
+        except (Exception, SystemExit) as e:
+            fix = (
+                "Planning traces the function once with abstract arrays of the arguments' "
+                "shapes: fix the function, or the shapes it was given."
+            )
+            raise user_code_error(e, f"your function {name!r}", "traced", fix) from e
+
+    return call
 
 
 def _pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem:

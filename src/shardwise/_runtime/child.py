@@ -4,11 +4,14 @@
 simulates the CPU devices and joins the runtime that the ``SHARDWISE_*`` variables describe,
 then runs the program as ``python`` would, as ``__main__``. ``import shardwise`` itself
 changes nothing, so the setting up happens here. A process started by ``shardwise launch``
-also watches the launcher, and ends (with its process group) when the launcher is gone.
+also watches the launcher, and ends (with its process group) when the launcher is gone,
+and tells it how its program ended as soon as it has (:func:`run_reported`).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import runpy
 import signal
@@ -16,14 +19,15 @@ import stat
 import sys
 import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from shardwise._errors import ShardwiseError
 from shardwise._runtime.devices import apply_env
 from shardwise._runtime.distributed import join_from_env
+from shardwise._runtime.ending import PROGRAM_ENDED
 from shardwise._runtime.hostmem import keep_freed_memory_warm
-from shardwise._runtime.launch import ENV_LAUNCHER_FD
+from shardwise._runtime.launch import ENV_LAUNCHER_FD, ENV_LAUNCHER_STATUS_FD
 
 USAGE = "usage: python -m shardwise._runtime.child (SCRIPT | -m MODULE | -c CODE) [ARGS…]"
 
@@ -33,12 +37,71 @@ def set_up() -> None:
     the runtime cannot be joined. In a process that ``shardwise launch`` started, first
     :func:`watch_launcher`."""
     watch_launcher()
+    report = _report_fd()
     try:
         apply_env()
         join_from_env(native_stdout_to_stderr=True)
     except ShardwiseError as e:
         sys.stderr.write(f"error: {e}\n")
         raise SystemExit(2) from None
+    if report is not None:
+        # registered after JAX's own exit handlers, so it runs before them: before the
+        # runtime's shutdown, which waits for every process
+        atexit.register(_report, report)
+
+
+_STATUS: list[int] = []
+"""The exit status of the program :func:`run_reported` ran, once it has ended."""
+
+
+def _report_fd() -> int | None:
+    """The pipe to ``shardwise launch`` on which to report the program's exit status (taken
+    out of the environment: the processes this one starts do not report)."""
+    raw = os.environ.pop(ENV_LAUNCHER_STATUS_FD, "").strip()
+    if not raw.isdigit():
+        return None
+    fd = int(raw)
+    try:
+        os.set_inheritable(fd, False)
+    except OSError:
+        return None
+    return fd
+
+
+def _report(fd: int) -> None:
+    """Tell the launcher the program's exit status, once what it printed is out, and mark
+    the end of the program's standard error: what follows is the runtime's."""
+    if not _STATUS:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed by the program
+            stream.flush()
+    try:
+        os.write(2, f"{PROGRAM_ENDED}\n".encode())
+        os.write(fd, f"{_STATUS[-1]}\n".encode())
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def run_reported(program: Callable[[], object]) -> None:
+    """Run ``program`` and note how it ended, as the exit status it gives the process: a
+    process that ``shardwise launch`` started reports it on exit, before JAX leaves the
+    runtime (which waits for every process, and may then abort this one), so the launcher
+    knows which process failed first, and which finished."""
+    try:
+        program()
+    except SystemExit as e:
+        code = e.code
+        _STATUS.append(0 if code is None else code if isinstance(code, int) else 1)
+        raise
+    except KeyboardInterrupt:
+        _STATUS.append(128 + signal.SIGINT)
+        raise
+    except BaseException:
+        _STATUS.append(1)
+        raise
+    _STATUS.append(0)
 
 
 def watch_launcher() -> bool:
@@ -78,6 +141,10 @@ def main(argv: Sequence[str]) -> None:
         raise SystemExit(2)
     set_up()
     keep_freed_memory_warm()  # as the shardwise command does
+    run_reported(lambda: _run(argv))
+
+
+def _run(argv: Sequence[str]) -> None:
     if argv[0] == "-c":
         sys.argv = ["-c", *argv[2:]]
         module = types.ModuleType("__main__")

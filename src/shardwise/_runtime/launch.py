@@ -7,17 +7,21 @@ Every process gets the ``SHARDWISE_*`` variables that say how to join the runtim
 :func:`command_line`), and ``K`` simulated CPU devices where there is no accelerator.
 
 The launcher watches them all: when one fails or is killed it stops the others at once and
-names the lost process, with its last lines of standard error; when one finishes, the others
-get a bounded time to finish too. Ctrl-C, ``SIGTERM`` and ``SIGHUP`` stop them all. Each
-process leads its own process group (stopping it stops what it started), and ends with the
-launcher even when that is killed outright: on Linux the kernel sends it ``SIGKILL``
-(``PR_SET_PDEATHSIG``); everywhere, Python processes watch a pipe from the launcher and end
-their group when it closes (:func:`shardwise._runtime.child.set_up`).
+names the process that failed first, with its last lines of standard error; when one
+finishes, the others get ``timeout`` seconds to finish too, and one that does not is named
+as timed out. A Python process tells the launcher how its program ended as soon as it ends
+(:func:`shardwise._runtime.child.run_reported`), before JAX leaves the runtime, so the
+process to blame is known even while the runtime's shutdown still waits for the others;
+what processes print after that (the native logs of a runtime that lost a process) and
+after a failure is kept back unless ``verbose``. Ctrl-C, ``SIGTERM`` and ``SIGHUP`` stop
+them all. Each process leads its own process group (stopping it stops what it started),
+and ends with the launcher even when that is killed outright: on Linux the kernel sends it
+``SIGKILL`` (``PR_SET_PDEATHSIG``); everywhere, Python processes watch a pipe from the
+launcher and end their group when it closes (:func:`shardwise._runtime.child.set_up`).
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import errno
 import os
@@ -27,9 +31,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 from shardwise._errors import DistributedError
 from shardwise._runtime.distributed import (
@@ -43,14 +46,24 @@ from shardwise._runtime.distributed import (
     join_address,
     split_address,
 )
-
-NOISE = ("[Gloo]", "peer ranks. Expected number of connected peer ranks")
-"""What the native collectives library prints to standard output (from several threads at
-once, so its lines can arrive cut and interleaved); lines holding any of it are dropped."""
+from shardwise._runtime.ending import (
+    Outcome,
+    Run,
+    judge,
+    pump,
+    read_reports,
+    stop_all,
+    stop_processes,
+)
 
 ENV_LAUNCHER_FD = "SHARDWISE_LAUNCHER_FD"
 """The number of a file descriptor each launched process inherits: the read end of a pipe whose
 write end only the launcher holds, so it reads end-of-file when the launcher is gone."""
+
+ENV_LAUNCHER_STATUS_FD = "SHARDWISE_LAUNCHER_STATUS_FD"
+"""The number of a file descriptor each launched process inherits: the write end of a pipe
+to the launcher, on which a Python process writes its program's exit status when the program
+ends (before the runtime shuts down)."""
 
 STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
@@ -58,15 +71,6 @@ STOP_SIGNALS = tuple(
 """Signals to the launcher that stop every process it started."""
 
 _PR_SET_PDEATHSIG = 1
-_LAST_LINES = 12
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a launch ended: the exit status to return, and why."""
-
-    returncode: int
-    message: str
 
 
 def check_port(port: int, host: str = "127.0.0.1") -> None:
@@ -100,53 +104,6 @@ def coordinator(address: str | None, port: int | None) -> str:
         host, port = split_address(address)
         check_port(port, host)
     return join_address(host, port)
-
-
-def _pump(
-    stream: IO[bytes], out: IO[str] | None, prefix: str, last: collections.deque[str]
-) -> None:
-    for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace")
-        if not any(mark in line for mark in NOISE):
-            if out is None:
-                last.append(line)
-            else:
-                out.write(prefix + line)
-                out.flush()
-
-
-def _describe(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"exited with status {rc}"
-
-
-def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
-    """Send ``signum`` to the process group ``proc`` leads (to ``proc`` where it leads none)."""
-    try:
-        if os.getpgid(proc.pid) == proc.pid:
-            os.killpg(proc.pid, signum)
-        else:
-            proc.send_signal(signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 3.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            _signal_group(p, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.wait(max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
-                p.wait()
 
 
 _PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
@@ -233,57 +190,56 @@ class _StopSignals:
             signal.signal(sig, handler)
 
 
-@dataclass
-class _Run:
-    """The processes of one launch, what shows their output, and the hidden ones' last lines."""
-
-    procs: list[subprocess.Popen[bytes]]
-    pumps: list[threading.Thread]
-    last: list[collections.deque[str]]
-
-
 def _spawn(
     argv: list[str],
     envs: list[dict[str, str]],
     all_output: bool,
     stop: _StopSignals,
     watch_fd: int,
-) -> _Run:
+    verbose: bool,
+) -> Run:
     """Start one process per environment (before any thread: ``preexec_fn`` is safe only
     then), then the threads that relay their output."""
     arm = die_with_launcher()
-    run = _Run([], [], [])
+    shown = [pid == 0 or all_output or verbose for pid in range(len(envs))]
+    run = Run([], [], shown, verbose)
     for pid, env in enumerate(envs):
         if stop.signum is not None:
             break
-        shown = pid == 0 or all_output
+        report, write_end = os.pipe()
+        os.set_blocking(report, False)
+        extra = {ENV_LAUNCHER_FD: str(watch_fd), ENV_LAUNCHER_STATUS_FD: str(write_end)}
         try:
-            run.procs.append(
-                subprocess.Popen(
-                    argv,
-                    env={**env, ENV_LAUNCHER_FD: str(watch_fd)},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE if shown else subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    process_group=0,
-                    preexec_fn=arm,
-                    pass_fds=(watch_fd,),
-                )
+            proc = subprocess.Popen(
+                argv,
+                env={**env, **extra},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if pid == 0 or all_output else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                process_group=0,
+                preexec_fn=arm,
+                pass_fds=(watch_fd, write_end),
             )
         except OSError as e:
-            _stop(run.procs)
+            os.close(report)
+            stop_processes(run.procs)
             raise DistributedError(f"cannot start {argv[0]!r}: {e.strerror or e}.") from None
+        finally:
+            os.close(write_end)
+        run.add(proc, report)
+    many = len(envs) > 1
     for pid, proc in enumerate(run.procs):
-        shown = pid == 0 or all_output
-        prefix = f"[p{pid}] " if all_output and len(envs) > 1 else ""
-        run.last.append(collections.deque(maxlen=_LAST_LINES))
-        streams = ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr if shown else None))
-        for stream, out in streams:
+        run.pumps.append([])
+        for stream, out, tagged in (
+            (proc.stdout, sys.stdout, all_output),
+            (proc.stderr, None, all_output or verbose),
+        ):
             if stream is not None:
-                args = (stream, out, prefix, run.last[-1])
-                t = threading.Thread(target=_pump, args=args, daemon=True)
+                prefix = f"[p{pid}] " if tagged and many else ""
+                t = threading.Thread(target=pump, args=(stream, out, prefix, run, pid))
+                t.daemon = True
                 t.start()
-                run.pumps.append(t)
+                run.pumps[-1].append(t)
     return run
 
 
@@ -295,6 +251,7 @@ def launch(
     all_output: bool = False,
     timeout: float = 30.0,
     coordinator_address: str | None = None,
+    verbose: bool = False,
 ) -> Outcome:
     """Run ``command`` in ``processes`` local processes joined into one runtime.
 
@@ -305,11 +262,16 @@ def launch(
         devices_per_process: simulated CPU devices in each (where there is no accelerator).
         port: the coordinator's port on ``127.0.0.1`` (a free one by default).
         all_output: show every process's output, prefixed ``[pK]``; else process 0's only.
-        timeout: seconds the others get to finish after one process ends, and the heartbeat
-            timeout after which a silent process counts as lost.
+        timeout: seconds the others get to finish after one process ends (then those still
+            running are stopped: the launch ends within ``timeout`` and a few seconds of
+            the first end), and the heartbeat timeout after which a silent process counts
+            as lost.
         coordinator_address: ``HOST:PORT`` where process 0 hosts the coordinator and the
             others reach it, instead of ``127.0.0.1:port``. The runtime has no
             authentication: anyone who can reach this address can join the job.
+        verbose: show every process's standard error as it comes, also what processes
+            print after their program ended or once the launch is stopping (the native
+            crash reports of a runtime that lost a process), which is otherwise held back.
     """
     if processes < 1:
         raise DistributedError(f"-n {processes}: at least one process is needed.")
@@ -331,58 +293,43 @@ def launch(
     try:
         with _StopSignals() as stop:
             try:
-                run = _spawn(command_line(command), envs, all_output, stop, watch)
+                run = _spawn(command_line(command), envs, all_output, stop, watch, verbose)
             finally:
                 os.close(watch)
             try:
                 outcome = _watch(run, timeout, stop)
             except KeyboardInterrupt:  # outside the main thread, Ctrl-C arrives so
-                _stop(run.procs)
+                stop_processes(run.procs)
                 outcome = Outcome(130, "interrupted: stopped every process")
+            finally:
+                for fd in run.reports:
+                    os.close(fd)
     finally:
         os.close(keep)
-    for t in run.pumps:
-        t.join(timeout=2)
+    for threads in run.pumps:
+        for t in threads:
+            t.join(timeout=2)
     return outcome
 
 
-def _failed(run: _Run, k: int, rc: int) -> Outcome:
-    status = 128 - rc if rc < 0 else rc
-    message = f"process {k} {_describe(rc)}; stopped the others"
-    time.sleep(0.1)  # its last lines may still be in the pipe
-    lines = [line.rstrip() for line in run.last[k] if line.strip()]
-    if lines:
-        message += ". Its last words:\n" + "\n".join(f"[p{k}] {line}" for line in lines)
-    return Outcome(status or 1, message)
-
-
-def _watch(run: _Run, timeout: float, stop: _StopSignals) -> Outcome:
-    first_done: float | None = None
-    procs = run.procs
+def _watch(run: Run, timeout: float, stop: _StopSignals) -> Outcome:
     while True:
         if stop.signum is not None:
-            _stop(procs)
+            stop_all(run)
             why = (
                 "interrupted" if stop.signum == signal.SIGINT else signal.Signals(stop.signum).name
             )
             return Outcome(128 + stop.signum, f"{why}: stopped every process")
-        codes = [p.poll() for p in procs]
-        failed = [(k, rc) for k, rc in enumerate(codes) if rc not in (None, 0)]
-        if failed:
-            k, rc = failed[0]
-            assert rc is not None
-            _stop(procs)
-            return _failed(run, k, rc)
-        if all(rc == 0 for rc in codes):
-            return Outcome(0, "")
-        if any(rc == 0 for rc in codes):
-            first_done = first_done or time.monotonic()
-            if time.monotonic() - first_done > timeout:
-                late = [k for k, rc in enumerate(codes) if rc is None]
-                _stop(procs)
-                return Outcome(
-                    1,
-                    f"process {late[0]} did not finish within {timeout:.0f} s of "
-                    "the others; stopped it",
-                )
+        now = time.monotonic()
+        for k, p in enumerate(run.procs):
+            rc = p.poll()
+            if rc is not None and k not in run.exits:
+                run.exits[k] = (now, rc)
+        read_reports(run, now)  # after the exits: what a process reported before exiting
+        for k, (t, rc) in run.exits.items():
+            if run.ended[k] is None:  # it reported nothing: how it exited is how it ended
+                run.ended[k] = (t, rc)
+        outcome = judge(run, timeout, now)
+        if outcome is not None:
+            return outcome
         time.sleep(0.05)

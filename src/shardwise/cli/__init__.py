@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from shardwise._runtime.child import set_up
+from shardwise._runtime.child import run_reported, set_up
 from shardwise._runtime.hostmem import keep_freed_memory_warm, rerun_with_huge_pages
 from shardwise.cli import bench as _bench
 from shardwise.cli import calibrate as _calibrate
@@ -69,4 +69,4 @@ def main() -> None:
     rerun_with_huge_pages()
     set_up()
     keep_freed_memory_warm()
-    app()
+    run_reported(app)

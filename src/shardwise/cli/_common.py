@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
-from shardwise._errors import ArgumentError, ShardwiseError
+from shardwise._errors import ArgumentError, ShardwiseError, UserCodeError
 from shardwise._files import write_atomic
 from shardwise._runtime.devices import ENV_CPU_DEVICES
 
@@ -107,12 +107,22 @@ def setup_devices(devices: int | None) -> None:
 
 
 def friendly_errors(command: F) -> F:
-    """Print a :class:`ShardwiseError`'s message and exit 2; never show a raw traceback."""
+    """Print a :class:`ShardwiseError`'s message and exit 2 (an error in the user's own code
+    too, said as theirs); never show a raw traceback."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
+        except UserCodeError as e:  # the user's module or function raised it: theirs to fix
+            err.print(
+                f"[bold red]error:[/] {escape(str(e))} Set SHARDWISE_DEBUG=1 to see the "
+                "whole traceback.",
+                highlight=False,
+            )
+            if os.environ.get("SHARDWISE_DEBUG"):
+                raise
+            raise typer.Exit(EXIT_USAGE) from None
         except ShardwiseError as e:
             err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, markup=True)
             raise typer.Exit(EXIT_USAGE) from None

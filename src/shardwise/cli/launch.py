@@ -48,9 +48,18 @@ def launch(
         typer.Option(
             "--timeout",
             min=1,
-            help="Seconds the others get after one ends; also the heartbeat timeout.",
+            help="Seconds the others get after one ends (then they are stopped); also the "
+            "heartbeat timeout.",
         ),
     ] = 30.0,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            help="Show all standard error, also what is held back once a process has failed "
+            "or finished (native crash reports of the processes stopped because of it).",
+        ),
+    ] = False,
 ) -> None:
     """Start N processes on this machine that join one JAX runtime, and end them together.
 
@@ -69,6 +78,7 @@ def launch(
         all_output=all_output,
         timeout=timeout,
         coordinator_address=coordinator_address,
+        verbose=verbose,
     )
     if outcome.returncode:
         Console(stderr=True).print(

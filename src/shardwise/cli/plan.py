@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,15 +28,37 @@ from shardwise.cli.explain import parse_shapes
 
 def _program(given: dict[str, Any]) -> None:
     """``plan --model/--function``: plan a whole program."""
-    import shardwise
-    from shardwise._planner.models import model as built_in
-    from shardwise.cli.program import load_function, parse_args, show, show_ops
+    from shardwise.cli.program import show, show_ops
 
     if given["model"] is not None and given["function"] is not None:
         raise ArgumentError("give --model or --function, not both.")
     if given["sweep_batch"] is not None or given["plot"] is not None:
         _sweep(given)
         return
+    console = Console(stderr=given["json"])
+    # the user's module and function may print: that goes to standard error while they run,
+    # so that standard output holds only the result (the JSON of --json)
+    with contextlib.redirect_stdout(sys.stderr):
+        report, name = _planned(given, console)
+    if given["html"] is not None:
+        write_file(given["html"], report.to_html())
+    if given["json"]:
+        out = report.to_json()
+        out["program"] = name
+        print_json(out)
+        return
+    show(report, console)
+    show_ops(report.report(), console, quiet=given["quiet"])
+    if given["html"] is not None:
+        console.print(f"wrote {given['html']}")
+
+
+def _planned(given: dict[str, Any], console: Console) -> tuple[Any, str]:
+    """The program plan that ``given`` asks for, and the program's name."""
+    import shardwise
+    from shardwise._planner.models import model as built_in
+    from shardwise.cli.program import load_function, parse_args
+
     if given["model"] is not None:
         fn, model_args = built_in(
             given["model"], batch=given["batch"], train=given["train"], **_dims(given)
@@ -54,7 +78,6 @@ def _program(given: dict[str, Any]) -> None:
     limit = None if memory is None else parse_bytes(memory, "--device-memory")
     if given["verify"] or given["tune"] or given["mesh"] == "auto" or given["profile"] is None:
         setup_devices(given["devices"])
-    console = Console(stderr=given["json"])
     with console.status("planning") as status:
         report = shardwise.plan(
             fn,
@@ -72,17 +95,7 @@ def _program(given: dict[str, Any]) -> None:
                 repeat=given["repeat"],
                 on_step=lambda k, n: status.update(f"compiling and timing plan {k + 1}/{n}"),
             )
-    if given["html"] is not None:
-        write_file(given["html"], report.to_html())
-    if given["json"]:
-        out = report.to_json()
-        out["program"] = name
-        print_json(out)
-        return
-    show(report, console)
-    show_ops(report.report(), console, quiet=given["quiet"])
-    if given["html"] is not None:
-        console.print(f"wrote {given['html']}")
+    return report, name
 
 
 def _dims(given: dict[str, Any]) -> dict[str, Any]:

@@ -5,35 +5,44 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from shardwise._errors import ArgumentError
+from shardwise._errors import ArgumentError, did_you_mean, user_code_error
 from shardwise.render.program import ops_view, plans_view
 
 _ARRAY = re.compile(r"^\s*([a-z]+)(\d+)\[([\d,\s]*)\]\s*$")
-_KINDS = {"f": "float", "bf": "bfloat", "i": "int", "u": "uint"}
+DTYPES = {
+    "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
+    "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64",
+    "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
+}  # fmt: skip
+"""The dtype prefixes of an ``--args`` shape (``f32[256,1024]``), each with the dtype it names."""
 
 
 def parse_array(text: str, where: str) -> Any:
     """``"f32[256,1024]"`` → ``jax.ShapeDtypeStruct((256, 1024), float32)``."""
     import jax
-    import numpy as np
 
     m = _ARRAY.match(text)
-    if not m or m.group(1) not in _KINDS:
+    if not m:
         raise ArgumentError(
             f"cannot read {where} {text!r}: write a dtype and a shape, e.g. f32[256,1024] "
             "(dtypes f16, bf16, f32, f64, i32, …)."
         )
-    try:
-        dtype = np.dtype(_KINDS[m.group(1)] + m.group(2)) if m.group(1) != "bf" else "bfloat16"
-    except TypeError:
-        raise ArgumentError(f"cannot read {where} {text!r}: no dtype {m.group(0)!r}.") from None
+    dtype = DTYPES.get(m.group(1) + m.group(2))
+    if dtype is None:
+        raise ArgumentError(
+            f"cannot read {where} {text!r}: no dtype {m.group(1) + m.group(2)!r}"
+            f"{did_you_mean(m.group(1) + m.group(2), DTYPES)}; the dtypes are "
+            f"{', '.join(DTYPES)}."
+        )
     dims = tuple(int(d) for d in m.group(3).replace(" ", "").split(",") if d)
     return jax.ShapeDtypeStruct(dims, dtype)
 
@@ -81,7 +90,8 @@ def parse_args(items: list[str]) -> list[Any]:
                 raise ArgumentError(f"cannot read the shapes file {item!r}: {e}.") from None
             if not isinstance(raw, dict):
                 raise ArgumentError(f"{item!r} must hold an object of name → shape.")
-            named.update({k: _tree(v, k) for k, v in raw.items()})
+            for k, v in raw.items():
+                _put(named, [k], _tree(v, k), f"{item!r} gives {k}")
             continue
         name, eq, shape = item.partition("=")
         if not eq or not name:
@@ -89,38 +99,93 @@ def parse_args(items: list[str]) -> list[Any]:
                 f"cannot read --args {item!r}: write NAME=SHAPE, e.g. --args x=f32[256,1024] "
                 "--args params.w1=f32[1024,4096], or give a JSON file."
             )
-        *path, leaf = name.split(".")
-        node = named
-        for part in path:
-            node = node.setdefault(part, {})
-        node[leaf] = parse_array(shape, f"--args {name}")
+        _put(named, name.split("."), parse_array(shape, f"--args {name}"), f"--args {name}")
     return list(named.values())
 
 
+def _put(named: dict[str, Any], path: list[str], value: Any, given: str) -> None:
+    """Put ``value`` at ``path`` (``params.w1`` → ``["params", "w1"]``) in the argument tree
+    ``named``; refuse a path given twice, or an array and its part (``p`` and ``p.q``)."""
+    *parents, leaf = path
+    node = named
+    for k, part in enumerate(parents):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            whole = ".".join(path[: k + 1])
+            raise ArgumentError(
+                f"{given}, a part of {whole}, but {whole} was already given as one array; an "
+                f"argument is one array (--args {whole}=f32[…]) or a tree of arrays (--args "
+                f"{'.'.join(path)}=f32[…]), not both: drop one."
+            )
+        node = child
+    if leaf in node:
+        name = ".".join(path)
+        what = "a tree of arrays" if isinstance(node[leaf], dict) else "an array"
+        raise ArgumentError(
+            f"{given}, but {name} was already given ({what}); give each argument once: an "
+            f"argument is one array (--args {name}=f32[…]) or a tree of arrays (--args "
+            f"{name}.w=f32[…]), not both."
+        )
+    node[leaf] = value
+
+
+_IMPORT_FIX = (
+    "shardwise imports the module to find the function: fix the module, and keep code that "
+    'should run only as a script under `if __name__ == "__main__":`.'
+)
+
+
 def load_function(ref: str) -> Any:
-    """``pkg.module:fn`` or ``path/file.py:fn`` as the function it names."""
+    """``pkg.module:fn`` or ``path/file.py:fn`` as the function it names. A module is found
+    as ``python -m`` finds one (the working directory first); what the module raises, or a
+    ``sys.exit`` in it, is a :class:`UserCodeError` that says where."""
     target, colon, attr = ref.rpartition(":")
     if not colon or not target or not attr:
         raise ArgumentError(
             f"--function {ref!r} does not name a function; write module:function, e.g. "
             "--function mypkg.models:loss or --function train.py:loss."
         )
-    try:
-        if target.endswith(".py"):
-            spec = importlib.util.spec_from_file_location(Path(target).stem, target)
-            if spec is None or spec.loader is None:
-                raise ImportError(target)
-            module = importlib.util.module_from_spec(spec)
-            sys.path.insert(0, str(Path(target).resolve().parent))
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except (ImportError, OSError) as e:
-        raise ArgumentError(f"cannot import {target!r} for --function: {e}.") from None
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise ArgumentError(
+                f"cannot import {target!r} for --function: there is no such file; give the "
+                "path of a Python file, or a module (mypkg.models:loss)."
+            )
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise ArgumentError(f"cannot import {target!r} for --function: not a Python file.")
+        module, loader = importlib.util.module_from_spec(spec), spec.loader
+        sys.path.insert(0, str(path.resolve().parent))
+        _run_users(lambda: loader.exec_module(module), target)
+    else:
+        here = os.getcwd()
+        if "" not in sys.path and here not in sys.path:  # as `python -m` has it
+            sys.path.insert(0, here)
+        module = _run_users(lambda: importlib.import_module(target), target)
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ArgumentError(f"{target!r} has no function {attr!r}.")
     return fn
+
+
+def _run_users(body: Callable[[], Any], target: str) -> Any:
+    """``body()``, which imports the user's module ``target``: whatever it raises is theirs,
+    said so with where, except that ``target`` itself cannot be found."""
+    what = f"your module {target!r}"
+    try:
+        return body()
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if missing and (target == missing or target.startswith(missing + ".")):
+            raise ArgumentError(
+                f"cannot import {target!r} for --function: {e}. Run shardwise from the "
+                "folder that holds it (or add that folder to PYTHONPATH), or give its file: "
+                "--function path/to/file.py:fn."
+            ) from None
+        raise user_code_error(e, what, "imported", _IMPORT_FIX) from e
+    except (Exception, SystemExit) as e:
+        raise user_code_error(e, what, "imported", _IMPORT_FIX) from e
 
 
 def show(report: Any, console: Console) -> None:

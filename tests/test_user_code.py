@@ -1,0 +1,164 @@
+"""The user's own code fails as the user's: what their module or function raises while
+shardwise imports or traces it is said to be theirs, with where (exit 2), never a bug in
+shardwise; their prints do not break ``--json``; ``--args`` refuses what it cannot read
+exactly."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import jax
+import pytest
+from typer.testing import CliRunner
+
+import shardwise
+from shardwise.cli import app
+from shardwise.cli.program import DTYPES, parse_args, parse_array
+
+S = jax.ShapeDtypeStruct
+runner = CliRunner()
+PLAN = ["--mesh", "x=2", "--profile", "cpu-2core", "--top", "1"]
+ARGS = ["--args", "x=f32[8,4]", "--args", "w=f32[4,2]"]
+GOOD = "def f(x, w):\n    return (x @ w).sum()\n"
+
+
+@pytest.fixture(autouse=True)
+def _own_sys_path(monkeypatch):
+    """``--function`` puts folders on ``sys.path``, as ``python`` does: undo it after each
+    test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+
+def _plan(tmp_path, source: str, *extra: str, name: str = "prog"):
+    src = tmp_path / f"{name}.py"
+    src.write_text(textwrap.dedent(source))
+    return runner.invoke(app, ["plan", "--function", f"{src}:f", *ARGS, *PLAN, *extra])
+
+
+def _error(result) -> str:
+    text = " ".join(result.stderr.split())
+    assert result.exit_code == 2, result.output
+    assert "bug in shardwise" not in text and "Traceback" not in text
+    return text
+
+
+def test_a_syntax_error_in_the_users_module_is_theirs(tmp_path):
+    text = _error(_plan(tmp_path, "def f(x, w):\n    return x @@ w\n"))
+    assert "your module" in text and "has a syntax error at" in text and "prog.py:2" in text
+
+
+def test_an_exception_when_the_module_is_imported_is_theirs(tmp_path):
+    text = _error(_plan(tmp_path, "import os\n\nsettings = {}['lr']\n" + GOOD))
+    assert "raised KeyError at" in text and "prog.py:3 (in <module>)" in text
+    assert "while shardwise imported it: 'lr'" in text
+
+
+def test_a_module_that_imports_what_is_missing_is_theirs(tmp_path):
+    text = _error(_plan(tmp_path, "import no_such_package_here\n" + GOOD))
+    assert "raised ModuleNotFoundError at" in text and "prog.py:1" in text
+    assert "no_such_package_here" in text
+
+
+def test_a_module_that_is_not_there_is_an_argument_error(tmp_path):
+    result = runner.invoke(app, ["plan", "--function", "no_such_module_here:f", *ARGS, *PLAN])
+    text = _error(result)
+    assert "cannot import 'no_such_module_here'" in text and "folder that holds it" in text
+
+
+def test_an_exception_in_the_users_function_is_theirs(tmp_path):
+    source = """\
+    def f(x, w):
+        y = x @ w
+        raise ValueError("no learning rate")
+    """
+    text = _error(_plan(tmp_path, source))
+    assert "your function 'f' raised ValueError at" in text and "prog.py:3 (in f)" in text
+    assert "no learning rate" in text and "SHARDWISE_DEBUG=1" in text
+
+
+@pytest.mark.parametrize("where", ["module", "function"])
+def test_sys_exit_in_user_code_is_an_error_not_a_silent_success(tmp_path, where):
+    source = "import sys\nsys.exit(0)\n" + GOOD if where == "module" else (
+        "import sys\n\ndef f(x, w):\n    sys.exit(0)\n"
+    )  # fmt: skip
+    text = _error(_plan(tmp_path, source, "--json"))
+    doing = "imported" if where == "module" else "traced"
+    assert "called sys.exit(0) at" in text and f"while shardwise {doing} it" in text
+    assert ("prog.py:2" if where == "module" else "prog.py:4 (in f)") in text
+
+
+def test_prints_in_user_code_go_to_stderr_and_leave_the_json_whole(tmp_path):
+    source = """\
+    print("importing the model")
+
+    def f(x, w):
+        print("tracing f")
+        return (x @ w).sum()
+    """
+    result = _plan(tmp_path, source, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["program"].endswith("prog.py:f")
+    assert "importing the model" in result.stderr and "tracing f" in result.stderr
+
+
+def test_a_module_is_found_from_the_working_directory_as_python_m_finds_it(tmp_path, monkeypatch):
+    package = tmp_path / "user_models_in_cwd"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text(GOOD)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    result = runner.invoke(
+        app, ["plan", "--function", "user_models_in_cwd.model:f", *ARGS, *PLAN, "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["program"] == "user_models_in_cwd.model:f"
+
+
+@pytest.mark.parametrize(
+    ("items", "said"),
+    [
+        (["p=f32[4]", "p.q=f32[4]"], "--args p.q, a part of p, but p was already given"),
+        (["p.q=f32[4]", "p=f32[4]"], "--args p, but p was already given (a tree of arrays)"),
+        (["p.q=f32[4]", "p.q=f32[8]"], "--args p.q, but p.q was already given (an array)"),
+    ],
+)
+def test_args_that_overlap_are_an_error_not_a_replacement(items, said):
+    with pytest.raises(shardwise.ArgumentError) as info:
+        parse_args(items)
+    assert said in str(info.value) and "not both" in str(info.value)
+
+
+def test_a_shapes_file_that_repeats_an_args_name_is_an_error(tmp_path):
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps({"x": "f32[8,4]"}))
+    with pytest.raises(shardwise.ArgumentError, match="x was already given"):
+        parse_args(["x=f32[8,4]", str(shapes)])
+
+
+@pytest.mark.parametrize("text", ["bf99[4]", "f8[4]", "i1[4]", "x32[4]", "u128[2]"])
+def test_only_known_dtype_names_are_read(text):
+    with pytest.raises(shardwise.ArgumentError, match="no dtype") as info:
+        parse_array(text, "--args x")
+    assert "f32, f64" in str(info.value)  # the valid names are listed
+
+
+def test_every_known_dtype_name_reads_as_its_dtype():
+    for name, dtype in DTYPES.items():
+        assert parse_array(f"{name}[2,3]", "--args x") == S((2, 3), dtype)
+
+
+def test_plan_says_an_exception_in_the_function_is_the_users():
+    def loss(x, w):
+        raise ValueError("no learning rate")
+
+    args = S((8, 4), "float32"), S((4, 2), "float32")
+    with pytest.raises(shardwise.UserCodeError, match="your function 'loss' raised ValueError"):
+        shardwise.plan(loss, *args, mesh="x=2", profile="cpu-2core")
+    try:
+        shardwise.plan(loss, *args, mesh="x=2", profile="cpu-2core", train=True)
+    except shardwise.UserCodeError as e:
+        assert isinstance(e.__cause__, ValueError)
+        assert f"{__file__.rsplit('/', 1)[-1]}:" in str(e) and "(in loss)" in str(e)
