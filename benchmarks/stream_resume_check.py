@@ -51,7 +51,7 @@ def _timed(fn) -> float:  # type: ignore[no-untyped-def]
 
 def _resume_check_seconds(pair: list, out: Path, budget: str) -> float:
     """Resume the interrupted run writing ``out``; the seconds its input check took."""
-    from shardwise._data import chunks
+    from shardwise._data import reader as chunks
 
     spent: list[float] = []
     check = chunks.ChunkReader.check_resumed
@@ -106,7 +106,7 @@ def main() -> None:
     pair = [rng.random((rows, 3), dtype=np.float32), rng.random((rows, 3), dtype=np.float32)]
     out = folder / "resume-mem.npy"
     fresh, bare, sums, resume = [], [], [], []
-    from shardwise._data.chunks import ChunkReader
+    from shardwise._data.reader import ChunkReader
 
     checksum = ChunkReader._checksum
     for _ in range(args.trials):

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from shardwise._data.budget import StreamPlan, plan_from_json
+from shardwise._data.sources import changes
 from shardwise._errors import ShardwiseError
 from shardwise._files import open_regular, write_atomic
 from shardwise._model.op import Op
@@ -62,7 +63,6 @@ _INPUT_KEYS = {
     "sha256": str,
     "token": str,
 }
-_COMPARED = ("size", "mtime_ns", "ctime_ns", "inode", "sample", "token")
 _MAX_BYTES = 1 << 26
 
 
@@ -278,12 +278,12 @@ class Manifest:
             raise _bad(self.path, f"its plan cannot stream {op.equation!r} along {plan.index!r}")
         before = data["inputs"]
         for k, new in enumerate(fingerprints):
-            changed = _changed(before[k], new)
+            changed = changes(before[k], new)
             if changed:
                 moved = [  # (a rename moves the ctime: it names the file, not its bytes)
                     j
                     for j, old in enumerate(before)
-                    if j != k and not _changed(old, new, ignore="ctime_ns")
+                    if j != k and not changes(old, new, ignore="ctime_ns")
                 ]
                 how = f"it now holds what input {moved[0]} held" if moved else ""
                 if not how and changed == ["ctime_ns"]:
@@ -398,15 +398,3 @@ class Manifest:
         """Replace the manifest on disk, atomically and durably."""
         tmp = self.path.with_name(f"{self.path.name}.{self.token}.tmp")
         write_atomic(self.path, json.dumps(self.data, indent=1), tmp=tmp)
-
-
-def _changed(old: dict[str, Any], new: dict[str, Any], ignore: str = "") -> list[str]:
-    """What differs between two fingerprints of an input: everything both hold (but
-    ``ignore``), or only SHA-256 when both hold it (the same bytes are the same input, moved or
-    touched)."""
-    shape = [k for k in ("shape", "dtype", "kind") if old[k] != new[k]]
-    if shape:
-        return shape
-    if "sha256" in old and "sha256" in new:
-        return [] if old["sha256"] == new["sha256"] else ["sha256"]
-    return [k for k in _COMPARED if k in old and k in new and old[k] != new[k] and k != ignore]

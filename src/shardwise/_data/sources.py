@@ -317,3 +317,19 @@ def _open_npy(path: Path, k: int) -> Source:
     return Source(
         str(path), tuple(shape), dtype, "npy", path=path, offset=offset, fd=fd, stamp=stamp
     )
+
+
+COMPARED = ("size", "mtime_ns", "ctime_ns", "inode", "sample", "token")
+"""The fingerprint's keys compared on resume where both fingerprints hold them."""
+
+
+def changes(old: dict[str, Any], new: dict[str, Any], ignore: str = "") -> list[str]:
+    """What differs between two fingerprints of an input: everything both hold (but
+    ``ignore``), or only SHA-256 when both hold it (the same bytes are the same input, moved or
+    touched)."""
+    shape = [k for k in ("shape", "dtype", "kind") if old[k] != new[k]]
+    if shape:
+        return shape
+    if "sha256" in old and "sha256" in new:
+        return [] if old["sha256"] == new["sha256"] else ["sha256"]
+    return [k for k in COMPARED if k in old and k in new and old[k] != new[k] and k != ignore]

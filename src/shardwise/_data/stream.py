@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from shardwise._data.budget import Chunking, StreamPlan, check_resumable, plan_stream
-from shardwise._data.chunks import ChunkReader, ChunkWriter, Program, compile_program
+from shardwise._data.chunks import ChunkWriter, Program, compile_program
 from shardwise._data.manifest import Manifest, lock_path, manifest_path, own_files
+from shardwise._data.reader import ChunkReader
 from shardwise._data.sink import Sink, remove
 from shardwise._data.sources import Source, open_source
 from shardwise._errors import ArgumentError, ShapeError, ShardwiseError
