@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from shardwise._errors import ArgumentError
+from shardwise.render.formats import Format, show
 from shardwise.render.program import ops_view, plans_view
 
 _ARRAY = re.compile(r"^\s*([a-z]+)(\d+)\[([\d,\s]*)\]\s*$")
@@ -123,11 +124,11 @@ def load_function(ref: str) -> Any:
     return fn
 
 
-def show(report: Any, console: Console) -> None:
+def show_plans(report: Any, console: Console, fmt: Format | None = None) -> None:
     """The plans as a table, cheapest first, with what was chosen and why."""
-    console.print(plans_view(report))
+    show(console, plans_view(report), fmt)
 
 
-def show_ops(report: Any, console: Console, quiet: bool = False) -> None:
+def show_ops(report: Any, console: Console, quiet: bool = False, fmt: Format | None = None) -> None:
     """One plan op by op (``quiet``: only the ops that cause collectives), then its memory."""
-    console.print(ops_view(report, quiet))
+    show(console, ops_view(report, quiet), fmt)
