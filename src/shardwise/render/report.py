@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardwise._model.units import format_bytes, format_seconds, format_shape
-from shardwise.render.report_css import CSS, MEASURED, PAGE_CSS, PALETTE, PREDICTED, ROOT
-from shardwise.render.report_js import JS
+from shardwise.render.report_css import MEASURED, PALETTE, PREDICTED
+from shardwise.render.report_page import report_html
 
 Mesh = Sequence[tuple[str, int]]
 """Mesh axes and sizes, in order (devices are numbered row-major over them)."""
@@ -22,7 +22,6 @@ MAX_ROW = 8
 """Devices per row for a 1-D mesh."""
 MEMORY = ("argument", "output", "temp", "alias", "total", "capacity")
 NONE = '<span class="none">none</span>'
-HINT = "Hover over or click a device to see what it holds; click a collective to see why."
 
 
 def _e(value: object) -> str:
@@ -153,27 +152,6 @@ def collective_button(c: Mapping[str, Any], why: str, where: str = "") -> str:
     return (
         f'<button type="button" class="coll" data-what="{_e(what)}" data-where="{_e(where)}" '
         f'data-why="{_e(why)}"><b>{_e(c["kind"])}</b><br>{_e(label)}</button>'
-    )
-
-
-def _report(title: str, mesh: Mesh, body: str, page: bool) -> str:
-    """The report as one element, ``div.shardwise-report``, whose stylesheet styles nothing
-    outside it and whose script touches nothing outside it (a notebook cell, a docs page);
-    or, with ``page``, as a whole page around that element (a file of its own)."""
-    mesh_attr = ",".join(f"{a}:{n}" for a, n in mesh)
-    style = "" if page else f"<style>{CSS}</style>"
-    report = (
-        f'<div class="{ROOT}">{style}<div class="page"><main>{body}</main><aside>'
-        f'<div class="info" data-mesh="{_e(mesh_attr)}"><h3>Details</h3>{_e(HINT)}</div>'
-        f"</aside></div><script>{JS}</script></div>"
-    )
-    if not page:
-        return report
-    return (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)}</title><style>{PAGE_CSS}\n{CSS}</style></head><body>{report}"
-        "</body></html>"
     )
 
 
@@ -353,7 +331,7 @@ def program_html(data: Mapping[str, Any], page: bool = True) -> str:
     comparison = _comparison(plan, shown) if plan.get("plans") else ""
     body = _program_header(plan, report, mesh) + comparison + _ops(report, mesh)
     body += _memory(report.get("memory") or {})
-    return _report(f"shardwise: {report.get('program', 'program')} ({shown})", mesh, body, page)
+    return report_html(f"shardwise: {report.get('program', 'program')} ({shown})", mesh, body, page)
 
 
 def _explain_arrays(data: Mapping[str, Any], mesh: Mesh) -> str:
@@ -409,4 +387,4 @@ def explanation_report(data: Mapping[str, Any], page: bool = True) -> str:
     facts = [("mode", str(data.get("mode", ""))), ("axes", str(data.get("axis_type", "")))]
     body = _header(title, "explained", facts, mesh) + _explain_arrays(data, mesh)
     body += _explain_collectives(data) + _explain_memory(data)
-    return _report(f"shardwise explain: {title}", mesh, body, page)
+    return report_html(f"shardwise explain: {title}", mesh, body, page)
