@@ -76,20 +76,23 @@ def _plain_flags(params: list[Any]) -> list[Any]:
     return params
 
 
-_STANDS_IN = "\x00shardwise-argument-{}"
-
-
 def _dash_equations(args: list[str]) -> dict[str, str]:
     """Equations among ``args`` that begin with ``-`` (``"->"``, ``"->i"``), which the parser
-    would take for options: each is swapped in place for a stand-in that it is not, and the
-    map back is returned. An option never holds ``->``, and after ``--`` nothing is read as
-    one, so nothing else changes."""
+    would take for options: each is swapped in place for itself after a space (which no
+    option begins with, and which an error message shows as what was given), and the map
+    back is returned. An option never holds ``->``, and after ``--`` nothing is read as one,
+    so nothing else changes.
+
+    >>> args = ["--shapes", "4", "->", "--", "->"]
+    >>> _dash_equations(args), args
+    ({' ->': '->'}, ['--shapes', '4', ' ->', '--', '->'])
+    """
     back: dict[str, str] = {}
     for k, arg in enumerate(args):
         if arg == "--":
             break
         if arg.startswith("-") and "->" in arg:
-            args[k] = _STANDS_IN.format(k)
+            args[k] = " " + arg
             back[args[k]] = arg
     return back
 
