@@ -82,8 +82,11 @@ def test_indivisible_names_dimension_size_shards_and_fixes():
 def test_more_devices_than_exist():
     with pytest.raises(MeshError) as info:
         shardwise.mesh("x=4,y=4")
-    msg = str(info.value)
-    assert "needs 16 devices" in msg and "only 8" in msg and "--devices 16" in msg
+    msg, shell = str(info.value), info.value.shell
+    assert "needs 16 devices" in msg and "only 8" in msg
+    # Python code is told the Python call, the shardwise command the flag
+    assert "shardwise.use_cpu_devices(16)" in msg and "--devices 16" not in msg
+    assert "needs 16 devices" in shell and "--devices 16" in shell and "use_cpu" not in shell
 
 
 def test_simulated_devices_after_start():

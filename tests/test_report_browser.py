@@ -1,7 +1,11 @@
 """The HTML reports in a real headless Chromium (the system's browser and driver, driven by
 Selenium): no console errors, every array on all 8 devices, hovering or clicking a device
 highlights it everywhere and says what it holds, clicking a collective says why, and the page
-draws something (the screenshot is not blank)."""
+draws something (the screenshot is not blank); a notebook's view of a report, put into a page
+with styles of its own, leaves that page's styles as they were.
+
+Every look-up waits for its condition (``WebDriverWait(...).until``) rather than for a time:
+on a loaded 2-core machine the browser may take seconds to lay out a page or run its script."""
 
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ DRIVER = Path("/usr/bin/chromedriver")
 INSTALL = "install the system browser and driver: apt-get install chromium chromium-driver"
 MESH = "data=2,model=4"
 DEVICES = 8
+WAIT_S = 120
+"""How long any condition may take to come true (page load, script run, a highlight)."""
 
 
 def _options(user_data: str) -> Any:
@@ -29,7 +35,7 @@ def _options(user_data: str) -> Any:
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for arg in (
-        "--headless=new",
+        "--headless",
         "--no-sandbox",
         "--disable-gpu",
         "--disable-quic",
@@ -49,6 +55,7 @@ def _options(user_data: str) -> Any:
 def driver() -> Iterator[Any]:
     try:
         from selenium import webdriver
+        from selenium.common.exceptions import WebDriverException
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         pytest.skip(f"selenium is not importable: pip install selenium, and {INSTALL}")
@@ -56,11 +63,27 @@ def driver() -> Iterator[Any]:
         if not path.exists():
             pytest.skip(f"{path} is missing: {INSTALL}")
     with tempfile.TemporaryDirectory() as user_data:
-        browser = webdriver.Chrome(service=Service(str(DRIVER)), options=_options(user_data))
+        try:
+            browser = webdriver.Chrome(service=Service(str(DRIVER)), options=_options(user_data))
+        except WebDriverException:  # a first start on a busy machine can miss its deadline
+            browser = webdriver.Chrome(service=Service(str(DRIVER)), options=_options(user_data))
+        browser.set_page_load_timeout(WAIT_S)
+        browser.set_script_timeout(WAIT_S)
         try:
             yield browser
         finally:
             browser.quit()
+
+
+def _wait(driver: Any, condition: Any, what: str) -> Any:
+    """``condition(driver)``'s first truthy value, waiting up to :data:`WAIT_S` for it."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S).until(condition, message=f"waited for {what}")
+
+
+def _info(driver: Any) -> str:
+    return str(_wait(driver, lambda d: d.find_element("css selector", ".info"), ".info").text)
 
 
 def _plan(name: str, **sizes: Any) -> Any:
@@ -73,7 +96,8 @@ def _load(driver: Any, page: str, path: Path) -> list[dict[str, Any]]:
     path.write_text(page, encoding="utf-8")
     driver.get_log("browser")
     driver.get(path.as_uri())
-    driver.find_element("id", "info")
+    _wait(driver, lambda d: d.execute_script("return document.readyState") == "complete", "load")
+    _wait(driver, lambda d: d.find_elements("css selector", ".info"), "the report's .info")
     return list(driver.get_log("browser"))
 
 
@@ -92,8 +116,16 @@ def _held(rect: Any) -> str:
 
 
 def _check_highlight(driver: Any, device: str) -> None:
-    info = driver.find_element("id", "info").text
     arrays = driver.find_elements("css selector", ".array")
+    _wait(
+        driver,
+        lambda d: (
+            [r.get_attribute("data-device") for r in d.find_elements("css selector", ".device.hl")]
+            == [device] * len(arrays)
+        ),
+        f"device {device} lit in every array",
+    )
+    info = _info(driver)
     for array in arrays:
         lit = array.find_elements("css selector", ".device.hl")
         assert [r.get_attribute("data-device") for r in lit] == [device]
@@ -115,7 +147,7 @@ def test_the_mlp_report_works_in_chromium(driver: Any, mlp: dict[str, Any], tmp_
     hovered = arrays[0].find_elements("css selector", ".device")[5]
     ActionChains(driver).move_to_element(hovered).perform()
     _check_highlight(driver, "5")
-    assert "device 5" in driver.find_element("id", "info").text
+    assert "device 5" in _info(driver)
 
     clicked = arrays[-1].find_elements("css selector", ".device")[2]
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", clicked)
@@ -127,7 +159,8 @@ def test_the_mlp_report_works_in_chromium(driver: Any, mlp: dict[str, Any], tmp_
     for button in (buttons[0], buttons[-1]):
         driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
         button.click()
-        assert button.get_attribute("data-why") in driver.find_element("id", "info").text
+        why = button.get_attribute("data-why")
+        _wait(driver, lambda d, why=why: why in _info(d), "the collective's cause in .info")
         assert driver.find_elements("css selector", ".coll.hl") == [button]
     assert [m for m in driver.get_log("browser") if m["level"] == "SEVERE"] == []
 
@@ -159,3 +192,76 @@ def test_a_two_layer_transformer_report_loads_cleanly(driver: Any, tmp_path: Pat
         "a => a.querySelectorAll('.device').length)"
     )
     assert set(counts) == {DEVICES}
+
+
+HOST = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>
+body{background:rgb(255,255,255);margin:8px;font:17px serif;color:rgb(20,20,20)}
+table{border-collapse:separate;font-family:monospace}
+td{padding:1px}
+.note{color:rgb(0,0,128)}
+</style></head><body><p class="note" id="before">before</p>
+<table id="theirs"><tr><td id="cell">their cell</td></tr></table>
+<div id="slot"></div><p class="note" id="after">after</p></body></html>"""
+"""A page with styles of its own (a docs site, a notebook), with a slot for a report."""
+
+STYLES = """
+const pick = (sel, props) => {
+  const style = getComputedStyle(document.querySelector(sel));
+  return props.map(p => sel + ' ' + p + ': ' + style.getPropertyValue(p));
+};
+return [].concat(
+  pick('body', ['background-color', 'margin-top', 'font-family', 'font-size', 'color']),
+  pick('#theirs', ['border-collapse', 'font-family', 'box-sizing']),
+  pick('#cell', ['padding-top', 'border-bottom-style', 'text-transform', 'box-sizing']),
+  pick('#before', ['color', 'font-size', 'margin-top']),
+  pick('#after', ['color', 'font-family']));
+"""
+"""The computed styles of the host page's own elements, as ``selector property: value``."""
+
+INSERT = """
+const slot = document.getElementById('slot');
+for (const html of arguments[0]) {
+  // as a notebook shows an output: parsed in place, its script run on insertion
+  slot.appendChild(document.createRange().createContextualFragment(html));
+}
+"""
+
+
+def test_a_notebook_view_leaves_the_page_around_it_as_it_was(
+    driver: Any, mlp: dict[str, Any], tmp_path: Path
+) -> None:
+    explained = shardwise.explain_einsum(
+        "nd,nd->n", [(16, 8)] * 2, mesh=MESH, in_specs=["data,model"] * 2, out_spec="data"
+    )
+    views = [explained._repr_html_(), program_html(mlp, page=False)]
+    path = tmp_path / "host.html"
+    path.write_text(HOST, encoding="utf-8")
+    driver.get(path.as_uri())
+    _wait(driver, lambda d: d.execute_script("return document.readyState") == "complete", "load")
+    before = driver.execute_script(STYLES)
+    assert "body background-color: rgb(255, 255, 255)" in before
+
+    driver.execute_script(INSERT, views)
+    roots = _wait(
+        driver,
+        lambda d: len(found := d.find_elements("css selector", ".shardwise-report")) == 2 and found,
+        "both reports in the page",
+    )
+    assert driver.execute_script(STYLES) == before
+    # the reports are styled (their own grey), and each one's script works inside it alone
+    for root in roots:
+        colour = driver.execute_script(
+            "return getComputedStyle(arguments[0]).backgroundColor", root
+        )
+        assert colour == "rgb(244, 245, 247)"
+    first, second = (root.find_element("css selector", ".info") for root in roots)
+    hint = first.text
+    device = roots[1].find_elements("css selector", ".device")[3]
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", device)
+    from selenium.webdriver import ActionChains
+
+    ActionChains(driver).move_to_element(device).perform()
+    _wait(driver, lambda d: "device 3" in second.text, "the second report's .info")
+    assert first.text == hint
+    assert roots[0].find_elements("css selector", ".device.hl") == []
+    assert [m for m in driver.get_log("browser") if m["level"] == "SEVERE"] == []

@@ -84,7 +84,79 @@ def test_the_page_references_nothing_outside_itself(data: dict[str, Any]) -> Non
     assert page.startswith("<!DOCTYPE html>")
     for needle in ("http://", "https://", "src=", "<link", "url(", "@import", "//cdn"):
         assert needle not in page.lower(), needle
-    assert "<style>" in page and "<script>" in page and 'id="info"' in page
+    assert "<style>" in page and "<script>" in page and 'class="info"' in page
+
+
+def _css_selectors(html_text: str) -> list[str]:
+    """Every selector of every rule in the ``<style>`` elements of ``html_text``."""
+    selectors = []
+    for sheet in re.findall(r"<style>(.*?)</style>", html_text, flags=re.S):
+        sheet = re.sub(r"/\*.*?\*/", "", sheet, flags=re.S)
+        assert "@" not in sheet, "an @-rule would need its own scoping"
+        for rule in sheet.split("}"):
+            if rule.strip():
+                head, _, _ = rule.partition("{")
+                selectors += [s.strip() for s in head.split(",")]
+    return selectors
+
+
+def _notebook_views(planned: Any) -> dict[str, str]:
+    explained = shardwise.explain_einsum(
+        "nd,nd->n", [(16, 8)] * 2, mesh="x=2,y=4", in_specs=["x,y", "x,y"], out_spec="x"
+    )
+    return {"program": planned._repr_html_(), "explanation": explained._repr_html_()}
+
+
+def test_the_notebook_view_is_one_element_whose_css_is_scoped_to_it(planned: Any) -> None:
+    for kind, fragment in _notebook_views(planned).items():
+        low = fragment.lower()
+        for tag in ("!doctype", "html", "head", "body"):
+            assert not re.search(rf"<{tag}[\s>]", low), (kind, tag)
+        assert fragment.startswith('<div class="shardwise-report">'), kind
+        assert fragment.endswith("</div>"), kind
+        top = Depth()
+        top.feed(fragment)
+        assert top.roots == 1, kind
+        selectors = _css_selectors(fragment)
+        assert len(selectors) > 30, kind
+        for selector in selectors:
+            assert re.match(r"\.shardwise-report(?![-\w])", selector), (kind, selector)
+        assert "document.getElementById" not in fragment, kind
+
+
+def test_the_saved_page_is_a_whole_page_with_the_same_scoped_report(data: dict[str, Any]) -> None:
+    page = program_html(data)
+    assert page.startswith("<!DOCTYPE html>") and page.endswith("</body></html>")
+    body = page[page.index("<body>") + len("<body>") : -len("</body></html>")]
+    assert body.startswith('<div class="shardwise-report">')
+    outside = [s for s in _css_selectors(page) if not s.startswith(".shardwise-report")]
+    assert outside == ["body"]
+
+
+class Depth(HTMLParser):
+    """Counts the elements at the top level of a fragment."""
+
+    VOID = frozenset({"meta", "br", "img", "input", "link", "hr", "rect", "line", "path"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth = 0
+        self.roots = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self.VOID:
+            return
+        if self.depth == 0:
+            self.roots += 1
+        self.depth += 1
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self.depth == 0:
+            self.roots += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag not in self.VOID:
+            self.depth -= 1
 
 
 def test_every_array_is_drawn_on_every_device(data: dict[str, Any]) -> None:

@@ -14,7 +14,27 @@ from types import FrameType
 
 
 class ShardwiseError(Exception):
-    """Base class of every error shardwise raises on purpose."""
+    """Base class of every error shardwise raises on purpose.
+
+    Where the fix reads differently at the shell (``--devices 16`` rather than
+    ``shardwise.use_cpu_devices(16)``), ``shell=`` gives the message as the ``shardwise``
+    command prints it.
+
+    >>> e = MeshError("call use_cpu_devices(16).", shell="give --devices 16.")
+    >>> str(e), e.shell
+    ('call use_cpu_devices(16).', 'give --devices 16.')
+    >>> MeshError("no mesh.").shell
+    'no mesh.'
+    """
+
+    def __init__(self, *args: object, shell: str | None = None) -> None:
+        super().__init__(*args)
+        self._shell = shell
+
+    @property
+    def shell(self) -> str:
+        """The message as the ``shardwise`` command prints it."""
+        return str(self) if self._shell is None else self._shell
 
 
 class MeshError(ShardwiseError, ValueError):

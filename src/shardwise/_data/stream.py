@@ -220,7 +220,9 @@ def _checked(out: str | os.PathLike[str], budget: str | int) -> tuple[Path, int]
     if limit <= 0:
         raise ArgumentError(
             f"a memory budget of {budget!r} holds no data; give a positive size, e.g. "
-            "budget='1GiB' (--host-memory 1GiB from the command line)."
+            "budget='1GiB'.",
+            shell=f"--host-memory {budget} holds no data; give a positive size, e.g. "
+            "--host-memory 1GiB.",
         )
     return target, limit
 

@@ -179,17 +179,21 @@ def build_mesh(spec: MeshSpec, pool: list[jax.Device] | None = None) -> Mesh:
     pool = list(pool) if pool is not None else jax.devices()
     if spec.size > len(pool):
         platform = pool[0].platform if pool else "cpu"
-        hint = (
-            f" Simulate more CPU devices: shardwise.use_cpu_devices({spec.size}) before any "
-            f"JAX computation, --devices {spec.size} for the shardwise command, or under "
-            f"shardwise launch -n N --devices-per-process K with N × K = {spec.size}."
+        launch = f"shardwise launch -n N --devices-per-process K with N × K = {spec.size}"
+        python, shell = (
+            (
+                f" Simulate more CPU devices: shardwise.use_cpu_devices({spec.size}) before "
+                f"any JAX computation, or run under {launch}.",
+                f" Simulate more CPU devices: --devices {spec.size}, or run under {launch}.",
+            )
             if platform == "cpu"
-            else " Use a mesh whose axis sizes multiply to at most the device count."
+            else (" Use a mesh whose axis sizes multiply to at most the device count.",) * 2
         )
-        raise MeshError(
+        fact = (
             f"mesh {spec.describe()!r} needs {spec.size} devices, but only {len(pool)} "
-            f"{platform} device{'s are' if len(pool) != 1 else ' is'} available.{hint}"
+            f"{platform} device{'s are' if len(pool) != 1 else ' is'} available."
         )
+        raise MeshError(fact + python, shell=fact + shell)
     grid = np.array(pool[: spec.size], dtype=object).reshape([s for _, s in spec.axes])
     kind = AxisType.Explicit if spec.axis_type == "explicit" else AxisType.Auto
     return Mesh(grid, spec.names, axis_types=(kind,) * len(spec.axes))

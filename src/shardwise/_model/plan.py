@@ -272,9 +272,9 @@ class Plan:
             for name, info in rows
         )
         return (
-            f"<b>{html.escape(self.op.equation)}</b> on mesh {self.mesh.describe()} "
-            f"({self.mode} mode)<table><tr><th>array</th><th>shape</th><th>dtype</th>"
-            f"<th>spec</th><th>shard per device</th></tr>{body}</table>"
+            f'<div class="shardwise-plan"><b>{html.escape(self.op.equation)}</b> on mesh '
+            f"{self.mesh.describe()} ({self.mode} mode)<table><tr><th>array</th><th>shape</th>"
+            f"<th>dtype</th><th>spec</th><th>shard per device</th></tr>{body}</table></div>"
         )
 
     @property

@@ -160,7 +160,12 @@ class ProgramPlan:
         return program_html({"plan": self.to_json(), "report": shown})
 
     def _repr_html_(self) -> str:
-        return self.to_html()
+        """The report of :meth:`to_html` as one element to show inside a page (a notebook's
+        cell): its styles and script touch nothing outside it."""
+        from shardwise.render.report import program_html
+
+        shown = self.report().to_json()
+        return program_html({"plan": self.to_json(), "report": shown}, page=False)
 
     def __rich__(self) -> Any:
         from rich.console import Group

@@ -117,11 +117,11 @@ def use_cpu_devices(count: int) -> None:
             "needs no devices."
         )
     if started:
+        fact = f"asked for {count} simulated CPU devices, but JAX has already started with {have}."
         raise MeshError(
-            f"asked for {count} simulated CPU devices, but JAX has already started with "
-            f"{have}. Request devices before any JAX computation: call "
-            f"shardwise.use_cpu_devices({count}) right after import (for the shardwise "
-            f"command: --devices {count} or {ENV_CPU_DEVICES}={count})."
+            f"{fact} Request devices before any JAX computation: call "
+            f"shardwise.use_cpu_devices({count}) right after import.",
+            shell=f"{fact} Give --devices {count}, or set {ENV_CPU_DEVICES}={count}.",
         )
     jax.config.update("jax_num_cpu_devices", count)
 

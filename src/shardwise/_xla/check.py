@@ -141,22 +141,26 @@ def ensure_sound(
     problems = contraction_problems(plan, found, layout, platform)
     if problems:
         given = ", ".join(s.describe() for s in plan.in_specs)
-        raise MiscompileError(
+        fact = (
             f"{plan.op.equation!r} with operands laid out {given} on mesh "
             f"{plan.mesh.describe()}: {'; '.join(problems)}. shardwise returns no result from "
-            "this program. Give the operands one agreed layout (or mode='manual'), and please "
-            "report the equation, shapes and layouts to shardwise."
+            "this program. Give the operands one agreed layout (or "
         )
+        report = "), and please report the equation, shapes and layouts to shardwise."
+        raise MiscompileError(f"{fact}mode='manual'{report}", shell=f"{fact}--mode manual{report}")
 
 
 def ensure_close(plan: Plan, arrays: Sequence[Any], result: Any) -> None:
     """Raise :class:`MiscompileError` unless ``result`` is NumPy's within rounding."""
     found = check_einsum(plan.op, [np.asarray(a).astype(plan.dtype) for a in arrays], result)
     if not found.ok:
-        raise MiscompileError(
+        fact = (
             f"{plan.op.equation!r} on mesh {plan.mesh.describe()} with operands laid out "
             f"{', '.join(s.describe() for s in plan.in_specs)} ({plan.mode} mode) returned a "
             f"result {found.max_abs_error:.3g} away from NumPy's, where rounding allows "
             f"{found.tolerance:.3g}. Please report it with the equation, shapes and layouts; "
-            "mode='manual' computes it another way."
+        )
+        raise MiscompileError(
+            f"{fact}mode='manual' computes it another way.",
+            shell=f"{fact}--mode manual computes it another way.",
         )

@@ -126,7 +126,11 @@ class Explanation:
         return to_text(self)
 
     def _repr_html_(self) -> str:
-        return self.to_html()
+        """The report of :meth:`to_html` as one element to show inside a page (a notebook's
+        cell): its styles and script touch nothing outside it."""
+        from shardwise.render.report import explanation_report
+
+        return explanation_report(self.to_json(), page=False)
 
     def to_html(self) -> str:
         """One self-contained HTML file (no network needed to view it): every array drawn on

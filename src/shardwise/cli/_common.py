@@ -1,11 +1,12 @@
-"""What every command shares: simulated devices, and errors printed instead of tracebacks."""
+"""What every command shares: simulated devices, how tables and errors are printed (one line
+each off a terminal, never a traceback), and equations that begin with ``-``."""
 
 from __future__ import annotations
 
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -17,6 +18,7 @@ from typer.core import TyperCommand, TyperGroup, TyperOption
 from shardwise._errors import ArgumentError, ShardwiseError, UserCodeError
 from shardwise._files import write_atomic
 from shardwise._runtime.devices import ENV_CPU_DEVICES
+from shardwise.render.formats import FORMATS, Format
 
 DEFAULT_CPU_DEVICES = 8
 """The CLI simulates this many CPU devices unless told otherwise, so every example runs anywhere."""
@@ -43,6 +45,17 @@ Devices = Annotated[
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 """``--json``, the same in every command: the result as JSON on standard output."""
 
+Formats = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        help=f"How tables are printed: {', '.join(FORMATS)} (rich boxes, GitHub pipe tables, "
+        "or aligned columns with one row per line); default table on a terminal, plain "
+        "when piped.",
+    ),
+]
+"""``--format``, the same in every command that prints tables."""
+
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 V = TypeVar("V")
@@ -63,18 +76,88 @@ def _plain_flags(params: list[Any]) -> list[Any]:
     return params
 
 
+def _dash_equations(args: list[str]) -> dict[str, str]:
+    """Equations among ``args`` that begin with ``-`` (``"->"``, ``"->i"``), which the parser
+    would take for options: each is swapped in place for itself after a space (which no
+    option begins with, and which an error message shows as what was given), and the map
+    back is returned. An option never holds ``->``, and after ``--`` nothing is read as one,
+    so nothing else changes.
+
+    >>> args = ["--shapes", "4", "->", "--", "->"]
+    >>> _dash_equations(args), args
+    ({' ->': '->'}, ['--shapes', '4', ' ->', '--', '->'])
+    """
+    back: dict[str, str] = {}
+    for k, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg.startswith("-") and "->" in arg:
+            args[k] = " " + arg
+            back[args[k]] = arg
+    return back
+
+
+def _put_back(value: Any, back: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return back.get(value, value)
+    if isinstance(value, list | tuple):
+        return type(value)(_put_back(v, back) for v in value)
+    return value
+
+
 class Command(TyperCommand):
-    """A command whose ``--help`` shows flags as flags (every ``shardwise`` command is one)."""
+    """A ``shardwise`` command: ``--help`` shows flags as flags, and an einsum that begins
+    with ``-`` (``shardwise explain "->" …``) is read as the equation, not as an option."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _plain_flags(super().get_params(ctx))
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        args = list(args)
+        back = _dash_equations(args)
+        rest = super().parse_args(ctx, args)
+        if back:
+            ctx.params = {k: _put_back(v, back) for k, v in ctx.params.items()}
+            rest = _put_back(rest, back)
+        return rest
 
 
 class Group(TyperGroup):
-    """The ``shardwise`` group, whose own ``--help`` shows flags as flags too."""
+    """The ``shardwise`` group: its own ``--help`` shows flags as flags too, and a usage error
+    (an unknown option, a missing value) is one line when standard error is not a terminal."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _plain_flags(super().get_params(ctx))
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        def run(standalone: bool) -> Any:
+            return super(Group, self).main(
+                args, prog_name, complete_var, standalone, windows_expand_args, **extra
+            )
+
+        if not standalone_mode or err.is_terminal:
+            return run(standalone_mode)
+        try:
+            code = run(False)
+        except typer.Abort:
+            print_error("aborted.")
+            sys.exit(1)
+        except typer.TyperException as e:  # typer's own click's ClickException and kin
+            if type(e).__name__ == "NoArgsIsHelpError":  # help, as typer prints it
+                return run(True)
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            print_error(getattr(e, "format_message", e.__str__)() + hint)
+            sys.exit(getattr(e, "exit_code", EXIT_USAGE))
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def renamed(command: str, new: str, new_value: V | None, old: str, old_value: V | None) -> V | None:
@@ -94,6 +177,24 @@ def renamed(command: str, new: str, new_value: V | None, old: str, old_value: V 
         soft_wrap=True,
     )
     return old_value
+
+
+def console(stderr: bool = False) -> Console:
+    """A console for a command's output: off a terminal, lines are never wrapped to a width
+    (a pipe into ``grep`` gets each whole)."""
+    out = Console(stderr=stderr)
+    out.soft_wrap = not out.is_terminal
+    return out
+
+
+def table_format(given: str | None) -> Format | None:
+    """``--format``'s value, checked (``None``: the default for where the output goes)."""
+    if given is None:
+        return None
+    for fmt in FORMATS:
+        if given == fmt:
+            return fmt
+    raise ArgumentError(f"--format {given!r} is not one of {', '.join(FORMATS)}.")
 
 
 def setup_devices(devices: int | None) -> None:
@@ -124,22 +225,31 @@ def friendly_errors(command: F) -> F:
                 raise
             raise typer.Exit(EXIT_USAGE) from None
         except ShardwiseError as e:
-            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, markup=True)
+            print_error(e.shell)
             raise typer.Exit(EXIT_USAGE) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as e:  # a bug or a JAX failure: say so plainly
-            err.print(
-                f"[bold red]error:[/] unexpected {type(e).__name__}: {escape(str(e))}\n"
-                "This is a bug in shardwise or a failure in JAX; please report it with the "
-                "command you ran. Set SHARDWISE_DEBUG=1 to see the traceback.",
-                highlight=False,
+            print_error(
+                f"unexpected {type(e).__name__}: {e}\nThis is a bug in shardwise or a failure "
+                "in JAX; please report it with the command you ran. Set SHARDWISE_DEBUG=1 to "
+                "see the traceback."
             )
             if os.environ.get("SHARDWISE_DEBUG"):
                 raise
             raise typer.Exit(EXIT_WRONG) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def print_error(message: str) -> None:
+    """``error: message`` on standard error: on a terminal in red, wrapped to its width;
+    anywhere else (a pipe, a log file) on one line, whatever its length."""
+    if not err.is_terminal:
+        message = " ".join(message.split())
+    err.print(
+        f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=not err.is_terminal
+    )
 
 
 def print_json(data: Any) -> None:

@@ -6,16 +6,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from shardwise.cli._common import (
     REPEAT,
     Devices,
+    Formats,
     Json,
+    console,
     friendly_errors,
     print_json,
     setup_devices,
+    table_format,
 )
 
 
@@ -38,6 +40,7 @@ def bench(
         ),
     ] = REPEAT,
     json: Json = False,
+    format: Formats = None,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Draw ratios and W1's curve to this file.")
     ] = None,
@@ -50,7 +53,9 @@ def bench(
     from shardwise._errors import ArgumentError
     from shardwise.bench import SUITES, run_bench
     from shardwise.bench.workloads import PEERS
+    from shardwise.render.formats import show
 
+    fmt = table_format(format)
     if suite not in SUITES:
         raise ArgumentError(f"--suite {suite!r} is not one of {', '.join(SUITES)}.")
     chosen = [p.strip() for p in peers.split(",") if p.strip()]
@@ -58,8 +63,8 @@ def bench(
     if unknown:
         raise ArgumentError(f"unknown peer {unknown[0]!r}; valid peers are {', '.join(PEERS)}.")
     setup_devices(devices)
-    console = Console(stderr=True)
-    with console.status("benchmarking") as status:
+    progress = console(stderr=True)
+    with progress.status("benchmarking") as status:
         doc = run_bench(
             suite,
             chosen,
@@ -113,6 +118,6 @@ def bench(
             if ok
             else "[red]NO: " + ", ".join(k for k, v in w["correct"].items() if not v) + "[/]",
         )
-    Console().print(table)
+    show(console(), table, fmt)
     if plot is not None:
-        console.print(f"plot written to {plot}")
+        progress.print(f"plot written to {plot}")

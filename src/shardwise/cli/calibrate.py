@@ -6,10 +6,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from shardwise.cli._common import Devices, Json, friendly_errors, print_json, setup_devices
+from shardwise.cli._common import (
+    Devices,
+    Formats,
+    Json,
+    console,
+    friendly_errors,
+    print_json,
+    setup_devices,
+    table_format,
+)
 
 
 @friendly_errors
@@ -32,11 +40,14 @@ def calibrate(
         ),
     ] = 5,
     json: Json = False,
+    format: Formats = None,
     devices: Devices = None,
 ) -> None:
     """Measure memory bandwidth, matmul FLOP/s and collectives along each mesh axis."""
     from shardwise._model.units import format_bytes, parse_bytes
+    from shardwise.render.formats import show
 
+    fmt = table_format(format)
     per_device = parse_bytes(size, "--size")
     setup_devices(devices)
     from shardwise._model.mesh import mesh as make_mesh
@@ -44,8 +55,8 @@ def calibrate(
     from shardwise._planner.calibrate import calibrate as measure
 
     jmesh = make_mesh(mesh)
-    console = Console(stderr=True)
-    with console.status("calibrating") as status:
+    progress = console(stderr=True)
+    with progress.status("calibrating") as status:
         profile = measure(
             jmesh,
             per_device_bytes=per_device,
@@ -75,5 +86,5 @@ def calibrate(
                 )
         if profile.memory_bytes:
             table.add_row("memory", format_bytes(profile.memory_bytes))
-        Console().print(table)
-    console.print(f"profile written to {path}")
+        show(console(), table, fmt)
+    progress.print(f"profile written to {path}")

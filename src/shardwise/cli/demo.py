@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -15,10 +14,13 @@ from shardwise.cli._common import (
     EXIT_WRONG,
     REPEAT,
     Devices,
+    Formats,
     Json,
+    console,
     friendly_errors,
     print_json,
     setup_devices,
+    table_format,
 )
 
 
@@ -122,6 +124,7 @@ def demo(
         ),
     ] = REPEAT,
     json: Json = False,
+    format: Formats = None,
     dask: Annotated[
         bool,
         typer.Option(
@@ -142,12 +145,14 @@ def demo(
     """Run the tutorial's sharded dot products (S1–S4) and check each against NumPy."""
     from shardwise._demo import SIZES, run_demo
     from shardwise._errors import ArgumentError
+    from shardwise.render.formats import show
 
+    fmt = table_format(format)
     if size not in SIZES:
         raise ArgumentError(f"--size {size!r} is not one of {', '.join(SIZES)}.")
     setup_devices(devices)
-    console = Console(stderr=json)
-    with console.status("starting") as status:
+    out = console(stderr=json)
+    with out.status("starting") as status:
         report = run_demo(
             size,
             repeat=repeat,
@@ -158,16 +163,16 @@ def demo(
     if json:
         print_json(report)
     else:
-        console.print(demo_table(report))
+        show(out, demo_table(report), fmt)
     for skip in report["skipped"]:
-        Console(stderr=True).print(
+        console(stderr=True).print(
             f"[yellow]skipped {skip['name']}[/] (the tutorial's Dask workloads): "
             + escape(skip["why"]),
             highlight=False,
         )
     if pictures is not None:
-        Console(stderr=True).print(f"pictures of S1–S4 written to {pictures}/ (PNG and SVG)")
+        console(stderr=True).print(f"pictures of S1–S4 written to {pictures}/ (PNG and SVG)")
     if not report["ok"]:
         bad = ", ".join(s["name"] for s in report["scenarios"] if not s["ok"])
-        Console(stderr=True).print(f"[bold red]wrong results in {bad}[/]")
+        console(stderr=True).print(f"[bold red]wrong results in {bad}[/]")
         raise typer.Exit(EXIT_WRONG)

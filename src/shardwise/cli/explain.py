@@ -6,16 +6,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from shardwise._errors import ArgumentError, ShapeError
 from shardwise.cli._common import (
     Devices,
+    Formats,
     Json,
+    console,
     friendly_errors,
     print_json,
     renamed,
     setup_devices,
+    table_format,
     write_file,
 )
 
@@ -93,6 +95,7 @@ def explain(
         str, typer.Option("--axis-types", help="Mesh axis types: auto or explicit.")
     ] = "auto",
     json: Json = False,
+    format: Formats = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Only the summary, no mesh and block views.")
     ] = False,
@@ -110,6 +113,7 @@ def explain(
 ) -> None:
     """Compile a sharded einsum (no data needed); show each device's shard and every collective."""
     out_spec = renamed("explain", "--out-spec", out_spec, "--out", out)
+    fmt = table_format(format)
     _check_in_count(equation, in_)
     setup_devices(devices)
     from shardwise import explain_einsum
@@ -137,9 +141,10 @@ def explain(
     if json:
         print_json(result.to_json())
     else:
+        from shardwise.render.formats import show
         from shardwise.render.terminal import explanation_view
 
-        Console().print(explanation_view(result, quiet=quiet))
+        show(console(), explanation_view(result, quiet=quiet), fmt)
         for path in (svg, png, html):
             if path is not None:
-                Console(stderr=True).print(f"wrote {path}")
+                console(stderr=True).print(f"wrote {path}")

@@ -5,10 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-from shardwise.cli._common import friendly_errors
+from shardwise.cli._common import friendly_errors, print_error
 
 
 @friendly_errors
@@ -81,7 +79,5 @@ def launch(
         verbose=verbose,
     )
     if outcome.returncode:
-        Console(stderr=True).print(
-            f"[bold red]error:[/] {escape(outcome.message)}", highlight=False
-        )
+        print_error(outcome.message)
         raise typer.Exit(outcome.returncode)

@@ -16,44 +16,49 @@ from shardwise._model.units import format_bytes, format_seconds, parse_bytes
 from shardwise.cli._common import (
     REPEAT,
     Devices,
+    Formats,
     Json,
+    console,
     friendly_errors,
     print_json,
     renamed,
     setup_devices,
+    table_format,
     write_file,
 )
 from shardwise.cli.explain import parse_shapes
+from shardwise.render.formats import show
 
 
 def _program(given: dict[str, Any]) -> None:
     """``plan --model/--function``: plan a whole program."""
-    from shardwise.cli.program import show, show_ops
+    from shardwise.cli.program import show_ops, show_plans
 
     if given["model"] is not None and given["function"] is not None:
         raise ArgumentError("give --model or --function, not both.")
     if given["sweep_batch"] is not None or given["plot"] is not None:
         _sweep(given)
         return
-    console = Console(stderr=given["json"])
+    fmt = table_format(given["format"])
+    out = console(stderr=given["json"])
     # the user's module and function may print: that goes to standard error while they run,
     # so that standard output holds only the result (the JSON of --json)
     with contextlib.redirect_stdout(sys.stderr):
-        report, name = _planned(given, console)
+        report, name = _planned(given, out)
     if given["html"] is not None:
         write_file(given["html"], report.to_html())
     if given["json"]:
-        out = report.to_json()
-        out["program"] = name
-        print_json(out)
+        doc = report.to_json()
+        doc["program"] = name
+        print_json(doc)
         return
-    show(report, console)
-    show_ops(report.report(), console, quiet=given["quiet"])
+    show_plans(report, out, fmt)
+    show_ops(report.report(), out, quiet=given["quiet"], fmt=fmt)
     if given["html"] is not None:
-        console.print(f"wrote {given['html']}")
+        out.print(f"wrote {given['html']}")
 
 
-def _planned(given: dict[str, Any], console: Console) -> tuple[Any, str]:
+def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str]:
     """The program plan that ``given`` asks for, and the program's name."""
     import shardwise
     from shardwise._planner.models import model as built_in
@@ -78,7 +83,7 @@ def _planned(given: dict[str, Any], console: Console) -> tuple[Any, str]:
     limit = None if memory is None else parse_bytes(memory, "--device-memory")
     if given["verify"] or given["tune"] or given["mesh"] == "auto" or given["profile"] is None:
         setup_devices(given["devices"])
-    with console.status("planning") as status:
+    with out.status("planning") as status:
         report = shardwise.plan(
             fn,
             *fn_args,
@@ -128,8 +133,8 @@ def _sweep(given: dict[str, Any]) -> None:
             f"a sweep only plans; it does not take {', '.join(unused)}. Plan one batch size "
             "without --sweep-batch for those."
         )
-    console = Console(stderr=given["json"])
-    with console.status("planning") as status:
+    out = console(stderr=given["json"])
+    with out.status("planning") as status:
         result = sweep(
             given["model"],
             parse_batches(given["sweep_batch"]),
@@ -144,9 +149,9 @@ def _sweep(given: dict[str, Any]) -> None:
     if given["json"]:
         print_json(result.to_json())
         return
-    console.print(sweep_view(result))
+    show(out, sweep_view(result), table_format(given["format"]))
     if given["plot"] is not None:
-        console.print(f"wrote {given['plot']}")
+        out.print(f"wrote {given['plot']}")
 
 
 @friendly_errors
@@ -232,6 +237,7 @@ def plan(
         ),
     ] = REPEAT,
     json: Json = False,
+    format: Formats = None,
     devices: Devices = None,
     quiet: Annotated[
         bool,
@@ -262,6 +268,7 @@ def plan(
     import shardwise
 
     device_memory = renamed("plan", "--device-memory", device_memory, "--budget", budget)
+    table_format(format)  # a bad --format is said before any planning
     if (sweep_batch is not None or plot is not None) and model is None and function is None:
         raise ArgumentError("--sweep-batch and --plot plan a built-in model: give --model.")
     if model is not None or function is not None:
@@ -279,11 +286,12 @@ def plan(
         )
 
     shape_list = parse_shapes(shapes)
+    fmt = table_format(format)
     limit = None if device_memory is None else parse_bytes(device_memory, "--device-memory")
     if verify or mesh == "auto" or profile is None:
         setup_devices(devices)
-    console = Console(stderr=json)
-    with console.status("planning") as status:
+    out = console(stderr=json)
+    with out.status("planning") as status:
         report = shardwise.plan_einsum(
             equation,
             shape_list,
@@ -344,17 +352,17 @@ def plan(
                 else ["", ""]
             )
         table.add_row(*row)
-    console.print(table)
+    show(out, table, fmt)
     if len(report.strategies) > top:
-        console.print(f"… and {len(report.strategies) - top} more (--top to see them)")
+        out.print(f"… and {len(report.strategies) - top} more (--top to see them)")
     for r in report.refused[:5]:
-        console.print(f"[yellow]refused[/] {r.strategy.describe(op)}: {r.reason}")
+        out.print(f"[yellow]refused[/] {r.strategy.describe(op)}: {r.reason}")
     if report.stopped_early:
-        console.print(f"[yellow]incomplete:[/] {report.stopped_early}")
-    console.print(f"[bold]chosen:[/] {report.why()}")
+        out.print(f"[yellow]incomplete:[/] {report.stopped_early}")
+    out.print(f"[bold]chosen:[/] {report.why()}")
     if verify:
         rho = report.spearman
-        console.print(
+        out.print(
             "rank correlation (Spearman) of predicted and measured time: "
             + (f"{rho:.2f}" if rho is not None else "n/a (fewer than 3 strategies)")
         )

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from shardwise._errors import ArgumentError, did_you_mean, user_code_error
+from shardwise.render.formats import Format, show
 from shardwise.render.program import ops_view, plans_view
 
 _ARRAY = re.compile(r"^\s*([a-z]+)(\d+)\[([\d,\s]*)\]\s*$")
@@ -188,11 +189,11 @@ def _run_users(body: Callable[[], Any], target: str) -> Any:
         raise user_code_error(e, what, "imported", _IMPORT_FIX) from e
 
 
-def show(report: Any, console: Console) -> None:
+def show_plans(report: Any, console: Console, fmt: Format | None = None) -> None:
     """The plans as a table, cheapest first, with what was chosen and why."""
-    console.print(plans_view(report))
+    show(console, plans_view(report), fmt)
 
 
-def show_ops(report: Any, console: Console, quiet: bool = False) -> None:
+def show_ops(report: Any, console: Console, quiet: bool = False, fmt: Format | None = None) -> None:
     """One plan op by op (``quiet``: only the ops that cause collectives), then its memory."""
-    console.print(ops_view(report, quiet))
+    show(console, ops_view(report, quiet), fmt)

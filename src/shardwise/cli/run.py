@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -19,6 +18,7 @@ from rich.progress import (
 from shardwise.cli._common import (
     Devices,
     Json,
+    console,
     friendly_errors,
     print_json,
     renamed,
@@ -81,7 +81,7 @@ def run(
     from shardwise._data.stream import stream
 
     size: int | str = int(chunk) if chunk.isdigit() else chunk
-    console = Console(stderr=True)
+    out_console = console(stderr=True)
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -90,7 +90,7 @@ def run(
         TextColumn("{task.fields[read]}"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=console, transient=json) as progress:
+    with Progress(*columns, console=out_console, transient=json) as progress:
         task = progress.add_task(equation, total=None, read="")
         start = time.perf_counter()
 
@@ -120,9 +120,9 @@ def run(
 
         print_json({**result.to_json(), "peak_rss_bytes": peak_rss()})
     elif result.computed == 0:
-        console.print(f"{out} is already complete ({result.chunks} chunks); nothing to do.")
+        out_console.print(f"{out} is already complete ({result.chunks} chunks); nothing to do.")
     else:
-        console.print(
+        out_console.print(
             f"wrote {out}: {result.computed} chunks computed"
             + (f", {result.skipped} resumed from an earlier run" if result.skipped else "")
             + f", {result.bytes_read / 1e6:,.1f} MB read at "

@@ -1,7 +1,7 @@
 """Self-contained HTML reports (inline CSS, SVG, script; no network) of a planned program
 (:func:`program_html`) and of one explanation (:func:`explanation_report`). Each array is drawn
 as a grid of ``rect.device``, one per mesh device, coloured by the block the device holds;
-hovering a device highlights it in every array and lists what it holds in ``#info``."""
+hovering a device highlights it in every array and lists what it holds in ``.info``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardwise._model.units import format_bytes, format_seconds, format_shape
-from shardwise.render.report_css import CSS, MEASURED, PALETTE, PREDICTED
-from shardwise.render.report_js import JS
+from shardwise.render.report_css import MEASURED, PALETTE, PREDICTED
+from shardwise.render.report_page import report_html
 
 Mesh = Sequence[tuple[str, int]]
 """Mesh axes and sizes, in order (devices are numbered row-major over them)."""
@@ -22,7 +22,6 @@ MAX_ROW = 8
 """Devices per row for a 1-D mesh."""
 MEMORY = ("argument", "output", "temp", "alias", "total", "capacity")
 NONE = '<span class="none">none</span>'
-HINT = "Hover over or click a device to see what it holds; click a collective to see why."
 
 
 def _e(value: object) -> str:
@@ -146,24 +145,13 @@ def array_figure(arr: Mapping[str, Any], mesh: Mesh, key: str = "used", **kw: An
 
 
 def collective_button(c: Mapping[str, Any], why: str, where: str = "") -> str:
-    """A clickable ``button.coll``: kind, axes, bytes (and repeats); its cause shows in #info."""
+    """A clickable ``button.coll``: kind, axes, bytes (and repeats); its cause shows in .info."""
     axes, size = "+".join(c.get("mesh_axes") or []) or "-", format_bytes(c.get("bytes", 0))
     repeat = f" ×{c['repeat']}" if int(c.get("repeat", 1)) > 1 else ""
     label, what = f"{axes} · {size}{repeat}", f"{c['kind']} over {axes}, {size}"
     return (
         f'<button type="button" class="coll" data-what="{_e(what)}" data-where="{_e(where)}" '
         f'data-why="{_e(why)}"><b>{_e(c["kind"])}</b><br>{_e(label)}</button>'
-    )
-
-
-def _page(title: str, mesh: Mesh, body: str) -> str:
-    mesh_attr = ",".join(f"{a}:{n}" for a, n in mesh)
-    return (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>"
-        f'<div class="page"><main>{body}</main><aside><div id="info" data-mesh="{_e(mesh_attr)}">'
-        f"<h3>Details</h3>{_e(HINT)}</div></aside></div><script>{JS}</script></body></html>"
     )
 
 
@@ -333,16 +321,17 @@ def _memory(memory: Mapping[str, Any]) -> str:
     return f'<section><h2>Memory per device</h2><div class="row">{svg}{table}</div></section>'
 
 
-def program_html(data: Mapping[str, Any]) -> str:
+def program_html(data: Mapping[str, Any], page: bool = True) -> str:
     """The report of a planned program: ``{"plan": ProgramPlan.to_json(), "report":
-    ProgramReport.to_json()}`` as one self-contained HTML page."""
+    ProgramReport.to_json()}`` as one self-contained HTML page, or (``page=False``) as one
+    element to embed in a page (a notebook's output)."""
     plan, report = data.get("plan") or {}, data["report"]
     mesh = [(str(a), int(n)) for a, n in report["mesh"]]
     shown = str(report.get("plan", plan.get("chosen", "search")))
     comparison = _comparison(plan, shown) if plan.get("plans") else ""
     body = _program_header(plan, report, mesh) + comparison + _ops(report, mesh)
     body += _memory(report.get("memory") or {})
-    return _page(f"shardwise: {report.get('program', 'program')} ({shown})", mesh, body)
+    return report_html(f"shardwise: {report.get('program', 'program')} ({shown})", mesh, body, page)
 
 
 def _explain_arrays(data: Mapping[str, Any], mesh: Mesh) -> str:
@@ -390,11 +379,12 @@ def _explain_memory(data: Mapping[str, Any]) -> str:
     return f"<section><h2>Memory and compute per device</h2>{cells}{problems}</section>"
 
 
-def explanation_report(data: Mapping[str, Any]) -> str:
-    """The report of one explanation (``Explanation.to_json()``) as one self-contained page."""
+def explanation_report(data: Mapping[str, Any], page: bool = True) -> str:
+    """The report of one explanation (``Explanation.to_json()``) as one self-contained page,
+    or (``page=False``) as one element to embed in a page (a notebook's output)."""
     mesh = [(str(a), int(n)) for a, n in dict(data["mesh"]).items()]
     title = str(data.get("equation") or "function")
     facts = [("mode", str(data.get("mode", ""))), ("axes", str(data.get("axis_type", "")))]
     body = _header(title, "explained", facts, mesh) + _explain_arrays(data, mesh)
     body += _explain_collectives(data) + _explain_memory(data)
-    return _page(f"shardwise explain: {title}", mesh, body)
+    return report_html(f"shardwise explain: {title}", mesh, body, page)

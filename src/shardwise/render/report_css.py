@@ -1,4 +1,8 @@
-"""The stylesheet of the HTML reports (inlined into each page: the page needs no network)."""
+"""The stylesheet of the HTML reports (inlined into each page: the page needs no network).
+
+Every rule applies only inside the report's root element (``div.shardwise-report``), so a
+report shown in a notebook or embedded in another page styles nothing of that page.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +27,12 @@ PREDICTED = "#4e79a7"
 MEASURED = "#f28e2b"
 """Bars of measured time."""
 
-CSS = """
+ROOT = "shardwise-report"
+"""The class of every report's root element; each rule of :data:`CSS` is scoped under it."""
+
+RULES = """
 *{box-sizing:border-box}
-body{margin:0;background:#f4f5f7;color:#1d2330;
+body{background:#f4f5f7;color:#1d2330;
  font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif}
 .page{display:grid;grid-template-columns:minmax(0,1fr) 300px;gap:18px;padding:20px 24px;
  max-width:1480px;margin:0 auto}
@@ -69,10 +76,47 @@ svg text{pointer-events:none;font-family:inherit}
  margin-bottom:3px}
 .share span{display:block;height:100%;background:#4e79a7}
 aside{position:relative}
-#info{position:sticky;top:16px;background:#fff;border:1px solid #dde1e8;border-radius:8px;
+.info{position:sticky;top:16px;background:#fff;border:1px solid #dde1e8;border-radius:8px;
  padding:12px 14px;font-size:13px;max-height:calc(100vh - 32px);overflow:auto}
-#info h3{margin:0 0 6px;font-size:14px}
-#info ul{margin:4px 0 0;padding-left:18px}
-#info li{overflow-wrap:anywhere;margin-bottom:2px}
+.info h3{margin:0 0 6px;font-size:14px}
+.info ul{margin:4px 0 0;padding-left:18px}
+.info li{overflow-wrap:anywhere;margin-bottom:2px}
 .cause{font-size:13px;margin:2px 0 8px 2px}
 """
+"""The report's rules as written for a page of its own (``*``, ``body`` and all);
+:func:`scoped` turns them into :data:`CSS`."""
+
+
+def scoped(rules: str, root: str = ROOT) -> str:
+    """``rules`` (plain ``selectors{declarations}`` rules, no ``@`` blocks) confined to the
+    element of class ``root``: ``body`` and ``html`` become that element, ``*`` it and all
+    inside it, any other selector only what is inside it.
+
+    >>> scoped("body{margin:0} *{box-sizing:border-box} th,td{padding:4px}", "r")
+    '.r{margin:0}\\n.r,.r *{box-sizing:border-box}\\n.r th,.r td{padding:4px}'
+    """
+    out = []
+    for rule in rules.split("}"):
+        if not rule.strip():
+            continue
+        selectors, brace, body = rule.partition("{")
+        if not brace or "@" in selectors or "{" in body:
+            raise ValueError(f"cannot scope the CSS rule {rule.strip()!r}: write plain rules")
+        parts = []
+        for selector in (s.strip() for s in selectors.split(",")):
+            if selector in ("body", "html", ":root"):
+                parts.append(f".{root}")
+            elif selector == "*":
+                parts.append(f".{root},.{root} *")
+            else:
+                parts.append(f".{root} {selector}")
+        out.append(",".join(parts) + "{" + body.strip() + "}")
+    return "\n".join(out)
+
+
+CSS = scoped(RULES)
+"""The stylesheet inlined into every report: :data:`RULES` scoped under :data:`ROOT`."""
+
+PAGE_CSS = "body{margin:0;background:#f4f5f7}"
+"""The one rule of a report saved as a page of its own (``to_html()``, ``--html FILE``): the
+page around the report, which its own page may style."""

@@ -1,16 +1,18 @@
 """The script of the HTML reports (inlined, no libraries): hovering or clicking a device
 highlights it in every array and lists what it holds of each; clicking a collective shows
-its cause. Text goes into the page through ``textContent`` only, never as markup."""
+its cause. Text goes into the page through ``textContent`` only, never as markup. The script
+sits inside the report's root element and looks only inside it, so several reports on one
+page (a notebook's cells) each work on their own."""
 
 from __future__ import annotations
 
 JS = """
-(function () {
-  var info = document.getElementById('info');
+(function (root) {
+  var info = root.querySelector('.info');
   var mesh = (info.getAttribute('data-mesh') || '').split(',').filter(Boolean)
     .map(function (p) { var kv = p.split(':'); return [kv[0], parseInt(kv[1], 10)]; });
   function clear(sel) {
-    document.querySelectorAll(sel + '.hl').forEach(function (e) { e.classList.remove('hl'); });
+    root.querySelectorAll(sel + '.hl').forEach(function (e) { e.classList.remove('hl'); });
   }
   function coords(k) {
     var out = [], rest = k;
@@ -42,7 +44,7 @@ JS = """
   function device(k) {
     clear('.device');
     var seen = {}, lines = [], who = 'device ' + k;
-    document.querySelectorAll('.device[data-device="' + k + '"]').forEach(function (r) {
+    root.querySelectorAll('.device[data-device="' + k + '"]').forEach(function (r) {
       r.classList.add('hl');
       var t = r.querySelector('title').textContent, cut = t.indexOf(': ');
       who = t.slice(0, cut);
@@ -51,12 +53,12 @@ JS = """
     });
     show(who + ' holds', coords(parseInt(k, 10)), lines);
   }
-  document.querySelectorAll('.device').forEach(function (r) {
+  root.querySelectorAll('.device').forEach(function (r) {
     var k = r.getAttribute('data-device');
     r.addEventListener('mouseenter', function () { device(k); });
     r.addEventListener('click', function () { device(k); });
   });
-  document.querySelectorAll('.coll').forEach(function (c) {
+  root.querySelectorAll('.coll').forEach(function (c) {
     c.addEventListener('click', function () {
       clear('.coll');
       c.classList.add('hl');
@@ -64,5 +66,5 @@ JS = """
            [c.getAttribute('data-why')]);
     });
   });
-})();
+})(document.currentScript.parentElement);
 """
