@@ -216,11 +216,7 @@ def friendly_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except UserCodeError as e:  # the user's module or function raised it: theirs to fix
-            err.print(
-                f"[bold red]error:[/] {escape(str(e))} Set SHARDWISE_DEBUG=1 to see the "
-                "whole traceback.",
-                highlight=False,
-            )
+            print_error(f"{e} Set SHARDWISE_DEBUG=1 to see the whole traceback.")
             if os.environ.get("SHARDWISE_DEBUG"):
                 raise
             raise typer.Exit(EXIT_USAGE) from None
