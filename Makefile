@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo check lint typecheck test docs package format clean
+.PHONY: install demo check lint typecheck test test-fast docs package format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ typecheck: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2
+
+## The edit-test loop: every test but those marked slow (`make test` and `make check` run all).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m "not slow"
 
 ## The documentation site, built into site/ (warnings are errors); first the example notebooks
 ## are executed into docs/examples/, where examples/execute.py exists.
