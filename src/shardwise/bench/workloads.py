@@ -166,14 +166,14 @@ def matmul(size: int) -> Workload:
     in_specs, out_spec, _ = auto_layout("mk,kn->mn", [a.shape, a.shape], a.dtype, mesh)
 
     def ours() -> Runner:
-        plan, jm = plan_arrays("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_spec=out_spec)
+        plan, jm = plan_arrays("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_specs=out_spec)
         pa, pb = place(plan, jm, [a, a])
         return lambda: shardwise.einsum(
-            "mk,kn->mn", pa, pb, mesh=mesh, in_specs=in_specs, out_spec=out_spec
+            "mk,kn->mn", pa, pb, mesh=mesh, in_specs=in_specs, out_specs=out_spec
         )
 
     def raw() -> Runner:
-        plan, jm = plan_arrays("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_spec=out_spec)
+        plan, jm = plan_arrays("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_specs=out_spec)
         compiled = jitted(plan, jm)
         pa, pb = place(plan, jm, [a, a])
         return lambda: compiled(pa, pb)

@@ -123,7 +123,7 @@ def explain(
         dtype=dtype,
         layout="auto" if auto else layout,
         in_specs=in_,
-        out_spec="infer" if out_spec is None else out_spec,
+        out_specs="infer" if out_spec is None else out_spec,
         mode=mode,
     )
     if svg is not None or png is not None:
