@@ -22,7 +22,8 @@ _KINDS = {"f": "float", "bf": "bfloat", "i": "int", "u": "uint"}
 def parse_array(text: str, where: str) -> Any:
     """``"f32[256,1024]"`` → ``jax.ShapeDtypeStruct((256, 1024), float32)``."""
     import jax
-    import numpy as np
+
+    from shardwise._xla.dtypes import parse_dtype
 
     m = _ARRAY.match(text)
     if not m or m.group(1) not in _KINDS:
@@ -30,10 +31,7 @@ def parse_array(text: str, where: str) -> Any:
             f"cannot read {where} {text!r}: write a dtype and a shape, e.g. f32[256,1024] "
             "(dtypes f16, bf16, f32, f64, i32, …)."
         )
-    try:
-        dtype = np.dtype(_KINDS[m.group(1)] + m.group(2)) if m.group(1) != "bf" else "bfloat16"
-    except TypeError:
-        raise ArgumentError(f"cannot read {where} {text!r}: no dtype {m.group(0)!r}.") from None
+    dtype = parse_dtype(m.group(1) + m.group(2), f"cannot read {where} {text!r}: the dtype")
     dims = tuple(int(d) for d in m.group(3).replace(" ", "").split(",") if d)
     return jax.ShapeDtypeStruct(dims, dtype)
 
