@@ -35,7 +35,7 @@ from typing import Any
 from shardwise._data.budget import Chunking, StreamPlan, check_resumable, plan_stream
 from shardwise._data.chunks import ChunkReader, ChunkWriter, Program, compile_program
 from shardwise._data.manifest import Manifest, lock_path, manifest_path, own_files
-from shardwise._data.sink import Sink, remove
+from shardwise._data.sink import Sink, is_zarr, remove
 from shardwise._data.sources import Source, open_source
 from shardwise._errors import ArgumentError, ShapeError, ShardwiseError
 from shardwise._files import LockHeld, exclusive_lock, identity
@@ -107,7 +107,8 @@ def stream(
         equation: e.g. ``"nd,nd->n"``.
         *inputs: NumPy arrays, ``.npy`` paths, Zarr arrays or directories, Dask arrays.
         mesh: the mesh each chunk is split over (every device by default).
-        out: ``.npy`` file or Zarr directory (any other name) to write.
+        out: the ``.npy`` file or Zarr directory (named ``*.zarr``, or one that exists) to
+            write; any other name is refused.
         budget: host memory for the data, e.g. ``"1GiB"``; the runtime's own overhead (JAX,
             compiled programs) comes on top.
         chunk: size of a chunk along the streamed index, or ``"auto"`` (the largest that fits).
@@ -206,6 +207,12 @@ def _checked(out: str | os.PathLike[str], budget: str | int) -> tuple[Path, int]
     if not target.parent.is_dir():
         raise ArgumentError(
             f"cannot write {str(target)!r}: folder {str(target.parent)!r} does not exist."
+        )
+    if target.suffix != ".npy" and target.suffix != ".zarr" and not is_zarr(target):
+        raise ArgumentError(
+            f"the output {str(out)!r} is neither a .npy file nor a Zarr folder; name it "
+            f"{target.stem}.npy for a .npy file, or {target.stem}.zarr for a Zarr folder "
+            "(or give an existing Zarr folder)."
         )
     limit = parse_bytes(budget)
     if limit <= 0:
