@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,24 @@ HINT = "Hover over or click a device to see what it holds; click a collective to
 
 def _e(value: object) -> str:
     return html.escape(str(value))
+
+
+_TICKS = re.compile(r"`([^`]+)`")
+
+
+def _md(text: object) -> str:
+    """Text whose ``code`` spans (in backticks, as the causes write index and axis names) are
+    shown as ``<code>``, escaped.
+
+    >>> _md("over `y`: index `d` is <split>")
+    'over <code>y</code>: index <code>d</code> is &lt;split&gt;'
+    """
+    return _TICKS.sub(r"<code>\1</code>", _e(text))
+
+
+def _plain(text: object) -> str:
+    """Text without its backticks, for what the page shows as plain text (``data-why``)."""
+    return _TICKS.sub(r"\1", str(text))
 
 
 def _table(heads: Sequence[str], rows: str, cls: str = "") -> str:
@@ -152,7 +171,7 @@ def collective_button(c: Mapping[str, Any], why: str, where: str = "") -> str:
     label, what = f"{axes} · {size}{repeat}", f"{c['kind']} over {axes}, {size}"
     return (
         f'<button type="button" class="coll" data-what="{_e(what)}" data-where="{_e(where)}" '
-        f'data-why="{_e(why)}"><b>{_e(c["kind"])}</b><br>{_e(label)}</button>'
+        f'data-why="{_e(_plain(why))}"><b>{_e(c["kind"])}</b><br>{_e(label)}</button>'
     )
 
 
@@ -194,7 +213,7 @@ def _program_header(plan: Mapping[str, Any], report: Mapping[str, Any], mesh: Me
     return _header(str(report.get("program", "program")), kind, facts, mesh)
 
 
-def _plan_row(p: Mapping[str, Any], shown: str, base: float) -> str:
+def _plan_row(p: Mapping[str, Any], shown: str, base: float, views: Mapping[str, Any]) -> str:
     pred, ver = p["predicted"], p.get("verified") or {}
     cells = [
         format_seconds(pred["seconds"]),
@@ -207,8 +226,23 @@ def _plan_row(p: Mapping[str, Any], shown: str, base: float) -> str:
         + (" (ops/lines NO)" if ver.get("sources_match") is False else ""),
     ]
     cls = ' class="shown"' if p["name"] == shown else ""
-    name = f'<tr{cls}><td title="{_e(p.get("in_specs", ""))}">{_e(p["name"])}</td>'
+    view = views.get(p["name"])
+    if view is None:
+        name = f'<tr{cls}><td title="{_e(p.get("in_specs", ""))}">{_e(p["name"])}</td>'
+    else:  # the plan's name opens its view op by op; its layouts beside it
+        target = _e(_view_id(list(views).index(p["name"])))
+        opens = f"document.getElementById('{target}').open=true"
+        layouts = "<br>".join(_e(line) for line in view.get("layouts", []))
+        name = (
+            f'<tr{cls}><td><a href="#{target}" onclick="{opens}">{_e(p["name"])}</a></td>'
+            f'<td class="layouts">{layouts}</td>'
+        )
     return name + "".join(f'<td class="n">{_e(c)}</td>' for c in cells) + "</tr>"
+
+
+def _view_id(k: int) -> str:
+    """The id of the k-th plan's view op by op."""
+    return f"plan-{k}-ops"
 
 
 def _bars(plans: Sequence[Mapping[str, Any]]) -> str:
@@ -237,12 +271,12 @@ def _bars(plans: Sequence[Mapping[str, Any]]) -> str:
     return f'<svg class="bars" width="{left + width + 70}" height="{height}">{"".join(out)}</svg>'
 
 
-def _comparison(plan: Mapping[str, Any], shown: str) -> str:
+def _comparison(plan: Mapping[str, Any], shown: str, views: Mapping[str, Any]) -> str:
     plans = list(plan.get("plans", []))
     base = next((p["predicted"]["seconds"] for p in plans if p["name"] == shown), 0.0)
-    heads = ["plan", "predicted", f"vs {shown}", "measured", "memory predicted"]
-    heads += ["memory measured", "collectives", "matches HLO"]
-    table = _table(heads, "".join(_plan_row(p, shown, base) for p in plans))
+    heads = ["plan", *(["layouts"] if views else []), "predicted", f"vs {shown}", "measured"]
+    heads += ["memory predicted", "memory measured", "collectives", "matches HLO"]
+    table = _table(heads, "".join(_plan_row(p, shown, base, views) for p in plans))
     skipped = "".join(
         f'<div class="muted">{_e(s.get("name", ""))} skipped: {_e(s.get("why", ""))}</div>'
         for s in plan.get("skipped", [])
@@ -280,14 +314,28 @@ def _op_row(row: Mapping[str, Any], mesh: Mesh) -> str:
     )
 
 
-def _ops(report: Mapping[str, Any], mesh: Mesh) -> str:
+def _ops(report: Mapping[str, Any], mesh: Mesh, title: str = "Op by op") -> str:
     heads = ("op", "reads (on the mesh)", "makes", "collectives", "share of time")
     rows = "".join(_op_row(r, mesh) for r in report.get("rows", []))
     return (
-        '<section><h2>Op by op</h2><p class="muted">Each array is drawn on the mesh: one square '
-        "per device, coloured by the block it holds (the same colour, the same block).</p>"
+        f'<section><h2>{_e(title)}</h2><p class="muted">Each array is drawn on the mesh: one '
+        "square per device, coloured by the block it holds (the same colour, the same block).</p>"
         f"{_table(heads, rows, 'ops')}</section>"
     )
+
+
+def _plan_views(views: Mapping[str, Any], shown: str, mesh: Mesh) -> str:
+    """Each plan's view op by op and its memory, folded (``<details>``) but for ``shown``."""
+    out = []
+    for k, (name, view) in enumerate(views.items()):
+        report = view["report"]
+        seconds = format_seconds(float(report.get("seconds", 0.0)))
+        body = _ops(report, mesh, f"{name} op by op") + _memory(report.get("memory") or {})
+        out.append(
+            f'<details id="{_view_id(k)}"{" open" if name == shown else ""}><summary>'
+            f"<b>{_e(name)}</b> op by op ({_e(seconds)} predicted)</summary>{body}</details>"
+        )
+    return "".join(out)
 
 
 def _mib(n: float) -> str:
@@ -335,32 +383,70 @@ def _memory(memory: Mapping[str, Any]) -> str:
 
 def program_html(data: Mapping[str, Any]) -> str:
     """The report of a planned program: ``{"plan": ProgramPlan.to_json(), "report":
-    ProgramReport.to_json()}`` as one self-contained HTML page."""
+    ProgramReport.to_json()}`` as one self-contained HTML page; with ``"plans"`` (each plan's
+    name → its ``"layouts"``, lines of text, and its ``"report"``) every plan's layouts are
+    listed and its name opens its view op by op."""
     plan, report = data.get("plan") or {}, data["report"]
     mesh = [(str(a), int(n)) for a, n in report["mesh"]]
     shown = str(report.get("plan", plan.get("chosen", "search")))
-    comparison = _comparison(plan, shown) if plan.get("plans") else ""
-    body = _program_header(plan, report, mesh) + comparison + _ops(report, mesh)
-    body += _memory(report.get("memory") or {})
+    views = data.get("plans") or {}
+    comparison = _comparison(plan, shown, views) if plan.get("plans") else ""
+    body = _program_header(plan, report, mesh) + comparison
+    if views:
+        body += _plan_views(views, shown, mesh)
+    else:
+        body += _ops(report, mesh) + _memory(report.get("memory") or {})
     return _page(f"shardwise: {report.get('program', 'program')} ({shown})", mesh, body)
 
 
 def _explain_arrays(data: Mapping[str, Any], mesh: Mesh) -> str:
     labels = data.get("device_ids") or None
-    figures = []
+    terms = _terms(str(data.get("equation") or ""))
+    arrays = []  # (array, its index letters, a note)
     for k, op in enumerate(data.get("operands", [])):
-        named = {**op, "name": op.get("name") or f"operand {k}"}
-        figures.append(array_figure(named, mesh, "spec", labels=labels))
+        letters = terms[k] if k < len(terms) - 1 else ""
+        arrays.append(({**op, "name": op.get("name") or f"operand {k}"}, letters, None))
     if data.get("local"):
         local = {**data["local"], "name": "local result"}
         note = f"partial sums over {'+'.join(local.get('partial', []))}"
-        figures.append(array_figure(local, mesh, "spec", labels=labels, note=note))
+        arrays.append((local, terms[-1] if terms else "", note))
     outputs = data.get("outputs") or ([data["output"]] if data.get("output") else [])
     for k, out in enumerate(outputs):
         name = out.get("name") or ("output" if len(outputs) == 1 else f"output {k}")
-        figures.append(array_figure({**out, "name": name}, mesh, "spec", labels=labels))
-    figs = "".join(figures)
+        arrays.append(({**out, "name": name}, terms[-1] if terms else "", None))
+    figs = "".join(
+        f'<div class="held">{array_figure(arr, mesh, "spec", labels=labels, note=note)}'
+        f"{_ranges(arr, letters, mesh, labels)}</div>"
+        for arr, letters, note in arrays
+    )
     return f'<section><h2>Arrays on the mesh</h2><div class="arrays">{figs}</div></section>'
+
+
+def _terms(equation: str) -> list[str]:
+    """The index letters of each operand, then of the output: ``"nd,nd->n"`` → ``["nd", "nd",
+    "n"]``; ``[]`` for a function (no equation)."""
+    if "->" not in equation:
+        return []
+    inputs, output = equation.replace(" ", "").split("->")
+    return [*inputs.split(","), output]
+
+
+def _ranges(arr: Mapping[str, Any], letters: str, mesh: Mesh, labels: Any) -> str:
+    """The index ranges of each distinct block of ``arr``, and the devices that hold it."""
+    shape = list(arr["shape"])
+    if not shape:
+        return ""
+    names = list(letters) if len(letters) == len(shape) else [f"dim {k}" for k in range(len(shape))]
+    holders: dict[tuple[tuple[int, int], ...], list[str]] = {}
+    for pos, block in enumerate(device_blocks(arr.get("spec") or [], shape, mesh)):
+        holders.setdefault(block, []).append(str(labels[pos] if labels else pos))
+    rows = "".join(
+        f"<tr><td>{_e(', '.join(f'{n} {a}:{b}' for n, (a, b) in zip(names, block, strict=True)))}"
+        f'</td><td class="muted">{"device" if len(who) == 1 else "devices"} {_e(", ".join(who))}'
+        "</td></tr>"
+        for block, who in holders.items()
+    )
+    return f'<table class="ranges"><tbody>{rows}</tbody></table>'
 
 
 def _explain_collectives(data: Mapping[str, Any]) -> str:
@@ -370,7 +456,7 @@ def _explain_collectives(data: Mapping[str, Any]) -> str:
         where = str(c.get("source") or c.get("hlo_op") or "")
         items.append(
             f"<div>{collective_button(c, why, where)}"
-            f'<div class="cause">{_e(why)} <span class="muted">{_e(where)}</span></div></div>'
+            f'<div class="cause">{_md(why)} <span class="muted">{_e(where)}</span></div></div>'
         )
     body = "".join(items) or '<p class="none">none: every device computes its block alone</p>'
     return f"<section><h2>Collectives (from the compiled HLO) and why</h2>{body}</section>"
@@ -385,16 +471,28 @@ def _explain_memory(data: Mapping[str, Any]) -> str:
     if compute.get("flops") is not None:
         rows.append(["flops", f"{compute['flops']:,.0f}"])
     cells = _table(["per device", ""], "".join(_cells(r) for r in rows))
-    problems = "".join(f"<li>{_e(p)}</li>" for p in data.get("problems", []))
+    problems = "".join(f"<li>{_md(p)}</li>" for p in data.get("problems", []))
     problems = f"<h2>Problems</h2><ul>{problems}</ul>" if problems else ""
     return f"<section><h2>Memory and compute per device</h2>{cells}{problems}</section>"
 
 
-def explanation_report(data: Mapping[str, Any]) -> str:
-    """The report of one explanation (``Explanation.to_json()``) as one self-contained page."""
+def _picture(svg: str | None) -> str:
+    """The data-flow picture (matplotlib's SVG, inlined), or how to get it."""
+    if svg is None:
+        return (
+            '<section><h2>Data flow</h2><p class="muted">The picture of the data flow needs '
+            "matplotlib: pip install 'shardwise[pictures]'.</p></section>"
+        )
+    start = svg.find("<svg")
+    return f'<section><h2>Data flow</h2><div class="picture">{svg[max(start, 0) :]}</div></section>'
+
+
+def explanation_report(data: Mapping[str, Any], picture: str | None = None) -> str:
+    """The report of one explanation (``Explanation.to_json()``) as one self-contained page;
+    ``picture``: the data-flow picture as SVG text (:meth:`Explanation.svg`), if drawn."""
     mesh = [(str(a), int(n)) for a, n in dict(data["mesh"]).items()]
     title = str(data.get("equation") or "function")
     facts = [("mode", str(data.get("mode", ""))), ("axes", str(data.get("axis_type", "")))]
     body = _header(title, "explained", facts, mesh) + _explain_arrays(data, mesh)
-    body += _explain_collectives(data) + _explain_memory(data)
+    body += _picture(picture) + _explain_collectives(data) + _explain_memory(data)
     return _page(f"shardwise explain: {title}", mesh, body)
