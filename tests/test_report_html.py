@@ -14,7 +14,8 @@ import pytest
 
 import shardwise
 from shardwise._planner.models import model
-from shardwise.render.report import device_blocks, explanation_report, program_html
+from shardwise.render.explanation import explanation_report
+from shardwise.render.report import device_blocks, program_html
 
 MESH = "data=2,model=4"
 DEVICES = 8

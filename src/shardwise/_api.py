@@ -107,9 +107,8 @@ def einsum(
     jmesh = jax_mesh(mesh)
     dtype = result_dtype(arrays) if arrays else np.dtype("float32")
     with wide(dtype):
-        plan, fn, targets = _program(
-            equation, arrays, jmesh, layout, in_specs, out_specs, mode, precision
-        )
+        options = (layout, in_specs, out_specs, mode, precision)
+        plan, fn, targets = _program(equation, arrays, jmesh, *options)
         if plan.empty:
             # a sum over nothing is zeros, and an empty output is empty; JAX 0.10.2 cannot read
             # back a sharded empty array that a program returns, so it is placed, not computed

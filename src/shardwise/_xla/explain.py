@@ -134,7 +134,7 @@ class Explanation:
         the data-flow picture (with the ``pictures`` extra), the collectives with their causes,
         memory and compute per device."""
         from shardwise._extras import available
-        from shardwise.render.report import explanation_report
+        from shardwise.render.explanation import explanation_report
 
         picture = self.svg() if available("matplotlib") else None
         return explanation_report(self.to_json(), picture)
