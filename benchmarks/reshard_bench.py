@@ -59,7 +59,7 @@ def main() -> None:
             in_shardings=tuple(shardings),
             out_shardings=out_sharding,
         )
-        options = {"mesh": mesh, "in_specs": in_specs, "out_spec": out_spec}
+        options = {"mesh": mesh, "in_specs": in_specs, "out_specs": out_spec}
 
         def ours(placed: list[Any] = placed, eq: str = equation, o: Any = options) -> Any:
             return shardwise.einsum(eq, *placed, **o)
@@ -67,7 +67,7 @@ def main() -> None:
         def theirs(placed: list[Any] = placed, fn: Any = raw) -> Any:
             return fn(*placed)
 
-        plan = Plan.make(equation, shapes, mesh=mesh_text, in_specs=in_specs, out_spec=out_spec)
+        plan = Plan.make(equation, shapes, mesh=mesh_text, in_specs=in_specs, out_specs=out_spec)
         plain_fn = lower(plan, mesh, kernels=False)
 
         def plain(placed: list[Any] = placed, fn: Any = plain_fn) -> Any:
@@ -89,7 +89,7 @@ def main() -> None:
                 times[label].append(time.perf_counter() - start)
         med = {k: statistics.median(v) for k, v in times.items()}
         expl = shardwise.explain_einsum(
-            equation, shapes, mesh=mesh, in_specs=in_specs, out_spec=out_spec
+            equation, shapes, mesh=mesh, in_specs=in_specs, out_specs=out_spec
         )
         rows.append(
             {

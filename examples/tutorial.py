@@ -67,7 +67,7 @@ show("S2", out, dot_s2.explain(v1, v2))
 a = rng.random((64, 800), dtype=np.float32)
 b = rng.random((64, 800), dtype=np.float32)
 specs = ["-,devices", "-,devices"]
-out = shardwise.einsum("nd,nd->n", a, b, mesh=line, in_specs=specs, out_spec=None, mode="manual")
+out = shardwise.einsum("nd,nd->n", a, b, mesh=line, in_specs=specs, out_specs=None, mode="manual")
 assert np.allclose(out, np.einsum("nd,nd->n", a, b), rtol=1e-5)
 how = shardwise.explain("nd,nd->n", a, b, mesh=line, in_specs=specs, out_specs=None, mode="manual")
 show("S3", out, how)
@@ -78,7 +78,7 @@ print(f"    why: {how.causes[0].text}")
 a = rng.random((400, 1_000), dtype=np.float32)
 b = rng.random((400, 1_000), dtype=np.float32)
 specs = [P("x", "y"), P("x", "y")]
-out = shardwise.einsum("nd,nd->n", a, b, mesh=grid, in_specs=specs, out_spec=P("x"))
+out = shardwise.einsum("nd,nd->n", a, b, mesh=grid, in_specs=specs, out_specs=P("x"))
 assert np.allclose(out, np.einsum("nd,nd->n", a, b), rtol=1e-5)
 show("S4", out, shardwise.explain("nd,nd->n", a, b, mesh=grid, in_specs=specs, out_specs=P("x")))
 

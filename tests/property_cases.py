@@ -163,7 +163,7 @@ class Case:
             out["layout"] = self.layout
         else:
             out["in_specs"] = list(self.in_specs) if self.in_specs is not None else None
-            out["out_spec"] = self.out_spec
+            out["out_specs"] = self.out_spec
         out["mode"] = self.mode
         return out
 
@@ -912,7 +912,7 @@ def run_case(case: Case, *, compare_raw: bool = True) -> Outcome:
                 mesh=mesh,
                 dtype=case.dtype,
                 in_specs=list(case.in_specs or ()),
-                out_spec=case.out_spec,
+                out_specs=case.out_spec,
                 mode=case.mode,
             )
         except Exception as e:
@@ -978,7 +978,7 @@ def _check_programs(
             mesh=case.mesh,
             dtype=np_dtype(case.dtype),
             in_specs=list(case.in_specs or ()),
-            out_spec=case.out_spec,
+            out_specs=case.out_spec,
         )
         target = target_layout(plan, "cpu")
         kernel = _auto_kernel(plan, mesh, target)

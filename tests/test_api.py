@@ -106,7 +106,7 @@ def test_default_output_keeps_the_inputs_axes():
 @pytest.mark.parametrize("mode", ["auto", "manual"])
 def test_explain_contract_keys(mode):
     e = shardwise.explain_einsum(
-        "nd,nd->n", [(16, 8)] * 2, mesh="x=2,y=4", in_specs=["x,y", "x,y"], out_spec="x", mode=mode
+        "nd,nd->n", [(16, 8)] * 2, mesh="x=2,y=4", in_specs=["x,y", "x,y"], out_specs="x", mode=mode
     )
     data = e.to_json()
     assert set(data) >= {"equation", "mesh", "mode", "operands", "output", "collectives"}

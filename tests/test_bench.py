@@ -4,6 +4,7 @@ assertions (speed is measured by `shardwise bench`, not by tests)."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -126,3 +127,24 @@ def test_cli_bench_bad_input():
     assert result.exit_code == 2 and "not one of seed, full, tiny" in result.output
     result = runner.invoke(app, ["bench", "--peers", "numpy,julia"])
     assert result.exit_code == 2 and "unknown peer 'julia'" in result.output
+
+
+@pytest.mark.parametrize("peers", ["torch", "numpy,torch"])
+def test_cli_bench_says_a_named_peer_is_missing(monkeypatch, peers):
+    """--peers torch without torch installed used to run without it and say nothing."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails, as if not installed
+    result = runner.invoke(app, ["bench", "--suite", "tiny", "--repeat", "1", "--peers", peers])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "--peers names torch, which is not installed here; install torch (pip install" in text
+    assert "shardwise[bench]" in text and "leave it out of --peers" in text
+
+
+def test_cli_bench_notes_the_default_peers_that_are_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    result = runner.invoke(app, ["bench", "--suite", "tiny", "--repeat", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert "not installed, so not benchmarked: torch (pip install" in " ".join(
+        result.stderr.split()
+    )
+    assert all("torch" not in w["peers"] for w in json.loads(result.stdout)["workloads"])

@@ -154,7 +154,7 @@ def test_cause(case):
         shapes,
         mesh=mesh[0] if mesh else XY,
         in_specs=in_specs,
-        out_spec=out_spec,
+        out_specs=out_spec,
         mode=mode,
     )
     got = [
@@ -176,7 +176,7 @@ def test_cases_cover_every_kind_of_cause():
 
 def test_cause_in_json_is_additive():
     e = shardwise.explain_einsum(
-        "nd,nd->n", [(16, 8)] * 2, mesh=XY, in_specs=["x,y", "x,y"], out_spec="x"
+        "nd,nd->n", [(16, 8)] * 2, mesh=XY, in_specs=["x,y", "x,y"], out_specs="x"
     )
     (c,) = e.to_json()["collectives"]
     assert {"kind", "mesh_axes", "bytes"} <= set(c)

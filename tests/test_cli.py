@@ -272,3 +272,41 @@ def test_repeat_defaults_to_five_and_says_what_one_repeat_is(command, what):
     repeat = _option(command, "repeat")
     assert repeat.default == 5
     assert what in repeat.help.lower() and "median" in repeat.help
+
+
+def _dtype_commands(tmp_path, dtype):
+    """Every place a dtype is named on the command line, as arguments naming ``dtype``."""
+    src = tmp_path / "prog.py"
+    src.write_text("def f(x):\n    return x.sum(0)\n")
+    planned = ["--mesh", "x=2", "--profile", "h100", "--json"]
+    mlp = ["--model", "mlp", "--hidden", "16", "--ffn", "32", "--batch", "8"]
+    einsum = ["nd,nd->n", "--shapes", "8x4,8x4", "--mesh", "x=2"]
+    return {
+        "plan-model": ["plan", *mlp, *planned, "--dtype", dtype],
+        "plan-einsum": ["plan", *einsum, "--profile", "h100", "--json", "--dtype", dtype],
+        "explain": ["explain", *einsum, "--in", "x", "--in", "x", "--json", "--dtype", dtype],
+        "args": ["plan", "--function", f"{src}:f", *planned, "--args", f"x={dtype.lower()}[8,4]"],
+    }
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "F32", "bfloat16", "u8"])
+@pytest.mark.parametrize("command", ["plan-model", "plan-einsum", "explain", "args"])
+def test_dtype_reads_numpy_names_and_short_forms_everywhere(tmp_path, command, dtype):
+    """--dtype of every command, and the dtype of --args, read one vocabulary: NumPy's names and
+    the short forms, in any case."""
+    if command == "args" and dtype == "bfloat16":
+        pytest.skip("--args writes a dtype as a short form in lower case, e.g. bf16[8,4]")
+    result = runner.invoke(app, _dtype_commands(tmp_path, dtype)[command])
+    assert result.exit_code == 0, result.output
+    if command in ("plan-einsum", "explain"):  # (a program's JSON does not name its dtypes)
+        name = {"bf16": "bfloat16", "f32": "float32", "u8": "uint8"}.get(dtype.lower(), dtype)
+        assert f'"{name}"' in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("command", ["plan-model", "plan-einsum", "explain", "args"])
+def test_an_unknown_dtype_is_refused_with_the_valid_names(tmp_path, command):
+    result = runner.invoke(app, _dtype_commands(tmp_path, "bf99")[command])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "'bf99' is not a dtype (did you mean `bf16`?)" in text, text
+    assert "bfloat16" in text and "f32" in text and "This is a bug" not in text

@@ -1,14 +1,25 @@
-"""The documentation's Python examples run as written, and its links lead somewhere.
+"""Every documented snippet runs as written, on its own, and the documentation's links lead
+somewhere.
 
-The pages are docs/**/*.md (the site `make docs` builds) and README.md; docs/examples/ holds
-executed notebooks that `make docs` generates, and is not read here.
+The pages are README.md and docs/**/*.md (the site `make docs` builds); docs/examples/ holds
+executed notebooks that `make docs` generates, and is not read here. Each ```python block runs
+alone in a fresh Python in an empty folder; each ```bash block runs as one script there, and
+each command of a ```console block (a line starting with `$ `) runs there too, with `shardwise`
+and `python` meaning this checkout's. A console command whose shown output starts with
+`error:` must fail with exit code 2 and print that error. A block that cannot run here (it
+needs a GPU, a cluster, the network or a long benchmark) carries `<!-- skip: why -->` on the
+line before it, and is reported as skipped with that reason.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -19,16 +30,82 @@ DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 PAGES = sorted(p for p in DOCS.rglob("*.md") if (DOCS / "examples") not in p.parents)
 
-PYTHON_BLOCK = re.compile(r"^([ \t]*)```python\n(.*?)^\1```", flags=re.S | re.M)
+FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<fence>```|~~~)(?P<info>[^\n`]*)\n"
+    r"(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$",
+    flags=re.S | re.M,
+)
+SKIP = re.compile(r"<!--[ \t]*skip:[ \t]*(?P<why>[^\n]+?)[ \t]*-->[ \t]*\n[ \t]*\Z")
+"""``<!-- skip: why -->`` on the line just before a block (matched at the end of the text
+before it)."""
 ANY_BLOCK = re.compile(r"^([ \t]*)(```|~~~).*?^\1\2", flags=re.S | re.M)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 SNIPPET = re.compile(r'^--8<--\s+"([^"]+)"', flags=re.M)
 EXTERNAL = re.compile(r"^([a-z][a-z0-9+.-]*:|//)", flags=re.I)
+LANGUAGES = {"python": "python", "py": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
+LANGUAGES["console"] = "console"
+TIMEOUT = 600
+"""Seconds one block may take before it counts as failed."""
 
 
 def page_id(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of a page."""
+
+    page: Path
+    line: int
+    info: str
+    body: str
+    skip: str | None
+
+    @property
+    def kind(self) -> str | None:
+        """``"python"``, ``"bash"``, ``"console"``, or ``None`` for a block that is not run."""
+        return LANGUAGES.get(self.info.split()[0].lower() if self.info.split() else "")
+
+    def __str__(self) -> str:
+        return f"{page_id(self.page)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    text = page.read_text(encoding="utf-8")
+    found = []
+    for m in FENCE.finditer(text):
+        skip = SKIP.search(text[: m.start()])
+        why = skip.group("why") if skip else None
+        body = textwrap.dedent(m.group("body"))
+        line = text.count("\n", 0, m.start()) + 1
+        found.append(Block(page, line, m.group("info").strip(), body, why))
+    return found
+
+
+BLOCKS = [b for page in [README, *PAGES] for b in blocks(page) if b.kind is not None]
+
+
+def console_commands(body: str) -> list[tuple[str, str]]:
+    """Each ``$ `` command of a console block (continued over lines ending in ``\\``) and the
+    output shown under it."""
+    out: list[tuple[str, str]] = []
+    lines = body.splitlines()
+    k = 0
+    while k < len(lines):
+        if not lines[k].startswith("$ "):
+            if out:
+                out[-1] = (out[-1][0], out[-1][1] + lines[k] + "\n")
+            k += 1
+            continue
+        command = lines[k][2:]
+        while command.endswith("\\") and k + 1 < len(lines):
+            k += 1
+            command = command[:-1] + lines[k]
+        out.append((command, ""))
+        k += 1
+    return out
 
 
 def hooks() -> ModuleType:
@@ -40,29 +117,95 @@ def hooks() -> ModuleType:
     return module
 
 
-def python_blocks(text: str) -> list[str]:
-    return [textwrap.dedent(body) for _, body in PYTHON_BLOCK.findall(text)]
-
-
 def links(text: str) -> list[str]:
     """Every link and image target outside code."""
     prose = INLINE_CODE.sub("", ANY_BLOCK.sub("", text))
     return LINK.findall(prose)
 
 
+def _environment(folder: Path) -> dict[str, str]:
+    """This checkout's shardwise and this Python, first on PATH and the import path, and no
+    simulated-device settings from outside (each block says what it needs)."""
+    bin_ = folder / ".bin"
+    bin_.mkdir()
+    for name, run in (("shardwise", "-m shardwise.cli"), ("python", "")):
+        script = bin_ / name
+        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" {run} "$@"\n')
+        script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "SHARDWISE_CPU_DEVICES")}
+    env["PATH"] = f"{bin_}{os.pathsep}{env.get('PATH', '')}"
+    path = os.environ.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(ROOT / "src") + (os.pathsep + path if path else "")
+    env["COLUMNS"] = "100"
+    return env
+
+
+def _run(argv: list[str], folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, cwd=folder, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+
+
+def _said(result: subprocess.CompletedProcess[str]) -> str:
+    out, err = result.stdout[-3000:], result.stderr[-3000:]
+    return f"exit {result.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
 def test_pages_found():
     names = {page_id(p) for p in PAGES}
     assert {"docs/index.md", "docs/api.md", "docs/benchmarks.md", "docs/examples.md"} <= names
+    assert any(b.kind == "console" for b in BLOCKS) and any(b.kind == "bash" for b in BLOCKS)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=page_id)
-def test_python_blocks_run(page, capsys):
-    """A page's ```python blocks run in order, sharing one namespace (8 simulated devices)."""
-    namespace: dict[str, object] = {"__name__": "__docs__"}
-    for block in python_blocks(page.read_text(encoding="utf-8")):
-        exec(compile(block, str(page), "exec"), namespace)
-    if page == DOCS / "index.md":  # the tutorial in ten lines shows where its result lives
-        assert "NamedSharding" in capsys.readouterr().out
+def test_commands_are_not_hidden_in_untyped_blocks():
+    """A block that shows a command says which language it is (```console for a command and
+    its output, ```bash for commands), so that it is run here; a block for reading only says
+    ```text."""
+    untyped = [
+        str(b)
+        for page in [README, *PAGES]
+        for b in blocks(page)
+        if not b.info and re.search(r"^(\$ |shardwise |python )", b.body, flags=re.M)
+    ]
+    assert not untyped, f"blocks with commands but no language: {untyped}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", BLOCKS, ids=str)
+def test_block_runs_alone(block: Block, tmp_path: Path) -> None:
+    """The block runs on its own, in a fresh process in an empty folder."""
+    if block.skip is not None:
+        pytest.skip(f"{block}: {block.skip}")
+    env = _environment(tmp_path)
+    if block.kind == "python":
+        script = tmp_path / "block.py"
+        script.write_text(block.body)
+        result = _run([sys.executable, str(script)], tmp_path, env)
+        assert result.returncode == 0, f"{block} failed:\n{_said(result)}"
+        if block.page in (README, DOCS / "index.md") and "print(s4.sharding)" in block.body:
+            assert "NamedSharding" in result.stdout  # the tutorial shows where its result lives
+    elif block.kind == "bash":
+        result = _run(["bash", "-e", "-o", "pipefail", "-c", block.body], tmp_path, env)
+        assert result.returncode == 0, f"{block} failed:\n{_said(result)}"
+    else:
+        commands = console_commands(block.body)
+        assert commands, f"{block} is a console block without a `$ ` command"
+        for command, shown in commands:
+            result = _run(["bash", "-e", "-o", "pipefail", "-c", command], tmp_path, env)
+            if shown.lstrip().startswith("error:"):  # the page shows a refusal: the same one
+                assert result.returncode == 2, (
+                    f"{block}: `{command}` did not fail:\n{_said(result)}"
+                )
+                first = _words(shown.split("error:", 1)[1])[:60]
+                assert first in _words(result.stderr + result.stdout), (
+                    f"{block}: `{command}` said something else than the page:\n{_said(result)}"
+                )
+            else:
+                assert result.returncode == 0, f"{block}: `{command}` failed:\n{_said(result)}"
 
 
 @pytest.mark.parametrize("page", [README, *PAGES], ids=page_id)

@@ -198,10 +198,24 @@ def test_shard_says_what_is_wrong_with_a_spec_before_jax_does():
     np.testing.assert_allclose(bad_out(x, w), x @ w)  # the same specs fit a 2-D result
 
 
-def test_explain_reads_out_spec_as_einsum_names_it():
+@pytest.mark.parametrize("function", ["einsum", "explain", "explain_einsum", "Plan.make"])
+def test_out_spec_is_a_deprecated_alias_of_out_specs(function):
+    """Every public function names the output's spec out_specs, as shardwise.shard and
+    jax.shard_map do; the old out_spec= still works, with a DeprecationWarning, and giving
+    both is an error."""
     a = np.ones((16, 8), np.float32)
+    call = {
+        "einsum": lambda **kw: shardwise.einsum("nd,nd->n", a, a, **kw).sharding.spec,
+        "explain": lambda **kw: shardwise.explain("nd,nd->n", a, a, **kw).output.spec,
+        "explain_einsum": lambda **kw: (
+            shardwise.explain_einsum("nd,nd->n", [a.shape] * 2, **kw).output.spec
+        ),
+        "Plan.make": lambda **kw: shardwise.Plan.make("nd,nd->n", [a.shape] * 2, **kw).out_spec,
+    }[function]
     given = {"mesh": "x=2,y=4", "in_specs": ["x,y", "x,y"]}
-    e = shardwise.explain("nd,nd->n", a, a, out_spec="x", **given)
-    assert e.output.spec.describe() == "x"
-    with pytest.raises(shardwise.ArgumentTypeError, match="give one"):
-        shardwise.explain("nd,nd->n", a, a, out_spec="x", out_specs="x", **given)
+    new = call(out_specs="x", **given)
+    with pytest.warns(DeprecationWarning, match=r"out_spec=\.\.\.\) is deprecated; use out_specs="):
+        old = call(out_spec="x", **given)
+    assert str(old) == str(new) and "y" not in str(new)
+    with pytest.raises(shardwise.ArgumentTypeError, match="give out_specs= only"):
+        call(out_spec="x", out_specs="x", **given)

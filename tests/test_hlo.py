@@ -73,7 +73,7 @@ def test_groups_are_mesh_positions_not_device_ids():
     mesh = Mesh(devices, ("x", "y"))
     for spec, axis in (("x,y", "y"), ("y,x", "x")):
         expl = shardwise.explain_einsum(
-            "nd,nd->n", [(16, 16)] * 2, mesh=mesh, in_specs=[spec, spec], out_spec=spec[0]
+            "nd,nd->n", [(16, 16)] * 2, mesh=mesh, in_specs=[spec, spec], out_specs=spec[0]
         )
         assert [(c.kind, c.mesh_axes) for c in expl.collectives] == [("all-reduce", (axis,))]
 

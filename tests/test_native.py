@@ -76,10 +76,10 @@ def test_einsums_on_the_mesh_use_it_and_equal_numpy(
     a, b = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
     with jax.enable_x64(dtype == np.float64):
         plan, jmesh = plan_arrays(
-            equation, a, b, mesh=mesh, in_specs=[specs] * 2, out_spec=out, mode=mode
+            equation, a, b, mesh=mesh, in_specs=[specs] * 2, out_specs=out, mode=mode
         )
         got = shardwise.einsum(
-            equation, a, b, mesh=mesh, in_specs=[specs] * 2, out_spec=out, mode=mode
+            equation, a, b, mesh=mesh, in_specs=[specs] * 2, out_specs=out, mode=mode
         )
         hlo = jitted(plan, jmesh).lower(a, b).compile().as_text()
         explained = shardwise.explain(
@@ -103,14 +103,14 @@ def test_other_programs_keep_xlas_kernels_and_disagreeing_operands_are_resharded
         return jitted(plan, jmesh).lower(*arrays).compile().as_text()
 
     # auto mode scattering the sum onto the output: XLA fuses the scatter into its collective
-    assert CALL not in hlo(a, a, in_specs=["x,y", "x,y"], out_spec="(x,y)")
+    assert CALL not in hlo(a, a, in_specs=["x,y", "x,y"], out_specs="(x,y)")
     # operands that disagree on a layout are resharded to one layout first; then the kernel runs
-    assert CALL in hlo(a, a, in_specs=["x,y", "y,x"], out_spec="x")
-    out = shardwise.einsum("nd,nd->n", a, a, mesh="x=2,y=4", in_specs=["x,y", "y,x"], out_spec="x")
+    assert CALL in hlo(a, a, in_specs=["x,y", "y,x"], out_specs="x")
+    out = shardwise.einsum("nd,nd->n", a, a, mesh="x=2,y=4", in_specs=["x,y", "y,x"], out_specs="x")
     np.testing.assert_allclose(np.asarray(out), np.einsum("nd,nd->n", a, a), rtol=1e-5)
     # float16 and mixed dtypes fall back to jnp.einsum inside the same program
     half = a.astype(np.float16)
-    assert CALL not in hlo(half, half, in_specs=["x,y", "x,y"], out_spec="x", mode="manual")
+    assert CALL not in hlo(half, half, in_specs=["x,y", "x,y"], out_specs="x", mode="manual")
     with jax.enable_x64(True):
         mixed = shardwise.einsum(
             "nd,nd->n", a, a.astype(np.float64), mesh="x=2,y=4", in_specs=["x,y"] * 2
@@ -206,15 +206,15 @@ def test_matmuls_on_the_mesh_use_it_and_equal_numpy(mode, dtype, specs, out, red
     a, b = rng.standard_normal((64, 48)).astype(dtype), rng.standard_normal((48, 32)).astype(dtype)
     with jax.enable_x64(dtype == np.float64):
         plan, jmesh = plan_arrays(
-            "mk,kn->mn", a, b, mesh=mesh, in_specs=specs, out_spec=out, mode=mode
+            "mk,kn->mn", a, b, mesh=mesh, in_specs=specs, out_specs=out, mode=mode
         )
         got = shardwise.einsum(
-            "mk,kn->mn", a, b, mesh=mesh, in_specs=specs, out_spec=out, mode=mode
+            "mk,kn->mn", a, b, mesh=mesh, in_specs=specs, out_specs=out, mode=mode
         )
         hlo = jitted(plan, jmesh).lower(a, b).compile().as_text()
         g = jax.grad(
             lambda x: shardwise.einsum(
-                "mk,kn->mn", x, b, mesh=mesh, in_specs=specs, out_spec=out
+                "mk,kn->mn", x, b, mesh=mesh, in_specs=specs, out_specs=out
             ).sum()
         )(a)
     assert_shards(got, a.astype(np.float64) @ b, jmesh, Spec.parse(out), **tolerance(dtype, 48))

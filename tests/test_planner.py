@@ -74,7 +74,7 @@ def test_predicted_collectives_match_compiled_hlo_for_every_strategy(mesh_text):
         assert valid
         for s in valid:
             plan = Plan.make(
-                op, shapes, mesh=mesh, in_specs=list(s.in_specs(op)), out_spec=s.out_spec
+                op, shapes, mesh=mesh, in_specs=list(s.in_specs(op)), out_specs=s.out_spec
             )
             text = compile_plan(plan, jmesh).as_text() or ""
             got = collectives_by_kind(
@@ -99,7 +99,7 @@ def test_two_contracted_indices_on_two_axes_are_summed_one_index_at_a_time(layou
     mesh = MeshSpec.parse("x=2,y=4")
     op, shapes = Op.parse("abc,abd->cd"), [(8, 8, 2), (8, 8, 2)]
     s = Strategy(Layout.parse(layout), Spec())
-    plan = Plan.make(op, shapes, mesh=mesh, in_specs=list(s.in_specs(op)), out_spec=Spec())
+    plan = Plan.make(op, shapes, mesh=mesh, in_specs=list(s.in_specs(op)), out_specs=Spec())
     text = compile_plan(plan, build_mesh(mesh)).as_text() or ""
     got = sorted((c.kind, c.mesh_axes, c.bytes) for c in collectives(text, mesh.shape))
     want = predict(op, shapes, "float32", mesh, s, CPU).collectives
@@ -170,14 +170,14 @@ def test_predicted_flops_and_memory_match_xla():
     for cand in report.strategies:
         s = cand.strategy
         plan = Plan.make(
-            op, [(64, 32), (32, 64)], mesh=mesh, in_specs=list(s.in_specs(op)), out_spec=s.out_spec
+            op, [(64, 32), (32, 64)], mesh=mesh, in_specs=list(s.in_specs(op)), out_specs=s.out_spec
         )
         e = shardwise.explain_einsum(
             "mk,kn->mn",
             [(64, 32), (32, 64)],
             mesh=mesh,
             in_specs=list(s.in_specs(op)),
-            out_spec=s.out_spec,
+            out_specs=s.out_spec,
         )
         assert e.compute is not None and e.memory is not None
         if e.compute.counted_by == "xla":  # (a native kernel's count is the model's own)

@@ -231,7 +231,7 @@ def test_a_notebook_view_leaves_the_page_around_it_as_it_was(
     driver: Any, mlp: dict[str, Any], tmp_path: Path
 ) -> None:
     explained = shardwise.explain_einsum(
-        "nd,nd->n", [(16, 8)] * 2, mesh=MESH, in_specs=["data,model"] * 2, out_spec="data"
+        "nd,nd->n", [(16, 8)] * 2, mesh=MESH, in_specs=["data,model"] * 2, out_specs="data"
     )
     views = [explained._repr_html_(), program_html(mlp, page=False)]
     path = tmp_path / "host.html"

@@ -14,7 +14,8 @@ import pytest
 
 import shardwise
 from shardwise._planner.models import model
-from shardwise.render.report import device_blocks, explanation_report, program_html
+from shardwise.render.explanation import explanation_report
+from shardwise.render.report import device_blocks, program_html
 
 MESH = "data=2,model=4"
 DEVICES = 8
@@ -102,7 +103,7 @@ def _css_selectors(html_text: str) -> list[str]:
 
 def _notebook_views(planned: Any) -> dict[str, str]:
     explained = shardwise.explain_einsum(
-        "nd,nd->n", [(16, 8)] * 2, mesh="x=2,y=4", in_specs=["x,y", "x,y"], out_spec="x"
+        "nd,nd->n", [(16, 8)] * 2, mesh="x=2,y=4", in_specs=["x,y", "x,y"], out_specs="x"
     )
     return {"program": planned._repr_html_(), "explanation": explained._repr_html_()}
 
@@ -283,5 +284,43 @@ def test_an_explanation_shows_collective_causes_and_memory() -> None:
     ).to_json()
     page = explanation_report(expl)
     buttons = parse(page).buttons
-    assert [b["data-why"] for b in buttons] == [c["cause"]["text"] for c in expl["collectives"]]
+    causes = [c["cause"]["text"] for c in expl["collectives"]]
+    assert [b["data-why"] for b in buttons] == [c.replace("`", "") for c in causes]
     assert buttons and "total bytes" in page
+
+
+def test_the_explanation_page_shows_index_ranges_the_picture_and_causes_without_backticks():
+    """The page says in text what each device holds (the terminal's mesh view), draws the
+    data-flow picture, and shows the causes' `names` as code, not as stray backticks."""
+    page = shardwise.explain_einsum(
+        "nd,nd->n", [(16, 8)] * 2, mesh=MESH, in_specs=["data,model"] * 2, out_specs="data"
+    ).to_html()
+    assert "`" not in page
+    assert "all-reduce over <code>model</code>: contracted index <code>d</code>" in page
+    ranges = re.findall(r'<table class="ranges"><tbody>(.*?)</tbody>', page)
+    assert len(ranges) == 4  # two operands, the local result and the output
+    assert '<tr><td>n 0:8, d 0:2</td><td class="muted">device 0</td></tr>' in ranges[0]
+    assert '<td>n 8:16</td><td class="muted">devices 4, 5, 6, 7</td>' in ranges[3]
+    assert re.search(r'<h2>Data flow</h2><div class="picture"><svg', page)
+
+
+def test_without_matplotlib_the_explanation_page_says_how_to_get_the_picture(monkeypatch):
+    monkeypatch.setattr("shardwise._extras.available", lambda module: module != "matplotlib")
+    page = shardwise.explain_einsum("nd,nd->n", [(16, 8)] * 2, mesh=MESH).to_html()
+    assert "pip install 'shardwise[pictures]'" in page and "<svg xmlns" not in page
+
+
+def test_each_plan_lists_its_layouts_and_opens_its_view_op_by_op(planned: Any) -> None:
+    page = planned.to_html()
+    plans = planned.to_json()["plans"]
+    shown = planned.report().to_json()["plan"]
+    for k, p in enumerate(plans):
+        target = f"plan-{k}-ops"
+        opens = f"document.getElementById('{target}').open=true"
+        assert f'<a href="#{target}" onclick="{opens}">{html.escape(p["name"])}</a>' in page
+        opened = " open" if p["name"] == shown else ""
+        assert f'<details id="{target}"{opened}><summary><b>{html.escape(p["name"])}</b>' in page
+        layouts = [f"{n}: {s.describe()}" for n, s in zip(
+            planned.graph.names, planned.get(p["name"]).in_specs, strict=True)]  # fmt: skip
+        assert "<br>".join(html.escape(line) for line in layouts) in page
+    assert page.count("<details") == len(plans) and page.count(" open>") == 1

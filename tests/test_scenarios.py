@@ -68,7 +68,7 @@ def test_every_shard_matches_numpy(name):
         b,
         mesh=mesh,
         in_specs=scenario.in_specs,
-        out_spec=scenario.out_spec,
+        out_specs=scenario.out_spec,
         mode=scenario.mode,
     )
     expected = np.einsum("nd,nd->n", a.astype(np.float64), b.astype(np.float64))

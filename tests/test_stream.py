@@ -300,6 +300,47 @@ def test_zarr_missing_names_the_extra(tmp_path, monkeypatch):
         shardwise.stream("nd,nd->n", tmp_path / "z", np.ones((8, 3)), out=tmp_path / "o.npy")
 
 
+def _run_cli(tmp_path, out, *options, n=1000):
+    if not (tmp_path / "a.npy").exists():
+        _inputs(tmp_path, n=n)
+    ins = [str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]
+    return runner.invoke(app, ["run", "nd,nd->n", *ins, "--out", str(out), *options])
+
+
+def test_cli_run_refuses_an_output_that_is_neither_npy_nor_zarr(tmp_path):
+    """--out o3.txt used to write a Zarr folder named o3.txt: a name is .npy, .zarr or a Zarr
+    folder that exists, and anything else is refused before anything is written."""
+    result = _run_cli(tmp_path, tmp_path / "o3.txt")
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "neither a .npy file nor a Zarr folder; name it o3.npy" in text, text
+    assert "o3.zarr" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "b.npy"]
+    with pytest.raises(ArgumentError, match=r"neither a \.npy file nor a Zarr folder"):
+        shardwise.stream("nd,nd->n", np.ones((8, 3)), np.ones((8, 3)), out=tmp_path / "o")
+
+
+def test_cli_run_error_comes_without_a_progress_bar(tmp_path):
+    result = _run_cli(tmp_path, tmp_path / "o.npy", "--host-memory", "100B")
+    assert result.exit_code == 2
+    assert result.output.startswith("error: a memory budget of 100 B"), result.output
+    assert "━" not in result.output and "0/?" not in result.output
+
+
+@pytest.mark.parametrize(("memory", "summary"), [("2GiB", "1 chunk computed"),
+                                                 ("64KiB", "4 chunks computed")])  # fmt: skip
+def test_cli_run_prints_one_summary_with_one_throughput(tmp_path, memory, summary):
+    """One line at the end, with its plurals right and one throughput figure (the progress bar
+    is gone by then, and showed no second, differently timed figure)."""
+    result = _run_cli(tmp_path, tmp_path / "o.npy", "--host-memory", memory, n=3000)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert text.startswith(f"wrote {tmp_path / 'o.npy'}: {summary}"), text
+    assert text.count("/s") == 1 and "━" not in text, text
+    again = " ".join(_run_cli(tmp_path, tmp_path / "o.npy", "--host-memory", memory).output.split())
+    assert f"({summary.split(' computed')[0]}); nothing to do" in again, again
+
+
 def test_cli_run(tmp_path):
     a, b = _inputs(tmp_path)
     out = tmp_path / "o.npy"

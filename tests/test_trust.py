@@ -125,7 +125,7 @@ def _counts(found):
 @pytest.mark.parametrize(
     ("equation", "shapes", "options"),
     [
-        ("ij,jk->ik", [(8, 8)] * 2, {"in_specs": ["y", None], "out_spec": "-,y"}),
+        ("ij,jk->ik", [(8, 8)] * 2, {"in_specs": ["y", None], "out_specs": "-,y"}),
         ("ab,cd,ef,fg", [(2, 4), (2, 2), (2, 2), (2, 2)], {"layout": "b=y"}),
         ("nd,nd->n", [(64, 3)] * 2, {"in_specs": ["x", "y"]}),
         ("ij->i", [(16, 4)], {"in_specs": ["-,x"]}),

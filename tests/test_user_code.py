@@ -14,8 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 import shardwise
+from shardwise._xla.dtypes import NAMES
 from shardwise.cli import app
-from shardwise.cli.program import DTYPES, parse_args, parse_array
+from shardwise.cli.program import parse_args, parse_array
 
 S = jax.ShapeDtypeStruct
 runner = CliRunner()
@@ -140,14 +141,15 @@ def test_a_shapes_file_that_repeats_an_args_name_is_an_error(tmp_path):
 
 @pytest.mark.parametrize("text", ["bf99[4]", "f8[4]", "i1[4]", "x32[4]", "u128[2]"])
 def test_only_known_dtype_names_are_read(text):
-    with pytest.raises(shardwise.ArgumentError, match="no dtype") as info:
+    with pytest.raises(shardwise.ArgumentError, match="is not a dtype") as info:
         parse_array(text, "--args x")
     assert "f32, f64" in str(info.value)  # the valid names are listed
 
 
 def test_every_known_dtype_name_reads_as_its_dtype():
-    for name, dtype in DTYPES.items():
+    for name, dtype in NAMES.items():
         assert parse_array(f"{name}[2,3]", "--args x") == S((2, 3), dtype)
+        assert parse_array(f"{dtype}[2,3]", "--args x") == S((2, 3), dtype)
 
 
 def test_plan_says_an_exception_in_the_function_is_the_users():

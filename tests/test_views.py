@@ -25,7 +25,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 def s4():
     return shardwise.explain_einsum(
-        "nd,nd->n", [(4000, 10000)] * 2, mesh="x=2,y=4", in_specs=["x,y", "x,y"], out_spec="x"
+        "nd,nd->n", [(4000, 10000)] * 2, mesh="x=2,y=4", in_specs=["x,y", "x,y"], out_specs="x"
     )
 
 
@@ -71,7 +71,7 @@ def test_terminal_view_shows_devices_ranges_and_partial_state():
 
 def test_rank_three_arrays_are_drawn_as_slices():
     e = shardwise.explain_einsum(
-        "bmk,bkn->bmn", [(4, 8, 8)] * 2, mesh="x=2,y=4", in_specs=["x,-,y", "x,y"], out_spec="x"
+        "bmk,bkn->bmn", [(4, 8, 8)] * 2, mesh="x=2,y=4", in_specs=["x,-,y", "x,y"], out_specs="x"
     )
     text = to_text(e)
     assert "b 0:2" in text and "b 2:4" in text  # one 2-D slice per block of the leading dim

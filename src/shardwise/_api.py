@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from shardwise._caches import Bounded
 from shardwise._data.dask import dask_einsum, dask_mean, is_dask
-from shardwise._errors import ArgumentError, ArgumentTypeError
+from shardwise._errors import UNSET, ArgumentError, Unset, renamed_argument
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op, as_shapes
 from shardwise._model.plan import Plan
@@ -47,15 +47,16 @@ def einsum(
     mesh: MeshLike = "auto",
     layout: LayoutLike | Literal["auto"] | None = None,
     in_specs: Sequence[SpecLike] | None = None,
-    out_spec: SpecLike | Literal["infer"] = "infer",
+    out_specs: SpecLike | Literal["infer"] = "infer",
     mode: str = "auto",
     precision: Any = None,
     check: bool | None = None,
+    out_spec: SpecLike | Literal["infer"] | Unset = UNSET,
 ) -> Any:
     """Compute an einsum sharded over a device mesh.
 
     Give the layout either per index (``layout="n=x,d=y"``) or per operand
-    (``in_specs=[P('x', 'y'), "x,y"]``, plus ``out_spec``; by default the output keeps the
+    (``in_specs=[P('x', 'y'), "x,y"]``, plus ``out_specs``; by default the output keeps the
     axes the inputs split, and contracted axes are summed away).
 
     Args:
@@ -67,7 +68,7 @@ def einsum(
             the ``shardwise`` logger with the reason when it is chosen: once per shapes,
             dtypes, mesh and profile).
         in_specs: one partition spec per operand (``None`` for replicated).
-        out_spec: the output's partition spec; ``"infer"`` derives it.
+        out_specs: the output's partition spec; ``"infer"`` derives it.
         mode: ``"auto"`` (``jax.jit``; XLA inserts collectives) or ``"manual"``
             (``shard_map`` with a local einsum and an explicit ``psum``).
         precision: passed to ``jnp.einsum`` (``"highest"``, a ``jax.lax.Precision``, …);
@@ -78,6 +79,7 @@ def einsum(
             tests. ``None`` reads the environment variable ``SHARDWISE_CHECK`` (``1`` turns it
             on). Whatever this says, every program is checked once, when it is built, for a
             sum over a mesh axis that XLA left out.
+        out_spec: the deprecated old name of ``out_specs``.
 
     The result has NumPy's dtype for these operands: int64 and float64 are computed in 64 bits
     (in JAX's 64-bit mode, for shardwise's programs only).
@@ -93,6 +95,7 @@ def einsum(
     >>> out.sharding.spec, bool(np.allclose(out, (a * a).sum(1)))
     (P('devices',), True)
     """
+    out_specs = renamed_argument("einsum", "out_specs", out_specs, "out_spec", out_spec, "infer")
     if any(is_dask(a) for a in arrays):
         chosen = layout not in (None, "auto") or in_specs is not None or mode != "auto"
         if chosen or precision is not None:
@@ -105,9 +108,8 @@ def einsum(
     jmesh = jax_mesh(mesh)
     dtype = result_dtype(arrays) if arrays else np.dtype("float32")
     with wide(dtype):
-        plan, fn, targets = _program(
-            equation, arrays, jmesh, layout, in_specs, out_spec, mode, precision
-        )
+        options = (layout, in_specs, out_specs, mode, precision)
+        plan, fn, targets = _program(equation, arrays, jmesh, *options)
         if plan.empty:
             # a sum over nothing is zeros, and an empty output is empty; JAX 0.10.2 cannot read
             # back a sharded empty array that a program returns, so it is placed, not computed
@@ -133,7 +135,7 @@ def _program(
     jmesh: Mesh,
     layout: LayoutLike | Literal["auto"] | None,
     in_specs: Sequence[SpecLike] | None,
-    out_spec: SpecLike | Literal["infer"],
+    out_specs: SpecLike | Literal["infer"],
     mode: str,
     precision: Any,
 ) -> _Program:
@@ -141,7 +143,7 @@ def _program(
     everything they depend on: the equation, the operands' shapes and dtypes, the mesh, the
     options, JAX's 64-bit mode and the cost profile of these devices (which chooses an
     ``"auto"`` layout, and the layout that disagreeing operands are moved to)."""
-    options = (layout, in_specs, out_spec, mode, precision)
+    options = (layout, in_specs, out_specs, mode, precision)
     profile = profile_stamp(platform(jmesh), jmesh.size)  # (None: the built-in one)
     key = _call_key(equation, arrays, jmesh, x64(), profile, options)
     found = _PROGRAMS.get(key) if key is not None else None
@@ -153,7 +155,7 @@ def _program(
             mesh=jmesh,
             layout=layout,
             in_specs=in_specs,
-            out_spec=out_spec,
+            out_specs=out_specs,
             mode=mode,
         )
         if not plan.empty:  # (an empty einsum is not run)
@@ -200,21 +202,26 @@ def explain_einsum(
     dtype: Any = "float32",
     layout: LayoutLike | Literal["auto"] | None = None,
     in_specs: Sequence[SpecLike] | None = None,
-    out_spec: SpecLike | Literal["infer"] = "infer",
+    out_specs: SpecLike | Literal["infer"] = "infer",
     mode: str = "auto",
+    out_spec: SpecLike | Literal["infer"] | Unset = UNSET,
 ) -> Explanation:
-    """Compile a sharded einsum from shapes alone and say what each device does.
+    """Compile a sharded einsum from shapes alone and say what each device does; the options
+    are :func:`einsum`'s (``out_spec`` is the deprecated old name of ``out_specs``).
 
     >>> e = explain_einsum("nd,nd->n", [(4000, 10000)] * 2, mesh="x=2,y=4",
-    ...                    in_specs=["x,y", "x,y"], out_spec="x")
+    ...                    in_specs=["x,y", "x,y"], out_specs="x")
     >>> e.output.shard_shape, [c.to_json() for c in e.collectives]
     ((2000,), [{'kind': 'all-reduce', 'mesh_axes': ['y'], 'bytes': 8000}])
     """
+    out_specs = renamed_argument(
+        "explain_einsum", "out_specs", out_specs, "out_spec", out_spec, "infer"
+    )
     shapes = as_shapes(shapes)
     jmesh = jax_mesh(mesh)
     given = supported(dtype)
     with wide(given):
-        plan, why = make_plan(equation, shapes, given, jmesh, layout, in_specs, out_spec, mode)
+        plan, why = make_plan(equation, shapes, given, jmesh, layout, in_specs, out_specs, mode)
         expl = explain_compiled(plan, compile_plan(plan, jmesh), jmesh)
     return dataclasses.replace(expl, auto=why) if why else expl
 
@@ -308,8 +315,8 @@ def explain(
         mesh: a JAX ``Mesh`` or a description such as ``"x=2,y=4"``.
         in_specs: as for :func:`shard` (for an equation: one spec per operand).
         out_specs: as for :func:`shard` (for an equation: the output spec, default inferred).
-        **einsum_options: for an equation, ``layout=`` and ``mode=``; ``out_spec=`` (as
-            :func:`einsum` names it) is read as ``out_specs``.
+        **einsum_options: for an equation, ``layout=`` and ``mode=`` (``out_spec=`` is the
+            deprecated old name of ``out_specs``).
 
     >>> import jax, numpy as np
     >>> e = explain(lambda a: a.sum(), jax.ShapeDtypeStruct((8, 8), np.float32),
@@ -317,10 +324,8 @@ def explain(
     >>> sorted({c.kind for c in e.collectives}), e.causes[0].reason
     (['all-reduce'], 'partial-sum')
     """
-    if "out_spec" in einsum_options:
-        if not is_auto(out_specs):
-            raise ArgumentTypeError("explain() was given out_spec and out_specs; give one.")
-        out_specs = einsum_options.pop("out_spec")
+    old = einsum_options.pop("out_spec", UNSET)
+    out_specs = renamed_argument("explain", "out_specs", out_specs, "out_spec", old, AUTO)
     if isinstance(fn, str):
         check_arrays(args)
         return explain_einsum(
@@ -329,7 +334,7 @@ def explain(
             mesh=mesh,
             dtype=result_dtype(args) if args else "float32",
             in_specs=in_specs,
-            out_spec="infer" if is_auto(out_specs) else out_specs,
+            out_specs="infer" if is_auto(out_specs) else out_specs,
             **einsum_options,
         )
     return shard(fn, mesh, in_specs, out_specs).explain(*args)

@@ -54,7 +54,7 @@ class Scenario:
             self.shapes,
             mesh=self.mesh,
             in_specs=self.in_specs,
-            out_spec=self.out_spec,
+            out_specs=self.out_spec,
             mode=self.mode,
         )
 

@@ -8,9 +8,14 @@ already catches ``ValueError`` or ``TypeError`` keeps working.
 from __future__ import annotations
 
 import difflib
+import enum
 import os
+import warnings
 from collections.abc import Iterable
 from types import FrameType
+from typing import Final, Literal, TypeVar
+
+T = TypeVar("T")
 
 
 class ShardwiseError(Exception):
@@ -169,3 +174,38 @@ def user_code_error(exc: BaseException, what: str, doing: str, fix: str) -> User
         text = f"{what} raised {type(exc).__name__}{at} while shardwise {doing} it"
         text += f": {said}" if said else ""
     return UserCodeError(f"{text.rstrip('.')}. {fix}")
+
+
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+UNSET: Final = _Unset.UNSET
+"""The default of a deprecated argument: not given."""
+
+Unset = Literal[_Unset.UNSET]
+
+
+def renamed_argument(
+    function: str, new: str, new_value: T, old: str, old_value: T | Unset, default: T
+) -> T:
+    """The value of argument ``new`` of ``function``, or of ``old``, its deprecated name: using
+    ``old`` warns (``DeprecationWarning``); giving both (``new`` not at its ``default``) is an
+    error.
+
+    >>> renamed_argument("einsum", "out_specs", "x", "out_spec", UNSET, "infer")
+    'x'
+    """
+    if old_value is UNSET:
+        return new_value
+    if not (new_value is default or (isinstance(new_value, str) and new_value == default)):
+        raise ArgumentTypeError(
+            f"{function}() was given {new}= and {old}=, its deprecated old name; give {new}= only."
+        )
+    warnings.warn(
+        f"{function}({old}=...) is deprecated; use {new}=..., the name shardwise.shard, "
+        "shardwise.explain and jax.shard_map use (it will be removed in the next release).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return old_value

@@ -235,6 +235,6 @@ def _explicit_hints() -> Iterator[None]:
             f"einsum/matmul, so the partial sums are all-reduced and the result is replicated "
             f"on `{names}`; (2) pass out_sharding=P(...) that puts `{names}` on one output "
             f"dimension, so the partial sums are reduce-scattered; (3) build the mesh with "
-            f"axis_types='auto' and let XLA choose; (4) use shardwise.einsum(..., out_spec=...), "
+            f"axis_types='auto' and let XLA choose; (4) use shardwise.einsum(..., out_specs=...), "
             f"which passes the output layout for you."
         ) from None

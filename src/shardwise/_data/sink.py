@@ -275,6 +275,15 @@ class Sink:
             raise self.failed(e) from None
 
 
+ZARR_MARKERS = (".zarray", ".zgroup", "zarr.json")
+"""The files at the top of a Zarr folder (format 2's array and group, format 3's metadata)."""
+
+
+def is_zarr(path: Path) -> bool:
+    """Whether ``path`` is a Zarr folder: one that holds Zarr's metadata at its top."""
+    return path.is_dir() and any((path / name).is_file() for name in ZARR_MARKERS)
+
+
 def remove(path: Path) -> None:
     """Remove ``path`` (a file, or a folder with what is in it), if it is there; only for work
     files the caller created."""

@@ -13,12 +13,9 @@ stopped.
 
 One run at a time writes an output (an exclusive lock on ``OUT.lock``). Its work files are
 created exclusively and never through symbolic links; it removes only files it created; and a
-resume trusts nothing it reads back: the manifest is checked against a schema, the partial
-output by inode, size and checksums of what each done chunk wrote, the input files by their
-fingerprints (size, mtime, inode and ctime, which no user can set back), and inputs that are
-not files (arrays in memory, Dask arrays) by checksums of the blocks each done chunk read of
-them, read again. A resumed run's result is a fresh run's on the inputs as they are now, or
-the resume is refused.
+resume trusts nothing it reads back (the manifest, the partial output, the inputs: files by
+their ctime too, other inputs by the blocks done chunks read): a resumed run's result is a
+fresh run's on the inputs as they are now, or the resume is refused.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ from shardwise._data.budget import Chunking, StreamPlan, check_resumable, plan_s
 from shardwise._data.chunks import ChunkWriter, Program, compile_program
 from shardwise._data.manifest import Manifest, lock_path, manifest_path, own_files
 from shardwise._data.reader import ChunkReader
-from shardwise._data.sink import Sink, remove
+from shardwise._data.sink import Sink, is_zarr, remove
 from shardwise._data.sources import Source, open_source
 from shardwise._errors import ArgumentError, ShapeError, ShardwiseError
 from shardwise._files import LockHeld, exclusive_lock, identity
@@ -111,7 +108,8 @@ def stream(
         equation: e.g. ``"nd,nd->n"``.
         *inputs: NumPy arrays, ``.npy`` paths, Zarr arrays or directories, Dask arrays.
         mesh: the mesh each chunk is split over (every device by default).
-        out: ``.npy`` file or Zarr directory (any other name) to write.
+        out: the ``.npy`` file or Zarr directory (named ``*.zarr``, or one that exists) to
+            write; any other name is refused.
         budget: host memory for the data, e.g. ``"1GiB"``; the runtime's own overhead (JAX,
             compiled programs) comes on top.
         chunk: size of a chunk along the streamed index, or ``"auto"`` (the largest that fits).
@@ -215,6 +213,12 @@ def _checked(out: str | os.PathLike[str], budget: str | int) -> tuple[Path, int]
     if not target.parent.is_dir():
         raise ArgumentError(
             f"cannot write {str(target)!r}: folder {str(target.parent)!r} does not exist."
+        )
+    if target.suffix != ".npy" and target.suffix != ".zarr" and not is_zarr(target):
+        raise ArgumentError(
+            f"the output {str(out)!r} is neither a .npy file nor a Zarr folder; name it "
+            f"{target.stem}.npy for a .npy file, or {target.stem}.zarr for a Zarr folder "
+            "(or give an existing Zarr folder)."
         )
     limit = parse_bytes(budget)
     if limit <= 0:

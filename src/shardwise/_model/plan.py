@@ -16,7 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from shardwise._errors import ArgumentError, ArgumentTypeError, ShapeError, SpecError
+from shardwise._errors import (
+    UNSET,
+    ArgumentError,
+    ArgumentTypeError,
+    ShapeError,
+    SpecError,
+    Unset,
+    renamed_argument,
+)
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op, as_shapes
 from shardwise._model.spec import Layout, LayoutLike, Spec, SpecLike
@@ -158,7 +166,7 @@ class Plan:
     """A sharded einsum, validated: what each device holds, before anything compiles.
 
     >>> plan = Plan.make("nd,nd->n", [(4000, 10000)] * 2, mesh="x=2,y=4",
-    ...                  in_specs=["x,y", "x,y"], out_spec="x")
+    ...                  in_specs=["x,y", "x,y"], out_specs="x")
     >>> plan.operands[0].shard_shape, plan.output.shard_shape
     ((2000, 2500), (2000,))
     >>> plan.reduce_axes
@@ -183,10 +191,15 @@ class Plan:
         dtype: str | np.dtype[np.generic] | type = "float32",
         layout: LayoutLike | None = None,
         in_specs: Sequence[SpecLike] | None = None,
-        out_spec: SpecLike | Literal["infer"] = "infer",
+        out_specs: SpecLike | Literal["infer"] = "infer",
         mode: str = "auto",
+        out_spec: SpecLike | Literal["infer"] | Unset = UNSET,
     ) -> Plan:
-        """Parse and validate everything; raise a :class:`ShardwiseError` naming the fix."""
+        """Parse and validate everything; raise a :class:`ShardwiseError` naming the fix.
+        ``out_spec`` is the deprecated old name of ``out_specs``."""
+        out_specs = renamed_argument(
+            "Plan.make", "out_specs", out_specs, "out_spec", out_spec, "infer"
+        )
         op = equation if isinstance(equation, Op) else Op.parse(equation)
         mesh_spec = MeshSpec.parse(mesh)
         if mode not in MODES:
@@ -214,14 +227,14 @@ class Plan:
                     f"{op.equation!r}; its indices are {', '.join(op.indices)}."
                 )
             specs = tuple(lay.spec_for(t) for t in op.inputs)
-            out = lay.spec_for(op.output) if out_spec == "infer" else None
+            out = lay.spec_for(op.output) if out_specs == "infer" else None
         else:
             specs, out = _operand_specs(op, in_specs), None
         if out is None:
             out = (
                 default_out_spec(op, specs)
-                if out_spec == "infer"
-                else Spec.parse(out_spec, "the output spec")
+                if out_specs == "infer"
+                else Spec.parse(out_specs, "the output spec")
             )
         for k, (term, spec, shape) in enumerate(zip(op.inputs, specs, shapes_t, strict=True)):
             spec.validate(mesh_spec, shape, f"operand {k} ({term!r}, shape {shape})")

@@ -284,7 +284,7 @@ def verify(
             mesh=report.mesh,
             dtype=report.dtype,
             in_specs=list(s.in_specs(report.op)),
-            out_spec=s.out_spec,
+            out_specs=s.out_spec,
         )
         compiled = compile_plan(plan, mesh)
         found = collectives(compiled.as_text() or "", report.mesh.shape)

@@ -65,7 +65,7 @@ def make_plan(
     jmesh: Mesh,
     layout: LayoutLike | Literal["auto"] | None = None,
     in_specs: Sequence[SpecLike] | None = None,
-    out_spec: SpecLike | Literal["infer"] = "infer",
+    out_specs: SpecLike | Literal["infer"] = "infer",
     mode: str = "auto",
 ) -> tuple[Plan, str | None]:
     """The validated plan of an einsum call, and why the planner chose its layout (``None``
@@ -74,7 +74,7 @@ def make_plan(
     if isinstance(layout, str) and layout == "auto":
         if in_specs is not None:
             raise ArgumentError("give layout='auto' or in_specs=, not both.")
-        in_specs, out_spec, why = auto_layout(equation, shapes, dtype, jmesh)
+        in_specs, out_specs, why = auto_layout(equation, shapes, dtype, jmesh)
         layout = None
     plan = Plan.make(
         equation,
@@ -83,7 +83,7 @@ def make_plan(
         dtype=dtype,
         layout=layout,
         in_specs=in_specs,
-        out_spec=out_spec,
+        out_specs=out_specs,
         mode=mode,
     )
     return plan, why
@@ -95,7 +95,7 @@ def plan_arrays(
     mesh: MeshLike,
     layout: LayoutLike | Literal["auto"] | None = None,
     in_specs: Sequence[SpecLike] | None = None,
-    out_spec: SpecLike | Literal["infer"] = "infer",
+    out_specs: SpecLike | Literal["infer"] = "infer",
     mode: str = "auto",
 ) -> tuple[Plan, Mesh]:
     """The validated plan of a sharded einsum over ``arrays`` (anything with ``.shape`` and
@@ -115,7 +115,7 @@ def plan_arrays(
         jmesh,
         layout,
         in_specs,
-        out_spec,
+        out_specs,
         mode,
     )
     return plan, jmesh

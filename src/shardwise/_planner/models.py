@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from shardwise._errors import ArgumentError
+from shardwise._xla.dtypes import supported
 
 MODELS = ("mlp", "transformer")
 SEQ = 128
@@ -112,6 +113,7 @@ def model(
     ):
         if n < 1:
             raise ArgumentError(f"{label} is {n}; model sizes are whole numbers of at least 1.")
+    dtype = supported(dtype, f"model {name!r}").name
     if name == "mlp":
         x = S((batch, hidden), dtype)
         params = {"w1": S((hidden, ffn), dtype), "w2": S((ffn, hidden), dtype)}

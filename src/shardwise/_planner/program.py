@@ -151,13 +151,24 @@ class ProgramPlan:
         return report(self, name or self.chosen_name)
 
     def to_html(self, name: str | None = None) -> str:
-        """One self-contained HTML file (no network needed to view it): the plans compared,
-        plan ``name`` (by default the chosen one) op by op with every array drawn on the mesh
-        and each collective's cause, and the memory held per device over the program."""
+        """One self-contained HTML file (no network needed to view it): the plans compared, each
+        with its layouts and, a click away, its view op by op (every array drawn on the mesh,
+        each collective's cause, the memory held per device over the program); plan ``name``
+        (by default the chosen one) is shown open."""
         from shardwise.render.report import program_html
 
         shown = self.report(name).to_json()
-        return program_html({"plan": self.to_json(), "report": shown})
+        plans = {
+            p.name: {
+                "layouts": [
+                    f"{n}: {s.describe()}"
+                    for n, s in zip(self.graph.names, p.in_specs, strict=True)
+                ],
+                "report": shown if p.name == shown["plan"] else self.report(p.name).to_json(),
+            }
+            for p in self.plans
+        }
+        return program_html({"plan": self.to_json(), "report": shown, "plans": plans})
 
     def _repr_html_(self) -> str:
         """The report of :meth:`to_html` as one element to show inside a page (a notebook's

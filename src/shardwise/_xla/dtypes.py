@@ -1,5 +1,5 @@
-"""Which dtypes an einsum computes in: NumPy's result type, JAX's 64-bit mode where needed,
-and a clear error for dtypes that are not numbers."""
+"""Which dtypes an einsum computes in: the dtype names shardwise reads, NumPy's result type,
+JAX's 64-bit mode where needed, and a clear error for dtypes that are not numbers."""
 
 from __future__ import annotations
 
@@ -13,18 +13,60 @@ import jax.numpy as jnp
 import numpy as np
 
 from shardwise._caches import cached
-from shardwise._errors import ArgumentTypeError
+from shardwise._errors import ArgumentError, ArgumentTypeError, did_you_mean
+
+NAMES: dict[str, str] = {
+    "bool": "bool",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "u8": "uint8",
+    "u16": "uint16",
+    "u32": "uint32",
+    "u64": "uint64",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "f32": "float32",
+    "f64": "float64",
+    "c64": "complex64",
+    "c128": "complex128",
+}
+"""Every dtype name shardwise reads from text (``--dtype``, ``--args x=bf16[…]``): the short
+form (as XLA prints them, with ``i`` for signed integers) → NumPy's name, which is read too."""
+
+
+def parse_dtype(text: str, where: str = "--dtype") -> np.dtype[Any]:
+    """A dtype named in text: NumPy's name (``float32``, ``bfloat16``, ``int8``) or its short
+    form (``f32``, ``bf16``, ``i8``), in any case; anything else is an error listing the names.
+
+    >>> parse_dtype("bf16").name, parse_dtype("float32").name
+    ('bfloat16', 'float32')
+    >>> parse_dtype("bf99")
+    Traceback (most recent call last):
+    shardwise._errors.ArgumentError: --dtype 'bf99' is not a dtype (did you mean `bf16`?); ...
+    """
+    name = NAMES.get(text.strip().lower(), text.strip().lower())
+    if name not in NAMES.values():
+        raise ArgumentError(
+            f"{where} {text!r} is not a dtype{did_you_mean(text, [*NAMES, *NAMES.values()])}; "
+            f"use one of {', '.join(dict.fromkeys(NAMES.values()))}, or its short form "
+            f"{', '.join(k for k in NAMES if k != 'bool')}."
+        )
+    return np.dtype(jnp.dtype(name))
 
 
 def supported(dtype: Any, what: str = "the operands") -> np.dtype[Any]:
     """``dtype`` as a NumPy dtype, if JAX computes in it; else an error naming it and the fix.
 
-    >>> supported("bfloat16").name
-    'bfloat16'
+    >>> supported("bfloat16").name, supported("bf16").name
+    ('bfloat16', 'bfloat16')
     >>> supported("U3")
     Traceback (most recent call last):
     shardwise._errors.ArgumentTypeError: the dtype of the operands is <U3 (strings); ...
     """
+    if isinstance(dtype, str):
+        dtype = NAMES.get(dtype, dtype)
     try:
         given: np.dtype[Any] = np.dtype(jnp.dtype(dtype))
     except TypeError:

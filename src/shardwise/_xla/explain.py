@@ -128,17 +128,20 @@ class Explanation:
     def _repr_html_(self) -> str:
         """The report of :meth:`to_html` as one element to show inside a page (a notebook's
         cell): its styles and script touch nothing outside it."""
-        from shardwise.render.report import explanation_report
+        from shardwise.render.explanation import explanation_report
 
         return explanation_report(self.to_json(), page=False)
 
     def to_html(self) -> str:
         """One self-contained HTML file (no network needed to view it): every array drawn on
-        the mesh (point at a device to see what it holds), the collectives with their causes,
+        the mesh (point at a device to see what it holds) with the index ranges of each block,
+        the data-flow picture (with the ``pictures`` extra), the collectives with their causes,
         memory and compute per device."""
-        from shardwise.render.report import explanation_report
+        from shardwise._extras import available
+        from shardwise.render.explanation import explanation_report
 
-        return explanation_report(self.to_json())
+        picture = self.svg() if available("matplotlib") else None
+        return explanation_report(self.to_json(), picture)
 
     def svg(self) -> str:
         """The data-flow picture as SVG text (needs the ``pictures`` extra: matplotlib)."""

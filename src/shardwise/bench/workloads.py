@@ -41,10 +41,13 @@ class Workload:
     peers: dict[str, Callable[[], Runner]] = field(default_factory=dict)
 
 
+PEER_MODULES = {"numpy": "numpy", "torch": "torch", "dask": "dask.array", "jax": "jax"}
+"""The module each peer runs on."""
+
+
 def installed(peer: str) -> bool:
     """Whether a peer library can be imported."""
-    module = {"numpy": "numpy", "torch": "torch", "dask": "dask.array", "jax": "jax"}[peer]
-    return available(module)
+    return available(PEER_MODULES[peer])
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ def batched_dot(
     b = rng.random((n, d), dtype=np.float32)
     mesh = shardwise.mesh(mesh_text)
 
-    layout: dict[str, Any] = {"in_specs": [in_spec, in_spec], "out_spec": out_spec}
+    layout: dict[str, Any] = {"in_specs": [in_spec, in_spec], "out_specs": out_spec}
 
     def ours() -> Runner:
         plan, jm = plan_arrays("nd,nd->n", a, b, mesh=mesh, **layout)
@@ -166,14 +169,14 @@ def matmul(size: int) -> Workload:
     in_specs, out_spec, _ = auto_layout("mk,kn->mn", [a.shape, a.shape], a.dtype, mesh)
 
     def ours() -> Runner:
-        plan, jm = plan_arrays("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_spec=out_spec)
+        plan, jm = plan_arrays("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_specs=out_spec)
         pa, pb = place(plan, jm, [a, a])
         return lambda: shardwise.einsum(
-            "mk,kn->mn", pa, pb, mesh=mesh, in_specs=in_specs, out_spec=out_spec
+            "mk,kn->mn", pa, pb, mesh=mesh, in_specs=in_specs, out_specs=out_spec
         )
 
     def raw() -> Runner:
-        plan, jm = plan_arrays("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_spec=out_spec)
+        plan, jm = plan_arrays("mk,kn->mn", a, a, mesh=mesh, in_specs=in_specs, out_specs=out_spec)
         compiled = jitted(plan, jm)
         pa, pb = place(plan, jm, [a, a])
         return lambda: compiled(pa, pb)

@@ -28,8 +28,13 @@ def bench(
         typer.Option("--suite", help="seed (W1–W4), full (+ W1 against N), or tiny (test sizes)."),
     ] = "seed",
     peers: Annotated[
-        str, typer.Option("--peers", help="Comma-separated peers to run (installed ones only).")
-    ] = "numpy,torch,dask,jax",
+        str | None,
+        typer.Option(
+            "--peers",
+            help="Comma-separated peers to run: numpy, torch, dask, jax (default: every one "
+            "that is installed).",
+        ),
+    ] = None,
     repeat: Annotated[
         int,
         typer.Option(
@@ -50,20 +55,32 @@ def bench(
     devices: Devices = None,
 ) -> None:
     """Time each workload by shardwise and by every installed peer, alternating, medians."""
-    from shardwise._errors import ArgumentError
+    from shardwise._errors import ArgumentError, MissingExtraError
+    from shardwise._extras import install_hint
     from shardwise.bench import SUITES, run_bench
-    from shardwise.bench.workloads import PEERS
+    from shardwise.bench.workloads import PEER_MODULES, PEERS, installed
     from shardwise.render.formats import show
 
     fmt = table_format(format)
     if suite not in SUITES:
         raise ArgumentError(f"--suite {suite!r} is not one of {', '.join(SUITES)}.")
-    chosen = [p.strip() for p in peers.split(",") if p.strip()]
+    chosen = list(PEERS) if peers is None else [p.strip() for p in peers.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in PEERS]
     if unknown:
         raise ArgumentError(f"unknown peer {unknown[0]!r}; valid peers are {', '.join(PEERS)}.")
-    setup_devices(devices)
+    missing = [p for p in chosen if not installed(p)]
+    hints = ", ".join(f"{p} ({install_hint(PEER_MODULES[p])})" for p in missing)
+    if missing and peers is not None:
+        one = len(missing) == 1
+        raise MissingExtraError(
+            f"--peers names {', '.join(missing)}, which {'is' if one else 'are'} not installed "
+            f"here; install {hints}, or leave {'it' if one else 'them'} out of --peers."
+        )
     progress = console(stderr=True)
+    if missing:
+        progress.print(f"[yellow]not installed, so not benchmarked:[/] {hints}", highlight=False)
+    chosen = [p for p in chosen if p not in missing]
+    setup_devices(devices)
     with progress.status("benchmarking") as status:
         doc = run_bench(
             suite,

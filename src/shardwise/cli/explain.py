@@ -87,7 +87,9 @@ def explain(
     auto: Annotated[
         bool, typer.Option("--auto", help="Use the planner's best strategy (says which and why).")
     ] = False,
-    dtype: Annotated[str, typer.Option("--dtype", help="Operand dtype.")] = "float32",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="Operand dtype: float32, bfloat16, … or f32, bf16, ….")
+    ] = "float32",
     mode: Annotated[
         str, typer.Option("--mode", help="auto (jit) or manual (shard_map+psum).")
     ] = "auto",
@@ -112,8 +114,11 @@ def explain(
     devices: Devices = None,
 ) -> None:
     """Compile a sharded einsum (no data needed); show each device's shard and every collective."""
+    from shardwise._xla.dtypes import parse_dtype
+
     out_spec = renamed("explain", "--out-spec", out_spec, "--out", out)
     fmt = table_format(format)
+    parsed = parse_dtype(dtype)
     _check_in_count(equation, in_)
     setup_devices(devices)
     from shardwise import explain_einsum
@@ -124,10 +129,10 @@ def explain(
         equation,
         parse_shapes(shapes),
         mesh=jmesh,
-        dtype=dtype,
+        dtype=parsed,
         layout="auto" if auto else layout,
         in_specs=in_,
-        out_spec="infer" if out_spec is None else out_spec,
+        out_specs="infer" if out_spec is None else out_spec,
         mode=mode,
     )
     if svg is not None or png is not None:

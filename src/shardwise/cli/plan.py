@@ -196,7 +196,9 @@ def plan(
     mesh: Annotated[
         str, typer.Option("--mesh", help="Mesh, e.g. x=2,y=4 (need not exist here).")
     ] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="Operand dtype.")] = "float32",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="Operand dtype: float32, bfloat16, … or f32, bf16, ….")
+    ] = "float32",
     device_memory: Annotated[
         str | None,
         typer.Option(
@@ -263,12 +265,12 @@ def plan(
     ] = None,
 ) -> None:
     """Plan an einsum (every strategy, ranked) or a whole program (--model, --function)."""
-    import jax.numpy as jnp
-
     import shardwise
+    from shardwise._xla.dtypes import parse_dtype
 
     device_memory = renamed("plan", "--device-memory", device_memory, "--budget", budget)
     table_format(format)  # a bad --format is said before any planning
+    dtype = parse_dtype(dtype).name
     if (sweep_batch is not None or plot is not None) and model is None and function is None:
         raise ArgumentError("--sweep-batch and --plot plan a built-in model: give --model.")
     if model is not None or function is not None:
@@ -309,7 +311,7 @@ def plan(
         print_json(report.to_json())
         return
     table = Table(
-        title=f"{op.equation} {' · '.join(map(str, shape_list))} {jnp.dtype(dtype).name} on mesh "
+        title=f"{op.equation} {' · '.join(map(str, shape_list))} {dtype} on mesh "
         f"{spec.describe()}, profile {prof.name}: {report.considered} considered, "
         f"{report.valid} valid, {len(report.refused)} refused",
         title_justify="left",

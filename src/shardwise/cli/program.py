@@ -14,22 +14,18 @@ from typing import Any
 
 from rich.console import Console
 
-from shardwise._errors import ArgumentError, did_you_mean, user_code_error
+from shardwise._errors import ArgumentError, user_code_error
 from shardwise.render.formats import Format, show
 from shardwise.render.program import ops_view, plans_view
 
-_ARRAY = re.compile(r"^\s*([a-z]+)(\d+)\[([\d,\s]*)\]\s*$")
-DTYPES = {
-    "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
-    "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64",
-    "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
-}  # fmt: skip
-"""The dtype prefixes of an ``--args`` shape (``f32[256,1024]``), each with the dtype it names."""
+_ARRAY = re.compile(r"^\s*([A-Za-z]+\d*)\[([\d,\s]*)\]\s*$")
 
 
 def parse_array(text: str, where: str) -> Any:
     """``"f32[256,1024]"`` → ``jax.ShapeDtypeStruct((256, 1024), float32)``."""
     import jax
+
+    from shardwise._xla.dtypes import parse_dtype
 
     m = _ARRAY.match(text)
     if not m:
@@ -37,14 +33,8 @@ def parse_array(text: str, where: str) -> Any:
             f"cannot read {where} {text!r}: write a dtype and a shape, e.g. f32[256,1024] "
             "(dtypes f16, bf16, f32, f64, i32, …)."
         )
-    dtype = DTYPES.get(m.group(1) + m.group(2))
-    if dtype is None:
-        raise ArgumentError(
-            f"cannot read {where} {text!r}: no dtype {m.group(1) + m.group(2)!r}"
-            f"{did_you_mean(m.group(1) + m.group(2), DTYPES)}; the dtypes are "
-            f"{', '.join(DTYPES)}."
-        )
-    dims = tuple(int(d) for d in m.group(3).replace(" ", "").split(",") if d)
+    dtype = parse_dtype(m.group(1), f"cannot read {where} {text!r}: the dtype")
+    dims = tuple(int(d) for d in m.group(2).replace(" ", "").split(",") if d)
     return jax.ShapeDtypeStruct(dims, dtype)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeRemainingColumn,
 )
@@ -73,7 +73,7 @@ def run(
     devices: Devices = None,
 ) -> None:
     """Stream an einsum through the mesh a chunk at a time; rerun the same command to resume."""
-    from shardwise._model.units import parse_bytes
+    from shardwise._model.units import format_bytes, parse_bytes
 
     memory = renamed("run", "--host-memory", host_memory, "--budget", budget)
     limit = parse_bytes(HOST_MEMORY if memory is None else memory, "--host-memory")
@@ -86,23 +86,29 @@ def run(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("chunks"),
+        TextColumn("{task.fields[unit]}"),
         TextColumn("{task.fields[read]}"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=out_console, transient=json) as progress:
-        task = progress.add_task(equation, total=None, read="")
-        start = time.perf_counter()
+    # The bar shows progress, not results: it appears once the first chunk is done (so an input
+    # or plan that is refused leaves only its error) and is gone when the run ends, leaving the
+    # one summary line below.
+    progress = Progress(*columns, console=out_console, transient=True)
+    task: list[TaskID] = []
 
-        def on_chunk(done: int, total: int, nbytes: int) -> None:
-            rate = nbytes / max(time.perf_counter() - start, 1e-9) / 1e6
-            progress.update(
-                task,
-                total=total,
-                completed=done,
-                read=f"{nbytes / 1e6:,.1f} MB read, {rate:,.0f} MB/s",
-            )
+    def on_chunk(done: int, total: int, nbytes: int) -> None:
+        if not task:
+            progress.start()
+            task.append(progress.add_task(equation, total=total, unit="", read=""))
+        progress.update(
+            task[0],
+            total=total,
+            completed=done,
+            unit="chunk" if total == 1 else "chunks",
+            read=f"{format_bytes(nbytes)} read",
+        )
 
+    try:
         result = stream(
             equation,
             *inputs,
@@ -114,18 +120,27 @@ def run(
             layout="auto" if auto else layout,
             on_chunk=on_chunk,
         )
-        progress.update(task, total=result.chunks, completed=result.chunks)
+    finally:
+        if task:
+            progress.stop()
     if json:
         from shardwise._data.stream import peak_rss
 
         print_json({**result.to_json(), "peak_rss_bytes": peak_rss()})
     elif result.computed == 0:
-        out_console.print(f"{out} is already complete ({result.chunks} chunks); nothing to do.")
+        out_console.print(
+            f"{out} is already complete ({_count(result.chunks, 'chunk')}); nothing to do."
+        )
     else:
         out_console.print(
-            f"wrote {out}: {result.computed} chunks computed"
+            f"wrote {out}: {_count(result.computed, 'chunk')} computed"
             + (f", {result.skipped} resumed from an earlier run" if result.skipped else "")
-            + f", {result.bytes_read / 1e6:,.1f} MB read at "
-            f"{result.throughput / 1e6:,.0f} MB/s (chunk {result.plan.chunk} along "
-            f"{result.plan.index!r})"
+            + f", {format_bytes(result.bytes_read)} read at "
+            f"{format_bytes(result.throughput)}/s ({'chunks' if result.plan.chunks > 1 else 'one'}"
+            f" of {result.plan.chunk} along {result.plan.index!r})"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 chunk``, ``2 chunks``."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

@@ -333,7 +333,7 @@ def _legend(ax: Any, expl: Explanation, width: float, legend_h: float) -> None:
     ax.plot([0.3, width - 0.3], [ly, ly], color="#cccccc", linewidth=0.8)
     lines = []
     for k, coll in enumerate(expl.collectives):
-        cause = expl.causes[k].text if k < len(expl.causes) else coll.kind
+        cause = expl.causes[k].text.replace("`", "") if k < len(expl.causes) else coll.kind
         lines.append(
             f"{CIRCLED[k % len(CIRCLED)]} {coll.kind} over {','.join(coll.mesh_axes)}, "
             f"{coll.bytes:,} bytes per device — {cause}"

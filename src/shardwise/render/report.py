@@ -1,5 +1,6 @@
 """Self-contained HTML reports (inline CSS, SVG, script; no network) of a planned program
-(:func:`program_html`) and of one explanation (:func:`explanation_report`). Each array is drawn
+(:func:`program_html`; one explanation's is :mod:`shardwise.render.explanation`'s, drawn with
+the same parts). Each array is drawn
 as a grid of ``rect.device``, one per mesh device, coloured by the block the device holds;
 hovering a device highlights it in every array and lists what it holds in ``.info``."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,12 +22,29 @@ CELL = 22
 """Side of a device square, pixels (smaller for wide meshes)."""
 MAX_ROW = 8
 """Devices per row for a 1-D mesh."""
-MEMORY = ("argument", "output", "temp", "alias", "total", "capacity")
 NONE = '<span class="none">none</span>'
 
 
 def _e(value: object) -> str:
     return html.escape(str(value))
+
+
+_TICKS = re.compile(r"`([^`]+)`")
+
+
+def _md(text: object) -> str:
+    """Text whose ``code`` spans (in backticks, as the causes write index and axis names) are
+    shown as ``<code>``, escaped.
+
+    >>> _md("over `y`: index `d` is <split>")
+    'over <code>y</code>: index <code>d</code> is &lt;split&gt;'
+    """
+    return _TICKS.sub(r"<code>\1</code>", _e(text))
+
+
+def _plain(text: object) -> str:
+    """Text without its backticks, for what the page shows as plain text (``data-why``)."""
+    return _TICKS.sub(r"\1", str(text))
 
 
 def _table(heads: Sequence[str], rows: str, cls: str = "") -> str:
@@ -151,7 +170,7 @@ def collective_button(c: Mapping[str, Any], why: str, where: str = "") -> str:
     label, what = f"{axes} · {size}{repeat}", f"{c['kind']} over {axes}, {size}"
     return (
         f'<button type="button" class="coll" data-what="{_e(what)}" data-where="{_e(where)}" '
-        f'data-why="{_e(why)}"><b>{_e(c["kind"])}</b><br>{_e(label)}</button>'
+        f'data-why="{_e(_plain(why))}"><b>{_e(c["kind"])}</b><br>{_e(label)}</button>'
     )
 
 
@@ -182,7 +201,7 @@ def _program_header(plan: Mapping[str, Any], report: Mapping[str, Any], mesh: Me
     return _header(str(report.get("program", "program")), kind, facts, mesh)
 
 
-def _plan_row(p: Mapping[str, Any], shown: str, base: float) -> str:
+def _plan_row(p: Mapping[str, Any], shown: str, base: float, views: Mapping[str, Any]) -> str:
     pred, ver = p["predicted"], p.get("verified") or {}
     cells = [
         format_seconds(pred["seconds"]),
@@ -195,8 +214,23 @@ def _plan_row(p: Mapping[str, Any], shown: str, base: float) -> str:
         + (" (ops/lines NO)" if ver.get("sources_match") is False else ""),
     ]
     cls = ' class="shown"' if p["name"] == shown else ""
-    name = f'<tr{cls}><td title="{_e(p.get("in_specs", ""))}">{_e(p["name"])}</td>'
+    view = views.get(p["name"])
+    if view is None:
+        name = f'<tr{cls}><td title="{_e(p.get("in_specs", ""))}">{_e(p["name"])}</td>'
+    else:  # the plan's name opens its view op by op; its layouts beside it
+        target = _e(_view_id(list(views).index(p["name"])))
+        opens = f"document.getElementById('{target}').open=true"
+        layouts = "<br>".join(_e(line) for line in view.get("layouts", []))
+        name = (
+            f'<tr{cls}><td><a href="#{target}" onclick="{opens}">{_e(p["name"])}</a></td>'
+            f'<td class="layouts">{layouts}</td>'
+        )
     return name + "".join(f'<td class="n">{_e(c)}</td>' for c in cells) + "</tr>"
+
+
+def _view_id(k: int) -> str:
+    """The id of the k-th plan's view op by op."""
+    return f"plan-{k}-ops"
 
 
 def _bars(plans: Sequence[Mapping[str, Any]]) -> str:
@@ -225,12 +259,12 @@ def _bars(plans: Sequence[Mapping[str, Any]]) -> str:
     return f'<svg class="bars" width="{left + width + 70}" height="{height}">{"".join(out)}</svg>'
 
 
-def _comparison(plan: Mapping[str, Any], shown: str) -> str:
+def _comparison(plan: Mapping[str, Any], shown: str, views: Mapping[str, Any]) -> str:
     plans = list(plan.get("plans", []))
     base = next((p["predicted"]["seconds"] for p in plans if p["name"] == shown), 0.0)
-    heads = ["plan", "predicted", f"vs {shown}", "measured", "memory predicted"]
-    heads += ["memory measured", "collectives", "matches HLO"]
-    table = _table(heads, "".join(_plan_row(p, shown, base) for p in plans))
+    heads = ["plan", *(["layouts"] if views else []), "predicted", f"vs {shown}", "measured"]
+    heads += ["memory predicted", "memory measured", "collectives", "matches HLO"]
+    table = _table(heads, "".join(_plan_row(p, shown, base, views) for p in plans))
     skipped = "".join(
         f'<div class="muted">{_e(s.get("name", ""))} skipped: {_e(s.get("why", ""))}</div>'
         for s in plan.get("skipped", [])
@@ -268,14 +302,28 @@ def _op_row(row: Mapping[str, Any], mesh: Mesh) -> str:
     )
 
 
-def _ops(report: Mapping[str, Any], mesh: Mesh) -> str:
+def _ops(report: Mapping[str, Any], mesh: Mesh, title: str = "Op by op") -> str:
     heads = ("op", "reads (on the mesh)", "makes", "collectives", "share of time")
     rows = "".join(_op_row(r, mesh) for r in report.get("rows", []))
     return (
-        '<section><h2>Op by op</h2><p class="muted">Each array is drawn on the mesh: one square '
-        "per device, coloured by the block it holds (the same colour, the same block).</p>"
+        f'<section><h2>{_e(title)}</h2><p class="muted">Each array is drawn on the mesh: one '
+        "square per device, coloured by the block it holds (the same colour, the same block).</p>"
         f"{_table(heads, rows, 'ops')}</section>"
     )
+
+
+def _plan_views(views: Mapping[str, Any], shown: str, mesh: Mesh) -> str:
+    """Each plan's view op by op and its memory, folded (``<details>``) but for ``shown``."""
+    out = []
+    for k, (name, view) in enumerate(views.items()):
+        report = view["report"]
+        seconds = format_seconds(float(report.get("seconds", 0.0)))
+        body = _ops(report, mesh, f"{name} op by op") + _memory(report.get("memory") or {})
+        out.append(
+            f'<details id="{_view_id(k)}"{" open" if name == shown else ""}><summary>'
+            f"<b>{_e(name)}</b> op by op ({_e(seconds)} predicted)</summary>{body}</details>"
+        )
+    return "".join(out)
 
 
 def _mib(n: float) -> str:
@@ -323,68 +371,18 @@ def _memory(memory: Mapping[str, Any]) -> str:
 
 def program_html(data: Mapping[str, Any], page: bool = True) -> str:
     """The report of a planned program: ``{"plan": ProgramPlan.to_json(), "report":
-    ProgramReport.to_json()}`` as one self-contained HTML page, or (``page=False``) as one
-    element to embed in a page (a notebook's output)."""
+    ProgramReport.to_json()}`` as one self-contained HTML page; with ``"plans"`` (each plan's
+    name → its ``"layouts"``, lines of text, and its ``"report"``) every plan's layouts are
+    listed and its name opens its view op by op. With ``page=False``: one element to embed in
+    a page (a notebook's output) rather than a whole page."""
     plan, report = data.get("plan") or {}, data["report"]
     mesh = [(str(a), int(n)) for a, n in report["mesh"]]
     shown = str(report.get("plan", plan.get("chosen", "search")))
-    comparison = _comparison(plan, shown) if plan.get("plans") else ""
-    body = _program_header(plan, report, mesh) + comparison + _ops(report, mesh)
-    body += _memory(report.get("memory") or {})
+    views = data.get("plans") or {}
+    comparison = _comparison(plan, shown, views) if plan.get("plans") else ""
+    body = _program_header(plan, report, mesh) + comparison
+    if views:
+        body += _plan_views(views, shown, mesh)
+    else:
+        body += _ops(report, mesh) + _memory(report.get("memory") or {})
     return report_html(f"shardwise: {report.get('program', 'program')} ({shown})", mesh, body, page)
-
-
-def _explain_arrays(data: Mapping[str, Any], mesh: Mesh) -> str:
-    labels = data.get("device_ids") or None
-    figures = []
-    for k, op in enumerate(data.get("operands", [])):
-        named = {**op, "name": op.get("name") or f"operand {k}"}
-        figures.append(array_figure(named, mesh, "spec", labels=labels))
-    if data.get("local"):
-        local = {**data["local"], "name": "local result"}
-        note = f"partial sums over {'+'.join(local.get('partial', []))}"
-        figures.append(array_figure(local, mesh, "spec", labels=labels, note=note))
-    outputs = data.get("outputs") or ([data["output"]] if data.get("output") else [])
-    for k, out in enumerate(outputs):
-        name = out.get("name") or ("output" if len(outputs) == 1 else f"output {k}")
-        figures.append(array_figure({**out, "name": name}, mesh, "spec", labels=labels))
-    figs = "".join(figures)
-    return f'<section><h2>Arrays on the mesh</h2><div class="arrays">{figs}</div></section>'
-
-
-def _explain_collectives(data: Mapping[str, Any]) -> str:
-    items = []
-    for c in data.get("collectives", []):
-        why = str((c.get("cause") or {}).get("text", ""))
-        where = str(c.get("source") or c.get("hlo_op") or "")
-        items.append(
-            f"<div>{collective_button(c, why, where)}"
-            f'<div class="cause">{_e(why)} <span class="muted">{_e(where)}</span></div></div>'
-        )
-    body = "".join(items) or '<p class="none">none: every device computes its block alone</p>'
-    return f"<section><h2>Collectives (from the compiled HLO) and why</h2>{body}</section>"
-
-
-def _explain_memory(data: Mapping[str, Any]) -> str:
-    memory, compute = data.get("memory") or {}, data.get("compute") or {}
-    values = {f"{k} bytes": memory.get(f"{k}_bytes") for k in MEMORY}
-    rows = [[k, format_bytes(v)] for k, v in values.items() if v is not None]
-    if memory.get("fraction") is not None:
-        rows.append(["of capacity", f"{100 * memory['fraction']:.1f}%"])
-    if compute.get("flops") is not None:
-        rows.append(["flops", f"{compute['flops']:,.0f}"])
-    cells = _table(["per device", ""], "".join(_cells(r) for r in rows))
-    problems = "".join(f"<li>{_e(p)}</li>" for p in data.get("problems", []))
-    problems = f"<h2>Problems</h2><ul>{problems}</ul>" if problems else ""
-    return f"<section><h2>Memory and compute per device</h2>{cells}{problems}</section>"
-
-
-def explanation_report(data: Mapping[str, Any], page: bool = True) -> str:
-    """The report of one explanation (``Explanation.to_json()``) as one self-contained page,
-    or (``page=False``) as one element to embed in a page (a notebook's output)."""
-    mesh = [(str(a), int(n)) for a, n in dict(data["mesh"]).items()]
-    title = str(data.get("equation") or "function")
-    facts = [("mode", str(data.get("mode", ""))), ("axes", str(data.get("axis_type", "")))]
-    body = _header(title, "explained", facts, mesh) + _explain_arrays(data, mesh)
-    body += _explain_collectives(data) + _explain_memory(data)
-    return report_html(f"shardwise explain: {title}", mesh, body, page)
