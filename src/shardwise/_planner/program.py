@@ -20,6 +20,7 @@ from shardwise._errors import ArgumentError, SpecError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile, default_profile, load_profile
 from shardwise._model.spec import Spec, SpecLike
+from shardwise._model.units import format_bytes, parse_bytes
 from shardwise._planner.baselines import NAMES, baseline
 from shardwise._planner.costs import Problem, build_problem, effective_mesh
 from shardwise._planner.evaluate import (
@@ -27,7 +28,9 @@ from shardwise._planner.evaluate import (
     Predicted,
     ProgramVerified,
     memory_constraints,
+    peak_bytes,
     predicted,
+    read,
 )
 from shardwise._planner.graph import Graph, build
 from shardwise._planner.report import ProgramReport, report
@@ -45,6 +48,9 @@ class PlannedLayout:
     layouts: Layouts
     predicted: Predicted
     verified: ProgramVerified | None = None
+    over_budget: bool = False
+    """Whether its predicted peak memory per device is over the plan's budget: only a
+    baseline can be (it is shown, to compare, but never chosen nor run by ``verify``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,9 @@ class ProgramPlan:
             ``tune`` the one that ran fastest on the devices at hand.
         tuned: whether ``tune`` chose by measuring.
         pinned: the inputs ``fixed`` pins, by position.
+        budget: bytes of memory per device the plans were made for (``None``: no limit);
+            every plan of the search fits it, and a baseline that does not is marked
+            :attr:`PlannedLayout.over_budget`.
     """
 
     program: str
@@ -86,6 +95,7 @@ class ProgramPlan:
     chosen_name: str = "search"
     tuned: bool = False
     pinned: tuple[int, ...] = ()
+    budget: int | None = None
 
     @property
     def chosen(self) -> PlannedLayout:
@@ -116,7 +126,7 @@ class ProgramPlan:
         search = self.get("search").in_specs
         keeps = [
             p for p in self.plans
-            if p.verified is not None
+            if p.verified is not None and not p.over_budget
             and all(p.in_specs[k].canonical() == search[k].canonical() for k in self.pinned)
         ]  # fmt: skip
         return min(
@@ -188,6 +198,7 @@ class ProgramPlan:
             "tuned": self.tuned,
             "plans": [self._plan_json(p) for p in self.plans],
             "skipped": [{"name": n, "why": w} for n, w in self.skipped],
+            "budget_bytes": self.budget,
         }
         if any(p.verified for p in self.plans):
             out["spearman"] = self.spearman
@@ -200,6 +211,7 @@ class ProgramPlan:
             "name": plan.name,
             "in_specs": list(jax.tree.unflatten(self.graph.tree, leaves)),
             "predicted": plan.predicted.to_json(),
+            "over_budget": plan.over_budget,
         }
         if plan.verified is not None:
             item["verified"] = plan.verified.to_json()
@@ -247,7 +259,7 @@ def plan(
     *args: Any,
     mesh: Any,
     profile: Profile | str | None = None,
-    budget: int | None = None,
+    budget: int | str | None = None,
     fixed: Mapping[str, SpecLike] | None = None,
     train: bool = False,
     top: int = 5,
@@ -261,7 +273,10 @@ def plan(
         args: arrays or ``jax.ShapeDtypeStruct`` leaves, in any pytrees.
         mesh: a mesh description (``"data=2,model=4"``; it need not exist here) or a ``Mesh``.
         profile: a device profile name or object; default: the devices at hand.
-        budget: bytes of memory per device; plans that need more are refused.
+        budget: memory per device (bytes, or text like ``"16GiB"``): every plan of the
+            search fits it (its predicted peak); a baseline that does not is shown marked
+            over budget and never chosen. Where no plan fits, an :class:`ArgumentError`
+            names the smallest one found.
         fixed: input name → spec, pinned (e.g. ``{"x": "data"}``); names as in the report
             (``x``, ``params['w1']``).
         top: how many of the search's plans to keep: the best, and runners-up that lay out
@@ -274,6 +289,7 @@ def plan(
     >>> p.chosen.name, p.optimal, len(p.plans) > 1
     ('search', True, True)
     """
+    limit = None if budget is None else parse_bytes(budget, "budget")
     spec = MeshSpec.parse(mesh)
     prof = _profile(profile, spec)
     if top < 1:
@@ -286,7 +302,20 @@ def plan(
     plans, skipped = [], []
     full = build_problem(graph, eff, prof)
     searchable = _pinned(graph, full, fixed_specs)
-    searched = best_plans(graph, searchable, eff, budget, top, time_limit)
+
+    set_aside: list[int] = []  # the peaks of the search's plans over the budget
+
+    def fits(problem: Problem, sol: Solution) -> bool:
+        if limit is None:
+            return True
+        peak = peak_bytes(graph, read(graph, problem, sol.choice, eff), eff, prof.platform)
+        if peak > limit and problem is searchable:
+            set_aside.append(peak)
+        return peak <= limit
+
+    searched = best_plans(
+        graph, searchable, eff, limit, top, time_limit, lambda sol: fits(searchable, sol)
+    )
     for k, sol in enumerate(searched):
         name_k = "search" if k == 0 else f"search {k + 1}"
         plans.append(_planned(name_k, graph, searchable, sol, eff, prof))
@@ -296,12 +325,16 @@ def plan(
             skipped.append((base, pins))
             continue
         problem = _pinned(graph, full, pins)
-        limits = memory_constraints(graph, problem, budget, eff) if budget else []
+        limits = [] if limit is None else memory_constraints(graph, problem, limit, eff)
         result = solve(problem, limits, time_limit=time_limit)
-        if result is None:
-            skipped.append((base, "it does not fit the memory budget"))
-            continue
-        plans.append(_planned(base, graph, problem, result, eff, prof))
+        if result is None:  # shown all the same, at its own cheapest, marked over budget
+            result = solve(problem, time_limit=time_limit)
+            assert result is not None  # only constraints make a problem infeasible
+        over = not fits(problem, result)
+        plans.append(_planned(base, graph, problem, result, eff, prof, over_budget=over))
+    if not searched:
+        assert limit is not None  # without a budget the search always finds a plan
+        raise _nothing_fits(name, graph, searchable, eff, prof, plans, set_aside, limit)
     plans.sort(key=lambda p: p.predicted.seconds)
     return ProgramPlan(
         program=name,
@@ -317,6 +350,34 @@ def plan(
         plans=tuple(plans),
         skipped=tuple(skipped),
         pinned=tuple(sorted(fixed_specs)),
+        budget=limit,
+    )
+
+
+def _nothing_fits(
+    name: str,
+    graph: Graph,
+    problem: Problem,
+    mesh: MeshSpec,
+    profile: Profile,
+    baselines: list[PlannedLayout],
+    set_aside: list[int],
+    limit: int,
+) -> ArgumentError:
+    """The error for a budget no plan fits, naming the smallest plan found: one the search
+    set aside, its plan without the budget, or a baseline."""
+    cheapest = solve(problem)
+    assert cheapest is not None  # only constraints make a problem infeasible
+    found = [(p.predicted.memory_bytes, p.name) for p in baselines]
+    found.append((predicted(graph, problem, cheapest.choice, mesh, profile)[1].memory_bytes, ""))
+    found += [(peak, "") for peak in set_aside]
+    need, which = min(found)
+    return ArgumentError(
+        f"no plan of {name} fits in {format_bytes(limit)} ({limit:,} bytes) per device on "
+        f"mesh {mesh.describe()}: the smallest plan found"
+        + (f", {which}," if which else "")
+        + f" needs {format_bytes(need)} ({need:,} bytes). Give a larger budget "
+        "(--device-memory from the command line), a mesh with more devices, or smaller inputs."
     )
 
 
@@ -339,8 +400,14 @@ def _pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem
 
 
 def _planned(
-    name: str, graph: Graph, problem: Problem, sol: Solution, mesh: MeshSpec, profile: Profile
+    name: str,
+    graph: Graph,
+    problem: Problem,
+    sol: Solution,
+    mesh: MeshSpec,
+    profile: Profile,
+    over_budget: bool = False,
 ) -> PlannedLayout:
     layouts, pred = predicted(graph, problem, sol.choice, mesh, profile)
     in_specs = tuple(layouts.specs[v] for v in graph.inputs)
-    return PlannedLayout(name, in_specs, layouts, pred)
+    return PlannedLayout(name, in_specs, layouts, pred, over_budget=over_budget)

@@ -4,13 +4,18 @@ another way."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
-from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
 from shardwise._planner.costs import Problem
 from shardwise._planner.evaluate import memory_constraints
 from shardwise._planner.graph import Graph
 from shardwise._planner.search import Solution, descend, neighbours, solve
+
+TRIES_PAST_TOP = 20
+"""How many more plans than ``top`` the search may find and set aside under a budget because
+their predicted peak (every buffer counted) is over it, though the integer program's memory
+constraints (the fullest program points) let them through."""
 
 
 def best_plans(
@@ -20,31 +25,35 @@ def best_plans(
     budget: int | None,
     top: int,
     time_limit: float,
+    fits: Callable[[Solution], bool] = lambda sol: True,
 ) -> list[Solution]:
     """Up to ``top`` plans of ``problem``, the cheapest first: the search's best, then
     :func:`runners_up`; under a memory ``budget``, each next one by an integer program that
-    excludes the input layouts already found (a local move may break the budget)."""
-    constraints = memory_constraints(graph, problem, budget, mesh) if budget else []
-    first = solve(problem, constraints, time_limit=time_limit)
-    if first is None:
-        raise ArgumentError(
-            f"no plan fits in {budget:,} bytes per device on mesh {mesh.describe()}; give a "
-            "larger budget (--device-memory from the command line) or a larger mesh."
-        )
-    found = [first]
+    excludes the input layouts already found (a local move may break the budget), and only
+    those that ``fits`` (their predicted peak is within the budget): none, where none does.
+
+    A plan set aside leaves the ones after it not proven optimal."""
     inputs = sorted(set(input_vars(graph, problem)))
-    if constraints:
-        # a local move may break a budget: find each next plan by excluding the ones found,
-        # one integer program each
-        exclude = [{v: first.choice[v] for v in inputs}]
-        while len(found) < top:
-            more = solve(problem, constraints, exclude, time_limit)
-            if more is None:
+    if budget is None:
+        first = solve(problem, time_limit=time_limit)
+        assert first is not None  # only constraints make a problem infeasible
+        return [first, *runners_up(problem, inputs, first, top - 1, time_limit)]
+    # a local move may break a budget: find each next plan by excluding the ones found, one
+    # integer program each
+    constraints = memory_constraints(graph, problem, budget, mesh)
+    found: list[Solution] = []
+    exclude: list[dict[int, int]] = []
+    for _ in range(top + TRIES_PAST_TOP):
+        sol = solve(problem, constraints, exclude, time_limit)
+        if sol is None:
+            break
+        exclude.append({v: sol.choice[v] for v in inputs})
+        if fits(sol):
+            proven = sol.optimal and len(exclude) == len(found) + 1
+            found.append(dataclasses.replace(sol, optimal=proven))
+            if len(found) == top:
                 break
-            found.append(more)
-            exclude.append({v: more.choice[v] for v in inputs})
-        return found
-    return found + runners_up(problem, inputs, first, top - 1, time_limit)
+    return found
 
 
 def input_vars(graph: Graph, problem: Problem) -> list[int]:
