@@ -13,10 +13,15 @@ from typing import Any
 from rich.console import Console
 
 from shardwise._errors import ArgumentError
+from shardwise._model.op import MAX_DIMENSION
 from shardwise.render.program import ops_view, plans_view
 
 _ARRAY = re.compile(r"^\s*([a-z]+)(\d+)\[([\d,\s]*)\]\s*$")
 _KINDS = {"f": "float", "bf": "bfloat", "i": "int", "u": "uint"}
+
+MAX_NESTING = 100
+"""The deepest an argument's name may nest (``params.layer.w`` is 3 levels): far past real
+programs, and far from the depth where tracing a pytree runs out of recursion (3000)."""
 
 
 def parse_array(text: str, where: str) -> Any:
@@ -34,17 +39,24 @@ def parse_array(text: str, where: str) -> Any:
         dtype = np.dtype(_KINDS[m.group(1)] + m.group(2)) if m.group(1) != "bf" else "bfloat16"
     except TypeError:
         raise ArgumentError(f"cannot read {where} {text!r}: no dtype {m.group(0)!r}.") from None
-    dims = tuple(int(d) for d in m.group(3).replace(" ", "").split(",") if d)
-    return jax.ShapeDtypeStruct(dims, dtype)
+    digits = [d for d in m.group(3).replace(" ", "").split(",") if d]
+    if any(len(d.lstrip("0")) > len(str(MAX_DIMENSION)) or int(d) > MAX_DIMENSION for d in digits):
+        raise ArgumentError(
+            f"cannot read {where} {text!r}: a size is over {MAX_DIMENSION:,} (2**63 - 1, the "
+            "largest dimension XLA can represent); give smaller sizes."
+        )
+    return jax.ShapeDtypeStruct(tuple(int(d) for d in digits), dtype)
 
 
-def _tree(raw: Any, where: str) -> Any:
+def _tree(raw: Any, where: str, depth: int = 1) -> Any:
     if isinstance(raw, str):
         return parse_array(raw, where)
+    if depth >= MAX_NESTING and isinstance(raw, dict | list):
+        raise _too_deep(where.split(".")[0].split("[")[0])
     if isinstance(raw, dict):
-        return {k: _tree(v, f"{where}.{k}") for k, v in raw.items()}
+        return {k: _tree(v, f"{where}.{k}", depth + 1) for k, v in raw.items()}
     if isinstance(raw, list):
-        return [_tree(v, f"{where}[{k}]") for k, v in enumerate(raw)]
+        return [_tree(v, f"{where}[{k}]", depth + 1) for k, v in enumerate(raw)]
     raise ArgumentError(f"cannot read {where}: {raw!r} is not a shape like f32[256,1024].")
 
 
@@ -79,6 +91,8 @@ def parse_args(items: list[str]) -> list[Any]:
                 raw = json.loads(Path(item).read_text())
             except (OSError, json.JSONDecodeError) as e:
                 raise ArgumentError(f"cannot read the shapes file {item!r}: {e}.") from None
+            except RecursionError:
+                raise _too_deep(item) from None
             if not isinstance(raw, dict):
                 raise ArgumentError(f"{item!r} must hold an object of name → shape.")
             named.update({k: _tree(v, k) for k, v in raw.items()})
@@ -90,11 +104,20 @@ def parse_args(items: list[str]) -> list[Any]:
                 "--args params.w1=f32[1024,4096], or give a JSON file."
             )
         *path, leaf = name.split(".")
+        if len(path) >= MAX_NESTING:
+            raise _too_deep(path[0])
         node = named
         for part in path:
             node = node.setdefault(part, {})
         node[leaf] = parse_array(shape, f"--args {name}")
     return list(named.values())
+
+
+def _too_deep(name: str) -> ArgumentError:
+    return ArgumentError(
+        f"--args {name[:40]!r} nests deeper than {MAX_NESTING} levels; give arguments nested "
+        f"at most {MAX_NESTING} deep (params.w1 is 2)."
+    )
 
 
 def load_function(ref: str) -> Any:
