@@ -316,3 +316,20 @@ def test_launch_checks_its_timeout_in_python_too():
             launch(["true"], 2, timeout=bad)  # inf raised a raw OverflowError
     with pytest.raises(ArgumentTypeError):
         check_timeout(True)
+
+
+def test_memory_over_a_program_is_counted_from_intervals_not_a_table():
+    """10,000 arguments make 30,000 arrays over 30,000 program points: the point × array
+    table of who is alive took 3.7 GB; one interval per array holds the same."""
+    from shardwise._planner.evaluate import _live
+    from shardwise._planner.graph import build
+    from shardwise._planner.models import model
+
+    fn, args = model("transformer", batch=4, seq=16, hidden=32, ffn=64, heads=4, layers=2)
+    graph = build(fn, args)
+    lives = _live(graph)
+    assert lives.first.shape == lives.last.shape == (len(lives.arrays),)
+    table = np.array([lives.alive(t) for t in range(lives.points)])  # the table, built here
+    sizes = np.arange(1, len(lives.arrays) + 1, dtype=np.int64)
+    np.testing.assert_array_equal(lives.totals(sizes), table.astype(np.int64) @ sizes)
+    assert table.any() and not table.all()
