@@ -26,9 +26,7 @@ from typing import Any, TypeAlias
 import jax
 import numpy as np
 
-from shardwise._errors import ArgumentError, ShapeError
-from shardwise._model.op import MAX_DIMENSION
-from shardwise._model.plan import MAX_PROGRAM_BYTES
+from shardwise._errors import ArgumentError
 from shardwise._planner.nodes import Step, Value
 from shardwise._planner.ops import (
     ELEMENTWISE,
@@ -173,32 +171,7 @@ def build(
             _use(graph, out, True)
     for v in graph.inputs:
         graph.last[v] = graph.clock
-    _check_extent(graph, name or "the function")
     return graph
-
-
-def _check_extent(graph: Graph, name: str) -> None:
-    """Refuse a program whose sizes XLA cannot count: a dimension outside 0 to
-    :data:`~shardwise._model.op.MAX_DIMENSION`, or arrays that hold more than
-    :data:`~shardwise._model.plan.MAX_PROGRAM_BYTES` together (as an einsum's operands and
-    output may not)."""
-    for value in graph.values:
-        if any(not 0 <= n <= MAX_DIMENSION for n in value.shape):
-            raise ShapeError(
-                f"{value.name or 'an array'} of {name} has the shape {value.shape}; sizes run "
-                f"from 0 to {MAX_DIMENSION:,} (2**63 - 1, the largest dimension XLA can "
-                "represent). Give smaller shapes."
-            )
-    total = sum(value.nbytes for value in graph.values)
-    if total > MAX_PROGRAM_BYTES:
-        big = max(graph.values, key=lambda value: value.nbytes)
-        raise ShapeError(
-            f"the arrays of {name} hold {total:,} bytes together (the largest, "
-            f"{big.name or 'an intermediate'} {big.dtype}{list(big.shape)}, {big.nbytes:,}), "
-            f"more than one program can address: XLA counts bytes in 64-bit integers, and "
-            f"shardwise keeps a program under {MAX_PROGRAM_BYTES:,} bytes (2**62) so that "
-            "XLA's sums cannot overflow. Give smaller shapes."
-        )
 
 
 def _rank(var: Any) -> int:

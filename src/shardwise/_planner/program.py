@@ -16,26 +16,18 @@ from typing import Any
 
 import jax
 
-from shardwise._errors import ArgumentError, SpecError
+from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
+from shardwise._model.plan import check_program_extent
 from shardwise._model.profile import Profile, default_profile, load_profile
 from shardwise._model.spec import Spec, SpecLike
-from shardwise._model.units import format_bytes, parse_bytes
-from shardwise._planner.baselines import NAMES, baseline
+from shardwise._model.units import parse_bytes
 from shardwise._planner.costs import Problem, build_problem, effective_mesh
-from shardwise._planner.evaluate import (
-    Layouts,
-    Predicted,
-    ProgramVerified,
-    memory_constraints,
-    peak_bytes,
-    predicted,
-    read,
-)
+from shardwise._planner.evaluate import Layouts, Predicted, ProgramVerified, predicted
 from shardwise._planner.graph import Graph, build
 from shardwise._planner.report import ProgramReport, report
 from shardwise._planner.search import TIME_LIMIT_S, Solution, solve
-from shardwise._planner.top import best_plans, input_vars
+from shardwise._planner.top import baselines, best_plans, nothing_fits, peak, pinned
 from shardwise._planner.verify import sharded, tune, verify
 
 
@@ -273,10 +265,9 @@ def plan(
         args: arrays or ``jax.ShapeDtypeStruct`` leaves, in any pytrees.
         mesh: a mesh description (``"data=2,model=4"``; it need not exist here) or a ``Mesh``.
         profile: a device profile name or object; default: the devices at hand.
-        budget: memory per device (bytes, or text like ``"16GiB"``): every plan of the
-            search fits it (its predicted peak); a baseline that does not is shown marked
-            over budget and never chosen. Where no plan fits, an :class:`ArgumentError`
-            names the smallest one found.
+        budget: memory per device (bytes, or text like ``"16GiB"``): the search's plans fit
+            it; a baseline that does not is marked over budget, never chosen. Where no plan
+            fits, an :class:`ArgumentError` names the smallest one found.
         fixed: input name → spec, pinned (e.g. ``{"x": "data"}``); names as in the report
             (``x``, ``params['w1']``).
         top: how many of the search's plans to keep: the best, and runners-up that lay out
@@ -296,45 +287,28 @@ def plan(
         raise ArgumentError(f"top is {top}; give 1 or more plans to keep.")
     name = getattr(fn, "__name__", "program")
     graph = build(train_step(fn) if train else fn, args, name, signature=fn)
+    check_program_extent([(v.name, v.shape, v.dtype) for v in graph.values], name)
     eff = effective_mesh(spec)
     fixed_specs = _fixed(graph, fixed, spec)
     start = time.perf_counter()
-    plans, skipped = [], []
     full = build_problem(graph, eff, prof)
-    searchable = _pinned(graph, full, fixed_specs)
+    searchable = pinned(graph, full, fixed_specs)
 
-    set_aside: list[int] = []  # the peaks of the search's plans over the budget
+    peaks: list[int] = []  # of the search's plans checked against the budget
 
-    def fits(problem: Problem, sol: Solution) -> bool:
-        if limit is None:
-            return True
-        peak = peak_bytes(graph, read(graph, problem, sol.choice, eff), eff, prof.platform)
-        if peak > limit and problem is searchable:
-            set_aside.append(peak)
-        return peak <= limit
+    def fits(sol: Solution) -> bool:
+        peaks.append(peak(graph, searchable, sol, eff, prof))
+        return limit is None or peaks[-1] <= limit
 
-    searched = best_plans(
-        graph, searchable, eff, limit, top, time_limit, lambda sol: fits(searchable, sol)
-    )
-    for k, sol in enumerate(searched):
-        name_k = "search" if k == 0 else f"search {k + 1}"
-        plans.append(_planned(name_k, graph, searchable, sol, eff, prof))
-    for base in NAMES:
-        pins = baseline(base, graph, eff, fixed_specs)
-        if isinstance(pins, str):
-            skipped.append((base, pins))
-            continue
-        problem = _pinned(graph, full, pins)
-        limits = [] if limit is None else memory_constraints(graph, problem, limit, eff)
-        result = solve(problem, limits, time_limit=time_limit)
-        if result is None:  # shown all the same, at its own cheapest, marked over budget
-            result = solve(problem, time_limit=time_limit)
-            assert result is not None  # only constraints make a problem infeasible
-        over = not fits(problem, result)
-        plans.append(_planned(base, graph, problem, result, eff, prof, over_budget=over))
-    if not searched:
-        assert limit is not None  # without a budget the search always finds a plan
-        raise _nothing_fits(name, graph, searchable, eff, prof, plans, set_aside, limit)
+    searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
+    plans = [
+        _planned("search" if k == 0 else f"search {k + 1}", graph, searchable, sol, eff, prof)
+        for k, sol in enumerate(searched)
+    ]
+    solved, skipped = baselines(graph, full, eff, prof, fixed_specs, limit, time_limit)
+    plans += [_planned(b, graph, pb, sol, eff, prof, over) for b, pb, sol, over in solved]
+    if not searched:  # under a budget only: the search always finds a plan without one
+        raise _nothing_fits(name, graph, searchable, eff, prof, plans, peaks, limit)
     plans.sort(key=lambda p: p.predicted.seconds)
     return ProgramPlan(
         program=name,
@@ -360,44 +334,18 @@ def _nothing_fits(
     problem: Problem,
     mesh: MeshSpec,
     profile: Profile,
-    baselines: list[PlannedLayout],
-    set_aside: list[int],
-    limit: int,
+    shown: list[PlannedLayout],
+    peaks: list[int],
+    limit: int | None,
 ) -> ArgumentError:
-    """The error for a budget no plan fits, naming the smallest plan found: one the search
-    set aside, its plan without the budget, or a baseline."""
-    cheapest = solve(problem)
+    """:func:`~shardwise._planner.top.nothing_fits`, naming the smallest of the baselines
+    ``shown``, the search's plans set aside (their ``peaks``) and its plan without the budget."""
+    assert limit is not None
+    cheapest = solve(problem)  # without the budget
     assert cheapest is not None  # only constraints make a problem infeasible
-    found = [(p.predicted.memory_bytes, p.name) for p in baselines]
-    found.append((predicted(graph, problem, cheapest.choice, mesh, profile)[1].memory_bytes, ""))
-    found += [(peak, "") for peak in set_aside]
-    need, which = min(found)
-    return ArgumentError(
-        f"no plan of {name} fits in {format_bytes(limit)} ({limit:,} bytes) per device on "
-        f"mesh {mesh.describe()}: the smallest plan found"
-        + (f", {which}," if which else "")
-        + f" needs {format_bytes(need)} ({need:,} bytes). Give a larger budget "
-        "(--device-memory from the command line), a mesh with more devices, or smaller inputs."
-    )
-
-
-def _pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem:
-    """``problem`` with the inputs in ``pins`` fixed to their specs."""
-    keep: dict[int, list[int]] = {}
-    variables = input_vars(graph, problem)  # once: per pin, 10,000 inputs took 426 s
-    for k, spec in pins.items():
-        root = graph.find(graph.inputs[k])
-        var = variables[k]
-        if var in keep:
-            continue
-        choices = problem.choices[var]
-        if spec not in choices:
-            raise SpecError(
-                f"{graph.names[k]} cannot be laid out as {spec.describe()} on this mesh: its "
-                f"shape {graph.values[root].shape} does not divide."
-            )
-        keep[var] = [choices.index(spec)]
-    return problem.restrict(keep)
+    found = [(p.predicted.memory_bytes, p.name) for p in shown]
+    found += [(need, "") for need in (*peaks, peak(graph, problem, cheapest, mesh, profile))]
+    return nothing_fits(name, mesh, limit, found)
 
 
 def _planned(

@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import errno
-import math
 import os
 import signal
 import subprocess
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
-from shardwise._errors import ArgumentError, ArgumentTypeError, DistributedError
+from shardwise._errors import DistributedError
 from shardwise._runtime.distributed import (
     ENV_COORDINATOR,
     ENV_COORDINATOR_BIND,
@@ -44,6 +43,7 @@ from shardwise._runtime.distributed import (
     join_address,
     split_address,
 )
+from shardwise._runtime.timing import check_seconds
 
 NOISE = ("[Gloo]", "peer ranks. Expected number of connected peer ranks")
 """What the native collectives library prints to standard output (from several threads at
@@ -293,28 +293,6 @@ MAX_TIMEOUT_S = 86_400.0
 runtime, and a process silent for longer than a day is lost, not slow."""
 
 
-def check_timeout(timeout: float) -> float:
-    """``timeout`` if it is a number of seconds from 1 to :data:`MAX_TIMEOUT_S`.
-
-    >>> check_timeout(30.0)
-    30.0
-    >>> check_timeout(float("inf"))
-    Traceback (most recent call last):
-    shardwise._errors.ArgumentError: --timeout inf is not a number of seconds from 1 to 86400: ...
-    """
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise ArgumentTypeError(
-            f"the timeout is {type(timeout).__name__} {timeout!r}; give seconds, e.g. 30."
-        )
-    if not (math.isfinite(timeout) and 1 <= timeout <= MAX_TIMEOUT_S):
-        raise ArgumentError(
-            f"--timeout {timeout!r} is not a number of seconds from 1 to {MAX_TIMEOUT_S:.0f}: "
-            "give how long the others may take after one process ends (and a silent process "
-            "may stay silent), e.g. --timeout 30."
-        )
-    return float(timeout)
-
-
 def launch(
     command: Sequence[str],
     processes: int,
@@ -341,7 +319,7 @@ def launch(
     """
     if processes < 1:
         raise DistributedError(f"-n {processes}: at least one process is needed.")
-    check_timeout(timeout)
+    check_seconds(timeout, "--timeout", 1.0, MAX_TIMEOUT_S)
     if not command:
         raise DistributedError(
             "no command to launch; give one after --, e.g. "
