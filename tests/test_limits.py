@@ -158,7 +158,7 @@ def test_dtypes_jax_does_not_compute_in(command, dtype):
     args = [command, "nd,nd->n", "--shapes", "8x4,8x4", "--mesh", "x=2", "--dtype", dtype]
     code, out = cli(*args, *(["--profile", "h100"] if command == "plan" else []))
     assert code == 2 and "dtype" in out, out
-    assert np.dtype(dtype).name in out or np.dtype(dtype).str in out
+    assert repr(dtype) in out or np.dtype(dtype).name in out or np.dtype(dtype).str in out
 
 
 # 12. the Python API: operands that are not arrays, in_specs and precision
@@ -235,3 +235,103 @@ def test_an_einsum_of_one_operand_takes_its_one_spec():
     for spec in (P("x"), "x"):
         out = shardwise.einsum("nd->n", A, mesh="x=2", in_specs=spec)
         np.testing.assert_allclose(np.asarray(out), A.sum(1))
+
+
+# 13. budgets, timeouts and programs at their bounds
+
+
+def test_parse_bytes_refuses_sizes_no_machine_holds_and_takes_numpy_integers():
+    assert parse_bytes(np.int64(4096)) == 4096 and parse_bytes(2**63 - 1) == 2**63 - 1
+    for bad in (2**63, 10**400, "1e19", "9EiB"):  # 10**400 raised a raw OverflowError
+        with pytest.raises(ArgumentError, match="the budget"):
+            parse_bytes(bad, "the budget")
+
+
+def test_pinning_inputs_reads_their_variables_once_per_problem(monkeypatch):
+    """10,000 inputs took 426 s: every baseline pins every input, and each pin read every
+    input's variable again (quadratic)."""
+    from shardwise._planner import top
+
+    calls = []
+    real = top.input_vars
+    monkeypatch.setattr(top, "input_vars", lambda *a: calls.append(1) or real(*a))
+    S = jax.ShapeDtypeStruct
+    args = {f"w{k}": S((8, 8), "float32") for k in range(40)}
+    fixed = {f"params['w{k}']": "x" for k in range(40)}
+
+    def f(params):
+        return sum(w.sum() for w in params.values())
+
+    shardwise.plan(f, args, mesh="x=8", profile="cpu-2core", top=1, fixed=fixed)
+    # once per problem pinned (the search's and each baseline's), and once for the search
+    assert len(calls) <= 2 + len(top.NAMES), len(calls)
+
+
+def _plan_function(tmp_path, *args):
+    src = tmp_path / "prog.py"
+    src.write_text("def f(x):\n    return x\n")
+    return cli("plan", "--function", f"{src}:f", *args, "--mesh", "x=8", "--profile", "cpu-2core")
+
+
+@pytest.mark.parametrize("size", [str(2**63), str(2**64), "9" * 5000])
+def test_args_dimensions_past_what_xla_represents(tmp_path, size):
+    code, out = _plan_function(tmp_path, "--args", f"x=f32[{size}]")
+    assert code == 2 and "2**63 - 1" in out and "--args x" in out, out
+
+
+def test_args_nested_deeper_than_a_program_can_be_traced(tmp_path):
+    deep = ".".join(["a"] * 3000)  # a RecursionError in tracing, said as a bug
+    code, out = _plan_function(tmp_path, "--args", f"{deep}=f32[4]")
+    assert code == 2 and "nests deeper than 100 levels" in out, out
+    (tmp_path / "deep.json").write_text('{"x": ' + '{"a": ' * 3000 + '"f32[4]"' + "}" * 3001)
+    code, out = _plan_function(tmp_path, "--args", str(tmp_path / "deep.json"))
+    assert code == 2 and "nests deeper than 100 levels" in out, out
+    code, out = _plan_function(tmp_path, "--args", ".".join(["a"] * 100) + "=f32[8]", "--top", "1")
+    assert code == 0, out
+
+
+def test_programs_past_what_xla_can_address_are_refused_before_planning(tmp_path):
+    S = jax.ShapeDtypeStruct
+    half = S((2**61,), "float32")  # 2**63 bytes each: the memory curve overflowed int64
+    with pytest.raises(ShapeError, match=r"2\*\*62"):
+        shardwise.plan(lambda a, b: a * b, half, half, mesh="x=8", profile="cpu-2core", top=1)
+    for shape in [(2**63,), (-1,)]:
+        with pytest.raises(ShapeError, match=r"2\*\*63 - 1"):
+            shardwise.plan(lambda a: a * 2, S(shape, "float32"), mesh="x=8", profile="cpu-2core")
+    code, out = _plan_function(tmp_path, "--args", f"x=f32[{2**62},4]")
+    assert code == 2 and "more than one program can address" in out, out
+
+
+@pytest.mark.parametrize("timeout", ["inf", "nan", "-1", "0", "1e9"])
+def test_launch_refuses_timeouts_that_are_not_seconds(timeout):
+    code, out = cli("launch", "--timeout", timeout, "-n", "2", "--", "true")
+    assert code == 2 and "--timeout" in out, out
+
+
+def test_launch_checks_its_timeout_in_python_too():
+    from shardwise._runtime.launch import launch
+    from shardwise._runtime.timing import check_seconds
+
+    assert check_seconds(1, "t", 1, 86_400) == 1.0 and check_seconds(86_400, "t", 1, 86_400)
+    for bad in (float("inf"), float("nan"), -1.0, 0.5, 86_401):
+        with pytest.raises(ArgumentError, match="from 1 to 86400"):
+            launch(["true"], 2, timeout=bad)  # inf raised a raw OverflowError
+    with pytest.raises(ArgumentTypeError):
+        launch(["true"], 2, timeout=True)  # type: ignore[arg-type]
+
+
+def test_memory_over_a_program_is_counted_from_intervals_not_a_table():
+    """10,000 arguments make 30,000 arrays over 30,000 program points: the point × array
+    table of who is alive took 3.7 GB; one interval per array holds the same."""
+    from shardwise._planner.evaluate import _live
+    from shardwise._planner.graph import build
+    from shardwise._planner.models import model
+
+    fn, args = model("transformer", batch=4, seq=16, hidden=32, ffn=64, heads=4, layers=2)
+    graph = build(fn, args)
+    lives = _live(graph)
+    assert lives.first.shape == lives.last.shape == (len(lives.arrays),)
+    table = np.array([lives.alive(t) for t in range(lives.points)])  # the table, built here
+    sizes = np.arange(1, len(lives.arrays) + 1, dtype=np.int64)
+    np.testing.assert_array_equal(lives.totals(sizes), table.astype(np.int64) @ sizes)
+    assert table.any() and not table.all()

@@ -148,9 +148,62 @@ def test_a_budget_that_forbids_replicated_weights_rediscovers_megatron():
     plan = shardwise.plan(loss, *args, mesh="model=8", profile=CPU, budget=weights, train=True)
     chosen = plan.chosen
     assert chosen.predicted.memory_bytes <= weights
-    assert ("replicated", "it does not fit the memory budget") in plan.skipped
+    replicated = plan.get("replicated")  # shown to compare, marked
+    assert replicated.over_budget and replicated.predicted.memory_bytes > weights
     assert [s.describe() for s in chosen.in_specs[:2]] == ["-,model", "model"]
     assert chosen.in_specs[:2] == plan.get("megatron").in_specs[:2]
+
+
+def test_every_plan_returned_fits_the_budget_or_is_a_baseline_marked_over_it():
+    fn, args = model("mlp", batch=256, hidden=1024, ffn=4096)  # the command line's defaults
+    budget = 7016284  # 4 of 12 plans, runners-up and baselines, were over it, unmarked
+    plan = shardwise.plan(fn, *args, mesh="x=2,y=4", profile=CPU, budget=budget, top=10)
+    searched = [p for p in plan.plans if p.name.startswith("search")]
+    assert len(searched) == 10
+    assert all(p.predicted.memory_bytes <= budget for p in searched)
+    for p in plan.plans:
+        assert p.over_budget is (p.predicted.memory_bytes > budget), p.name
+    over = [p.name for p in plan.plans if p.over_budget]
+    assert set(over) == {"replicated", "data-parallel", "data×tensor"}
+    assert plan.budget == budget and not plan.chosen.over_budget
+    out = plan.to_json()
+    assert out["budget_bytes"] == budget
+    assert [p["name"] for p in out["plans"] if p["over_budget"]] == over
+    text = " ".join(str(plan).split())
+    assert f"over budget {', '.join(over)}: predicted to need more than the budget" in text
+    assert "(over budget)" in plan.to_html()
+    free = shardwise.plan(fn, *args, mesh="x=2,y=4", profile=CPU, top=1)
+    assert free.budget is None and not any(p.over_budget for p in free.plans)
+    assert free.to_json()["budget_bytes"] is None
+
+
+@pytest.mark.parametrize("budget", [0, -1, float("nan"), float("inf"), True, "garbage", 2**63])
+def test_plan_reads_its_budget_as_plan_einsum_does(budget):
+    fn, args = _mlp_args()
+    with pytest.raises(shardwise.ArgumentError, match="budget"):  # 0 and nan were ignored
+        shardwise.plan(fn, *args, mesh="x=8", profile=CPU, budget=budget, top=1)
+
+
+def test_plan_takes_a_budget_as_text():
+    fn, args = _mlp_args()
+    given = shardwise.plan(fn, *args, mesh="x=8", profile=CPU, budget="64KiB", top=1)
+    assert given.budget == 65536 and given.to_json()["budget_bytes"] == 65536
+
+
+def test_a_budget_no_plan_fits_names_the_smallest_plan_and_the_budget():
+    fn, args = _mlp_args()
+    free = shardwise.plan(fn, *args, mesh="x=8", profile=CPU, top=1)
+    smallest = min(p.predicted.memory_bytes for p in free.plans)
+    with pytest.raises(shardwise.ArgumentError) as e:
+        shardwise.plan(fn, *args, mesh="x=8", profile=CPU, budget="1KiB", top=1)
+    said = str(e.value)
+    assert "fits in 1.0 KiB (1,024 bytes) per device on mesh x=8" in said, said
+    assert f"({smallest:,} bytes)" in said and "--device-memory" in said, said
+    r = runner.invoke(app, ["plan", "--model", "mlp", "--batch", "64", "--hidden", "32",
+                            "--ffn", "64", "--mesh", "x=8", "--profile", "cpu-2core",
+                            "--device-memory", "1KiB"])  # fmt: skip
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"({smallest:,} bytes)" in " ".join(r.output.split()), r.output
 
 
 def test_training_step_plans_run_and_equal_the_unsharded_step():
@@ -197,7 +250,10 @@ def test_cli_plan_function_reads_args(tmp_path):
     assert "search" in r.output
     bad = runner.invoke(app, ["plan", "--function", f"{src}:f", "--args", "x=float[64]",
                               "--mesh", "x=8", "--profile", "cpu-2core"])  # fmt: skip
-    assert bad.exit_code == 2 and "f32[256,1024]" in bad.output
+    assert bad.exit_code == 2 and "'float' is not a dtype (did you mean `float64`?)" in bad.output
+    shapeless = runner.invoke(app, ["plan", "--function", f"{src}:f", "--args", "x=64",
+                                    "--mesh", "x=8", "--profile", "cpu-2core"])  # fmt: skip
+    assert shapeless.exit_code == 2 and "f32[256,1024]" in shapeless.output
     none = runner.invoke(app, ["plan", "--mesh", "x=8"])
     assert none.exit_code == 2 and "--model mlp" in none.output
 

@@ -69,6 +69,26 @@ def test_tune_keeps_the_search_plan_where_it_ran_fastest(monkeypatch):
     assert "chosen: search, the plan that ran fastest when tuned" in str(tuned)
 
 
+def test_a_plan_over_the_budget_is_neither_run_nor_chosen(monkeypatch):
+    fn, args = model("mlp", batch=64, hidden=32, ffn=64)
+    budget = 25000  # under replicated's 29,696 bytes per device, over the search's 22,528
+    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, budget=budget, top=2)
+    assert plan.get("replicated").over_budget
+    ran = []
+
+    def alternate(runners, *a, **k):  # the replicated plan would have run fastest
+        ran.extend(runners)
+        return {n: 0.5 if n == "replicated" else 1.0 + (n != "search") for n in runners}
+
+    monkeypatch.setattr(verify, "alternate", alternate)
+    tuned = plan.tune(repeat=1)
+    assert "replicated" not in ran and tuned.get("replicated").verified is None
+    assert tuned.chosen_name == "search" and not tuned.chosen.over_budget
+    assert tuned.fastest_measured() is tuned.get("search")
+    assert all(p.verified is not None for p in tuned.plans if not p.over_budget)
+    assert tuned.spearman is not None or len(ran) < 3
+
+
 def _fake(monkeypatch, fastest):
     def alternate(runners, *a, **k):
         return {n: 0.5 if n == fastest else 2.0 for n in runners}

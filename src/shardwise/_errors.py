@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import difflib
 import enum
+import functools
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 T = TypeVar("T")
 
@@ -209,3 +210,24 @@ def renamed_argument(
         stacklevel=3,
     )
     return old_value
+
+
+def as_users(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn``, whose exceptions while shardwise traces it (and ``sys.exit``) are raised as
+    the user's own, with where in their code: a :class:`UserCodeError` from the original.
+    shardwise's own errors (``fn`` may call shardwise) pass unchanged."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ShardwiseError:
+            raise
+        except (Exception, SystemExit) as e:
+            fix = (
+                "Planning traces the function once with abstract arrays of the arguments' "
+                "shapes: fix the function, or the shapes it was given."
+            )
+            raise user_code_error(e, f"your function {name!r}", "traced", fix) from e
+
+    return call

@@ -26,7 +26,7 @@ from shardwise._errors import (
     renamed_argument,
 )
 from shardwise._model.mesh import MeshSpec
-from shardwise._model.op import Op, as_shapes
+from shardwise._model.op import MAX_DIMENSION, Op, as_shapes
 from shardwise._model.spec import Layout, LayoutLike, Spec, SpecLike
 
 Mode: TypeAlias = Literal["auto", "manual"]
@@ -58,6 +58,35 @@ def check_extent(op: Op, shapes: Sequence[Sequence[int]], dtype: Any) -> None:
             f"can address: XLA counts bytes in 64-bit integers, and shardwise keeps a program "
             f"under {MAX_PROGRAM_BYTES:,} bytes (2**62) so that XLA's sums cannot overflow. "
             "Use smaller shapes, or shardwise.stream to run the einsum a chunk at a time."
+        )
+
+
+def check_program_extent(arrays: Sequence[tuple[str, tuple[int, ...], str]], name: str) -> None:
+    """Refuse a program whose sizes XLA cannot count: of its ``arrays`` (name, shape, dtype),
+    a dimension outside 0 to :data:`~shardwise._model.op.MAX_DIMENSION`, or more than
+    :data:`MAX_PROGRAM_BYTES` together (as an einsum's operands and output may not).
+
+    >>> check_program_extent([("x", (2**61,), "float32")], "f")
+    Traceback (most recent call last):
+    shardwise._errors.ShapeError: the arrays of f hold 9,223,372,036,854,775,808 bytes ...
+    """
+    for label, shape, _ in arrays:
+        if any(not 0 <= n <= MAX_DIMENSION for n in shape):
+            raise ShapeError(
+                f"{label or 'an array'} of {name} has the shape {shape}; sizes run from 0 to "
+                f"{MAX_DIMENSION:,} (2**63 - 1, the largest dimension XLA can represent). Give "
+                "smaller shapes."
+            )
+    sizes = [math.prod(shape) * jnp.dtype(dtype).itemsize for _, shape, dtype in arrays]
+    if sum(sizes) > MAX_PROGRAM_BYTES:
+        big = max(range(len(arrays)), key=sizes.__getitem__)
+        label, shape, dtype = arrays[big]
+        raise ShapeError(
+            f"the arrays of {name} hold {sum(sizes):,} bytes together (the largest, "
+            f"{label or 'an intermediate'} {dtype}{list(shape)}, {sizes[big]:,}), more than "
+            "one program can address: XLA counts bytes in 64-bit integers, and shardwise "
+            f"keeps a program under {MAX_PROGRAM_BYTES:,} bytes (2**62) so that XLA's sums "
+            "cannot overflow. Give smaller shapes."
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Sequence
 
@@ -25,21 +26,27 @@ _UNITS = {
     "t": 2**40,
 }
 
+MAX_BYTES = 2**63 - 1
+"""The largest size :func:`parse_bytes` accepts (8 EiB, past any machine's memory): a size is
+a signed 64-bit count in XLA and in the integer programs a budget constrains."""
+
 
 def parse_bytes(text: str | int | float, what: str = "the size") -> int:
-    """Bytes in ``text``, a size of at least one byte (a budget, a capacity).
+    """Bytes in ``text``, a size of at least one byte (a budget, a capacity): the one reader of
+    every size a user gives, in Python (an int, a float, or text) or on the command line.
 
-    >>> parse_bytes("16GiB"), parse_bytes("2 GB"), parse_bytes("1e6")
-    (17179869184, 2000000000, 1000000)
+    >>> parse_bytes("16GiB"), parse_bytes("2 GB"), parse_bytes("1e6"), parse_bytes(4096)
+    (17179869184, 2000000000, 1000000, 4096)
     >>> parse_bytes("0", "--budget")
     Traceback (most recent call last):
     shardwise._errors.ArgumentError: --budget '0' is 0 bytes; it must be at least 1 byte: ...
 
     Raises:
-        ArgumentError: for text that is not a size, or a size below one byte.
-        ArgumentTypeError: for anything but text or a number.
+        ArgumentError: for text that is not a size, or a size below one byte or above
+            :data:`MAX_BYTES`, or not finite.
+        ArgumentTypeError: for anything but text or a number (``True`` included).
     """
-    if isinstance(text, bool) or not isinstance(text, str | int | float):
+    if isinstance(text, bool) or not isinstance(text, str | numbers.Real):
         raise ArgumentTypeError(
             f"{what} is {type(text).__name__} {text!r}; give a number of bytes or text like 16GiB."
         )
@@ -51,10 +58,19 @@ def parse_bytes(text: str | int | float, what: str = "the size") -> int:
                 f"cannot read {what} {text!r}: write a number and a unit, e.g. 16GiB, 2GB or "
                 "500MiB (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)."
             )
-        value = float(m.group(1)) * _UNITS[unit]
-    else:
-        value = text
-    if not math.isfinite(value) or value < 1:
+        value: float = float(m.group(1)) * _UNITS[unit]
+    else:  # an int of any size is compared as an int: a float cannot hold 10**400
+        value = int(text) if isinstance(text, numbers.Integral) else float(text)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ArgumentError(
+            f"{what} {text!r} is not a finite number; give a positive size, e.g. 16GiB."
+        )
+    if value > MAX_BYTES:
+        raise ArgumentError(
+            f"{what} {_shown(text)} is more than 8 EiB (2**63 - 1 bytes), more than any machine "
+            "holds; give a size such as 16GiB."
+        )
+    if value < 1:
         raise ArgumentError(
             f"{what} {text!r} is {_amount(value)}; it must be at least 1 byte: give a "
             "positive size, e.g. 16GiB."
@@ -62,9 +78,13 @@ def parse_bytes(text: str | int | float, what: str = "the size") -> int:
     return int(value)
 
 
+def _shown(text: object) -> str:
+    """``repr(text)``, its middle cut out past 40 characters (an int of 400 digits)."""
+    shown = repr(text)
+    return shown if len(shown) <= 40 else f"{shown[:18]}…{shown[-18:]} ({len(shown)} characters)"
+
+
 def _amount(value: float) -> str:
-    if not math.isfinite(value):
-        return "not a finite number"
     return f"{value:g} bytes" if value >= 0 else "negative"
 
 

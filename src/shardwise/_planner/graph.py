@@ -151,7 +151,7 @@ def build(
     shapes = [jax.tree.map(abstract, a) for a in args]
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*shapes)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise ArgumentError(
             f"cannot trace {name or 'the function'} with these arguments: {e}"
         ) from None

@@ -8,7 +8,6 @@ and puts the named baselines (:mod:`~shardwise._planner.baselines`) beside it. T
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -17,24 +16,19 @@ from typing import Any
 
 import jax
 
-from shardwise._errors import ArgumentError, ShardwiseError, SpecError, user_code_error
+from shardwise._errors import ArgumentError, as_users
 from shardwise._model.mesh import MeshSpec
+from shardwise._model.plan import check_program_extent
 from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import Spec, SpecLike
-from shardwise._planner.baselines import NAMES, baseline
+from shardwise._model.units import parse_bytes
 from shardwise._planner.costs import Problem, build_problem, effective_mesh
-from shardwise._planner.evaluate import (
-    Layouts,
-    Predicted,
-    ProgramVerified,
-    memory_constraints,
-    predicted,
-)
+from shardwise._planner.evaluate import Layouts, Predicted, ProgramVerified, predicted
 from shardwise._planner.graph import Graph, build
 from shardwise._planner.report import ProgramReport, report
 from shardwise._planner.search import TIME_LIMIT_S, Solution, solve
-from shardwise._planner.top import best_plans, input_vars
+from shardwise._planner.top import baselines, best_plans, nothing_fits, peak, pinned
 from shardwise._planner.verify import sharded, tune, verify
 
 
@@ -47,6 +41,9 @@ class PlannedLayout:
     layouts: Layouts
     predicted: Predicted
     verified: ProgramVerified | None = None
+    over_budget: bool = False
+    """Whether its predicted peak memory per device is over the plan's budget: only a
+    baseline can be (it is shown, to compare, but never chosen nor run by ``verify``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +67,9 @@ class ProgramPlan:
             ``tune`` the one that ran fastest on the devices at hand.
         tuned: whether ``tune`` chose by measuring.
         pinned: the inputs ``fixed`` pins, by position.
+        budget: bytes of memory per device the plans were made for (``None``: no limit);
+            every plan of the search fits it, and a baseline that does not is marked
+            :attr:`PlannedLayout.over_budget`.
     """
 
     program: str
@@ -88,6 +88,7 @@ class ProgramPlan:
     chosen_name: str = "search"
     tuned: bool = False
     pinned: tuple[int, ...] = ()
+    budget: int | None = None
 
     @property
     def chosen(self) -> PlannedLayout:
@@ -118,7 +119,7 @@ class ProgramPlan:
         search = self.get("search").in_specs
         keeps = [
             p for p in self.plans
-            if p.verified is not None
+            if p.verified is not None and not p.over_budget
             and all(p.in_specs[k].canonical() == search[k].canonical() for k in self.pinned)
         ]  # fmt: skip
         return min(
@@ -206,6 +207,7 @@ class ProgramPlan:
             "tuned": self.tuned,
             "plans": [self._plan_json(p) for p in self.plans],
             "skipped": [{"name": n, "why": w} for n, w in self.skipped],
+            "budget_bytes": self.budget,
         }
         if any(p.verified for p in self.plans):
             out["spearman"] = self.spearman
@@ -218,6 +220,7 @@ class ProgramPlan:
             "name": plan.name,
             "in_specs": list(jax.tree.unflatten(self.graph.tree, leaves)),
             "predicted": plan.predicted.to_json(),
+            "over_budget": plan.over_budget,
         }
         if plan.verified is not None:
             item["verified"] = plan.verified.to_json()
@@ -265,7 +268,7 @@ def plan(
     *args: Any,
     mesh: Any,
     profile: Profile | str | None = None,
-    budget: int | None = None,
+    budget: int | str | None = None,
     fixed: Mapping[str, SpecLike] | None = None,
     train: bool = False,
     top: int = 5,
@@ -279,14 +282,15 @@ def plan(
         args: arrays or ``jax.ShapeDtypeStruct`` leaves, in any pytrees.
         mesh: a mesh description (``"data=2,model=4"``; it need not exist here) or a ``Mesh``.
         profile: a device profile name or object; default: the devices at hand.
-        budget: bytes of memory per device; plans that need more are refused.
+        budget: memory per device (bytes, or text like ``"16GiB"``): the search's plans fit
+            it; a baseline that does not is marked over budget, never chosen. Where no plan
+            fits, an :class:`ArgumentError` names the smallest one found.
         fixed: input name → spec, pinned (e.g. ``{"x": "data"}``); names as in the report
             (``x``, ``params['w1']``).
         top: how many of the search's plans to keep: the best, and runners-up that lay out
             some input another way (each one's inputs differ).
 
-    Raises:
-        UserCodeError: ``fn`` raised (the ``__cause__``) while it was traced; says where.
+    What ``fn`` raises while traced comes back as a :class:`UserCodeError` that says where.
 
     >>> import jax.numpy as jnp
     >>> S = jax.ShapeDtypeStruct
@@ -295,35 +299,33 @@ def plan(
     >>> p.chosen.name, p.optimal, len(p.plans) > 1
     ('search', True, True)
     """
+    limit = None if budget is None else parse_bytes(budget, "budget")
     spec = MeshSpec.parse(mesh)
     prof = _profile(profile, spec)
     if top < 1:
         raise ArgumentError(f"top is {top}; give 1 or more plans to keep.")
-    name = getattr(fn, "__name__", "program")
-    traced = _as_users(fn, name)  # what fn raises is the user's, said as such
-    graph = build(train_step(traced) if train else traced, args, name, signature=fn)
+    name, graph = _traced(fn, args, train)
     eff = effective_mesh(spec)
     fixed_specs = _fixed(graph, fixed, spec)
     start = time.perf_counter()
-    plans, skipped = [], []
     full = build_problem(graph, eff, prof)
-    searchable = _pinned(graph, full, fixed_specs)
-    searched = best_plans(graph, searchable, eff, budget, top, time_limit)
-    for k, sol in enumerate(searched):
-        name_k = "search" if k == 0 else f"search {k + 1}"
-        plans.append(_planned(name_k, graph, searchable, sol, eff, prof))
-    for base in NAMES:
-        pins = baseline(base, graph, eff, fixed_specs)
-        if isinstance(pins, str):
-            skipped.append((base, pins))
-            continue
-        problem = _pinned(graph, full, pins)
-        limits = memory_constraints(graph, problem, budget, eff) if budget else []
-        result = solve(problem, limits, time_limit=time_limit)
-        if result is None:
-            skipped.append((base, "it does not fit the memory budget"))
-            continue
-        plans.append(_planned(base, graph, problem, result, eff, prof))
+    searchable = pinned(graph, full, fixed_specs)
+
+    peaks: list[int] = []  # of the search's plans checked against the budget
+
+    def fits(sol: Solution) -> bool:
+        peaks.append(peak(graph, searchable, sol, eff, prof))
+        return limit is None or peaks[-1] <= limit
+
+    searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
+    plans = [
+        _planned("search" if k == 0 else f"search {k + 1}", graph, searchable, sol, eff, prof)
+        for k, sol in enumerate(searched)
+    ]
+    solved, skipped = baselines(graph, full, eff, prof, fixed_specs, limit, time_limit)
+    plans += [_planned(b, graph, pb, sol, eff, prof, over) for b, pb, sol, over in solved]
+    if not searched:  # under a budget only: the search always finds a plan without one
+        raise _nothing_fits(name, graph, searchable, eff, prof, plans, peaks, limit)
     plans.sort(key=lambda p: p.predicted.seconds)
     return ProgramPlan(
         program=name,
@@ -339,51 +341,49 @@ def plan(
         plans=tuple(plans),
         skipped=tuple(skipped),
         pinned=tuple(sorted(fixed_specs)),
+        budget=limit,
     )
 
 
-def _as_users(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """``fn``, whose exceptions while shardwise traces it (and ``sys.exit``) are raised as
-    the user's own, with where in their code: a :class:`UserCodeError` from the original.
-    shardwise's own errors (``fn`` may call shardwise) pass unchanged."""
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except ShardwiseError:
-            raise
-        except (Exception, SystemExit) as e:
-            fix = (
-                "Planning traces the function once with abstract arrays of the arguments' "
-                "shapes: fix the function, or the shapes it was given."
-            )
-            raise user_code_error(e, f"your function {name!r}", "traced", fix) from e
-
-    return call
+def _traced(fn: Callable[..., Any], args: Any, train: bool) -> tuple[str, Graph]:
+    """The program's name and graph (of its training step with ``train``): what ``fn`` raises
+    is the user's, said as such; a program past what XLA can count is refused."""
+    name = getattr(fn, "__name__", "program")
+    traced = as_users(fn, name)
+    graph = build(train_step(traced) if train else traced, args, name, signature=fn)
+    check_program_extent([(v.name, v.shape, v.dtype) for v in graph.values], name)
+    return name, graph
 
 
-def _pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem:
-    """``problem`` with the inputs in ``pins`` fixed to their specs."""
-    keep: dict[int, list[int]] = {}
-    for k, spec in pins.items():
-        root = graph.find(graph.inputs[k])
-        var = input_vars(graph, problem)[k]
-        if var in keep:
-            continue
-        choices = problem.choices[var]
-        if spec not in choices:
-            raise SpecError(
-                f"{graph.names[k]} cannot be laid out as {spec.describe()} on this mesh: its "
-                f"shape {graph.values[root].shape} does not divide."
-            )
-        keep[var] = [choices.index(spec)]
-    return problem.restrict(keep)
+def _nothing_fits(
+    name: str,
+    graph: Graph,
+    problem: Problem,
+    mesh: MeshSpec,
+    profile: Profile,
+    shown: list[PlannedLayout],
+    peaks: list[int],
+    limit: int | None,
+) -> ArgumentError:
+    """:func:`~shardwise._planner.top.nothing_fits`, naming the smallest of the baselines
+    ``shown``, the search's plans set aside (their ``peaks``) and its plan without the budget."""
+    assert limit is not None
+    cheapest = solve(problem)  # without the budget
+    assert cheapest is not None  # only constraints make a problem infeasible
+    found = [(p.predicted.memory_bytes, p.name) for p in shown]
+    found += [(need, "") for need in (*peaks, peak(graph, problem, cheapest, mesh, profile))]
+    return nothing_fits(name, mesh, limit, found)
 
 
 def _planned(
-    name: str, graph: Graph, problem: Problem, sol: Solution, mesh: MeshSpec, profile: Profile
+    name: str,
+    graph: Graph,
+    problem: Problem,
+    sol: Solution,
+    mesh: MeshSpec,
+    profile: Profile,
+    over_budget: bool = False,
 ) -> PlannedLayout:
     layouts, pred = predicted(graph, problem, sol.choice, mesh, profile)
     in_specs = tuple(layouts.specs[v] for v in graph.inputs)
-    return PlannedLayout(name, in_specs, layouts, pred)
+    return PlannedLayout(name, in_specs, layouts, pred, over_budget=over_budget)

@@ -155,11 +155,12 @@ def memory_curve(plan: ProgramPlan, chosen: PlannedLayout) -> MemoryCurve:
     if not len(points):
         return MemoryCurve((0,), 0, 0, ())
     at = int(points.argmax())
+    there = held.lives.alive(at)
     alive = sorted(
         (
             (plan.graph.values[v].name, int(held.sizes[k]))
             for k, v in enumerate(held.arrays)
-            if held.live[at, k]
+            if there[k]
         ),
         key=lambda item: -item[1],
     )

@@ -1,16 +1,27 @@
 """The search's plans of a program: the cheapest, and runners-up that lay out some input
-another way."""
+another way; the baselines, solved with their inputs pinned; and each one's peak against a
+memory budget."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 
-from shardwise._errors import ArgumentError
+from shardwise._errors import ArgumentError, SpecError
 from shardwise._model.mesh import MeshSpec
+from shardwise._model.profile import Profile
+from shardwise._model.spec import Spec
+from shardwise._model.units import format_bytes
+from shardwise._planner.baselines import NAMES, baseline
 from shardwise._planner.costs import Problem
-from shardwise._planner.evaluate import memory_constraints
+from shardwise._planner.evaluate import memory_constraints, peak_bytes, read
 from shardwise._planner.graph import Graph
 from shardwise._planner.search import Solution, descend, neighbours, solve
+
+TRIES_PAST_TOP = 20
+"""How many more plans than ``top`` the search may find and set aside under a budget because
+their predicted peak (every buffer counted) is over it, though the integer program's memory
+constraints (the fullest program points) let them through."""
 
 
 def best_plans(
@@ -20,31 +31,50 @@ def best_plans(
     budget: int | None,
     top: int,
     time_limit: float,
+    fits: Callable[[Solution], bool] = lambda sol: True,
 ) -> list[Solution]:
     """Up to ``top`` plans of ``problem``, the cheapest first: the search's best, then
     :func:`runners_up`; under a memory ``budget``, each next one by an integer program that
-    excludes the input layouts already found (a local move may break the budget)."""
-    constraints = memory_constraints(graph, problem, budget, mesh) if budget else []
-    first = solve(problem, constraints, time_limit=time_limit)
-    if first is None:
-        raise ArgumentError(
-            f"no plan fits in {budget:,} bytes per device on mesh {mesh.describe()}; give a "
-            "larger budget (--device-memory from the command line) or a larger mesh."
-        )
-    found = [first]
+    excludes the input layouts already found (a local move may break the budget), and only
+    those that ``fits`` (their predicted peak is within the budget): none, where none does.
+
+    A plan set aside leaves the ones after it not proven optimal."""
     inputs = sorted(set(input_vars(graph, problem)))
-    if constraints:
-        # a local move may break a budget: find each next plan by excluding the ones found,
-        # one integer program each
-        exclude = [{v: first.choice[v] for v in inputs}]
-        while len(found) < top:
-            more = solve(problem, constraints, exclude, time_limit)
-            if more is None:
+    if budget is None:
+        first = solve(problem, time_limit=time_limit)
+        assert first is not None  # only constraints make a problem infeasible
+        return [first, *runners_up(problem, inputs, first, top - 1, time_limit)]
+    # a local move may break a budget: find each next plan by excluding the ones found, one
+    # integer program each
+    constraints = memory_constraints(graph, problem, budget, mesh)
+    found: list[Solution] = []
+    exclude: list[dict[int, int]] = []
+    for _ in range(top + TRIES_PAST_TOP):
+        sol = solve(problem, constraints, exclude, time_limit)
+        if sol is None:
+            break
+        exclude.append({v: sol.choice[v] for v in inputs})
+        if fits(sol):
+            proven = sol.optimal and len(exclude) == len(found) + 1
+            found.append(dataclasses.replace(sol, optimal=proven))
+            if len(found) == top:
                 break
-            found.append(more)
-            exclude.append({v: more.choice[v] for v in inputs})
-        return found
-    return found + runners_up(problem, inputs, first, top - 1, time_limit)
+    return found
+
+
+def nothing_fits(
+    name: str, mesh: MeshSpec, limit: int, found: list[tuple[int, str]]
+) -> ArgumentError:
+    """The error for a budget no plan fits, naming the smallest of the plans ``found``
+    (peak bytes, and a baseline's name or ``""`` for one of the search's)."""
+    need, which = min(found)
+    return ArgumentError(
+        f"no plan of {name} fits in {format_bytes(limit)} ({limit:,} bytes) per device on "
+        f"mesh {mesh.describe()}: the smallest plan found"
+        + (f", {which}," if which else "")
+        + f" needs {format_bytes(need)} ({need:,} bytes). Give a larger budget "
+        "(--device-memory from the command line), a mesh with more devices, or smaller inputs."
+    )
 
 
 def input_vars(graph: Graph, problem: Problem) -> list[int]:
@@ -93,3 +123,57 @@ def runners_up(
         out += [(rank, sol.seconds, sol) for rank, sol in enumerate(alternatives)]
     # each input's best alternative first, then each one's second best, ...
     return [sol for _, _, sol in sorted(out, key=lambda r: r[:2])[:count]]
+
+
+def peak(graph: Graph, problem: Problem, sol: Solution, mesh: MeshSpec, profile: Profile) -> int:
+    """A solution's predicted peak bytes per device."""
+    return peak_bytes(graph, read(graph, problem, sol.choice, mesh), mesh, profile.platform)
+
+
+def baselines(
+    graph: Graph,
+    full: Problem,
+    mesh: MeshSpec,
+    profile: Profile,
+    fixed: dict[int, Spec],
+    limit: int | None,
+    time_limit: float,
+) -> tuple[list[tuple[str, Problem, Solution, bool]], list[tuple[str, str]]]:
+    """Each baseline that applies (name, its pinned problem, its solution, whether it is over
+    budget), at its cheapest within ``limit`` where it fits and else at its cheapest; and
+    those that do not apply, with why."""
+    solved: list[tuple[str, Problem, Solution, bool]] = []
+    skipped: list[tuple[str, str]] = []
+    for base in NAMES:
+        pins = baseline(base, graph, mesh, fixed)
+        if isinstance(pins, str):
+            skipped.append((base, pins))
+            continue
+        problem = pinned(graph, full, pins)
+        limits = [] if limit is None else memory_constraints(graph, problem, limit, mesh)
+        result = solve(problem, limits, time_limit=time_limit)
+        if result is None:  # shown all the same, at its own cheapest, marked over budget
+            result = solve(problem, time_limit=time_limit)
+            assert result is not None  # only constraints make a problem infeasible
+        over = limit is not None and peak(graph, problem, result, mesh, profile) > limit
+        solved.append((base, problem, result, over))
+    return solved, skipped
+
+
+def pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem:
+    """``problem`` with the inputs in ``pins`` fixed to their specs."""
+    keep: dict[int, list[int]] = {}
+    variables = input_vars(graph, problem)  # once: per pin, 10,000 inputs took 426 s
+    for k, spec in pins.items():
+        root = graph.find(graph.inputs[k])
+        var = variables[k]
+        if var in keep:
+            continue
+        choices = problem.choices[var]
+        if spec not in choices:
+            raise SpecError(
+                f"{graph.names[k]} cannot be laid out as {spec.describe()} on this mesh: its "
+                f"shape {graph.values[root].shape} does not divide."
+            )
+        keep[var] = [choices.index(spec)]
+    return problem.restrict(keep)

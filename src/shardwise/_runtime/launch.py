@@ -55,6 +55,7 @@ from shardwise._runtime.ending import (
     stop_all,
     stop_processes,
 )
+from shardwise._runtime.timing import check_seconds
 
 ENV_LAUNCHER_FD = "SHARDWISE_LAUNCHER_FD"
 """The number of a file descriptor each launched process inherits: the read end of a pipe whose
@@ -243,6 +244,11 @@ def _spawn(
     return run
 
 
+MAX_TIMEOUT_S = 86_400.0
+"""The longest ``timeout`` (a day): the heartbeat is a whole number of seconds in JAX's
+runtime, and a process silent for longer than a day is lost, not slow."""
+
+
 def launch(
     command: Sequence[str],
     processes: int,
@@ -275,6 +281,7 @@ def launch(
     """
     if processes < 1:
         raise DistributedError(f"-n {processes}: at least one process is needed.")
+    check_seconds(timeout, "--timeout", 1.0, MAX_TIMEOUT_S)
     if not command:
         raise DistributedError(
             "no command to launch; give one after --, e.g. "

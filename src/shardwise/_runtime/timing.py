@@ -3,10 +3,14 @@ round-robin within one process, medians reported."""
 
 from __future__ import annotations
 
+import math
+import numbers
 import statistics
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from shardwise._errors import ArgumentError, ArgumentTypeError
 
 
 def block(x: Any) -> Any:
@@ -100,3 +104,24 @@ def best_seconds(fn: Callable[[], Any], repeat: int) -> float:
         block(fn())
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def check_seconds(value: float, what: str, least: float, most: float) -> float:
+    """``value``, a number of seconds from ``least`` to ``most``, as a float (a timeout).
+
+    >>> check_seconds(30, "--timeout", 1, 86400)
+    30.0
+    >>> check_seconds(float("inf"), "--timeout", 1, 86400)
+    Traceback (most recent call last):
+    shardwise._errors.ArgumentError: --timeout inf is not a number of seconds from 1 to 86400: ...
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(
+            f"{what} is {type(value).__name__} {value!r}; give a number of seconds, e.g. 30."
+        )
+    if not (math.isfinite(value) and least <= value <= most):
+        raise ArgumentError(
+            f"{what} {value!r} is not a number of seconds from {least:g} to {most:g}: give "
+            f"one in that range, e.g. {what} 30."
+        )
+    return float(value)

@@ -15,10 +15,15 @@ from typing import Any
 from rich.console import Console
 
 from shardwise._errors import ArgumentError, user_code_error
+from shardwise._model.op import MAX_DIMENSION
 from shardwise.render.formats import Format, show
 from shardwise.render.program import ops_view, plans_view
 
 _ARRAY = re.compile(r"^\s*([A-Za-z]+\d*)\[([\d,\s]*)\]\s*$")
+
+MAX_NESTING = 100
+"""The deepest an argument's name may nest (``params.layer.w`` is 3 levels): far past real
+programs, and far from the depth where tracing a pytree runs out of recursion (3000)."""
 
 
 def parse_array(text: str, where: str) -> Any:
@@ -34,17 +39,24 @@ def parse_array(text: str, where: str) -> Any:
             "(dtypes f16, bf16, f32, f64, i32, …)."
         )
     dtype = parse_dtype(m.group(1), f"cannot read {where} {text!r}: the dtype")
-    dims = tuple(int(d) for d in m.group(2).replace(" ", "").split(",") if d)
-    return jax.ShapeDtypeStruct(dims, dtype)
+    digits = [d for d in m.group(2).replace(" ", "").split(",") if d]
+    if any(len(d.lstrip("0")) > len(str(MAX_DIMENSION)) or int(d) > MAX_DIMENSION for d in digits):
+        raise ArgumentError(
+            f"cannot read {where} {text!r}: a size is over {MAX_DIMENSION:,} (2**63 - 1, the "
+            "largest dimension XLA can represent); give smaller sizes."
+        )
+    return jax.ShapeDtypeStruct(tuple(int(d) for d in digits), dtype)
 
 
-def _tree(raw: Any, where: str) -> Any:
+def _tree(raw: Any, where: str, depth: int = 1) -> Any:
     if isinstance(raw, str):
         return parse_array(raw, where)
+    if depth >= MAX_NESTING and isinstance(raw, dict | list):
+        raise _too_deep(where.split(".")[0].split("[")[0])
     if isinstance(raw, dict):
-        return {k: _tree(v, f"{where}.{k}") for k, v in raw.items()}
+        return {k: _tree(v, f"{where}.{k}", depth + 1) for k, v in raw.items()}
     if isinstance(raw, list):
-        return [_tree(v, f"{where}[{k}]") for k, v in enumerate(raw)]
+        return [_tree(v, f"{where}[{k}]", depth + 1) for k, v in enumerate(raw)]
     raise ArgumentError(f"cannot read {where}: {raw!r} is not a shape like f32[256,1024].")
 
 
@@ -79,6 +91,8 @@ def parse_args(items: list[str]) -> list[Any]:
                 raw = json.loads(Path(item).read_text())
             except (OSError, json.JSONDecodeError) as e:
                 raise ArgumentError(f"cannot read the shapes file {item!r}: {e}.") from None
+            except RecursionError:
+                raise _too_deep(item) from None
             if not isinstance(raw, dict):
                 raise ArgumentError(f"{item!r} must hold an object of name → shape.")
             for k, v in raw.items():
@@ -98,6 +112,8 @@ def _put(named: dict[str, Any], path: list[str], value: Any, given: str) -> None
     """Put ``value`` at ``path`` (``params.w1`` → ``["params", "w1"]``) in the argument tree
     ``named``; refuse a path given twice, or an array and its part (``p`` and ``p.q``)."""
     *parents, leaf = path
+    if len(parents) >= MAX_NESTING:
+        raise _too_deep(parents[0])
     node = named
     for k, part in enumerate(parents):
         child = node.setdefault(part, {})
@@ -124,6 +140,13 @@ _IMPORT_FIX = (
     "shardwise imports the module to find the function: fix the module, and keep code that "
     'should run only as a script under `if __name__ == "__main__":`.'
 )
+
+
+def _too_deep(name: str) -> ArgumentError:
+    return ArgumentError(
+        f"--args {name[:40]!r} nests deeper than {MAX_NESTING} levels; give arguments nested "
+        f"at most {MAX_NESTING} deep (params.w1 is 2)."
+    )
 
 
 def load_function(ref: str) -> Any:

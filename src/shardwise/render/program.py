@@ -40,7 +40,8 @@ def plans_view(report: Any) -> Any:
                 "\n".join(f"{n}: {s.describe()}" for n, s in zip(names, p.in_specs, strict=True))
             ),
             format_seconds(p.predicted.seconds),
-            format_bytes(p.predicted.memory_bytes),
+            format_bytes(p.predicted.memory_bytes)
+            + ("\n[red]over budget[/]" if p.over_budget else ""),
             "\n".join(f"{n}× {k} {','.join(a)}" for (k, a), n in kinds.items()) or "none",
         ]
         if verified and p.verified is not None:
@@ -54,6 +55,13 @@ def plans_view(report: Any) -> Any:
     parts.append(table)
     for name, why in report.skipped:
         parts.append(f"[yellow]skipped[/] {name}: {escape(why)}")
+    over = [p.name for p in report.plans if p.over_budget]
+    if over and report.budget is not None:
+        parts.append(
+            f"[red]over budget[/] {escape(', '.join(over))}: predicted to need more than the "
+            f"budget of {format_bytes(report.budget)} per device; shown to compare, never "
+            "chosen or run"
+        )
     parts += chosen_lines(report)
     if verified:
         rho = report.spearman
@@ -85,7 +93,11 @@ def chosen_lines(report: Any) -> list[str]:
         return ["[bold]chosen:[/] the search's plan"]
     return [
         "[bold]chosen:[/] the search's plan, predicted "
-        + ", ".join(f"{p.predicted.seconds / best:.2f}× as long for {p.name}" for p in others)
+        + ", ".join(
+            f"{p.predicted.seconds / best:.2f}× as long for {p.name}"
+            + (" (over budget)" if p.over_budget else "")
+            for p in others
+        )
     ]
 
 

@@ -207,7 +207,7 @@ def _plan_row(p: Mapping[str, Any], shown: str, base: float, views: Mapping[str,
         format_seconds(pred["seconds"]),
         f"{pred['seconds'] / base:.2f}×" if base else "",
         format_seconds(ver["seconds"]) if "seconds" in ver else "—",
-        format_bytes(pred["memory_bytes"]),
+        format_bytes(pred["memory_bytes"]) + (" (over budget)" if p.get("over_budget") else ""),
         format_bytes(ver["memory_bytes"]) if "memory_bytes" in ver else "—",
         str(len(pred.get("collectives", []))),
         {None: "—", True: "yes", False: "NO"}[ver.get("collectives_match")]
