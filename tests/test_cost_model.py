@@ -479,6 +479,7 @@ ANOTHER = _calibrated(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("profile", "train"),
     [(CPU, False), (CPU, True), (FASTER, False)],
@@ -525,6 +526,7 @@ def test_a_gather_two_moves_of_an_operand_share_is_counted_once():
     assert q.verified.collectives_match and q.verified.sources_match
 
 
+@pytest.mark.slow
 def test_a_stack_gathered_for_the_forward_scan_is_not_gathered_again_for_the_backward():
     """The forward scan and the backward scan slice the same stack: XLA gathers it once
     before both (the model had counted a gather for each scan, and two runners-up's

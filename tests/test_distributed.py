@@ -30,6 +30,7 @@ def _json(text: str):
     return json.loads(text)  # launched processes send native noise to stderr, not stdout
 
 
+@pytest.mark.slow
 def test_demo_on_two_processes_matches_one():
     one = shardwise("demo", "--size", "small", "--json", "--repeat", "1", "--devices", "8")
     two = shardwise(
@@ -65,6 +66,7 @@ def test_demo_on_two_processes_matches_one():
     assert [s["name"] for s in b["scenarios"]] == ["S1", "S2", "S3", "S4"]
 
 
+@pytest.mark.slow
 def test_property_family_on_two_processes_matches_one():
     one = subprocess.run(  # the entry of launched processes, here with no runtime to join
         [sys.executable, "-m", "shardwise._runtime.child", str(CHILD)],

@@ -63,6 +63,7 @@ def test_enumeration_hand_counts():
     assert (considered, len(valid)) == (6, 6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_text", ["devices=8", "x=2,y=4", "x=4,y=2"])
 def test_predicted_collectives_match_compiled_hlo_for_every_strategy(mesh_text):
     mesh = MeshSpec.parse(mesh_text)

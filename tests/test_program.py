@@ -299,6 +299,7 @@ def test_every_reshard_emits_exactly_the_predicted_collectives():
     assert len(layouts) == 9 and wrong == []
 
 
+@pytest.mark.slow
 def test_transformer_plans_match_compiled_hlo_and_numpy():
     """Attention, LayerNorm (its mean broadcast along size-1 dimensions) and a scan over
     stacked layers: every plan's collectives are the compiled program's."""
@@ -315,6 +316,7 @@ def test_transformer_plans_match_compiled_hlo_and_numpy():
         _check_against_numpy(plan, name, fn, args, tol=1e-3)
 
 
+@pytest.mark.slow
 def test_transformer_training_step_plans_match_compiled_hlo():
     """The backward pass: a reversed scan whose stacked gradients leave the loop split and are
     gathered after it, and stacks split along the layer dimension sliced inside it; each move

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
@@ -40,6 +41,7 @@ def enumerated(draw):
     return op, sizes, mesh, np.float32
 
 
+@pytest.mark.slow
 @settings(
     max_examples=30,
     deadline=None,
@@ -80,6 +82,7 @@ def _check_collectives(case: Case, expl: Any, raw: Raw | None) -> None:
     assert raw is None or not raw.unparsed, raw.unparsed
 
 
+@pytest.mark.slow
 @settings(
     max_examples=300,
     deadline=None,

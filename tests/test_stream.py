@@ -170,6 +170,7 @@ def _run_child(args, slow=False):
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("equation", ["nd,nd->n", "nd,nd->"])
 def test_resume_after_sigkill_gives_identical_output(tmp_path, equation):
     _inputs(tmp_path, n=40_000)
