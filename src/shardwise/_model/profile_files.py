@@ -103,11 +103,10 @@ def _load(path: Path) -> tuple[Profile, dict[str, Any]]:
     except OSError as e:
         raise UnusableProfileFile(path, *_why_unreadable(path, e)) from None
     try:
-        raw = _read_at_most(fd, MAX_PROFILE_BYTES + 1)
+        with os.fdopen(fd, "rb") as f:  # a buffered read stops at the limit or the end
+            raw = f.read(MAX_PROFILE_BYTES + 1)
     except OSError as e:
         raise UnusableProfileFile(path, f"cannot be read ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
     if len(raw) > MAX_PROFILE_BYTES:
         size = f"{MAX_PROFILE_BYTES // 2**20} MiB"
         raise UnusableProfileFile(path, f"is over {size}, which no profile is")
@@ -125,18 +124,6 @@ def _load(path: Path) -> tuple[Profile, dict[str, Any]]:
             f"is not a usable profile: {e.fact}",
             "fix it, or write a new one with shardwise calibrate",
         ) from None
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes from ``fd``, fewer where the file ends first."""
-    parts, size = [], 0
-    while size < limit:
-        part = os.read(fd, limit - size)
-        if not part:
-            break
-        parts.append(part)
-        size += len(part)
-    return b"".join(parts)
 
 
 def _why_unreadable(path: Path, e: OSError) -> tuple[str, str]:

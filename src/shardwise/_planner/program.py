@@ -322,8 +322,8 @@ def plan(
         _planned("search" if k == 0 else f"search {k + 1}", graph, searchable, sol, eff, prof)
         for k, sol in enumerate(searched)
     ]
-    solved, skipped = baselines(graph, full, eff, prof, fixed_specs, limit, time_limit)
-    plans += [_planned(b, graph, pb, sol, eff, prof, over) for b, pb, sol, over in solved]
+    solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit)
+    plans += [_planned(b, graph, pb, sol, eff, prof, limit) for b, pb, sol in solved]
     if not searched:  # under a budget only: the search always finds a plan without one
         raise _nothing_fits(name, graph, searchable, eff, prof, plans, peaks, limit)
     plans.sort(key=lambda p: p.predicted.seconds)
@@ -382,8 +382,10 @@ def _planned(
     sol: Solution,
     mesh: MeshSpec,
     profile: Profile,
-    over_budget: bool = False,
+    limit: int | None = None,
 ) -> PlannedLayout:
+    """The plan ``sol`` names, over budget where its predicted peak is over ``limit``."""
     layouts, pred = predicted(graph, problem, sol.choice, mesh, profile)
     in_specs = tuple(layouts.specs[v] for v in graph.inputs)
-    return PlannedLayout(name, in_specs, layouts, pred, over_budget=over_budget)
+    over = limit is not None and pred.memory_bytes > limit
+    return PlannedLayout(name, in_specs, layouts, pred, over_budget=over)

@@ -134,15 +134,14 @@ def baselines(
     graph: Graph,
     full: Problem,
     mesh: MeshSpec,
-    profile: Profile,
     fixed: dict[int, Spec],
     limit: int | None,
     time_limit: float,
-) -> tuple[list[tuple[str, Problem, Solution, bool]], list[tuple[str, str]]]:
-    """Each baseline that applies (name, its pinned problem, its solution, whether it is over
-    budget), at its cheapest within ``limit`` where it fits and else at its cheapest; and
-    those that do not apply, with why."""
-    solved: list[tuple[str, Problem, Solution, bool]] = []
+) -> tuple[list[tuple[str, Problem, Solution]], list[tuple[str, str]]]:
+    """Each baseline that applies (name, its pinned problem, its solution), at its cheapest
+    within ``limit`` where it fits and else at its cheapest (its predicted peak then says it
+    is over budget); and those that do not apply, with why."""
+    solved: list[tuple[str, Problem, Solution]] = []
     skipped: list[tuple[str, str]] = []
     for base in NAMES:
         pins = baseline(base, graph, mesh, fixed)
@@ -155,8 +154,7 @@ def baselines(
         if result is None:  # shown all the same, at its own cheapest, marked over budget
             result = solve(problem, time_limit=time_limit)
             assert result is not None  # only constraints make a problem infeasible
-        over = limit is not None and peak(graph, problem, result, mesh, profile) > limit
-        solved.append((base, problem, result, over))
+        solved.append((base, problem, result))
     return solved, skipped
 
 
