@@ -57,15 +57,28 @@ _STATUS: list[int] = []
 def _report_fd() -> int | None:
     """The pipe to ``shardwise launch`` on which to report the program's exit status (taken
     out of the environment: the processes this one starts do not report)."""
-    raw = os.environ.pop(ENV_LAUNCHER_STATUS_FD, "").strip()
-    if not raw.isdigit():
+    fd = _inherited_pipe(ENV_LAUNCHER_STATUS_FD)
+    if fd is None:
         return None
-    fd = int(raw)
     try:
         os.set_inheritable(fd, False)
     except OSError:
         return None
     return fd
+
+
+def _inherited_pipe(name: str) -> int | None:
+    """The pipe from ``shardwise launch`` whose descriptor the environment variable ``name``
+    holds, the variable taken out of the environment (the processes this one starts do not
+    inherit it); None where there is no such pipe."""
+    raw = os.environ.pop(name, "").strip()
+    if not raw.isdigit():
+        return None
+    fd = int(raw)
+    try:
+        return fd if stat.S_ISFIFO(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
 
 
 def _report(fd: int) -> None:
@@ -110,14 +123,8 @@ def watch_launcher() -> bool:
     once the pipe closes: the launcher is gone, even if it was killed outright. Takes the
     variable out of the environment (the processes this one starts do not inherit the pipe);
     returns whether it watches."""
-    raw = os.environ.pop(ENV_LAUNCHER_FD, "").strip()
-    if not raw.isdigit():
-        return False
-    fd = int(raw)
-    try:
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return False
-    except OSError:
+    fd = _inherited_pipe(ENV_LAUNCHER_FD)
+    if fd is None:
         return False
     threading.Thread(target=_end_with_launcher, args=(fd,), daemon=True).start()
     return True

@@ -155,9 +155,12 @@ def stop_all(run: Run) -> None:
 def _last_words(run: Run, k: int, mine: bool = True, before: float | None = None) -> str:
     """Process ``k``'s held-back last lines of standard error: those of its program
     (``mine``: not what came after its program ended), those that came ``before`` a time if
-    given, and never a native crash report unless verbose; then how many lines were held."""
-    for t in run.pumps[k]:  # it has ended, or been stopped: its pipes reach their end
-        t.join(timeout=2)
+    given, and never a native crash report unless verbose; then how many lines were held,
+    by every process (all have ended, or been stopped: every pipe reaches its end, and the
+    count waits for what is still in them)."""
+    for threads in run.pumps:
+        for t in threads:
+            t.join(timeout=2)
     kept = [
         line.rstrip()
         for when, after, line in run.kept[k]
