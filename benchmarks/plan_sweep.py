@@ -19,7 +19,7 @@ from pathlib import Path
 
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import BUILTIN
-from shardwise._planner.sweep import sweep
+from shardwise._program.sweep import sweep
 from shardwise.render.sweep import save_sweep
 
 HERE = Path(__file__).resolve().parent

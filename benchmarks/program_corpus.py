@@ -32,11 +32,11 @@ from program_random_profiles import _profile as random_profile
 from program_verify import MESH, PROGRAMS, _figures, _profile
 
 import shardwise
-from shardwise._planner import verify
-from shardwise._planner.costs import build_problem, effective_mesh
+from shardwise._program import verify
 from shardwise._planner.einsum import spearman
-from shardwise._planner.program import PlannedLayout, ProgramPlan
-from shardwise._planner.search import total
+from shardwise._program.problem import build_problem, effective_mesh
+from shardwise._program.program import PlannedLayout, ProgramPlan
+from shardwise._program.search import total
 from shardwise._runtime.timing import alternate
 
 

@@ -27,9 +27,9 @@ from program_verify import BLOCKS, MESH, MLP, _profile
 
 import shardwise
 from shardwise._model.profile import Link, Profile
-from shardwise._planner.costs import Problem, build_problem, effective_mesh
-from shardwise._planner.program import PlannedLayout, ProgramPlan
-from shardwise._planner.search import total
+from shardwise._program.problem import Problem, build_problem, effective_mesh
+from shardwise._program.program import PlannedLayout, ProgramPlan
+from shardwise._program.search import total
 
 BIG = 1e30
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import shardwise
 from shardwise._model.profile import BUILTIN, Link, Profile
-from shardwise._planner import verify
+from shardwise._program import verify
 
 PROGRAMS: list[tuple[str, dict[str, Any]]] = [
     ("mlp", {"batch": 256, "hidden": 1024, "ffn": 4096}),

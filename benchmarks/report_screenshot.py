@@ -29,7 +29,7 @@ WIDTH = 1400
 
 def report(repeat: int) -> dict[str, Any]:
     """The plan (verified) and its op-by-op report, as JSON."""
-    from shardwise._planner.models import model
+    from shardwise._program.models import model
 
     fn, args = model("mlp", batch=256, hidden=1024, ffn=4096, train=True)
     plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile="cpu-2core", train=True)

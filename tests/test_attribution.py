@@ -9,7 +9,7 @@ import jax
 import pytest
 
 import shardwise
-from shardwise._planner.verify import _ops, attributed
+from shardwise._program.verify import _ops, attributed
 from shardwise._xla.hlo import collectives
 
 AR, AG = "all-reduce", "all-gather"

@@ -21,7 +21,10 @@ from shardwise._model.profile import BUILTIN, Link, Profile
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import Strategy
 from shardwise._planner.calibrate import MATMULS, fit_matmul
-from shardwise._planner.costs import (
+from shardwise._program.graph import build
+from shardwise._program.moves import COPY_BYTES, reshard, reshard_seconds
+from shardwise._program.nodes import Value
+from shardwise._program.problem import (
     Problem,
     a2a_copies,
     build_problem,
@@ -29,11 +32,8 @@ from shardwise._planner.costs import (
     made_by_ops,
     map_cost,
 )
-from shardwise._planner.graph import build
-from shardwise._planner.moves import COPY_BYTES, reshard, reshard_seconds
-from shardwise._planner.nodes import Value
-from shardwise._planner.search import _milp, brute_force, descend, solve, total
-from shardwise._planner.top import runners_up
+from shardwise._program.search import _milp, brute_force, descend, solve, total
+from shardwise._program.top import runners_up
 from shardwise._runtime.timing import alternate
 
 CPU = BUILTIN["cpu-2core"]
@@ -422,8 +422,8 @@ def test_descend_from_an_optimum_looks_at_the_changed_variables_neighbours_only(
 def test_resharding_seconds_from_the_shape_free_recipe_equal_the_full_prediction():
     """The planner's cost matrices take a resharding's seconds from a recipe cached per pair
     of layouts; they must equal the full prediction's, bit for bit, for every pair."""
-    from shardwise._planner.costs import spec_choices
-    from shardwise._planner.moves import _reshard
+    from shardwise._program.moves import _reshard
+    from shardwise._program.problem import spec_choices
 
     for mesh, profile in ((MESH, CPU), (MeshSpec.parse("a=2,b=2,c=2"), BUILTIN["h100"])):
         for shape, dtype in (((8, 16), "float32"), ((4, 8, 16), "bfloat16"), ((16,), "int8")):
@@ -455,7 +455,7 @@ def _calibrated(name, flops, memory_Bps, matmul_Bps, reduce, gather):
 def _checked(plan, *names):
     """``plan`` verified on the devices at hand (only the plans ``names``, if given), each
     compiled and run once, not timed."""
-    from shardwise._planner import verify
+    from shardwise._program import verify
 
     if names:
         plan = dataclasses.replace(plan, plans=tuple(plan.get(n) for n in names))
@@ -569,7 +569,7 @@ def test_a_scan_carry_from_an_argument_is_held_in_a_copy_while_the_loop_runs(sta
     there first, whether or not the final carry is used (a computed array is taken over in
     place)."""
     import shardwise
-    from shardwise._planner.evaluate import _carry_copies, shard_bytes
+    from shardwise._program.solution import _carry_copies, shard_bytes
 
     S = jax.ShapeDtypeStruct
     args = (S((64, 32), "float32"), S((3, 32, 32), "float32"))

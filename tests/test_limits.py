@@ -250,7 +250,7 @@ def test_parse_bytes_refuses_sizes_no_machine_holds_and_takes_numpy_integers():
 def test_pinning_inputs_reads_their_variables_once_per_problem(monkeypatch):
     """10,000 inputs took 426 s: every baseline pins every input, and each pin read every
     input's variable again (quadratic)."""
-    from shardwise._planner import top
+    from shardwise._program import top
 
     calls = []
     real = top.input_vars
@@ -323,9 +323,9 @@ def test_launch_checks_its_timeout_in_python_too():
 def test_memory_over_a_program_is_counted_from_intervals_not_a_table():
     """10,000 arguments make 30,000 arrays over 30,000 program points: the point × array
     table of who is alive took 3.7 GB; one interval per array holds the same."""
-    from shardwise._planner.evaluate import _live
-    from shardwise._planner.graph import build
-    from shardwise._planner.models import model
+    from shardwise._program.graph import build
+    from shardwise._program.models import model
+    from shardwise._program.solution import _live
 
     fn, args = model("transformer", batch=4, seq=16, hidden=32, ffn=64, heads=4, layers=2)
     graph = build(fn, args)

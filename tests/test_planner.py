@@ -18,7 +18,8 @@ from shardwise._model.profile import BUILTIN
 from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import Strategy, strategies
-from shardwise._planner.einsum import collectives_by_kind, rank, spearman, verify
+from shardwise._planner.einsum import collectives_by_kind, rank, verify
+from shardwise._runtime.timing import spearman
 from shardwise._xla.explain import compile_plan
 from shardwise._xla.hlo import collectives
 from shardwise.cli import app

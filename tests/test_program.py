@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 import shardwise
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import BUILTIN
-from shardwise._planner.costs import build_problem, effective_mesh
-from shardwise._planner.graph import build
-from shardwise._planner.models import loss_of, mlp, model
-from shardwise._planner.program import train_step
-from shardwise._planner.search import _milp, brute_force, solve, total
-from shardwise._planner.verify import by_kind
+from shardwise._program.graph import build
+from shardwise._program.models import loss_of, mlp, model
+from shardwise._program.problem import build_problem, effective_mesh
+from shardwise._program.program import train_step
+from shardwise._program.search import _milp, brute_force, solve, total
+from shardwise._program.verify import by_kind
 from shardwise.cli import app
 
 S = jax.ShapeDtypeStruct
@@ -87,7 +87,7 @@ def test_search_equals_brute_force_on_random_problems(seed):
     """Random graphs with cycles, tied costs (integers from a small range), variables with
     one choice (pinned inputs) and dominated choices: elimination, pruning and the integer
     program together must find the exhaustive optimum."""
-    from shardwise._planner.costs import Problem
+    from shardwise._program.problem import Problem
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(3, 7))
@@ -263,7 +263,7 @@ def test_every_reshard_emits_exactly_the_predicted_collectives():
     from jax.sharding import NamedSharding
 
     from shardwise._model.reshard import reshard_collectives, reshard_moves
-    from shardwise._planner.costs import spec_choices
+    from shardwise._program.problem import spec_choices
     from shardwise._xla.hlo import collectives
     from shardwise._xla.lower import jax_mesh
 

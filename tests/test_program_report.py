@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import shardwise
 from shardwise._model.profile import BUILTIN
-from shardwise._planner.models import model
+from shardwise._program.models import model
 from shardwise.cli import app
 
 S = jax.ShapeDtypeStruct
@@ -138,7 +138,7 @@ def test_plans_and_reports_print_as_tables(mlp_train):
 
 def _timed(plan, seconds):
     """``plan`` as if verified, each plan measured at ``seconds[name]``."""
-    from shardwise._planner.evaluate import ProgramVerified
+    from shardwise._program.solution import ProgramVerified
 
     plans = tuple(
         dataclasses.replace(p, verified=ProgramVerified(True, seconds[p.name], None, (), True))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import shardwise
-from shardwise._planner.models import model
+from shardwise._program.models import model
 from shardwise.render.report import program_html
 
 CHROMIUM = Path("/usr/bin/chromium")

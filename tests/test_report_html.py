@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import shardwise
-from shardwise._planner.models import model
+from shardwise._program.models import model
 from shardwise.render.explanation import explanation_report
 from shardwise.render.report import device_blocks, program_html
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import BUILTIN
-from shardwise._planner.sweep import sweep
+from shardwise._program.sweep import sweep
 from shardwise.cli import app
 from shardwise.cli.program import parse_batches
 from shardwise.render.sweep import save_sweep, sweep_view

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 import shardwise
 from shardwise._model.profile import BUILTIN
-from shardwise._planner import verify
-from shardwise._planner.models import model
+from shardwise._program import verify
+from shardwise._program.models import model
 from shardwise.cli import app
 
 CPU = BUILTIN["cpu-2core"]

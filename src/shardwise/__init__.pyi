@@ -30,11 +30,11 @@ from ._model.plan import Plan as Plan
 from ._model.spec import Layout as Layout
 from ._model.spec import Spec as Spec
 from ._planner.einsum import PlanReport as PlanReport
-from ._planner.models import model as model
-from ._planner.program import ProgramPlan as ProgramPlan
-from ._planner.program import plan as plan
-from ._planner.sweep import Sweep as Sweep
-from ._planner.sweep import sweep as sweep
+from ._program.models import model as model
+from ._program.program import ProgramPlan as ProgramPlan
+from ._program.program import plan as plan
+from ._program.sweep import Sweep as Sweep
+from ._program.sweep import sweep as sweep
 from ._runtime.devices import use_cpu_devices as use_cpu_devices
 from ._runtime.distributed import initialize_distributed as initialize_distributed
 from ._runtime.hostmem import keep_freed_memory_warm as keep_freed_memory_warm

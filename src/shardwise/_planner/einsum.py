@@ -23,7 +23,7 @@ from shardwise._model.plan import Plan, check_extent
 from shardwise._model.profile import Profile, check_platform
 from shardwise._model.strategy import MAX_LAYOUTS, Strategy, layout_count, strategies
 from shardwise._model.units import format_bytes
-from shardwise._runtime.timing import median_seconds
+from shardwise._runtime.timing import median_seconds, spearman
 from shardwise._xla.explain import compile_plan
 from shardwise._xla.hlo import collectives
 from shardwise._xla.lower import place, platform
@@ -227,31 +227,6 @@ def collectives_by_kind(found: Sequence[tuple[str, Sequence[str]]]) -> dict[str,
     for kind, axes in found:
         out.setdefault(kind, set()).update(axes)
     return out
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Spearman rank correlation (ties share their mean rank); ``None`` for fewer than 3.
-
-    >>> spearman([1, 2, 3, 4], [10, 20, 30, 25])
-    0.8
-    """
-    if len(a) < 3:
-        return None
-
-    def ranks(x: Sequence[float]) -> np.ndarray:
-        arr = np.asarray(x, dtype=float)
-        order = arr.argsort(kind="stable")
-        r = np.empty(len(arr))
-        r[order] = np.arange(len(arr), dtype=float)
-        for v in np.unique(arr):
-            tie = arr == v
-            r[tie] = r[tie].mean()
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return None
-    return round(float(np.corrcoef(ra, rb)[0, 1]), 4)
 
 
 def verify(

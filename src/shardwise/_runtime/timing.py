@@ -7,7 +7,7 @@ import math
 import numbers
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardwise._errors import ArgumentError, ArgumentTypeError
@@ -125,3 +125,18 @@ def check_seconds(value: float, what: str, least: float, most: float) -> float:
             f"one in that range, e.g. {what} 30."
         )
     return float(value)
+
+
+def spearman(predicted: Sequence[float], measured: Sequence[float]) -> float | None:
+    """Spearman rank correlation of predicted and measured times (ties share their mean
+    rank), rounded to 4 places; ``None`` for fewer than 3 pairs or where either side is
+    constant.
+
+    >>> spearman([1, 2, 3, 4], [10, 20, 30, 25])
+    0.8
+    """
+    from scipy.stats import spearmanr
+
+    if len(predicted) < 3 or len(set(predicted)) < 2 or len(set(measured)) < 2:
+        return None
+    return round(float(spearmanr(predicted, measured).statistic), 4)

@@ -61,7 +61,7 @@ def _program(given: dict[str, Any]) -> None:
 def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str]:
     """The program plan that ``given`` asks for, and the program's name."""
     import shardwise
-    from shardwise._planner.models import model as built_in
+    from shardwise._program.models import model as built_in
     from shardwise.cli.program import load_function, parse_args
 
     if given["model"] is not None:
@@ -110,7 +110,7 @@ def _dims(given: dict[str, Any]) -> dict[str, Any]:
 
 def _sweep(given: dict[str, Any]) -> None:
     """``plan --model … --sweep-batch …``: plan the model at each batch size."""
-    from shardwise._planner.sweep import sweep
+    from shardwise._program.sweep import sweep
     from shardwise.cli.program import parse_batches
     from shardwise.render.sweep import save_sweep, sweep_view
 

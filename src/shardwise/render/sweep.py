@@ -13,7 +13,7 @@ from shardwise._model.units import format_seconds
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from shardwise._planner.sweep import Sweep
+    from shardwise._program.sweep import Sweep
 
 
 def save_sweep(data: Sweep, path: str | Path, title: str | None = None) -> Path:

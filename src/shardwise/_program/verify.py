@@ -13,15 +13,14 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from shardwise._model.profile import check_platform
-from shardwise._planner.apply import constrained
-from shardwise._planner.einsum import spearman
-from shardwise._planner.evaluate import ProgramVerified
-from shardwise._runtime.timing import alternate
+from shardwise._program.apply import constrained
+from shardwise._program.solution import ProgramVerified
+from shardwise._runtime.timing import alternate, spearman
 from shardwise._xla.hlo import collectives
 from shardwise._xla.lower import jax_mesh, platform
 
 if TYPE_CHECKING:
-    from shardwise._planner.program import PlannedLayout, ProgramPlan
+    from shardwise._program.program import PlannedLayout, ProgramPlan
 
 
 def _mesh(plan: ProgramPlan, mesh: Any) -> Any:

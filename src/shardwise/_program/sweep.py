@@ -16,9 +16,9 @@ from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.profile_files import load_profile
-from shardwise._planner.baselines import NAMES
-from shardwise._planner.models import SEQ, model
-from shardwise._planner.program import plan
+from shardwise._program.baselines import NAMES
+from shardwise._program.models import SEQ, model
+from shardwise._program.program import plan
 
 DATA = tuple(n for n in NAMES if n in ("data-parallel", "fsdp"))
 """Baselines that split the batch and keep (or gather) whole weights."""

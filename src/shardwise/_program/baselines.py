@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
-from shardwise._planner.graph import Graph
+from shardwise._program.graph import Graph
 
 NAMES = ("replicated", "data-parallel", "fsdp", "megatron", "data×tensor")
 

@@ -1,8 +1,8 @@
 """Plan whole programs: a layout for every array of a JAX function, chosen by cost.
 
-:func:`plan` traces the function (:mod:`~shardwise._planner.graph`), costs every choice
-(:mod:`~shardwise._planner.costs`), finds the cheapest (:mod:`~shardwise._planner.search`),
-and puts the named baselines (:mod:`~shardwise._planner.baselines`) beside it. The result, a
+:func:`plan` traces the function (:mod:`~shardwise._program.graph`), costs every choice
+(:mod:`~shardwise._program.problem`), finds the cheapest (:mod:`~shardwise._program.search`),
+and puts the named baselines (:mod:`~shardwise._program.baselines`) beside it. The result, a
 :class:`ProgramPlan`, runs (``sharded``) and checks itself against XLA (``verify``).
 """
 
@@ -23,13 +23,13 @@ from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import parse_bytes
-from shardwise._planner.costs import Problem, build_problem, effective_mesh
-from shardwise._planner.evaluate import Layouts, Predicted, ProgramVerified, predicted
-from shardwise._planner.graph import Graph, build
-from shardwise._planner.report import ProgramReport, report
-from shardwise._planner.search import TIME_LIMIT_S, Solution, solve
-from shardwise._planner.top import baselines, best_plans, nothing_fits, peak, pinned
-from shardwise._planner.verify import sharded, tune, verify
+from shardwise._program.graph import Graph, build
+from shardwise._program.problem import Problem, build_problem, effective_mesh
+from shardwise._program.report import ProgramReport, report
+from shardwise._program.search import TIME_LIMIT_S, Solution, solve
+from shardwise._program.solution import Layouts, Predicted, ProgramVerified, predicted
+from shardwise._program.top import baselines, best_plans, nothing_fits, peak, pinned
+from shardwise._program.verify import sharded, tune, verify
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +365,7 @@ def _nothing_fits(
     peaks: list[int],
     limit: int | None,
 ) -> ArgumentError:
-    """:func:`~shardwise._planner.top.nothing_fits`, naming the smallest of the baselines
+    """:func:`~shardwise._program.top.nothing_fits`, naming the smallest of the baselines
     ``shown``, the search's plans set aside (their ``peaks``) and its plan without the budget."""
     assert limit is not None
     cheapest = solve(problem)  # without the budget

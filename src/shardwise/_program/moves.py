@@ -22,7 +22,7 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.reshard import reshard_collectives, reshard_moves
 from shardwise._model.spec import Spec
-from shardwise._planner.nodes import Step, Value
+from shardwise._program.nodes import Step, Value
 
 COPY_BYTES = 2
 """Bytes of memory traffic per byte of the block for each copy XLA's CPU backend makes around
@@ -30,7 +30,7 @@ an all-to-all (a read and a write): one that cuts the block into one piece per d
 it, where what makes the array cannot do the cutting itself (a program argument, or a dot's
 result: ``copy_slice`` fusions), and one that puts the pieces received together after it,
 where what reads the array cannot (a dot: a ``copy_bitcast`` fusion). An elementwise op fuses
-either (:func:`~shardwise._planner.costs.a2a_copies`). Measured on 8 CPU devices,
+either (:func:`~shardwise._program.problem.a2a_copies`). Measured on 8 CPU devices,
 all-to-alls of a program argument's 1-4 MiB blocks took 1.8-2.7× the collective's predicted
 time; with both copies the model predicts 1.0-1.7× their time."""
 
@@ -68,7 +68,7 @@ def reshard(
 ) -> Cost:
     """What moving ``value`` from ``src`` to ``dst`` costs, where an all-to-all costs
     ``copies`` copies of its block besides the collective on a CPU
-    (:func:`~shardwise._planner.costs.a2a_copies`)."""
+    (:func:`~shardwise._program.problem.a2a_copies`)."""
     if src == dst:
         return Cost()
     seconds, found = _reshard(value.shape, value.dtype, src, dst, mesh, profile, copies)

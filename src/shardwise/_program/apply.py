@@ -2,7 +2,7 @@
 gives it, and every dot's operands and result to its strategy's, so that XLA's partitioner
 follows the plan rather than choosing its own.
 
-The program is the jaxpr :func:`~shardwise._planner.graph.build` read, evaluated equation by
+The program is the jaxpr :func:`~shardwise._program.graph.build` read, evaluated equation by
 equation the same way (calls inlined, a scan's body run by ``lax.scan``), so each array meets
 the layout the search chose for it.
 """
@@ -20,9 +20,9 @@ from jax.sharding import Mesh, NamedSharding
 
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
-from shardwise._planner.evaluate import Layouts
-from shardwise._planner.graph import Graph, Key
-from shardwise._planner.ops import INLINED, is_var
+from shardwise._program.graph import Graph, Key
+from shardwise._program.rules import INLINED, is_var
+from shardwise._program.solution import Layouts
 
 
 def constrained(graph: Graph, mesh: Mesh, layouts: Layouts) -> Callable[..., Any]:

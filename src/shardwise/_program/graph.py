@@ -27,8 +27,8 @@ import jax
 import numpy as np
 
 from shardwise._errors import ArgumentError
-from shardwise._planner.nodes import Step, Value
-from shardwise._planner.ops import (
+from shardwise._program.nodes import Step, Value
+from shardwise._program.rules import (
     ELEMENTWISE,
     INLINED,
     REDUCTIONS,

@@ -9,7 +9,7 @@ choice costs, and what each pair of neighbouring choices costs to connect.
 - an **edge** joins a class to a dot that reads or makes it, or two classes a map joins; it
   costs the resharding between the two layouts (all-gather, all-to-all, a permute or a free
   slice, as :func:`~shardwise._model.reshard.reshard_collectives` predicts XLA emits them;
-  :mod:`shardwise._planner.moves` costs it), and for a map, the map's own collectives (an
+  :mod:`shardwise._program.moves` costs it), and for a map, the map's own collectives (an
   all-reduce of a reduction over a split dimension).
 
 Pure: no devices.
@@ -29,9 +29,9 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Entry, Spec
 from shardwise._model.strategy import Strategy, strategies
-from shardwise._planner.graph import Graph
-from shardwise._planner.moves import Cost, entry_ways, reshard, reshard_seconds, shard_bytes
-from shardwise._planner.nodes import Step, Value
+from shardwise._program.graph import Graph
+from shardwise._program.moves import Cost, entry_ways, reshard, reshard_seconds, shard_bytes
+from shardwise._program.nodes import Step, Value
 
 MAX_CHOICES = 4096
 """The most layouts one array or dot may choose from; past it the planner keeps this many,
@@ -269,7 +269,7 @@ def build_problem(
 
 def a2a_copies(a: int, made: Set[int], into_op: bool) -> int:
     """How many copies of its block an all-to-all that moves array ``a`` costs on a CPU
-    (:data:`~shardwise._planner.moves.COPY_BYTES`): one where ``a`` is in ``made`` (from
+    (:data:`~shardwise._program.moves.COPY_BYTES`): one where ``a`` is in ``made`` (from
     :func:`made_by_ops`: an elementwise op or a map that makes an array cuts it up itself),
     and one more where a dot or an opaque op reads it (``into_op``; an elementwise op reads
     the pieces as they are)."""

@@ -24,7 +24,7 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse
 
-from shardwise._planner.costs import Problem
+from shardwise._program.problem import Problem
 
 TIME_LIMIT_S = 60.0
 """How long one integer program may run; past it the best solution found is used and the plan

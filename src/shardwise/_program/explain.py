@@ -14,13 +14,13 @@ from shardwise._model.profile import Profile
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
-from shardwise._planner.costs import _map_head, a2a_copies, dot_cost, made_by_ops, map_specs
-from shardwise._planner.graph import Graph
-from shardwise._planner.moves import Cost, reshard
-from shardwise._planner.nodes import Step
+from shardwise._program.graph import Graph
+from shardwise._program.moves import Cost, reshard
+from shardwise._program.nodes import Step
+from shardwise._program.problem import _map_head, a2a_copies, dot_cost, made_by_ops, map_specs
 
 if TYPE_CHECKING:
-    from shardwise._planner.evaluate import Layouts
+    from shardwise._program.solution import Layouts
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,11 +12,11 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
 from shardwise._model.units import format_bytes
-from shardwise._planner.baselines import NAMES, baseline
-from shardwise._planner.costs import Problem
-from shardwise._planner.evaluate import memory_constraints, peak_bytes, read
-from shardwise._planner.graph import Graph
-from shardwise._planner.search import Solution, descend, neighbours, solve
+from shardwise._program.baselines import NAMES, baseline
+from shardwise._program.graph import Graph
+from shardwise._program.problem import Problem
+from shardwise._program.search import Solution, descend, neighbours, solve
+from shardwise._program.solution import memory_constraints, peak_bytes, read
 
 TRIES_PAST_TOP = 20
 """How many more plans than ``top`` the search may find and set aside under a budget because
@@ -92,7 +92,7 @@ def runners_up(
     Where dynamic programming solved the problem, each is solved exactly, and the first of
     them is the second-best plan overall (it must lay out some input differently). Where an
     integer program did (cycles), each is found by local search from the best plan
-    (:func:`~shardwise._planner.search.descend`): one integer program per input layout took
+    (:func:`~shardwise._program.search.descend`): one integer program per input layout took
     seconds (a 2-layer transformer's training step has 113)."""
     if count < 1:
         return []

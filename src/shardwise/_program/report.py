@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardwise._model.spec import Spec
-from shardwise._planner.attribute import ProgramCollective, dims_of, layout_text
-from shardwise._planner.evaluate import held_curve
-from shardwise._planner.nodes import Step
+from shardwise._program.explain import ProgramCollective, dims_of, layout_text
+from shardwise._program.nodes import Step
+from shardwise._program.solution import held_curve
 
 if TYPE_CHECKING:
-    from shardwise._planner.program import PlannedLayout, ProgramPlan
+    from shardwise._program.program import PlannedLayout, ProgramPlan
 
 ALIVE_AT_PEAK = 12
 """How many of the arrays held at the memory peak a report names, the largest first."""
@@ -149,7 +149,7 @@ class ProgramReport:
 
 def memory_curve(plan: ProgramPlan, chosen: PlannedLayout) -> MemoryCurve:
     """Per-device bytes held at each program point under ``chosen``'s layouts
-    (:func:`~shardwise._planner.evaluate.held_curve`), and the arrays held at the peak."""
+    (:func:`~shardwise._program.solution.held_curve`), and the arrays held at the peak."""
     held = held_curve(plan.graph, chosen.layouts, plan.mesh, plan.profile.platform)
     points = held.points
     if not len(points):

@@ -20,12 +20,12 @@ from shardwise._model.profile import Profile
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
-from shardwise._planner.attribute import ProgramCollective, Tally
-from shardwise._planner.costs import Problem, map_specs
-from shardwise._planner.graph import Graph
-from shardwise._planner.moves import relayout_bytes, shard_bytes
-from shardwise._planner.nodes import Step
-from shardwise._planner.search import Constraint, total
+from shardwise._program.explain import ProgramCollective, Tally
+from shardwise._program.graph import Graph
+from shardwise._program.moves import relayout_bytes, shard_bytes
+from shardwise._program.nodes import Step
+from shardwise._program.problem import Problem, map_specs
+from shardwise._program.search import Constraint, total
 
 MEMORY_POINTS = 16
 """How many program points, the fullest first, a memory budget is checked at."""
@@ -62,7 +62,7 @@ class ProgramVerified:
     metadata the op (``op_name``) and ``file:line`` behind each."""
     sources_match: bool = False
     """Whether each compiled collective belongs to the op and source line predicted for it
-    (see :func:`shardwise._planner.verify.attributed`)."""
+    (see :func:`shardwise._program.verify.attributed`)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -127,7 +127,7 @@ def predicted(
     profile: Profile,
 ) -> tuple[Layouts, Predicted]:
     """The layouts of a solution and their predicted cost, each collective attributed to the
-    step that causes it, with the reason (:class:`~shardwise._planner.attribute.Tally`)."""
+    step that causes it, with the reason (:class:`~shardwise._program.explain.Tally`)."""
     lay = read(graph, problem, choice, mesh)
     var_of = {label: k for k, label in enumerate(problem.labels)}
     tally = Tally(graph, lay, mesh, profile)
@@ -241,7 +241,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     stacked weight's local slices are all made before its scan, :func:`_hoist`; a scan's
     carry that starts from an argument is held in a copy, :func:`_carry_copies`). On CPU, a
     gather along any dimension but the first also leaves a copy in the usual layout
-    (:func:`~shardwise._planner.moves.relayout_bytes`)."""
+    (:func:`~shardwise._program.moves.relayout_bytes`)."""
     lives = _live(graph)
     arrays = lives.arrays
     sizes = np.array(
