@@ -41,7 +41,7 @@ def test_graph_counts_ops_of_an_mlp_and_its_training_step():
     fn, args = _mlp_args()
     g = build(fn, args)
     assert [(s.kind, s.op.equation) for s in g.steps] == [("dot", "ab,bc->ac")] * 2
-    assert g.names == ["x", "params['w1']", "params['w2']"]
+    assert g.names == ("x", "params['w1']", "params['w2']")
     # x, w1, w2, the hidden layer (the dot's result joined with relu's), the output
     assert len(set(g.classes)) == 5
     step = train_step(loss_of(mlp))

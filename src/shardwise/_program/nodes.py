@@ -12,6 +12,10 @@ import numpy as np
 from shardwise._model.op import Op
 
 Kind: TypeAlias = Literal["dot", "map", "opaque"]
+Role: TypeAlias = Literal["op", "broadcast", "scan slice", "scan stack"]
+"""Where a step comes from: an equation of the program (``op``), an elementwise op's operand
+broadcast along its dimensions of size 1 (``broadcast``: XLA does it inside the op, so it is
+costed, not applied), or a scan's slicing of a stacked array or stacking of its results."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +38,17 @@ class Step:
 
     Attributes:
         kind: ``dot``, ``map`` or ``opaque``.
-        prim: the JAX primitive.
+        prim: the JAX primitive, as the report names it (``sub (broadcast)``, ``scan slice``).
         inputs: the arrays it reads (scalars left out).
         output: the array it makes.
         op: a dot's einsum.
         dim_map: a map's source dimension of each result dimension (``None``: new).
         local: a map's operand dimensions that must be whole on each device.
         reduced: a map's operand dimensions summed away (split ones leave partial sums).
-        implicit: a map that XLA carries out inside the op itself (an elementwise op's
-            operand broadcast along its dimensions of size 1): costed, not applied.
+        role: where it comes from (:data:`Role`).
+        modelled: ``False`` for an op of a primitive with no rule (planned whole, costed by
+            its bytes).
+        flops: an opaque op's FLOPs per run, as its rule counts them.
         source: ``file:line`` of the user's code.
         repeat: how many times it runs (a scan's length).
         key: where it is in the jaxpr, for applying a plan.
@@ -61,5 +67,12 @@ class Step:
     dim_map: tuple[int | None, ...] = ()
     local: tuple[int, ...] = ()
     reduced: tuple[int, ...] = ()
-    implicit: bool = False
+    role: Role = "op"
     backward: bool = False
+    modelled: bool = True
+    flops: float = 0.0
+
+    @property
+    def implicit(self) -> bool:
+        """Whether XLA carries it out inside the op that reads it: costed, not applied."""
+        return self.role == "broadcast"

@@ -1,37 +1,87 @@
-"""How each JAX primitive the program planner reads carries layouts: which ops are
-elementwise, which reduce, the einsum a ``dot_general`` computes, and the map from an
-operand's dimensions to its result's for transposes, broadcasts, reshapes, reductions and
-slices. Pure: no tracing, no devices.
+"""What each JAX primitive does to layouts: a registry of rules, one per primitive, as
+``jax.experimental.roofline.register_roofline`` and DTensor's ``register_op_strategy`` keep
+theirs.
+
+A rule is one of:
+
+- **elementwise**: its non-scalar operands and result share one layout;
+- **map**: one operand, each of whose dimensions carries its layout to a dimension of the
+  result (transpose, broadcast, reshape, reductions, slices, sorts), some needing to be whole
+  on each device, reduced ones leaving partial sums (:data:`MapParts`);
+- **dot**: ``dot_general``, the einsum it computes (:func:`dot_op`);
+- **call**: a call whose body is inlined (``jit``, ``custom_jvp``, ``custom_vjp``,
+  ``checkpoint``);
+- **scan**: ``lax.scan``, whose body is read once and repeated;
+- **constant**: made on each device from its parameters alone (``iota``);
+- **opaque**: planned whole: its operands gathered, the op run on each device, its cost the
+  bytes it reads and writes or the FLOPs its rule counts (a convolution's).
+
+A primitive with no rule is planned as an opaque one and costed alike, and its plan's report
+names it "not modelled" (:func:`rule_of`). Pure: no tracing, no devices.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
-from typing import Any, TypeAlias
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
 
-import jax
-import jax.extend.core as jcore
-from jax._src import source_info_util
-
-from shardwise._errors import ArgumentTypeError
 from shardwise._model.op import Op
 
-ELEMENTWISE = frozenset(
+Kind: TypeAlias = Literal["elementwise", "map", "dot", "call", "scan", "constant", "opaque"]
+MapParts: TypeAlias = tuple[tuple[int | None, ...], tuple[int, ...], tuple[int, ...]]
+"""A map: the operand dimension each result dimension carries (``None``: a new one), the
+operand dimensions that must be whole on each device, and those summed away."""
+Shape: TypeAlias = tuple[int, ...]
+LayoutMap: TypeAlias = Callable[[Mapping[str, Any], Shape, Shape], "MapParts | None"]
+Flops: TypeAlias = Callable[[Mapping[str, Any], Sequence[Shape], Shape], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """How the planner reads one primitive.
+
+    Attributes:
+        kind: what it does to layouts (the module's list).
+        layout: a map's :data:`MapParts` from its params and the operand's and result's
+            shapes (``None`` where those shapes make it no map: it is planned opaque).
+        callee: a call's param that holds the body to inline.
+        flops: an opaque op's FLOPs per run (``None``: it is bound by the bytes it moves).
+        modelled: ``False`` only for the rule of a primitive that has none.
     """
-    abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp conj copy copy_p
-    convert_element_type cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt
-    igamma imag integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg nextafter
-    not or pow real reduce_precision rem round rsqrt select_n sign sin sinh sqrt square
-    stop_gradient sub tan tanh xor
-    """.split()  # noqa: SIM905
-)
-REDUCTIONS = frozenset(
+
+    kind: Kind
+    layout: LayoutMap | None = None
+    callee: str = ""
+    flops: Flops | None = None
+    modelled: bool = True
+
+
+RULES: dict[str, Rule] = {}
+"""Every primitive's rule, by name."""
+
+NOT_MODELLED = Rule("opaque", modelled=False)
+"""The rule of a primitive that has none: planned whole, costed by its bytes, and named as
+not modelled in the report."""
+
+
+def register(rule: Rule, names: str) -> None:
+    """Give each primitive in the space-separated ``names`` the rule ``rule``."""
+    for name in names.split():
+        RULES[name] = rule
+
+
+def rule_of(prim: str) -> Rule:
+    """``prim``'s rule (:data:`NOT_MODELLED` where it has none).
+
+    >>> rule_of("tanh").kind, rule_of("transpose").kind, rule_of("remat2").callee
+    ('elementwise', 'map', 'jaxpr')
+    >>> rule_of("my_custom_kernel").modelled
+    False
     """
-    reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or
-    """.split()  # noqa: SIM905
-)
-"""Reductions whose partial results along a split dimension an all-reduce combines."""
+    return RULES.get(prim, NOT_MODELLED)
 
 
 def dot_op(dimension_numbers: Any, lhs_rank: int, rhs_rank: int) -> Op:
@@ -53,50 +103,6 @@ def dot_op(dimension_numbers: Any, lhs_rank: int, rhs_rank: int) -> Op:
     out += [lhs[i] for i in range(lhs_rank) if i not in lc and i not in lb]
     out += [rhs[j] for j in range(rhs_rank) if j not in rc and j not in rb]
     return Op(("".join(lhs), "".join(rhs)), "".join(out))
-
-
-MapParts: TypeAlias = tuple[tuple[int | None, ...], tuple[int, ...], tuple[int, ...]]
-
-
-def layout_map(
-    prim: str, params: Any, in_shape: tuple[int, ...], out_shape: tuple[int, ...]
-) -> MapParts | None:
-    rank = len(in_shape)
-    ident = tuple(range(rank))
-    if prim == "transpose":
-        return tuple(params["permutation"]), (), ()
-    if prim == "broadcast_in_dim":
-        dims = params["broadcast_dimensions"]
-        dim_map: list[int | None] = [None] * len(out_shape)
-        for i, d in enumerate(dims):
-            if in_shape[i] == out_shape[d]:
-                dim_map[d] = i
-        return (
-            tuple(dim_map),
-            tuple(i for i, d in enumerate(dims) if in_shape[i] != out_shape[d]),
-            (),
-        )
-    if prim in REDUCTIONS or prim in ("argmax", "argmin"):
-        axes = tuple(params["axes"])
-        kept = tuple(i for i in ident if i not in axes)
-        return (kept, (), axes) if prim in REDUCTIONS else (kept, axes, ())
-    if prim == "squeeze":
-        return tuple(i for i in ident if i not in params["dimensions"]), (), ()
-    if prim == "reshape":
-        return reshape_map(in_shape, out_shape)
-    if prim in ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"):
-        return ident, (params["axis"],), ()
-    if (
-        prim in ("slice", "pad", "rev", "dynamic_slice", "sort")
-        and out_shape
-        and rank == len(out_shape)
-    ):
-        if prim == "rev":
-            return ident, tuple(params["dimensions"]), ()
-        if prim == "sort":
-            return ident, (params["dimension"],), ()
-        return ident, tuple(i for i in ident if in_shape[i] != out_shape[i]), ()
-    return None
 
 
 def reshape_map(in_shape: Sequence[int], out_shape: Sequence[int]) -> MapParts:
@@ -139,42 +145,115 @@ def _groups(a: Sequence[int], b: Sequence[int]) -> Iterator[tuple[list[int], lis
         yield gi, gj
 
 
-INLINED = {
-    "pjit": "jaxpr",
-    "jit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "remat": "jaxpr",
-    "checkpoint": "jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-}
+def _transpose(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts:
+    return tuple(p["permutation"]), (), ()
 
 
-def is_var(v: Any) -> bool:
-    return not isinstance(v, jcore.Literal) and not isinstance(v, jcore.DropVar)
+def _broadcast(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts:
+    dims = p["broadcast_dimensions"]
+    dim_map: list[int | None] = [None] * len(o)
+    for k, d in enumerate(dims):
+        if i[k] == o[d]:
+            dim_map[d] = k
+    return tuple(dim_map), tuple(k for k, d in enumerate(dims) if i[k] != o[d]), ()
 
 
-def source_of(eqn: Any) -> str:
-    """``file:line`` of the user's code that made ``eqn`` (``""`` where none is known)."""
-    frame = source_info_util.user_frame(eqn.source_info.traceback)
-    if frame is None:
-        return ""
-    return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"
+def _reduce(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts:
+    axes = tuple(p["axes"])
+    return tuple(d for d in range(len(i)) if d not in axes), (), axes
 
 
-def named(prim: str, source: str) -> str:
-    """An intermediate's name: the op that makes it and where (``dot_general@model.py:12``)."""
-    return f"{prim}@{source}" if source else prim
+def _arg(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts:
+    axes = tuple(p["axes"])
+    return tuple(d for d in range(len(i)) if d not in axes), axes, ()
 
 
-def abstract(x: Any) -> jax.ShapeDtypeStruct:
-    """An argument leaf as a ``jax.ShapeDtypeStruct``; anything but an array is refused."""
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return x
-    if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
-    raise ArgumentTypeError(
-        f"an argument leaf is {type(x).__name__} {x!r:.60}, not an array; plan takes arrays or "
-        "jax.ShapeDtypeStruct leaves, e.g. jax.ShapeDtypeStruct((256, 1024), 'float32')."
-    )
+def _squeeze(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts:
+    return tuple(d for d in range(len(i)) if d not in p["dimensions"]), (), ()
+
+
+def _reshape(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts:
+    return reshape_map(i, o)
+
+
+def _along(param: str) -> LayoutMap:
+    """A map that keeps every dimension where it is and needs the ones ``param`` names
+    whole (one axis, or several)."""
+
+    def layout(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts | None:
+        if len(i) != len(o):
+            return None
+        axes = p[param]
+        return tuple(range(len(i))), tuple(axes) if isinstance(axes, Sequence) else (axes,), ()
+
+    return layout
+
+
+def _last(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts | None:
+    """Along the last dimension (``top_k``)."""
+    return (tuple(range(len(i))), (len(i) - 1,), ()) if i and len(i) == len(o) else None
+
+
+def _resized(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts | None:
+    """Same rank, the dimensions whose size changes whole (slices, pads)."""
+    if not o or len(i) != len(o):
+        return None
+    return tuple(range(len(i))), tuple(d for d in range(len(i)) if i[d] != o[d]), ()
+
+
+def _conv_flops(p: Mapping[str, Any], ins: Sequence[Shape], out: Shape) -> float:
+    """Two FLOPs per multiply-add: each result element sums over the kernel's window and its
+    input features (a group's)."""
+    if len(ins) < 2:
+        return 0.0
+    kernel = ins[1]
+    out_features = p["dimension_numbers"].rhs_spec[0]
+    return 2.0 * math.prod(out) * math.prod(kernel) / max(kernel[out_features], 1)
+
+
+register(
+    Rule("elementwise"),
+    """
+    abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt ceil
+    clamp clz complex conj copy copy_p convert_element_type cos cosh digamma div eq erf erf_inv
+    erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag integer_pow is_finite le
+    lgamma log log1p logistic lt max min mul ne neg nextafter not or polygamma population_count
+    pow random_gamma_grad real reduce_precision regularized_incomplete_beta rem round rsqrt
+    select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square
+    stop_gradient sub tan tanh xor zeta
+    """,
+)
+REDUCTIONS = frozenset(
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor".split()  # noqa: SIM905
+)
+"""Reductions whose partial results along a split dimension an all-reduce combines."""
+register(Rule("map", _reduce), " ".join(sorted(REDUCTIONS)))
+register(Rule("map", _arg), "argmax argmin")
+register(Rule("map", _transpose), "transpose")
+register(Rule("map", _broadcast), "broadcast_in_dim")
+register(Rule("map", _squeeze), "squeeze")
+register(Rule("map", _reshape), "reshape")
+register(Rule("map", _along("axis")), "cumsum cumprod cummax cummin cumlogsumexp split")
+register(Rule("map", _along("dimensions")), "rev")
+register(Rule("map", _along("dimension")), "sort")
+register(Rule("map", _last), "top_k")
+register(Rule("map", _resized), "slice pad dynamic_slice")
+register(Rule("dot"), "dot_general")
+register(Rule("call", callee="jaxpr"), "pjit jit remat remat2 checkpoint")
+register(Rule("call", callee="call_jaxpr"), "closed_call core_call custom_jvp_call custom_vjp_call")
+register(Rule("call", callee="fun_jaxpr"), "custom_vjp_call_jaxpr")
+register(Rule("scan"), "scan")
+register(Rule("constant"), "iota")
+register(Rule("opaque", flops=_conv_flops), "conv_general_dilated")
+register(
+    Rule("opaque"),
+    """
+    concatenate dynamic_update_slice gather scatter scatter-add scatter_add scatter-mul
+    scatter_mul scatter-min scatter_min scatter-max scatter_max reduce_window reduce_window_sum
+    reduce_window_max reduce_window_min select_and_scatter_add select_and_gather_add while cond
+    bitcast_convert_type optimization_barrier approx_top_k rng_bit_generator random_bits
+    random_seed random_wrap random_unwrap random_fold_in random_split threefry2x32 fft cholesky
+    triangular_solve lu lu_pivots_to_permutation qr householder_product eigh eig svd schur
+    tridiagonal tridiagonal_solve hessenberg custom_linear_solve
+    """,
+)

@@ -107,9 +107,9 @@ def read(graph: Graph, problem: Problem, choice: Sequence[int], mesh: MeshSpec) 
             steps[step.key] = (strategy.in_specs(step.op), strategy.out_spec)
     scans: dict[tuple[tuple[int, ...], int], tuple[Spec, Spec]] = {}
     for step in graph.steps:
-        if step.prim in ("scan slice", "scan stack"):
+        if step.role in ("scan slice", "scan stack"):
             whole, mapped, _ = map_specs(graph, step, specs[step.inputs[0]], mesh)
-            stack = step.inputs[0] if step.prim == "scan slice" else step.output
+            stack = step.inputs[0] if step.role == "scan slice" else step.output
             scans[(step.key, stack)] = (whole, mapped)
         elif step.kind == "map" and not step.implicit:
             whole, mapped, _ = map_specs(graph, step, specs[step.inputs[0]], mesh)
@@ -252,7 +252,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     arguments = set(graph.inputs)
     for step in graph.steps:
         at = graph.born[step.output]
-        if step.prim == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
+        if step.role == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
             _, mapped = lay.scans[(step.key, step.inputs[0])]
             slice_, spec = graph.values[step.output], lay.specs[step.output]
             if cpu:

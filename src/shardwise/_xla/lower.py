@@ -18,6 +18,7 @@ and left to partition an unrolled kernel it may gather every slice separately; i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -235,30 +236,57 @@ def _reshard(x: jax.Array, sharding: NamedSharding, explicit: bool) -> jax.Array
     return jax.lax.with_sharding_constraint(x, sharding)  # type: ignore[no-any-return]
 
 
+class Mover:
+    """Moves arrays between layouts inside a traced program, one :func:`reshard_moves` step at
+    a time, so that XLA emits exactly the collectives the cost model predicts. Each step is
+    made once per array: two moves of one array that begin alike (for two readers, or a
+    forward and a backward pass) share their first steps, as the cost model counts them (XLA
+    merges only the first step of two such chains by itself). Entries hold their input alive,
+    so an ``id`` is not reused while its entry exists."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh, self.explicit = mesh, is_explicit(mesh)
+        self.memo: dict[tuple[int, Spec, Spec], tuple[Any, Any]] = {}
+
+    def constrain(self, x: Any, spec: Spec) -> Any:
+        """``x`` laid out as ``spec``."""
+        return _reshard(x, named(self.mesh, spec), self.explicit)
+
+    def move(self, x: Any, src: Spec, dst: Spec) -> Any:
+        """``x``, held as ``src``, moved to ``dst`` (held there where the two are one)."""
+        if src == dst:
+            return self._once(x, (src, dst), lambda: self.constrain(x, dst))
+        out, before = x, src.canonical()
+        for move in reshard_moves(src, dst, x.ndim):
+            out = self._once(
+                x, (before, move.spec), functools.partial(self.constrain, out, move.spec)
+            )
+            before = move.spec
+        return out
+
+    def _once(self, x: Any, step: tuple[Spec, Spec], make: Callable[[], Any]) -> Any:
+        key = (id(x), *step)
+        if key not in self.memo:
+            self.memo[key] = (x, make())
+        return self.memo[key][1]
+
+
 def _mover(
     plan: Plan, mesh: Mesh, layout: Layout
 ) -> Callable[[tuple[jax.Array, ...]], tuple[jax.Array, ...]]:
     """Inside a jitted program: the operands, each moved to its spec under ``layout`` where it
-    is not laid out so already, one step of :func:`reshard_moves` at a time (so that XLA emits
-    the collectives the cost model predicts)."""
-    paths = tuple(
-        tuple(
-            named(mesh, m.spec)
-            for m in reshard_moves(spec.canonical(), layout.spec_for(term), len(term))
-        )
-        if spec.canonical() != layout.spec_for(term)
-        else ()
+    is not laid out so already (:class:`Mover`)."""
+    pairs = [
+        (spec.canonical(), layout.spec_for(term))
         for term, spec in zip(plan.op.inputs, plan.in_specs, strict=True)
-    )
-    explicit = is_explicit(mesh)
+    ]
 
     def move(xs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        out = []
-        for x, path in zip(xs, paths, strict=True):
-            for sharding in path:
-                x = _reshard(x, sharding, explicit)
-            out.append(x)
-        return tuple(out)
+        mover = Mover(mesh)
+        return tuple(
+            x if src == dst else mover.move(x, src, dst)
+            for x, (src, dst) in zip(xs, pairs, strict=True)
+        )
 
     return move
 

@@ -1,0 +1,133 @@
+"""One interpreter over jaxprs, and what the planner reads off their equations.
+
+:class:`Walker` walks a jaxpr equation by equation, each value under a :data:`Key` (its
+variable and the path of equation numbers through inlined calls): a call's body is walked in
+place (:mod:`~shardwise._program.rules` says which primitives are calls), a ``scan`` goes to
+:meth:`Walker.scan`, and every other equation to :meth:`Walker.equation`. The graph builder
+(:mod:`~shardwise._program.graph`, its values the graph's arrays) and the plan applier
+(:mod:`~shardwise._program.apply`, its values traced arrays) are its two visitors, so both
+see the same equations under the same keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any, Generic, TypeAlias, TypeVar
+
+import jax
+import jax.extend.core as jcore
+from jax._src import source_info_util
+
+from shardwise._errors import ArgumentTypeError
+from shardwise._program.rules import rule_of
+
+Path: TypeAlias = tuple[int, ...]
+Key: TypeAlias = tuple[Path, Any]
+"""Where a jaxpr variable lives: the path of equation numbers through inlined calls, and the
+variable itself (one inner jaxpr may be inlined at several places)."""
+T = TypeVar("T")
+
+
+class Walker(Generic[T]):
+    """Walks jaxprs; subclasses say what a value is and what each equation does to values.
+
+    :attr:`env` holds each variable's value by :data:`Key`; a value of ``None`` is never
+    stored (a literal or constant the subclass does not keep)."""
+
+    def __init__(self) -> None:
+        self.env: dict[Key, T] = {}
+
+    def constant(self, value: Any) -> T | None:
+        """The value of a literal's or a closed-over constant's ``value``."""
+        return None
+
+    def bind(self, key: Key, value: T | None) -> None:
+        if value is not None:
+            self.env[key] = value
+
+    def read(self, path: Path, var: Any) -> T | None:
+        if not is_var(var):
+            return self.constant(var.val) if isinstance(var, jcore.Literal) else None
+        return self.env.get((path, var))
+
+    def scope(self, eqn: Any) -> contextlib.AbstractContextManager[Any]:
+        """What to be inside of while ``eqn`` (any equation, a call's included) is walked."""
+        return contextlib.nullcontext()
+
+    def equation(self, eqn: Any, path: Path, here: Path, ins: list[T | None]) -> Sequence[Any]:
+        """The values of ``eqn``'s results, from those of its operands ``ins``."""
+        raise NotImplementedError
+
+    def scan(self, eqn: Any, path: Path, here: Path, ins: list[T | None]) -> Sequence[Any]:
+        """The values of a ``scan``'s results (its body is the jaxpr at path ``here``)."""
+        raise NotImplementedError
+
+    def call(
+        self, eqn: Any, here: Path, body: Any, consts: Sequence[Any], ins: list[T | None]
+    ) -> Sequence[Any]:
+        """A call's results: its body walked at path ``here``."""
+        return self.run(body, consts, here, ins)
+
+    def run(
+        self, jaxpr: Any, consts: Sequence[Any], path: Path, ins: Sequence[T | None]
+    ) -> list[Any]:
+        """Walk ``jaxpr`` at ``path``, its invars bound to ``ins``; the values of its outvars."""
+        for var, c in zip(jaxpr.constvars, consts, strict=True):
+            self.bind((path, var), self.constant(c))
+        for var, x in zip(jaxpr.invars, ins, strict=True):
+            self.bind((path, var), x)
+        for k, eqn in enumerate(jaxpr.eqns):
+            here = (*path, k)
+            values = [self.read(path, v) for v in eqn.invars]
+            with self.scope(eqn):
+                outs = self._dispatch(eqn, path, here, values)
+            for var, x in zip(eqn.outvars, outs, strict=True):
+                if is_var(var):
+                    self.bind((path, var), x)
+        return [self.read(path, v) for v in jaxpr.outvars]
+
+    def _dispatch(self, eqn: Any, path: Path, here: Path, ins: list[T | None]) -> Sequence[Any]:
+        rule = rule_of(eqn.primitive.name)
+        if rule.kind == "call" and rule.callee in eqn.params:
+            inner = eqn.params[rule.callee]
+            body = getattr(inner, "jaxpr", inner)
+            return self.call(eqn, here, body, getattr(inner, "consts", ()), ins)
+        if rule.kind == "scan":
+            return self.scan(eqn, path, here, ins)
+        return self.equation(eqn, path, here, ins)
+
+
+def is_var(v: Any) -> bool:
+    """Whether a jaxpr operand is a variable (not a literal, not a dropped result)."""
+    return not isinstance(v, jcore.Literal) and not isinstance(v, jcore.DropVar)
+
+
+def rank(var: Any) -> int:
+    """A jaxpr variable's number of dimensions (0 for a scalar or a token)."""
+    return len(getattr(var.aval, "shape", None) or ())
+
+
+def source_of(eqn: Any) -> str:
+    """``file:line`` of the user's code that made ``eqn`` (``""`` where none is known)."""
+    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    if frame is None:
+        return ""
+    return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"
+
+
+def named(prim: str, source: str) -> str:
+    """An intermediate's name: the op that makes it and where (``dot_general@model.py:12``)."""
+    return f"{prim}@{source}" if source else prim
+
+
+def abstract(x: Any) -> jax.ShapeDtypeStruct:
+    """An argument leaf as a ``jax.ShapeDtypeStruct``; anything but an array is refused."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+    raise ArgumentTypeError(
+        f"an argument leaf is {type(x).__name__} {x!r:.60}, not an array; plan takes arrays or "
+        "jax.ShapeDtypeStruct leaves, e.g. jax.ShapeDtypeStruct((256, 1024), 'float32')."
+    )
