@@ -24,14 +24,8 @@ from shardwise._planner.calibrate import MATMULS, fit_matmul
 from shardwise._program.graph import build
 from shardwise._program.moves import COPY_BYTES, reshard, reshard_seconds
 from shardwise._program.nodes import Value
-from shardwise._program.problem import (
-    Problem,
-    a2a_copies,
-    build_problem,
-    effective_mesh,
-    made_by_ops,
-    map_cost,
-)
+from shardwise._program.problem import Problem, build_problem, effective_mesh
+from shardwise._program.steps import StepCosts, a2a_copies, made_by_ops
 from shardwise._program.search import _milp, brute_force, descend, solve, total
 from shardwise._program.top import runners_up
 from shardwise._runtime.timing import alternate
@@ -222,10 +216,10 @@ def test_elementwise_ops_cost_only_the_arrays_xla_writes():
 def test_an_implicit_broadcast_reads_its_operand_and_writes_nothing():
     graph, _ = _class_seconds(lambda x: x - jnp.mean(x, axis=-1, keepdims=True), (64, 32))
     (step,) = [s for s in graph.steps if s.implicit]
-    cost = map_cost(graph, step, Spec(()), Spec(()), effective_mesh(MESH), CPU)
+    cost = StepCosts(graph, effective_mesh(MESH), CPU).map(step, Spec(()), Spec(()))
     assert cost.seconds == pytest.approx(64 * 1 * 4 / CPU.memory_Bps)
     (mean,) = [s for s in graph.steps if s.prim == "reduce_sum"]
-    cost = map_cost(graph, mean, Spec(()), Spec(()), effective_mesh(MESH), CPU)
+    cost = StepCosts(graph, effective_mesh(MESH), CPU).map(mean, Spec(()), Spec(()))
     assert cost.seconds == pytest.approx((64 * 32 + 64) * 4 / CPU.memory_Bps)
 
 
@@ -269,7 +263,7 @@ def test_maps_alike_but_one_implicit_are_costed_apart():
         matrix = problem.edges[(u, v)]
         i, j = problem.choices[u].index(Spec(())), problem.choices[v].index(Spec(()))
         assert matrix[i, j] == pytest.approx(
-            map_cost(graph, step, Spec(()), Spec(()), mesh, CPU).seconds
+            StepCosts(graph, mesh, CPU).map(step, Spec(()), Spec(())).seconds
         )
 
 

@@ -9,15 +9,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shardwise._model.mesh import MeshSpec
-from shardwise._model.profile import Profile
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
 from shardwise._program.graph import Graph
-from shardwise._program.moves import Cost, reshard
+from shardwise._program.moves import Cost
 from shardwise._program.nodes import Step
-from shardwise._program.problem import _map_head, a2a_copies, dot_cost, made_by_ops, map_specs
+from shardwise._program.steps import StepCosts, map_specs
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -86,21 +84,34 @@ def _less(cost: Cost, skip: int, repeat: int) -> Cost:
 
 
 class Tally:
-    """The collectives and time of one plan, op by op, each collective with its reason. An
-    operand moved the same way twice in one scope is counted once, as XLA computes it once,
-    and so are the first steps that two of its moves share."""
+    """The collectives and time of one plan, op by op, each collective with its reason, from
+    the same step costs the solver's matrices hold (:class:`StepCosts`). An operand moved the
+    same way twice in one scope is counted once, as XLA computes it once, and so are the first
+    steps that two of its moves share (``shared=False`` counts each move, as the matrices
+    do)."""
 
-    def __init__(self, graph: Graph, lay: Layouts, mesh: MeshSpec, profile: Profile) -> None:
-        self.graph, self.lay, self.mesh, self.profile = graph, lay, mesh, profile
+    def __init__(self, graph: Graph, lay: Layouts, costs: StepCosts, shared: bool = True) -> None:
+        self.graph, self.lay, self.costs, self.shared = graph, lay, costs, shared
+        self.mesh = costs.mesh
         self.found: list[tuple[Any, int, str]] = []
         self.seconds = [0.0] * len(graph.steps)
         self.flops = 0.0
         self.moved: set[tuple[int, Spec, Spec, tuple[int, ...]]] = set()
-        self.by_ops = made_by_ops(graph)
 
     def add(self, k: int, cost: Cost, why: str) -> None:
         self.seconds[k] += cost.seconds
         self.found.extend((c, k, why) for c, _ in cost.collectives)
+
+    def step(self, k: int, strategy: Strategy | None) -> None:
+        """Step ``k``'s cost under the plan (``strategy``: a dot's)."""
+        step = self.graph.steps[k]
+        if step.kind == "dot":
+            assert strategy is not None
+            self.dot(k, step, strategy)
+        elif step.kind == "map":
+            self.map(k, step)
+        else:
+            self.opaque(k, step)
 
     def _text(self, spec: Spec, step: Step, position: int, a: int) -> str:
         return layout_text(spec, dims_of(step, position, len(self.graph.values[a].shape)))
@@ -114,9 +125,7 @@ class Tally:
         if shared is None:
             return
         value = self.graph.values[a]
-        copies = a2a_copies(a, self.by_ops, into_op=True)
-        cost = reshard(value, src, dst, self.mesh, self.profile, step, step.repeat, copies)
-        cost = _less(cost, shared, step.repeat)
+        cost = _less(self.costs.move(step, a, src, dst, True), shared, step.repeat)
         self.add(
             k,
             cost,
@@ -129,6 +138,8 @@ class Tally:
         of ``a`` in ``scope`` already made (XLA computes the same constraint on the same array
         once: a backward pass that reads ``x`` gathered on one axis reuses the forward pass's
         gather on its way to another layout); ``None`` where it made every step."""
+        if not self.shared:
+            return 0
         before, shared, fresh = src.canonical(), 0, False
         for move in reshard_moves(src, dst, len(self.graph.values[a].shape)):
             key = (a, before, move.spec, scope)
@@ -141,7 +152,7 @@ class Tally:
 
     def dot(self, k: int, step: Step, strategy: Strategy) -> None:
         assert step.op is not None
-        own = dot_cost(self.graph, step, strategy, self.mesh, self.profile)
+        own = self.costs.dot(step, strategy)
         self.flops += own.flops
         summed = [(i, a) for i, a in strategy.layout.assignment if a and i in step.op.contracted]
         split = ", ".join(f"{i} split on {'+'.join(a)}" for i, a in summed)
@@ -161,10 +172,9 @@ class Tally:
     def _result(self, k: int, step: Step, made: Spec, who: str) -> None:
         out = self.graph.values[step.output]
         kept = self.lay.specs[step.output]
-        copies = a2a_copies(step.output, self.by_ops, into_op=False)
         self.add(
             k,
-            reshard(out, made, kept, self.mesh, self.profile, step, step.repeat, copies),
+            self.costs.move(step, step.output, made, kept, False),
             f"{who} makes {out.name} as [{self._text(made, step, -1, step.output)}]; it is "
             f"kept as [{self._text(kept, step, -1, step.output)}]",
         )
@@ -172,7 +182,7 @@ class Tally:
     def map(self, k: int, step: Step) -> None:
         a = step.inputs[0]
         src = self.lay.specs[a]
-        head, mapped = _map_head(self.graph, step, src, self.mesh, self.profile, self.by_ops)
+        head, mapped = self.costs.map_head(step, src)
         held = self._text(src, step, 0, a)
         need = ", ".join(f"d{d}" for d in step.local) or "its split dimensions"
         # the gather to the whole operand comes first; what an earlier move of the operand
@@ -194,6 +204,11 @@ class Tally:
     def opaque(self, k: int, step: Step) -> None:
         for position, a in enumerate(step.inputs):
             self.feed(k, step, position, a, Spec())
+        own = self.costs.opaque(k)
+        self.flops += own.flops
+        self.add(k, own, "")
+        what = step.prim if step.modelled else f"{step.prim} (not modelled)"
+        self._result(k, step, Spec(), what)
 
     def collectives(self) -> tuple[ProgramCollective, ...]:
         steps = self.graph.steps

@@ -19,9 +19,6 @@ from shardwise._program.solution import held_curve
 if TYPE_CHECKING:
     from shardwise._program.program import PlannedLayout, ProgramPlan
 
-ALIVE_AT_PEAK = 12
-"""How many of the arrays held at the memory peak a report names, the largest first."""
-
 
 @dataclass(frozen=True, slots=True)
 class ArrayView:
@@ -115,7 +112,12 @@ class MemoryCurve:
 
 @dataclass(frozen=True, slots=True)
 class ProgramReport:
-    """One plan of a :class:`ProgramPlan` op by op, with its memory over the program."""
+    """One plan of a :class:`ProgramPlan` op by op, with its memory over the program.
+
+    Its time adds up: :attr:`seconds` is the rows' seconds, plus :attr:`maps_seconds` (the
+    layout maps that cause no collective: transposes, reshapes, slices, which only read and
+    write), plus :attr:`elementwise_seconds`. :attr:`not_modelled` names the primitives
+    planned whole because shardwise has no rule for them."""
 
     program: str
     plan: str
@@ -124,6 +126,9 @@ class ProgramReport:
     rows: tuple[OpRow, ...]
     memory: MemoryCurve
     seconds: float
+    maps_seconds: float = 0.0
+    elementwise_seconds: float = 0.0
+    not_modelled: tuple[str, ...] = ()
 
     def __rich__(self) -> Any:
         from shardwise.render.program import ops_view
@@ -142,6 +147,9 @@ class ProgramReport:
             "mesh": [[a, n] for a, n in self.mesh],
             "train": self.train,
             "seconds": self.seconds,
+            "maps_seconds": self.maps_seconds,
+            "elementwise_seconds": self.elementwise_seconds,
+            "not_modelled": list(self.not_modelled),
             "rows": [r.to_json() for r in self.rows],
             "memory": self.memory.to_json(),
         }
@@ -186,8 +194,8 @@ def _view(plan: ProgramPlan, chosen: PlannedLayout, step: Step, position: int, u
 
 
 def report(plan: ProgramPlan, name: str) -> ProgramReport:
-    """Plan ``name`` of ``plan`` op by op: a row per dot, per opaque op, and per other op that
-    causes a collective."""
+    """Plan ``name`` of ``plan`` op by op: a row per dot, per opaque op, and per map that
+    causes a collective (the other maps' time is summed in :attr:`ProgramReport.maps_seconds`)."""
     chosen = plan.get(name)
     graph = plan.graph
     by_step: dict[int, list[ProgramCollective]] = {}
@@ -195,15 +203,19 @@ def report(plan: ProgramPlan, name: str) -> ProgramReport:
         by_step.setdefault(c.step, []).append(c)
     total = chosen.predicted.seconds or 1.0
     rows = []
+    maps = 0.0
     for k, step in enumerate(graph.steps):
+        seconds = chosen.predicted.step_seconds[k]
         if step.kind == "map" and k not in by_step:
+            maps += seconds
             continue
         specs = chosen.layouts.specs
         ins, out = chosen.layouts.steps.get(
             step.key, (tuple(specs[a] for a in step.inputs), specs[step.output])
         )
-        seconds = chosen.predicted.step_seconds[k] if chosen.predicted.step_seconds else 0.0
         op = f"{step.prim} {step.op.equation}" if step.op is not None else step.prim
+        if not step.modelled:
+            op += " (not modelled: planned whole)"
         rows.append(
             OpRow(
                 step=k,
@@ -227,4 +239,7 @@ def report(plan: ProgramPlan, name: str) -> ProgramReport:
         rows=tuple(rows),
         memory=memory_curve(plan, chosen),
         seconds=chosen.predicted.seconds,
+        maps_seconds=maps,
+        elementwise_seconds=chosen.predicted.elementwise_seconds,
+        not_modelled=graph.not_modelled,
     )

@@ -24,8 +24,9 @@ from shardwise._program.explain import ProgramCollective, Tally
 from shardwise._program.graph import Graph
 from shardwise._program.moves import relayout_bytes, shard_bytes
 from shardwise._program.nodes import Step
-from shardwise._program.problem import Problem, map_specs
-from shardwise._program.search import Constraint, total
+from shardwise._program.problem import Problem
+from shardwise._program.search import Constraint
+from shardwise._program.steps import StepCosts, map_specs
 
 MEMORY_POINTS = 16
 """How many program points, the fullest first, a memory budget is checked at."""
@@ -40,6 +41,9 @@ class Predicted:
     flops: float
     collectives: tuple[ProgramCollective, ...]
     step_seconds: tuple[float, ...] = ()
+    """Each step's time (all its repeats): its own work and the moves it makes."""
+    elementwise_seconds: float = 0.0
+    """The elementwise ops' time: :attr:`seconds` is this plus every step's."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -125,25 +129,31 @@ def predicted(
     choice: Sequence[int],
     mesh: MeshSpec,
     profile: Profile,
+    shared: bool = True,
 ) -> tuple[Layouts, Predicted]:
-    """The layouts of a solution and their predicted cost, each collective attributed to the
-    step that causes it, with the reason (:class:`~shardwise._program.explain.Tally`)."""
+    """The layouts of a solution and their predicted cost: each step's time and collectives,
+    each collective attributed to the step that causes it, with the reason
+    (:class:`~shardwise._program.explain.Tally`), and the elementwise ops' time. A move that
+    XLA makes once for two readers is counted once (``shared=False`` counts it for each, as the
+    solver's matrices do)."""
     lay = read(graph, problem, choice, mesh)
     var_of = {label: k for k, label in enumerate(problem.labels)}
-    tally = Tally(graph, lay, mesh, profile)
+    costs = StepCosts(graph, mesh, profile)
+    tally = Tally(graph, lay, costs, shared)
     for k, step in enumerate(graph.steps):
+        strategy = None
         if step.kind == "dot":
             label = var_of[("dot", k)]
             strategy = problem.choices[label][choice[label]]
             assert isinstance(strategy, Strategy)
-            tally.dot(k, step, strategy)
-        elif step.kind == "map":
-            tally.map(k, step)
-        else:
-            tally.opaque(k, step)
+        tally.step(k, strategy)
+    elementwise = sum(
+        costs.elementwise(root, lay.specs[root]) for root in sorted(set(graph.classes))
+    )
     memory = peak_bytes(graph, lay, mesh, profile.platform)
+    seconds = sum(tally.seconds) + elementwise
     return lay, Predicted(
-        total(problem, choice), memory, tally.flops, tally.collectives(), tuple(tally.seconds)
+        seconds, memory, tally.flops, tally.collectives(), tuple(tally.seconds), elementwise
     )
 
 

@@ -195,9 +195,18 @@ def ops_view(report: Any, quiet: bool = False) -> Any:
             f"{row.share:.0%}",
         )
     parts.append(table)
-    rest = 1 - sum(row.share for row in report.rows)
-    if rest > 0.005:
-        parts.append(f"the other {rest:.0%} of the time: elementwise ops and layout maps")
+    total = report.seconds or 1.0
+    if report.maps_seconds + report.elementwise_seconds > 0.005 * total:
+        parts.append(
+            f"the other {(report.maps_seconds + report.elementwise_seconds) / total:.0%} of the "
+            f"time: elementwise ops {report.elementwise_seconds / total:.0%}, layout maps that "
+            f"move no data between devices {report.maps_seconds / total:.0%}"
+        )
+    if report.not_modelled:
+        parts.append(
+            f"[bold]not modelled[/] (planned whole on each device, costed by the bytes they "
+            f"read and write): {escape(', '.join(report.not_modelled))}"
+        )
     mem = report.memory
     parts.append(
         f"memory per device over the program: {sparkline(mem.points)}  peak "

@@ -305,10 +305,22 @@ def _op_row(row: Mapping[str, Any], mesh: Mesh) -> str:
 def _ops(report: Mapping[str, Any], mesh: Mesh, title: str = "Op by op") -> str:
     heads = ("op", "reads (on the mesh)", "makes", "collectives", "share of time")
     rows = "".join(_op_row(r, mesh) for r in report.get("rows", []))
+    seconds = float(report.get("seconds", 0.0)) or 1.0
+    maps, elementwise = report.get("maps_seconds", 0.0), report.get("elementwise_seconds", 0.0)
+    rest = (
+        f'<p class="muted">The rest of the time: elementwise ops {100 * elementwise / seconds:.1f}%'
+        f", layout maps that move no data between devices {100 * maps / seconds:.1f}%.</p>"
+    )
+    missing = report.get("not_modelled") or []
+    if missing:
+        rest += (
+            f"<p><b>Not modelled</b> (planned whole on each device, costed by the bytes they read "
+            f"and write): {_e(', '.join(missing))}</p>"
+        )
     return (
         f'<section><h2>{_e(title)}</h2><p class="muted">Each array is drawn on the mesh: one '
         "square per device, coloured by the block it holds (the same colour, the same block).</p>"
-        f"{_table(heads, rows, 'ops')}</section>"
+        f"{_table(heads, rows, 'ops')}{rest}</section>"
     )
 
 

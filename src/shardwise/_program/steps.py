@@ -1,0 +1,176 @@
+"""What each step of a program costs under given layouts, in one place: its time (all its
+repeats), its FLOPs, and the collectives it causes. The solver's matrices
+(:mod:`~shardwise._program.problem`) and the explanation of a plan
+(:mod:`~shardwise._program.explain`) both read these costs, so they cannot disagree.
+
+- an **elementwise** class writes the bytes of the arrays XLA writes out, over the memory
+  bandwidth: XLA fuses chains of elementwise ops, and into reductions, so a result that only
+  those read is never written (:func:`written`);
+- a **dot** costs what the einsum cost model predicts for its strategy (so a one-dot program
+  plans exactly like ``plan_einsum``);
+- a **map** gathers the dimensions it needs whole, all-reduces the partial sums of a
+  reduction over split dimensions, reads its operand and writes its result;
+- an **opaque** op gathers its operands whole and runs whole on each device: the bytes it
+  reads and writes, or its rule's FLOPs, whichever takes longer;
+- a **move** of an array between two layouts (an operand to the layout a step reads it in, a
+  result from the layout a step makes it in) costs the resharding
+  (:mod:`~shardwise._program.moves`).
+
+Pure: no devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set
+
+from shardwise._model.cost import PredictedCollective, predict, ring_seconds
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.profile import Profile
+from shardwise._model.spec import Entry, Spec
+from shardwise._model.strategy import Strategy
+from shardwise._program.graph import Graph
+from shardwise._program.moves import Cost, entry_ways, reshard, reshard_seconds, shard_bytes
+from shardwise._program.nodes import Step
+
+
+def map_specs(graph: Graph, step: Step, src: Spec, mesh: MeshSpec) -> tuple[Spec, Spec, Entry]:
+    """A map from its operand's layout ``src``: the layout it reads (``src`` without the axes of
+    the dimensions it needs whole), the layout of its result, and the mesh axes its partial
+    sums are all-reduced over (those of split reduced dimensions)."""
+    value, out = graph.values[step.inputs[0]], graph.values[step.output]
+    entries = [list(e) for e in src.padded(len(value.shape))]
+    carried: list[Entry] = []
+    for o, d in enumerate(step.dim_map):
+        entry = tuple(entries[d]) if d is not None else ()
+        if entry and out.shape[o] % entry_ways(entry, mesh):
+            entry = ()
+        carried.append(entry)
+    kept = {a for e in carried for a in e} | {a for d in step.reduced for a in entries[d]}
+    whole = Spec(tuple(tuple(a for a in e if a in kept) for e in entries)).canonical()
+    partial = tuple(a for a in mesh.names if any(a in entries[d] for d in step.reduced))
+    return whole, Spec(tuple(carried)).canonical(), partial
+
+
+def made_by_ops(graph: Graph) -> frozenset[int]:
+    """The arrays XLA cannot fuse a copy into the making of: the program's arguments and the
+    results of its dots and opaque ops."""
+    return frozenset(graph.inputs) | {s.output for s in graph.steps if s.kind != "map"}
+
+
+def a2a_copies(a: int, made: Set[int], into_op: bool) -> int:
+    """How many copies of its block an all-to-all that moves array ``a`` costs on a CPU
+    (:data:`~shardwise._program.moves.COPY_BYTES`): one where ``a`` is in ``made`` (from
+    :func:`made_by_ops`: an elementwise op or a map that makes an array cuts it up itself),
+    and one more where a dot or an opaque op reads it (``into_op``; an elementwise op reads
+    the pieces as they are)."""
+    return int(a in made) + int(into_op)
+
+
+def written(graph: Graph) -> frozenset[int]:
+    """The arrays XLA writes out: those a step reads, those a scan's loop takes in or
+    carries, and the program's results. An elementwise result that only elementwise ops, an
+    implicit broadcast or a reduction read is fused into them (``(tanh(x @ w) * 2).sum(-1)``
+    compiles to one multiply-reduce fusion on CPU): it costs no memory traffic of its own."""
+    kept = [s for s in graph.steps if not s.implicit and not (s.kind == "map" and s.reduced)]
+    read = {a for s in kept for a in s.inputs}
+    return frozenset(read | graph.looped | {v for v in graph.outputs if v is not None})
+
+
+class StepCosts:
+    """The costs of one graph's steps on one mesh, under one profile."""
+
+    def __init__(self, graph: Graph, mesh: MeshSpec, profile: Profile) -> None:
+        self.graph, self.mesh, self.profile = graph, mesh, profile
+        self.made = made_by_ops(graph)
+        done = written(graph)
+        self.runs: dict[int, int] = {}
+        """Per class, how many elementwise ops write an array of it (weighted by repeats)."""
+        for v, n in graph.elementwise.items():
+            if v in done:
+                root = graph.find(v)
+                self.runs[root] = self.runs.get(root, 0) + n
+        firsts: dict[tuple[int, ...], int] = {}
+        for k, s in enumerate(graph.steps):
+            firsts.setdefault(s.key, k)
+        self.first = frozenset(firsts.values())
+        """The first step of each equation (one opaque op with several results is one step
+        per result; it reads its operands and does its work once)."""
+
+    def elementwise(self, root: int, spec: Spec) -> float:
+        """The elementwise ops of class ``root`` laid out as ``spec``: each array they write
+        read and written once."""
+        value = self.graph.values[root]
+        unit = 2.0 * self.runs.get(root, 0) / self.profile.memory_Bps
+        return unit * shard_bytes(value, spec, self.mesh)
+
+    def move(self, step: Step, a: int, src: Spec, dst: Spec, into_op: bool) -> Cost:
+        """Array ``a`` moved from ``src`` to ``dst`` for ``step`` (into an op that reads it,
+        ``into_op``, or from the layout the step makes it in)."""
+        copies = a2a_copies(a, self.made, into_op)
+        return reshard(self.graph.values[a], src, dst, self.mesh, self.profile, step,
+                       step.repeat, copies)  # fmt: skip
+
+    def move_seconds(self, step: Step, a: int, src: Spec, dst: Spec, into_op: bool) -> float:
+        """:meth:`move`'s time alone (the cost matrices need nothing else, many thousand
+        times)."""
+        copies = a2a_copies(a, self.made, into_op)
+        return reshard_seconds(self.graph.values[a], src, dst, self.mesh, self.profile,
+                               step.repeat, copies)  # fmt: skip
+
+    def dot(self, step: Step, strategy: Strategy) -> Cost:
+        """A dot's own cost under ``strategy``: the einsum cost model's prediction."""
+        assert step.op is not None
+        shapes = [self.graph.values[a].shape for a in step.inputs]
+        dtype = self.graph.values[step.output].dtype
+        p = predict(step.op, shapes, dtype, self.mesh, strategy, self.profile)
+        return Cost(p.seconds * step.repeat, tuple((c, step) for c in p.collectives),
+                    p.flops * step.repeat)  # fmt: skip
+
+    def map_head(self, step: Step, src: Spec) -> tuple[Cost, Spec]:
+        """A map's cost from its operand held as ``src`` up to its result in the layout it
+        makes it in, and that layout: the gather of the dimensions it needs whole, an
+        all-reduce per split reduced dimension, and the bytes it reads and writes."""
+        graph, mesh, profile = self.graph, self.mesh, self.profile
+        value, out = graph.values[step.inputs[0]], graph.values[step.output]
+        whole, mapped, partial = map_specs(graph, step, src, mesh)
+        gather = self.move(step, step.inputs[0], src, whole, into_op=False)
+        sums: list[tuple[PredictedCollective, Step]] = []
+        if partial:
+            # one all-reduce per split reduced dimension, over its axes (as XLA sums a
+            # reduction over two dimensions split on two axes: over one axis, then the other)
+            n = shard_bytes(out, mapped, mesh)
+            entries = src.padded(len(value.shape))
+            for d in step.reduced:
+                axes = tuple(a for a in mesh.names if a in entries[d] and a in partial)
+                if axes:
+                    seconds = ring_seconds("all-reduce", axes, n, mesh, profile)
+                    sums.append((PredictedCollective("all-reduce", axes, n, seconds), step))
+        # it reads its operand and writes its result, but an implicit broadcast is carried out
+        # inside the elementwise op that reads it, and writes nothing of its own
+        moved = shard_bytes(value, whole, mesh)
+        if not step.implicit:
+            moved += shard_bytes(out, mapped, mesh)
+        # the gather's cost already counts its repeats (and its copies); the sums are per run
+        comm = gather.seconds + sum(c.seconds for c, _ in sums) * step.repeat
+        parts = (*gather.collectives, *sums)
+        return Cost(comm + step.repeat * moved / self.profile.memory_Bps, parts), mapped
+
+    def map(self, step: Step, src: Spec, dst: Spec) -> Cost:
+        """A map from its operand held as ``src`` to its result kept as ``dst``."""
+        head, mapped = self.map_head(step, src)
+        after = self.move(step, step.output, mapped, dst, into_op=False)
+        return Cost(head.seconds + after.seconds, (*head.collectives, *after.collectives))
+
+    def opaque(self, k: int) -> Cost:
+        """Opaque step ``k``'s own work, whole on each device: the bytes it reads (once per
+        equation) and writes, or its FLOPs, whichever takes longer."""
+        graph = self.graph
+        step = graph.steps[k]
+        moved = graph.values[step.output].nbytes
+        flops = 0.0
+        if k in self.first:
+            moved += sum(graph.values[a].nbytes for a in step.inputs)
+            flops = step.flops
+        rate = self.profile.flops(graph.values[step.output].dtype)
+        seconds = max(moved / self.profile.memory_Bps, flops / rate)
+        return Cost(seconds * step.repeat, (), flops * step.repeat)

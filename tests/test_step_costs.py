@@ -1,0 +1,139 @@
+"""One cost per step: the solver's matrices and a plan's explanation read the same step
+costs (:mod:`shardwise._program.steps`), so a plan's predicted time adds up op by op, and
+every op, modelled or not, costs something."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+import shardwise
+from shardwise._model.profile import BUILTIN
+from shardwise._program.models import model
+from shardwise._program.problem import build_problem, effective_mesh
+from shardwise._program.search import solve, total
+from shardwise._program.solution import predicted
+from shardwise._program.top import pinned
+
+S = jax.ShapeDtypeStruct
+CPU = BUILTIN["cpu-2core"]
+CASES = [
+    (name, train, mesh)
+    for name in ("mlp", "transformer")
+    for train in (False, True)
+    for mesh in ("data=2,model=4", "x=8")
+]
+
+
+def _plan(name: str, train: bool, mesh: str) -> shardwise.ProgramPlan:
+    fn, args = model(name, batch=16, hidden=64, ffn=128, seq=16, layers=2, train=train)
+    return shardwise.plan(fn, *args, mesh=mesh, profile=CPU, train=train, top=3)
+
+
+@pytest.mark.parametrize(("name", "train", "mesh"), CASES)
+def test_a_reports_times_add_up_to_its_plans_predicted_seconds(name, train, mesh):
+    plan = _plan(name, train, mesh)
+    assert len(plan.plans) > 3  # the search's and the baselines
+    for p in plan.plans:
+        r = plan.report(p.name)
+        added = sum(row.seconds for row in r.rows) + r.maps_seconds + r.elementwise_seconds
+        assert added == pytest.approx(p.predicted.seconds, rel=1e-9, abs=0)
+        assert sum(p.predicted.step_seconds) + p.predicted.elementwise_seconds == pytest.approx(
+            p.predicted.seconds, rel=1e-9, abs=0
+        )
+        assert r.seconds == p.predicted.seconds and not r.not_modelled
+
+
+@pytest.mark.parametrize(("name", "train", "mesh"), CASES)
+def test_the_explanation_counts_what_the_solvers_matrices_hold(name, train, mesh):
+    """With each move counted for each of its readers, as the matrices count them, the
+    explanation's total is the solver's objective, for its solution and for any other choice
+    (each term of the matrices is read at some pair of layouts)."""
+    plan = _plan(name, train, mesh)
+    mesh_spec = effective_mesh(plan.mesh)
+    problem = build_problem(plan.graph, mesh_spec, CPU)
+    best = solve(problem)
+    assert best is not None
+    rng = np.random.default_rng(0)
+    choices = [best.choice] + [
+        tuple(int(rng.integers(len(c))) for c in problem.choices) for _ in range(4)
+    ]
+    for choice in choices:
+        _, each = predicted(plan.graph, problem, choice, mesh_spec, CPU, shared=False)
+        assert each.seconds == pytest.approx(total(problem, choice), rel=1e-9, abs=0)
+        _, once = predicted(plan.graph, problem, choice, mesh_spec, CPU)
+        assert once.seconds <= each.seconds * (1 + 1e-12)
+        assert set(once.collectives) <= set(each.collectives)
+
+
+def test_a_move_two_readers_share_is_counted_once():
+    """FSDP on the MLP's training step gathers each weight once for the forward pass and the
+    backward pass alike: the matrices count the gather for both readers, the prediction once,
+    and the difference is the time of the gathers not listed twice."""
+    plan = _plan("mlp", True, "x=8")
+    mesh_spec = effective_mesh(plan.mesh)
+    fsdp = plan.get("fsdp")
+    # the baseline: its inputs pinned, the rest laid out by the search
+    problem = pinned(
+        plan.graph, build_problem(plan.graph, mesh_spec, CPU), dict(enumerate(fsdp.in_specs))
+    )
+    sol = solve(problem)
+    assert sol is not None
+    _, once = predicted(plan.graph, problem, sol.choice, mesh_spec, CPU)
+    _, each = predicted(plan.graph, problem, sol.choice, mesh_spec, CPU, shared=False)
+    assert each.seconds == pytest.approx(sol.seconds, rel=1e-9)
+    dropped = len(each.collectives) - len(once.collectives)
+    assert dropped > 0 and once.seconds < each.seconds
+    assert once.seconds == pytest.approx(fsdp.predicted.seconds, rel=1e-9)
+
+
+def _unknown() -> Primitive:
+    """A primitive shardwise has no rule for: it doubles its operand."""
+    p = Primitive("doubled_by_a_custom_kernel")
+    p.def_impl(lambda x: 2 * x)
+    p.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
+    mlir.register_lowering(p, mlir.lower_fun(lambda x: 2 * x, multiple_results=False))
+    return p
+
+
+def test_a_primitive_with_no_rule_is_planned_whole_costed_and_named():
+    kernel = _unknown()
+
+    def f(x, w):
+        return jnp.tanh(kernel.bind(x @ w)) @ w.T
+
+    args = (S((64, 32), "float32"), S((32, 32), "float32"))
+    plan = shardwise.plan(f, *args, mesh="x=4", profile=CPU, top=1)
+    (step,) = [s for s in plan.graph.steps if s.kind == "opaque"]
+    assert not step.modelled and plan.graph.not_modelled == ("doubled_by_a_custom_kernel",)
+    k = plan.graph.steps.index(step)
+    read_and_written = 2 * 64 * 32 * 4 / CPU.memory_Bps
+    for p in plan.plans:
+        assert p.predicted.step_seconds[k] >= read_and_written  # never free
+        assert p.layouts.steps[step.key] == ((shardwise.Spec(),), shardwise.Spec())
+    r = plan.report()
+    assert r.not_modelled == ("doubled_by_a_custom_kernel",)
+    (row,) = [row for row in r.rows if row.step == k]
+    assert "not modelled" in row.op and row.seconds > 0
+    assert "not modelled" in str(r)
+    x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((32, 32)).astype(np.float32)
+    got = np.asarray(plan.sharded()(x, w))
+    np.testing.assert_allclose(got, np.tanh(2 * (x @ w)) @ w.T, rtol=2e-5, atol=2e-5)
+
+
+def test_a_convolution_is_planned_whole_with_its_flops():
+    def f(x, k):
+        return jax.lax.conv(x, k, (1, 1), "SAME")
+
+    x, k = S((8, 4, 16, 16), "float32"), S((6, 4, 3, 3), "float32")
+    plan = shardwise.plan(f, x, k, mesh="x=2", profile=CPU, top=1)
+    (step,) = plan.graph.steps
+    assert step.kind == "opaque" and step.modelled
+    assert step.flops == 2 * (8 * 6 * 16 * 16) * (4 * 3 * 3)
+    assert plan.chosen.predicted.flops == step.flops
+    assert plan.chosen.predicted.seconds >= step.flops / CPU.flops("float32")
