@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
+from shardwise._program.rules import rule_of
 from shardwise._program.solution import Layouts
 from shardwise._program.walk import Key, Path, Walker, is_var
 from shardwise._xla.lower import Mover
@@ -73,7 +74,10 @@ class _Applier(Walker[Any]):
 
     def equation(self, eqn: Any, path: Path, here: Path, ins: list[Any]) -> list[Any]:
         """A step's operands moved to the layouts it reads them in, its result made in its
-        layout and moved on to the result's own; any other equation as it is."""
+        layout and moved on to the result's own; a layout the user's code asks for gives way
+        to the plan's; any other equation as it is."""
+        if rule_of(eqn.primitive.name).placement:
+            return ins
         if here not in self.layouts.steps:
             out = eqn.primitive.bind(*ins, **eqn.params)
             return list(out) if eqn.primitive.multiple_results else [out]

@@ -20,19 +20,20 @@ layer.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 
 from shardwise._errors import ArgumentError
 from shardwise._model.op import Op
 from shardwise._program.nodes import Role, Step, Value
 from shardwise._program.rules import REDUCTIONS, Rule, dot_op, rule_of
 from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
+from shardwise._xla.dtypes import storage_name
 from shardwise._xla.names import argument_names
 
 
@@ -116,9 +117,26 @@ def build(
         raise ArgumentError(
             f"cannot trace {name or 'the function'} with these arguments: {e}"
         ) from None
+    graph = read_jaxpr(closed, argument_names(signature or fn, shapes))
+    return dataclasses.replace(
+        graph,
+        data=tuple(k for k, a in enumerate(shapes) if isinstance(a, jax.ShapeDtypeStruct)),
+        tree=jax.tree.structure(tuple(shapes)),
+        out_tree=jax.tree.structure(out_shape),
+    )
+
+
+def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
+    """A traced jaxpr read as a :class:`Graph` (its inputs named ``names``, else ``x0, x1…``);
+    :func:`build` traces a function and reads its jaxpr so.
+
+    >>> closed = jax.make_jaxpr(lambda x: jax.numpy.cumsum(x * 2, axis=0))(jax.numpy.ones((4, 3)))
+    >>> [(s.kind, s.prim, s.local) for s in read_jaxpr(closed).steps]
+    [('map', 'cumsum', (0,))]
+    """
     b = _Builder()
     jaxpr = closed.jaxpr
-    names = argument_names(signature or fn, shapes)
+    names = tuple(names) or tuple(f"x{k}" for k in range(len(jaxpr.invars)))
     inputs = [
         b.define(((), var), label, "") for var, label in zip(jaxpr.invars, names, strict=True)
     ]
@@ -134,8 +152,8 @@ def build(
         values=tuple(b.values),
         steps=tuple(b.steps),
         inputs=tuple(inputs),
-        names=tuple(names),
-        data=tuple(k for k, a in enumerate(shapes) if isinstance(a, jax.ShapeDtypeStruct)),
+        names=names,
+        data=(),
         outputs=tuple(outputs),
         classes=tuple(b.find(v) for v in range(len(b.values))),
         elementwise=types.MappingProxyType(b.elementwise),
@@ -147,8 +165,8 @@ def build(
         looped=frozenset(b.looped),
         carries=tuple(b.carries),
         closed=closed,
-        tree=jax.tree.structure(tuple(shapes)),
-        out_tree=jax.tree.structure(out_shape),
+        tree=None,
+        out_tree=None,
         elementwise_ops=b.elementwise_ops,
     )
 
@@ -187,7 +205,7 @@ class _Builder(Walker[int]):
 
     def define(self, key: Key, name: str, source: str) -> int:
         aval = key[1].aval
-        value = Value(tuple(int(n) for n in aval.shape), np.dtype(aval.dtype).name, name, source)
+        value = Value(tuple(int(n) for n in aval.shape), storage_name(aval.dtype), name, source)
         self.values.append(value)
         self.parent.append(len(self.parent))
         self.born.append(self.clock)

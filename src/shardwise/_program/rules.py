@@ -50,6 +50,9 @@ class Rule:
         callee: a call's param that holds the body to inline.
         flops: an opaque op's FLOPs per run (``None``: it is bound by the bytes it moves).
         modelled: ``False`` only for the rule of a primitive that has none.
+        placement: a layout the user's code asks for (``with_sharding_constraint``,
+            ``reshard``, ``device_put``): planned as elementwise, and when a plan runs, the
+            plan's layout stands in its place.
     """
 
     kind: Kind
@@ -57,6 +60,7 @@ class Rule:
     callee: str = ""
     flops: Flops | None = None
     modelled: bool = True
+    placement: bool = False
 
 
 RULES: dict[str, Rule] = {}
@@ -189,6 +193,12 @@ def _along(param: str) -> LayoutMap:
     return layout
 
 
+def _unstack(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts:
+    """One slice along ``axis``, which is gone from the result."""
+    axis = p["axis"]
+    return tuple(d for d in range(len(i)) if d != axis), (axis,), ()
+
+
 def _last(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts | None:
     """Along the last dimension (``top_k``)."""
     return (tuple(range(len(i))), (len(i) - 1,), ()) if i and len(i) == len(o) else None
@@ -215,14 +225,15 @@ register(
     Rule("elementwise"),
     """
     abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt ceil
-    clamp clz complex conj copy copy_p convert_element_type cos cosh digamma div eq erf erf_inv
+    clamp clz complex conj copy convert_element_type cos cosh digamma div eq eq_to erf erf_inv
     erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag integer_pow is_finite le
-    lgamma log log1p logistic lt max min mul ne neg nextafter not or polygamma population_count
-    pow random_gamma_grad real reduce_precision regularized_incomplete_beta rem round rsqrt
-    select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square
-    stop_gradient sub tan tanh xor zeta
+    le_to lgamma log log1p logistic lt lt_to max min mul mulhi name ne neg nextafter not or
+    polygamma population_count pow random_clone real reduce_precision
+    regularized_incomplete_beta rem round rsqrt select_n shift_left shift_right_arithmetic
+    shift_right_logical sign sin sinh sqrt square stop_gradient sub tan tanh xor zeta
     """,
 )
+register(Rule("elementwise", placement=True), "sharding_constraint reshard device_put")
 REDUCTIONS = frozenset(
     "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor".split()  # noqa: SIM905
 )
@@ -237,23 +248,26 @@ register(Rule("map", _along("axis")), "cumsum cumprod cummax cummin cumlogsumexp
 register(Rule("map", _along("dimensions")), "rev")
 register(Rule("map", _along("dimension")), "sort")
 register(Rule("map", _last), "top_k")
-register(Rule("map", _resized), "slice pad dynamic_slice")
+register(Rule("map", _unstack), "unstack")
+register(Rule("map", _resized), "slice pad dynamic_slice tile")
 register(Rule("dot"), "dot_general")
-register(Rule("call", callee="jaxpr"), "pjit jit remat remat2 checkpoint")
+register(Rule("call", callee="jaxpr"), "jit remat2 composite")
 register(Rule("call", callee="call_jaxpr"), "closed_call core_call custom_jvp_call custom_vjp_call")
-register(Rule("call", callee="fun_jaxpr"), "custom_vjp_call_jaxpr")
+register(Rule("call", callee="call"), "custom_vmap_call")
 register(Rule("scan"), "scan")
-register(Rule("constant"), "iota")
+register(Rule("constant"), "iota empty empty2 create_token after_all platform_index")
 register(Rule("opaque", flops=_conv_flops), "conv_general_dilated")
 register(
     Rule("opaque"),
     """
-    concatenate dynamic_update_slice gather scatter scatter-add scatter_add scatter-mul
-    scatter_mul scatter-min scatter_min scatter-max scatter_max reduce_window reduce_window_sum
-    reduce_window_max reduce_window_min select_and_scatter_add select_and_gather_add while cond
-    bitcast_convert_type optimization_barrier approx_top_k rng_bit_generator random_bits
-    random_seed random_wrap random_unwrap random_fold_in random_split threefry2x32 fft cholesky
-    triangular_solve lu lu_pivots_to_permutation qr householder_product eigh eig svd schur
-    tridiagonal tridiagonal_solve hessenberg custom_linear_solve
+    concatenate stack dynamic_update_slice gather scatter scatter-add scatter-sub scatter-mul
+    scatter-min scatter-max reduce reduce_window reduce_window_sum reduce_window_max
+    reduce_window_min select_and_scatter_add select_and_gather_add while cond
+    bitcast_convert_type optimization_barrier approx_top_k rng_bit_generator rng_uniform
+    random_bits random_seed random_wrap random_unwrap random_fold_in random_split random_gamma
+    threefry2x32 fft cholesky cholesky_update triangular_solve lu lu_pivots_to_permutation qr
+    geqrf ormqr householder_product eigh eig svd schur tridiagonal tridiagonal_solve hessenberg
+    symmetric_product custom_linear_solve ragged_dot_general scaled_dot scaled_matmul_wrapper
+    dce_sink
     """,
 )

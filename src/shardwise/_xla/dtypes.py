@@ -200,3 +200,17 @@ def x64() -> bool:
 def _narrowed(dtype: np.dtype[Any], x64: bool) -> bool:
     """Whether JAX, with 64-bit mode ``x64``, would compute in a narrower type than ``dtype``."""
     return bool(np.dtype(jax.dtypes.canonicalize_dtype(dtype)) != dtype)
+
+
+def storage_name(dtype: Any) -> str:
+    """The NumPy name of ``dtype``, or for one NumPy has no name for (a PRNG key's
+    ``key<fry>``), that of the unsigned integer of the same width, which stores as many bytes.
+
+    >>> storage_name(np.float32), storage_name(jax.random.key(0).dtype)
+    ('float32', 'uint64')
+    """
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        size = int(dtype.itemsize)
+        return {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}.get(size, f"V{size}")

@@ -1,0 +1,71 @@
+"""The program planner's rules per primitive: every primitive that ``jax.lax``, ``jax.nn`` and
+the ``jax.numpy`` of models emit in this JAX version has one (:mod:`primitive_corpus`), and the
+planner walks every function of the corpus, forward and differentiated, with none left not
+modelled."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from primitive_corpus import CORPUS, grad_jaxprs, primitives
+from shardwise._program.graph import read_jaxpr
+from shardwise._program.rules import NOT_MODELLED, RULES, rule_of
+
+
+@functools.cache
+def _jaxprs() -> tuple[tuple[str, object], ...]:
+    """Every corpus function's jaxpr, and its gradient's where it has one."""
+    out = []
+    for label, fn, args in CORPUS:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+        out.append((label, closed))
+        out += [(f"{label} [grad]", g) for g in grad_jaxprs(fn, args, out_shape)]
+    return tuple(out)
+
+
+@pytest.mark.slow
+def test_every_primitive_the_corpus_emits_has_a_rule():
+    first: dict[str, str] = {}
+    for label, closed in _jaxprs():
+        for name in primitives(closed):
+            first.setdefault(name, label)
+    assert len(first) > 150  # the corpus reaches the whole of jax.lax and jax.nn
+    missing = {name: label for name, label in first.items() if name not in RULES}
+    assert not missing, f"primitives with no rule (and the corpus entry that emits each): {missing}"
+
+
+@pytest.mark.slow
+def test_the_planner_walks_every_function_of_the_corpus_with_nothing_not_modelled():
+    walked = 0
+    for label, closed in _jaxprs():
+        graph = read_jaxpr(closed)
+        assert not graph.not_modelled, label
+        walked += len(graph.steps) + graph.elementwise_ops
+    assert walked > 1000
+
+
+def test_a_primitive_with_no_rule_is_opaque_and_not_modelled():
+    assert rule_of("a_primitive_from_a_library_of_kernels") is NOT_MODELLED
+    assert NOT_MODELLED.kind == "opaque" and not NOT_MODELLED.modelled
+    assert all(rule.modelled for rule in RULES.values())
+
+
+def test_each_kind_of_rule_reads_as_its_step():
+    def f(x, w, key):
+        h = jax.checkpoint(lambda a: jnp.tanh(a @ w))(x)  # a call (remat2), elementwise, a dot
+        h = jax.lax.with_sharding_constraint(h, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+        g = jnp.take(h, jnp.array([0, 2]), axis=0)  # a gather: opaque
+        return jnp.cumsum(h, axis=1), g, jax.random.normal(key, h.shape) + h
+
+    args = (jnp.ones((4, 8)), jnp.ones((8, 8)), jax.random.key(0))
+    graph = read_jaxpr(jax.make_jaxpr(f)(*args))
+    kinds = {(s.kind, s.prim) for s in graph.steps}
+    assert ("dot", "dot_general") in kinds and ("map", "cumsum") in kinds
+    assert ("opaque", "gather") in kinds
+    assert all(s.modelled for s in graph.steps)
+    # the constraint joins its operand's class: the plan's layout stands in its place
+    assert not any(s.prim == "sharding_constraint" for s in graph.steps)
