@@ -34,7 +34,8 @@ def main() -> None:
 
     from shardwise._model.mesh import MeshSpec, build_mesh
     from shardwise._model.profile_files import default_profile
-    from shardwise._planner.einsum import rank, spearman, verify
+    from shardwise._planner.einsum import rank, verify
+    from shardwise._runtime.timing import spearman
 
     results = []
     pooled_p: list[float] = []

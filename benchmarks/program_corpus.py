@@ -33,11 +33,10 @@ from program_verify import MESH, PROGRAMS, _figures, _profile
 
 import shardwise
 from shardwise._program import verify
-from shardwise._planner.einsum import spearman
 from shardwise._program.problem import build_problem, effective_mesh
 from shardwise._program.program import PlannedLayout, ProgramPlan
-from shardwise._program.search import total
-from shardwise._runtime.timing import alternate
+from shardwise._program.solution import predicted
+from shardwise._runtime.timing import alternate, spearman
 
 
 def corpus(
@@ -46,7 +45,8 @@ def corpus(
     """The plan under ``profile`` and every distinct plan made under it or a random profile,
     each with its label and its predicted seconds under ``profile``."""
     reference = shardwise.plan(fn, *args, mesh=MESH, profile=profile, train=train)
-    problem = build_problem(reference.graph, effective_mesh(reference.mesh), reference.profile)
+    mesh = effective_mesh(reference.mesh)
+    problem = build_problem(reference.graph, mesh, reference.profile)
     rng = random.Random(seed)
     plans = [reference] + [
         shardwise.plan(fn, *args, mesh=MESH, profile=random_profile(rng, t), train=train)
@@ -60,7 +60,8 @@ def corpus(
             if key not in seen:
                 seen.add(key)
                 label = item.name if k == 0 else f"{plan.profile.name}: {item.name}"
-                out.append((label, plan, item, total(problem, list(key))))
+                _, again = predicted(reference.graph, problem, key, mesh, reference.profile)
+                out.append((label, plan, item, again.seconds))
     return reference, out
 
 
@@ -71,7 +72,7 @@ def measure(
     runners = {}
     leaves = verify._arrays(items[0][1])  # every plan is of one program: the same inputs
     for label, plan, item, _ in items:
-        compiled, args = verify.compile_plan(plan, item, verify._mesh(plan, None), leaves)
+        compiled, args = verify.compile_program(plan, item, verify._mesh(plan, None), leaves)
         runners[label] = functools.partial(compiled, *args)
     return alternate(runners, repeat, at_least=verify.TURN_SECONDS)
 

@@ -29,7 +29,7 @@ import shardwise
 from shardwise._model.profile import Link, Profile
 from shardwise._program.problem import Problem, build_problem, effective_mesh
 from shardwise._program.program import PlannedLayout, ProgramPlan
-from shardwise._program.search import total
+from shardwise._program.solution import predicted
 
 BIG = 1e30
 
@@ -73,14 +73,16 @@ def parts(plan: ProgramPlan) -> dict[str, dict[str, float]]:
     mesh = effective_mesh(plan.mesh)
     graph = plan.graph
     fused = dataclasses.replace(graph, elementwise={})  # no elementwise traffic at all
-    problems = {name: build_problem(graph, mesh, p) for name, p in variants(plan.profile).items()}
-    problems["memory less elementwise"] = build_problem(
-        fused, mesh, variants(plan.profile)["memory"]
-    )
-    problems["all"] = build_problem(graph, mesh, plan.profile)
+    cases = {name: (graph, p) for name, p in variants(plan.profile).items()}
+    cases["memory less elementwise"] = (fused, variants(plan.profile)["memory"])
+    cases["all"] = (graph, plan.profile)
+    problems = {k: build_problem(g, mesh, p) for k, (g, p) in cases.items()}
     out = {}
     for item in plan.plans:
-        t = {k: total(p, choice(plan, p, item)) for k, p in problems.items()}
+        t = {
+            k: predicted(cases[k][0], p, choice(plan, p, item), mesh, cases[k][1])[1].seconds
+            for k, p in problems.items()
+        }
         out[item.name] = {
             "predicted": t["all"],
             "dots": t["dots"],

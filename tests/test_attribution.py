@@ -9,10 +9,23 @@ import jax
 import pytest
 
 import shardwise
-from shardwise._program.verify import _ops, attributed
+from shardwise._model.collective import Collective
+from shardwise._program.verify import _ops
+from shardwise._program.verify import attributed as _attributed
 from shardwise._xla.hlo import collectives
 
 AR, AG = "all-reduce", "all-gather"
+
+
+def attributed(said, hlo):
+    """:func:`attributed` of collectives written as (kind, axes, bytes, op, ``file:line``)."""
+
+    def made(items):
+        return [Collective(k, a, b, op_name=op, source=src) for k, a, b, op, src in items]
+
+    return _attributed(made(said), made(hlo))
+
+
 M, D = ("model",), ("data",)
 
 

@@ -25,8 +25,8 @@ from shardwise._program.graph import build
 from shardwise._program.moves import COPY_BYTES, reshard, reshard_seconds
 from shardwise._program.nodes import Value
 from shardwise._program.problem import Problem, build_problem, effective_mesh
-from shardwise._program.steps import StepCosts, a2a_copies, made_by_ops
 from shardwise._program.search import _milp, brute_force, descend, solve, total
+from shardwise._program.steps import StepCosts, a2a_copies, made_by_ops
 from shardwise._program.top import runners_up
 from shardwise._runtime.timing import alternate
 
@@ -534,7 +534,9 @@ def test_a_stack_gathered_for_the_forward_scan_is_not_gathered_again_for_the_bac
     gathered = [
         q.name
         for q in p.plans
-        if any(c.op == "scan slice" and c.kind == "all-gather" for c in q.predicted.collectives)
+        if any(
+            c.op_name == "scan slice" and c.kind == "all-gather" for c in q.predicted.collectives
+        )
     ]
     assert gathered
     for q in _checked(p, *gathered).plans:

@@ -18,10 +18,11 @@ from shardwise._model.profile import BUILTIN
 from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import Strategy, strategies
-from shardwise._planner.einsum import collectives_by_kind, rank, verify
+from shardwise._planner.einsum import rank, verify
 from shardwise._runtime.timing import spearman
 from shardwise._xla.explain import compile_plan
 from shardwise._xla.hlo import collectives
+from shardwise._xla.verified import kinds
 from shardwise.cli import app
 
 runner = CliRunner()
@@ -79,15 +80,8 @@ def test_predicted_collectives_match_compiled_hlo_for_every_strategy(mesh_text):
                 op, shapes, mesh=mesh, in_specs=list(s.in_specs(op)), out_specs=s.out_spec
             )
             text = compile_plan(plan, jmesh).as_text() or ""
-            got = collectives_by_kind(
-                [(c.kind, c.mesh_axes) for c in collectives(text, mesh.shape)]
-            )
-            want = collectives_by_kind(
-                [
-                    (c.kind, c.mesh_axes)
-                    for c in predict(op, shapes, "float32", mesh, s, CPU).collectives
-                ]
-            )
+            got = kinds(collectives(text, mesh.shape))
+            want = kinds(predict(op, shapes, "float32", mesh, s, CPU).collectives)
             assert got == want, (equation, s.describe(op))
             checked += 1
     assert checked >= 50
@@ -160,7 +154,7 @@ def test_verify_matches_multi_operand_and_reduced_strategies(
     assert checked.verified is not None
     assert checked.verified.collectives_match, (
         [(c.kind, c.mesh_axes) for c in checked.predicted.collectives],
-        [(k, a) for k, a, _ in checked.verified.collectives],
+        [c.group for c in checked.verified.collectives],
     )
 
 

@@ -20,7 +20,7 @@ from shardwise._program.models import loss_of, mlp, model
 from shardwise._program.problem import build_problem, effective_mesh
 from shardwise._program.program import train_step
 from shardwise._program.search import _milp, brute_force, solve, total
-from shardwise._program.verify import by_kind
+from shardwise._xla.verified import by_kind
 from shardwise.cli import app
 
 S = jax.ShapeDtypeStruct
@@ -126,7 +126,7 @@ def test_baselines_and_search_match_compiled_hlo_and_numpy(mesh):
         _check_against_numpy(plan, p.name, fn, args)
     # every plan's predicted collectives equal the compiled program's, kind by kind
     wrong = [
-        (p.name, by_kind((c.kind, c.mesh_axes, c.bytes) for c in p.predicted.collectives),
+        (p.name, by_kind(p.predicted.collectives),
          by_kind(p.verified.collectives)) for p in checked.plans if not p.verified.collectives_match
     ]  # fmt: skip
     assert wrong == []
@@ -287,13 +287,8 @@ def test_every_reshard_emits_exactly_the_predicted_collectives():
                 .lower(S(shape, "float32"))
                 .compile()
             )
-            got = by_kind(
-                (c.kind, c.mesh_axes, c.bytes) for c in collectives(compiled.as_text(), spec.shape)
-            )
-            want = by_kind(
-                (c.kind, c.mesh_axes, c.bytes)
-                for c in reshard_collectives(a, b, shape, "float32", spec, CPU)
-            )
+            got = by_kind(collectives(compiled.as_text(), spec.shape))
+            want = by_kind(reshard_collectives(a, b, shape, "float32", spec, CPU))
             if got != want:
                 wrong.append((a.describe(), b.describe(), want, got))
     assert len(layouts) == 9 and wrong == []

@@ -138,10 +138,10 @@ def test_plans_and_reports_print_as_tables(mlp_train):
 
 def _timed(plan, seconds):
     """``plan`` as if verified, each plan measured at ``seconds[name]``."""
-    from shardwise._program.solution import ProgramVerified
+    from shardwise._xla.verified import Verified
 
     plans = tuple(
-        dataclasses.replace(p, verified=ProgramVerified(True, seconds[p.name], None, (), True))
+        dataclasses.replace(p, verified=Verified(True, seconds[p.name], (), None, True))
         for p in plan.plans
     )
     return dataclasses.replace(plan, plans=plans, spearman=0.5)

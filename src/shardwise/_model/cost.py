@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jax.numpy as jnp
 
+from shardwise._model.collective import Collective
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.profile import Profile
@@ -33,21 +34,28 @@ from shardwise._model.strategy import Strategy, reduce_axes
 
 
 @dataclass(frozen=True, slots=True)
-class PredictedCollective:
-    """A collective the strategy implies: kind, mesh axes, bytes of its result per device."""
+class PredictedCollective(Collective):
+    """A collective a strategy or a plan implies: what it moves, and its predicted
+    ``seconds`` per run. In a program plan it also names the op and the user's line it
+    belongs to (:attr:`op_name`, :attr:`source`), how many times it runs (``repeat``: a
+    scan's length), the step of the program graph that causes it, and why, in words."""
 
-    kind: str
-    mesh_axes: tuple[str, ...]
-    bytes: int
-    seconds: float
+    seconds: float = 0.0
+    repeat: int = field(default=1, kw_only=True)
+    step: int = field(default=-1, kw_only=True)
+    why: str = field(default="", kw_only=True)
 
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "kind": self.kind,
             "mesh_axes": list(self.mesh_axes),
             "bytes": self.bytes,
             "seconds": self.seconds,
         }
+        if self.op_name:
+            out |= {"op": self.op_name, "source": self.source, "repeat": self.repeat,
+                    "step": self.step, "why": self.why}  # fmt: skip
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,28 +23,11 @@ from shardwise._model.plan import Plan, check_extent
 from shardwise._model.profile import Profile, check_platform
 from shardwise._model.strategy import MAX_LAYOUTS, Strategy, layout_count, strategies
 from shardwise._model.units import format_bytes
-from shardwise._runtime.timing import median_seconds, spearman
+from shardwise._runtime.timing import TURN_SECONDS, alternate, spearman
 from shardwise._xla.explain import compile_plan
-from shardwise._xla.hlo import collectives
+from shardwise._xla.hlo import Collective, collectives
 from shardwise._xla.lower import place, platform
-
-
-@dataclass(frozen=True, slots=True)
-class Verified:
-    """What the devices at hand did with one strategy."""
-
-    collectives_match: bool
-    seconds: float
-    collectives: tuple[tuple[str, tuple[str, ...], int], ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "collectives_match": self.collectives_match,
-            "seconds": self.seconds,
-            "collectives": [
-                {"kind": k, "mesh_axes": list(a), "bytes": b} for k, a, b in self.collectives
-            ],
-        }
+from shardwise._xla.verified import Verified, collectives_match
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,14 +204,6 @@ def rank(
     )
 
 
-def collectives_by_kind(found: Sequence[tuple[str, Sequence[str]]]) -> dict[str, set[str]]:
-    """Kinds present, each with the union of its mesh axes (XLA may split one sum in two)."""
-    out: dict[str, set[str]] = {}
-    for kind, axes in found:
-        out.setdefault(kind, set()).update(axes)
-    return out
-
-
 def verify(
     report: PlanReport,
     mesh: Mesh,
@@ -238,7 +213,9 @@ def verify(
 ) -> PlanReport:
     """Compile, compare and time the ``top`` best strategies on ``mesh`` (a JAX mesh).
 
-    Time is the median of ``repeat`` runs after one warm-up, on random data.
+    Time is the median of ``repeat`` turns, on random data, the strategies taking turns
+    (:func:`~shardwise._runtime.timing.alternate`), each turn at least
+    :data:`~shardwise._runtime.timing.TURN_SECONDS` long.
 
     Raises:
         ArgumentError: when the report's profile is for another platform than ``mesh``'s
@@ -248,7 +225,8 @@ def verify(
     chosen = report.strategies[: top or len(report.strategies)]
     rng = np.random.default_rng(0)
     arrays = [rng.random(s).astype(report.dtype) for s in report.shapes]
-    done: list[Candidate] = []
+    checked: list[tuple[Candidate, bool, tuple[Collective, ...]]] = []
+    runners: dict[str, Callable[[], Any]] = {}
     for k, cand in enumerate(chosen):
         if on_step is not None:
             on_step(k, len(chosen))
@@ -262,16 +240,15 @@ def verify(
             out_specs=s.out_spec,
         )
         compiled = compile_plan(plan, mesh)
-        found = collectives(compiled.as_text() or "", report.mesh.shape)
-        got = collectives_by_kind([(c.kind, c.mesh_axes) for c in found])
-        want = collectives_by_kind([(c.kind, c.mesh_axes) for c in cand.predicted.collectives])
-        placed = place(plan, mesh, arrays)
-        verified = Verified(
-            collectives_match=got == want,
-            seconds=median_seconds(functools.partial(compiled, *placed), repeat),
-            collectives=tuple((c.kind, c.mesh_axes, c.bytes) for c in found),
-        )
-        done.append(dataclasses.replace(cand, verified=verified))
+        found = tuple(collectives(compiled.as_text() or "", report.mesh.shape))
+        match = collectives_match(cand.predicted.collectives, found, by_bytes=False)
+        checked.append((cand, match, found))
+        runners[str(k)] = functools.partial(compiled, *place(plan, mesh, arrays))
+    seconds = alternate(runners, repeat, at_least=TURN_SECONDS)
+    done = [
+        dataclasses.replace(cand, verified=Verified(match, seconds[str(k)], found))
+        for k, (cand, match, found) in enumerate(checked)
+    ]
     rest = report.strategies[len(done) :]
     rho = spearman(
         [c.predicted.seconds for c in done], [c.verified.seconds for c in done if c.verified]

@@ -58,7 +58,7 @@ class _Applier(Walker[Any]):
 
     def bind(self, key: Key, value: Any) -> None:
         spec = self.spec_of(key)
-        if spec is not None and getattr(value, "ndim", 0):
+        if spec is not None and jnp.ndim(value):
             value = self.mover.constrain(value, spec)
         self.env[key] = value
 

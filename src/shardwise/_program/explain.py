@@ -5,10 +5,11 @@ words, and each op's share of the time."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from shardwise._model.cost import PredictedCollective
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
@@ -19,36 +20,6 @@ from shardwise._program.steps import StepCosts, map_specs
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
-
-
-@dataclass(frozen=True, slots=True)
-class ProgramCollective:
-    """A collective a plan implies: kind, mesh axes, bytes per device, the op and source line
-    it belongs to, how many times it runs (a scan's length), the step of the graph that causes
-    it (``-1``: none) and why, in words."""
-
-    kind: str
-    mesh_axes: tuple[str, ...]
-    bytes: int
-    op: str
-    source: str
-    repeat: int = 1
-    step: int = -1
-    why: str = ""
-    seconds: float = 0.0
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "kind": self.kind,
-            "mesh_axes": list(self.mesh_axes),
-            "bytes": self.bytes,
-            "op": self.op,
-            "source": self.source,
-            "repeat": self.repeat,
-            "step": self.step,
-            "why": self.why,
-            "seconds": self.seconds,
-        }
 
 
 def layout_text(spec: Spec, dims: Sequence[str] | int) -> str:
@@ -210,19 +181,17 @@ class Tally:
         what = step.prim if step.modelled else f"{step.prim} (not modelled)"
         self._result(k, step, Spec(), what)
 
-    def collectives(self) -> tuple[ProgramCollective, ...]:
+    def collectives(self) -> tuple[PredictedCollective, ...]:
+        """Every collective found, each with its op, source line, repeats, step and why."""
         steps = self.graph.steps
         return tuple(
-            ProgramCollective(
-                c.kind,
-                c.mesh_axes,
-                c.bytes,
-                steps[k].prim,
-                steps[k].source,
-                steps[k].repeat,
-                k,
-                why,
-                c.seconds,
+            dataclasses.replace(
+                c,
+                op_name=steps[k].prim,
+                source=steps[k].source,
+                repeat=steps[k].repeat,
+                step=k,
+                why=why,
             )
             for c, k, why in self.found
             if c.bytes

@@ -27,9 +27,10 @@ from shardwise._program.graph import Graph, build
 from shardwise._program.problem import Problem, build_problem, effective_mesh
 from shardwise._program.report import ProgramReport, report
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
-from shardwise._program.solution import Layouts, Predicted, ProgramVerified, predicted
+from shardwise._program.solution import Layouts, ProgramPrediction, predicted
 from shardwise._program.top import baselines, best_plans, nothing_fits, peak, pinned
 from shardwise._program.verify import sharded, tune, verify
+from shardwise._xla.verified import Verified
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +40,8 @@ class PlannedLayout:
     name: str
     in_specs: tuple[Spec, ...]
     layouts: Layouts
-    predicted: Predicted
-    verified: ProgramVerified | None = None
+    predicted: ProgramPrediction
+    verified: Verified | None = None
     over_budget: bool = False
     """Whether its predicted peak memory per device is over the plan's budget: only a
     baseline can be (it is shown, to compare, but never chosen nor run by ``verify``)."""

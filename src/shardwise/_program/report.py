@@ -8,11 +8,13 @@ This is the data the terminal, JSON and HTML reports of ``shardwise plan`` draw;
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from shardwise._model.cost import PredictedCollective
 from shardwise._model.spec import Spec
-from shardwise._program.explain import ProgramCollective, dims_of, layout_text
+from shardwise._program.explain import dims_of, layout_text
 from shardwise._program.nodes import Step
 from shardwise._program.solution import held_curve
 
@@ -70,7 +72,7 @@ class OpRow:
     mirrors: str
     inputs: tuple[ArrayView, ...]
     output: ArrayView
-    collectives: tuple[ProgramCollective, ...]
+    collectives: tuple[PredictedCollective, ...]
     seconds: float
     share: float
     repeat: int
@@ -175,7 +177,7 @@ def memory_curve(plan: ProgramPlan, chosen: PlannedLayout) -> MemoryCurve:
     return MemoryCurve(tuple(int(p) for p in points), int(points[at]), at, tuple(alive))
 
 
-def _mirrors(steps: list[Step], step: Step) -> str:
+def _mirrors(steps: Sequence[Step], step: Step) -> str:
     if not step.backward:
         return ""
     for other in steps:
@@ -198,7 +200,7 @@ def report(plan: ProgramPlan, name: str) -> ProgramReport:
     causes a collective (the other maps' time is summed in :attr:`ProgramReport.maps_seconds`)."""
     chosen = plan.get(name)
     graph = plan.graph
-    by_step: dict[int, list[ProgramCollective]] = {}
+    by_step: dict[int, list[PredictedCollective]] = {}
     for c in chosen.predicted.collectives:
         by_step.setdefault(c.step, []).append(c)
     total = chosen.predicted.seconds or 1.0

@@ -218,7 +218,7 @@ def _conv_flops(p: Mapping[str, Any], ins: Sequence[Shape], out: Shape) -> float
         return 0.0
     kernel = ins[1]
     out_features = p["dimension_numbers"].rhs_spec[0]
-    return 2.0 * math.prod(out) * math.prod(kernel) / max(kernel[out_features], 1)
+    return 2.0 * math.prod(out) * math.prod(kernel) / max(int(kernel[out_features]), 1)
 
 
 register(

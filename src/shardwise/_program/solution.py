@@ -15,12 +15,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from shardwise._model.cost import PredictedCollective
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
-from shardwise._program.explain import ProgramCollective, Tally
+from shardwise._program.explain import Tally
 from shardwise._program.graph import Graph
 from shardwise._program.moves import relayout_bytes, shard_bytes
 from shardwise._program.nodes import Step
@@ -33,13 +34,13 @@ MEMORY_POINTS = 16
 
 
 @dataclass(frozen=True, slots=True)
-class Predicted:
+class ProgramPrediction:
     """A plan's predicted cost per device."""
 
     seconds: float
     memory_bytes: int
     flops: float
-    collectives: tuple[ProgramCollective, ...]
+    collectives: tuple[PredictedCollective, ...]
     step_seconds: tuple[float, ...] = ()
     """Each step's time (all its repeats): its own work and the moves it makes."""
     elementwise_seconds: float = 0.0
@@ -51,33 +52,6 @@ class Predicted:
             "memory_bytes": self.memory_bytes,
             "flops": self.flops,
             "collectives": [c.to_json() for c in self.collectives],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ProgramVerified:
-    """What the devices at hand did with one plan."""
-
-    collectives_match: bool
-    seconds: float
-    memory_bytes: int | None
-    collectives: tuple[tuple[str, tuple[str, ...], int, str, str], ...]
-    """The compiled program's collectives: kind, mesh axes, bytes, and from the HLO's
-    metadata the op (``op_name``) and ``file:line`` behind each."""
-    sources_match: bool = False
-    """Whether each compiled collective belongs to the op and source line predicted for it
-    (see :func:`shardwise._program.verify.attributed`)."""
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "collectives_match": self.collectives_match,
-            "sources_match": self.sources_match,
-            "seconds": self.seconds,
-            "memory_bytes": self.memory_bytes,
-            "collectives": [
-                {"kind": k, "mesh_axes": list(a), "bytes": b, "op": op, "source": src}
-                for k, a, b, op, src in self.collectives
-            ],
         }
 
 
@@ -130,7 +104,7 @@ def predicted(
     mesh: MeshSpec,
     profile: Profile,
     shared: bool = True,
-) -> tuple[Layouts, Predicted]:
+) -> tuple[Layouts, ProgramPrediction]:
     """The layouts of a solution and their predicted cost: each step's time and collectives,
     each collective attributed to the step that causes it, with the reason
     (:class:`~shardwise._program.explain.Tally`), and the elementwise ops' time. A move that
@@ -152,7 +126,7 @@ def predicted(
     )
     memory = peak_bytes(graph, lay, mesh, profile.platform)
     seconds = sum(tally.seconds) + elementwise
-    return lay, Predicted(
+    return lay, ProgramPrediction(
         seconds, memory, tally.flops, tally.collectives(), tuple(tally.seconds), elementwise
     )
 

@@ -12,12 +12,13 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from shardwise._model.collective import Collective as BaseCollective
 from shardwise._model.profile import check_platform
 from shardwise._program.apply import constrained
-from shardwise._program.solution import ProgramVerified
-from shardwise._runtime.timing import alternate, spearman
+from shardwise._runtime.timing import TURN_SECONDS, alternate, spearman
 from shardwise._xla.hlo import collectives
 from shardwise._xla.lower import jax_mesh, platform
+from shardwise._xla.verified import Verified, collectives_match
 
 if TYPE_CHECKING:
     from shardwise._program.program import PlannedLayout, ProgramPlan
@@ -36,14 +37,6 @@ def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Calla
     leaves = [NamedSharding(m, s.to_partition_spec()) for s in chosen.in_specs]
     in_shardings = tuple(jax.tree.unflatten(plan.graph.tree, leaves))
     return jax.jit(program, in_shardings=in_shardings)
-
-
-def by_kind(found: Any) -> dict[tuple[str, tuple[str, ...]], int]:
-    """Bytes per (kind, mesh axes): XLA may combine or split collectives of one kind."""
-    out: dict[tuple[str, tuple[str, ...]], int] = {}
-    for kind, axes, nbytes, *_ in found:
-        out[(kind, tuple(axes))] = out.get((kind, tuple(axes)), 0) + nbytes
-    return out
 
 
 def _line(source: str) -> str:
@@ -77,13 +70,10 @@ SCAN_OPS = frozenset({"scan slice", "scan stack"})
 """A scan's own slicing and stacking: XLA does them with ops of its choosing (``squeeze``,
 ``dynamic-slice``, ``dynamic-update-slice``) and names the collective after those."""
 
-Said = tuple[str, tuple[str, ...], int, str, str]
-"""A collective as (kind, mesh axes, bytes, op, ``file:line``)."""
-
 _TRIES = 200_000
 
 
-def attributed(predicted: Sequence[Said], compiled: Sequence[Said]) -> bool:
+def attributed(predicted: Sequence[BaseCollective], compiled: Sequence[BaseCollective]) -> bool:
     """Whether the compiled collectives belong to the ops and source lines the plan says.
 
     Each compiled collective stands for some predicted ones of its kind and axes (XLA
@@ -92,18 +82,19 @@ def attributed(predicted: Sequence[Said], compiled: Sequence[Said]) -> bool:
     the ops its ``op_name`` gives (:data:`LAYOUT_CHANGE` stands for any op, and any op for one
     of :data:`SCAN_OPS`). Every predicted collective must be stood for, once.
 
-    >>> said = [("all-reduce", ("model",), 8, "dot_general", "m.py:3")]
-    >>> attributed(said, [("all-reduce", ("model",), 8, "jit(f)/dot_general", "/src/m.py:3 (f)")])
+    >>> def said(op, source):
+    ...     return [BaseCollective("all-reduce", ("model",), 8, op_name=op, source=source)]
+    >>> attributed(said("dot_general", "m.py:3"), said("jit(f)/dot_general", "/src/m.py:3 (f)"))
     True
-    >>> attributed(said, [("all-reduce", ("model",), 8, "jit(f)/dot_general", "/src/m.py:4 (f)")])
+    >>> attributed(said("dot_general", "m.py:3"), said("jit(f)/dot_general", "/src/m.py:4 (f)"))
     False
     """
-    groups = {(c[0], c[1]) for c in [*predicted, *compiled]}
+    groups = {c.group for c in [*predicted, *compiled]}
     return all(
         _stands_for(
-            sorted(((c[2], _ops(c[3]), _line(c[4])) for c in compiled if (c[0], c[1]) == g),
+            sorted(((c.bytes, _ops(c.op_name), _line(c.source)) for c in compiled if c.group == g),
                    key=lambda c: (len(c[1]), -c[0])),
-            sorted((p[2], p[3], p[4]) for p in predicted if (p[0], p[1]) == g),
+            sorted((p.bytes, p.op_name, p.source) for p in predicted if p.group == g),
         )
         for g in groups
     )  # fmt: skip
@@ -164,7 +155,7 @@ def _arrays(plan: ProgramPlan) -> list[np.ndarray]:
     return out
 
 
-def compile_plan(
+def compile_program(
     plan: ProgramPlan, item: PlannedLayout, mesh: Any, leaves: Sequence[np.ndarray]
 ) -> tuple[Any, Any]:
     """``item`` compiled on ``mesh``, and ``leaves`` (the program's inputs, flat) placed as its
@@ -175,12 +166,6 @@ def compile_plan(
     ]
     args = jax.tree.unflatten(plan.graph.tree, placed)
     return sharded(plan, item, mesh).lower(*args).compile(), args  # type: ignore[attr-defined]
-
-
-TURN_SECONDS = 0.2
-"""Each plan's turn at the devices lasts this long at least (several calls of a small
-program, their mean counted): single calls of tens of milliseconds ranked ten plans of an MLP
-differently from one round to the next on a 2-core machine."""
 
 
 def verify(
@@ -200,20 +185,20 @@ def verify(
     for k, item in enumerate(runnable):
         if on_step is not None:
             on_step(k, len(runnable))
-        compiled, args = compile_plan(plan, item, m, leaves)
-        found = collectives(compiled.as_text() or "", plan.mesh.shape)
-        got = tuple((c.kind, c.mesh_axes, c.bytes, c.op_name, c.source) for c in found)
-        want = [(c.kind, c.mesh_axes, c.bytes, c.op, c.source) for c in item.predicted.collectives]
+        compiled, args = compile_program(plan, item, m, leaves)
+        got = tuple(collectives(compiled.as_text() or "", plan.mesh.shape))
+        want = item.predicted.collectives
         memory = compiled.memory_analysis()
         held = None
         if memory is not None:
             held = int(memory.argument_size_in_bytes + memory.output_size_in_bytes
                        + memory.temp_size_in_bytes - memory.alias_size_in_bytes)  # fmt: skip
-        checked.append((item, by_kind(got) == by_kind(want), attributed(want, got), held, got))
+        match = collectives_match(want, got, by_bytes=True)
+        checked.append((item, match, attributed(want, got), held, got))
         runners[item.name] = functools.partial(compiled, *args)
     seconds = alternate(runners, repeat, at_least=TURN_SECONDS)
     verified = {
-        item.name: ProgramVerified(match, seconds[item.name], held, got, sources)
+        item.name: Verified(match, seconds[item.name], got, held, sources)
         for item, match, sources, held, got in checked
     }
     # a plan over the budget is not run: on devices of that memory it would not fit

@@ -40,6 +40,12 @@ workers spin for a few milliseconds after each call, holding the cores, and woul
 whichever runner comes next."""
 
 
+TURN_SECONDS = 0.2
+"""Each runner's turn at the devices lasts this long at least (several calls of a small
+program, their mean counted): single calls of tens of milliseconds ranked ten plans of an MLP
+differently from one round to the next on a 2-core machine."""
+
+
 def alternate(
     runners: Mapping[str, Callable[[], Any]], repeat: int, at_least: float = 0.0
 ) -> dict[str, float]:

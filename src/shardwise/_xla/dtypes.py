@@ -210,7 +210,7 @@ def storage_name(dtype: Any) -> str:
     ('float32', 'uint64')
     """
     try:
-        return np.dtype(dtype).name
+        return str(np.dtype(dtype).name)
     except TypeError:
         size = int(dtype.itemsize)
         return {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}.get(size, f"V{size}")

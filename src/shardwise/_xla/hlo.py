@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 import numpy as np
+
+from shardwise._model.collective import Collective as BaseCollective
 
 CollectiveKind: TypeAlias = Literal[
     "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"
@@ -61,7 +63,7 @@ _FRAME = re.compile(r"stack_frame_id=(\d+)")
 
 
 @dataclass(frozen=True, slots=True)
-class Collective:
+class Collective(BaseCollective):
     """One collective in a compiled program.
 
     Attributes:
@@ -69,24 +71,15 @@ class Collective:
         mesh_axes: the user's mesh axes its device groups span.
         bytes: size of its result on one device, in bytes.
         groups: the device groups (positions in the mesh), as XLA wrote them.
-        shape: the dimensions of its (first) result array on one device.
         hlo_name: the HLO instruction's name.
         op_name: the JAX operation that produced it, from HLO metadata ('' if absent).
         source: ``file:line (function)`` of the user code behind it, where the metadata has it.
+        shape: the dimensions of its (first) result array on one device.
     """
 
-    kind: CollectiveKind
-    mesh_axes: tuple[str, ...]
-    bytes: int
-    groups: tuple[tuple[int, ...], ...]
-    hlo_name: str
-    op_name: str = ""
-    source: str = ""
-    shape: tuple[int, ...] = ()
-
-    def to_json(self) -> dict[str, object]:
-        """The contract's form: ``{"kind", "mesh_axes", "bytes"}``."""
-        return {"kind": self.kind, "mesh_axes": list(self.mesh_axes), "bytes": self.bytes}
+    groups: tuple[tuple[int, ...], ...] = ()
+    hlo_name: str = ""
+    shape: tuple[int, ...] = field(default=(), kw_only=True)
 
 
 def _array_bytes(text: str) -> list[int]:
