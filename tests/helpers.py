@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import jax
@@ -9,6 +10,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from shardwise import Spec
+from shardwise._program.problem import Problem
+from shardwise._program.search import total
 
 
 def tolerance(dtype: Any, terms: int) -> dict[str, float]:
@@ -26,3 +29,12 @@ def assert_shards(result: jax.Array, expected: np.ndarray, mesh: Mesh, spec: Spe
     assert len(shards) == mesh.size
     for shard in shards:
         np.testing.assert_allclose(np.asarray(shard.data), expected[shard.index], **tol)
+
+
+def brute_force(problem: Problem) -> tuple[tuple[int, ...], float]:
+    """Every combination of choices, for tests on small problems."""
+    best = min(
+        itertools.product(*(range(len(c)) for c in problem.choices)),
+        key=lambda c: total(problem, c),
+    )
+    return best, total(problem, best)

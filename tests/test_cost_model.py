@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
+from helpers import brute_force
 from shardwise._model.cost import predict, ring_seconds
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
@@ -25,7 +26,7 @@ from shardwise._program.graph import build
 from shardwise._program.moves import COPY_BYTES, reshard, reshard_seconds
 from shardwise._program.nodes import Value
 from shardwise._program.problem import Problem, build_problem, effective_mesh
-from shardwise._program.search import _milp, brute_force, descend, solve, total
+from shardwise._program.search import _milp, descend, solve, total
 from shardwise._program.steps import StepCosts, a2a_copies, made_by_ops
 from shardwise._program.top import runners_up
 from shardwise._runtime.timing import alternate
@@ -299,14 +300,11 @@ def test_alternate_turns_last_at_least_as_long_as_asked():
 def _frustrated(n: int = 5) -> Problem:
     """An odd cycle whose edges reward disagreeing: the linear relaxation's optimum is
     fractional (every variable half one way, half the other), so the integer program runs."""
-    problem = Problem([("v", k) for k in range(n)])
-    problem.choices = [[0, 1] for _ in range(n)]
-    problem.unary = [np.array([0.0, 0.1 * k]) for k in range(n)]
-    for k in range(n):
-        problem.edges[(k, (k + 1) % n) if k + 1 < n else (0, n - 1)] = np.array(
-            [[1.0, 0.0], [0.0, 1.0]]
-        )
-    return problem
+    edges = {
+        ((k, (k + 1) % n) if k + 1 < n else (0, n - 1)): np.array([[1.0, 0.0], [0.0, 1.0]])
+        for k in range(n)
+    }
+    return Problem.of([[0, 1]] * n, [np.array([0.0, 0.1 * k]) for k in range(n)], edges)
 
 
 def _count_milp(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -333,10 +331,12 @@ def test_a_fractional_relaxation_falls_back_to_the_integer_program(monkeypatch):
 def test_an_integral_relaxation_is_the_optimum(monkeypatch):
     calls = _count_milp(monkeypatch)
     rng = np.random.default_rng(3)
-    problem = Problem([("v", k) for k in range(5)])  # every pair joined: nothing eliminated
-    problem.choices = [[0, 1, 2] for _ in range(5)]
-    problem.unary = [rng.random(3) for _ in range(5)]
-    problem.edges = {(u, v): rng.random((3, 3)) for u in range(5) for v in range(u + 1, 5)}
+    unary = [rng.random(3) for _ in range(5)]  # every pair joined: nothing eliminated
+    problem = Problem.of(
+        [[0, 1, 2]] * 5,
+        unary,
+        {(u, v): rng.random((3, 3)) for u in range(5) for v in range(u + 1, 5)},
+    )
     _, best = brute_force(problem)
     found = _milp(problem, [], [], 10.0)
     assert found is not None and found[1] and total(problem, found[0]) == pytest.approx(best)
@@ -345,8 +345,7 @@ def test_an_integral_relaxation_is_the_optimum(monkeypatch):
 
 def test_descend_keeps_its_fixed_choice_and_ends_at_a_local_optimum():
     rng = np.random.default_rng(0)
-    problem = _frustrated(7)
-    problem.unary = [rng.random(2) for _ in range(7)]
+    problem = dataclasses.replace(_frustrated(7), unary=tuple(rng.random(2) for _ in range(7)))
     start = [int(c) for c in rng.integers(0, 2, 7)]
     start[3] = 0
     found = descend(problem, start, fixed=3)
@@ -365,10 +364,12 @@ def test_runners_up_where_an_integer_program_was_needed_come_from_local_search()
     """Runners-up found by local search from the optimum, each with different input layouts,
     none cheaper than it."""
     rng = np.random.default_rng(1)
-    problem = Problem([("v", k) for k in range(6)])  # every pair joined: nothing eliminated
-    problem.choices = [[0, 1, 2] for _ in range(6)]
-    problem.unary = [rng.random(3) for _ in range(6)]
-    problem.edges = {(u, v): rng.random((3, 3)) for u in range(6) for v in range(u + 1, 6)}
+    unary = [rng.random(3) for _ in range(6)]  # every pair joined: nothing eliminated
+    problem = Problem.of(
+        [[0, 1, 2]] * 6,
+        unary,
+        {(u, v): rng.random((3, 3)) for u in range(6) for v in range(u + 1, 6)},
+    )
     best = solve(problem)
     assert best is not None and "integer program" in best.method
     inputs = [0, 2, 4]
@@ -382,8 +383,7 @@ def test_runners_up_where_an_integer_program_was_needed_come_from_local_search()
 @pytest.mark.parametrize("seed", range(8))
 def test_descend_from_anywhere_ends_where_no_one_change_helps(seed):
     rng = np.random.default_rng(seed)
-    problem = _frustrated(7)
-    problem.unary = [rng.random(2) for _ in range(7)]
+    problem = dataclasses.replace(_frustrated(7), unary=tuple(rng.random(2) for _ in range(7)))
     start = [int(c) for c in rng.integers(0, 2, 7)]
     found = descend(problem, start, fixed=0)
     assert found.choice[0] == start[0]
@@ -398,12 +398,12 @@ def test_descend_from_an_optimum_looks_at_the_changed_variables_neighbours_only(
     """From an optimum with one choice changed, only that variable's neighbours can improve
     at first: the settled descent ends where the full one does."""
     rng = np.random.default_rng(seed)
-    problem = Problem([("v", k) for k in range(6)])
-    problem.choices = [[0, 1, 2] for _ in range(6)]
-    problem.unary = [rng.random(3) for _ in range(6)]
-    problem.edges = {(u, u + 1): rng.random((3, 3)) for u in range(5)} | {
-        (0, 5): rng.random((3, 3))
-    }
+    unary = [rng.random(3) for _ in range(6)]
+    problem = Problem.of(
+        [[0, 1, 2]] * 6,
+        unary,
+        {(u, u + 1): rng.random((3, 3)) for u in range(5)} | {(0, 5): rng.random((3, 3))},
+    )
     best, _ = brute_force(problem)
     for v in range(6):
         start = list(best)

@@ -13,13 +13,14 @@ import pytest
 from typer.testing import CliRunner
 
 import shardwise
+from helpers import brute_force
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import BUILTIN
 from shardwise._program.graph import build
 from shardwise._program.models import loss_of, mlp, model
 from shardwise._program.problem import build_problem, effective_mesh
 from shardwise._program.program import train_step
-from shardwise._program.search import _milp, brute_force, solve, total
+from shardwise._program.search import _milp, solve, total
 from shardwise._xla.verified import by_kind
 from shardwise.cli import app
 
@@ -91,14 +92,14 @@ def test_search_equals_brute_force_on_random_problems(seed):
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(3, 7))
-    problem = Problem([("v", k) for k in range(n)])
     sizes = [int(rng.integers(1, 5)) for _ in range(n)]
-    problem.choices = [list(range(k)) for k in sizes]
-    problem.unary = [rng.integers(0, 4, k).astype(float) for k in sizes]
+    unary = [rng.integers(0, 4, k).astype(float) for k in sizes]
+    edges = {}
     for u in range(n):
         for v in range(u + 1, n):
             if rng.random() < 0.6:
-                problem.edges[(u, v)] = rng.integers(0, 4, (sizes[u], sizes[v])).astype(float)
+                edges[(u, v)] = rng.integers(0, 4, (sizes[u], sizes[v])).astype(float)
+    problem = Problem.of([list(range(k)) for k in sizes], unary, edges)
     _, best = brute_force(problem)
     found = solve(problem)
     assert found is not None and found.seconds == pytest.approx(best)

@@ -137,3 +137,17 @@ def test_a_convolution_is_planned_whole_with_its_flops():
     assert step.flops == 2 * (8 * 6 * 16 * 16) * (4 * 3 * 3)
     assert plan.chosen.predicted.flops == step.flops
     assert plan.chosen.predicted.seconds >= step.flops / CPU.flops("float32")
+
+
+def test_a_search_that_kept_only_some_layouts_says_so(monkeypatch):
+    from shardwise._program import problem
+
+    fn, args = model("mlp", batch=16, hidden=64, ffn=128)
+    whole = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, top=1)
+    assert whole.complete and whole.stopped_early is None
+    monkeypatch.setattr(problem, "MAX_CHOICES", 2)
+    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, top=1)
+    assert not plan.complete and plan.to_json()["complete"] is False
+    assert "spread evenly" in plan.stopped_early and "incomplete" in str(plan)
+    # a baseline whose layouts were not kept is skipped, and says why
+    assert any("not among the layouts the search kept" in why for _, why in plan.skipped)

@@ -15,8 +15,10 @@ is costed. Pure: no devices.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +38,7 @@ MAX_CHOICES = 4096
 spread evenly, and its report says that it stopped early."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Problem:
     """Variables (each with its choices and their costs) and edges (cost matrices).
 
@@ -50,21 +52,50 @@ class Problem:
         truncated: whether some variable's choices were cut to :data:`MAX_CHOICES`.
     """
 
+    labels: tuple[tuple[str, int], ...]
+    choices: tuple[tuple[Any, ...], ...]
+    unary: tuple[np.ndarray, ...]
+    edges: Mapping[tuple[int, int], np.ndarray]
+    considered: int = 0
+    truncated: bool = False
+
+    @staticmethod
+    def of(
+        choices: Sequence[Sequence[Any]],
+        unary: Sequence[np.ndarray],
+        edges: Mapping[tuple[int, int], np.ndarray],
+        labels: Sequence[tuple[str, int]] = (),
+    ) -> Problem:
+        """A problem from its parts (labels ``("v", k)`` where none are given)."""
+        names = tuple(labels) or tuple(("v", k) for k in range(len(choices)))
+        return Problem(names, tuple(tuple(c) for c in choices), tuple(unary),
+                       types.MappingProxyType(dict(edges)))  # fmt: skip
+
+    def restrict(self, keep: dict[int, list[int]]) -> Problem:
+        """The same problem with variable ``v`` limited to choices ``keep[v]``."""
+        index = [keep.get(v, list(range(len(c)))) for v, c in enumerate(self.choices)]
+        return dataclasses.replace(
+            Problem.of(
+                [[c[i] for i in ix] for c, ix in zip(self.choices, index, strict=True)],
+                [u[ix] for u, ix in zip(self.unary, index, strict=True)],
+                {(u, v): m[np.ix_(index[u], index[v])] for (u, v), m in self.edges.items()},
+                self.labels,
+            ),
+            considered=self.considered,
+            truncated=self.truncated,
+        )
+
+
+@dataclass(slots=True)
+class _Draft:
+    """A :class:`Problem` while :func:`build_problem` fills it in."""
+
     labels: list[tuple[str, int]] = field(default_factory=list)
     choices: list[list[Any]] = field(default_factory=list)
     unary: list[np.ndarray] = field(default_factory=list)
     edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     considered: int = 0
     truncated: bool = False
-
-    def restrict(self, keep: dict[int, list[int]]) -> Problem:
-        """The same problem with variable ``v`` limited to choices ``keep[v]``."""
-        index = [keep.get(v, list(range(len(c)))) for v, c in enumerate(self.choices)]
-        out = Problem(list(self.labels), considered=self.considered, truncated=self.truncated)
-        out.choices = [[c[i] for i in ix] for c, ix in zip(self.choices, index, strict=True)]
-        out.unary = [u[ix] for u, ix in zip(self.unary, index, strict=True)]
-        out.edges = {(u, v): m[np.ix_(index[u], index[v])] for (u, v), m in self.edges.items()}
-        return out
 
     def add_edge(self, u: int, v: int, matrix: np.ndarray) -> None:
         if u == v:
@@ -73,6 +104,10 @@ class Problem:
             self.edges[(v, u)] = self.edges[(v, u)] + matrix.T
         else:
             self.edges[(u, v)] = self.edges.get((u, v), 0) + matrix
+
+    def freeze(self) -> Problem:
+        problem = Problem.of(self.choices, self.unary, self.edges, self.labels)
+        return dataclasses.replace(problem, considered=self.considered, truncated=self.truncated)
 
 
 def effective_mesh(mesh: MeshSpec) -> MeshSpec:
@@ -105,7 +140,7 @@ def build_problem(
 ) -> Problem:
     """The planning problem of ``graph`` on ``mesh``; ``pinned`` fixes some classes' specs."""
     pinned = pinned or {}
-    problem = Problem()
+    problem = _Draft()
     costs = StepCosts(graph, mesh, profile)
     var_of: dict[int, int] = {}
     maps: dict[tuple[Any, ...], np.ndarray] = {}
@@ -128,12 +163,12 @@ def build_problem(
             problem.add_edge(a, b, matrix)
         else:
             _add_opaque(graph, problem, var_of, k, step, costs)
-    return problem
+    return problem.freeze()
 
 
 def _add_opaque(
     graph: Graph,
-    problem: Problem,
+    problem: _Draft,
     var_of: dict[int, int],
     k: int,
     step: Step,
@@ -194,7 +229,7 @@ def _move_matrix(
     return table[np.ix_([rows[x] for x in srcs], [cols[y] for y in dsts])]
 
 
-def _spread(items: list[Spec], problem: Problem) -> list[Spec]:
+def _spread(items: list[Spec], problem: _Draft) -> list[Spec]:
     if len(items) <= MAX_CHOICES:
         return items
     problem.truncated = True
@@ -203,7 +238,7 @@ def _spread(items: list[Spec], problem: Problem) -> list[Spec]:
 
 def _add_dot(
     graph: Graph,
-    problem: Problem,
+    problem: _Draft,
     var_of: dict[int, int],
     k: int,
     step: Step,

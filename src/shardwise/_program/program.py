@@ -24,7 +24,7 @@ from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import parse_bytes
 from shardwise._program.graph import Graph, build
-from shardwise._program.problem import Problem, build_problem, effective_mesh
+from shardwise._program.problem import MAX_CHOICES, Problem, build_problem, effective_mesh
 from shardwise._program.report import ProgramReport, report
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import Layouts, ProgramPrediction, predicted
@@ -71,6 +71,9 @@ class ProgramPlan:
         budget: bytes of memory per device the plans were made for (``None``: no limit);
             every plan of the search fits it, and a baseline that does not is marked
             :attr:`PlannedLayout.over_budget`.
+        complete: whether the search looked at every layout of every array and dot;
+            ``False`` where some had more than :data:`~shardwise._program.problem.MAX_CHOICES`
+            and it kept that many, spread evenly (:attr:`stopped_early` says so in words).
     """
 
     program: str
@@ -90,6 +93,18 @@ class ProgramPlan:
     tuned: bool = False
     pinned: tuple[int, ...] = ()
     budget: int | None = None
+    complete: bool = True
+
+    @property
+    def stopped_early(self) -> str | None:
+        """Why not every layout was looked at, or ``None`` when every one was."""
+        if self.complete:
+            return None
+        return (
+            f"some arrays or dots have more than {MAX_CHOICES:,} layouts on this mesh; the "
+            f"search looked at {MAX_CHOICES:,} of each, spread evenly, so a better plan may "
+            "exist. Plan a mesh with fewer axes (merge axes, e.g. x=2,y=2 as xy=4)."
+        )
 
     @property
     def chosen(self) -> PlannedLayout:
@@ -209,6 +224,7 @@ class ProgramPlan:
             "plans": [self._plan_json(p) for p in self.plans],
             "skipped": [{"name": n, "why": w} for n, w in self.skipped],
             "budget_bytes": self.budget,
+            "complete": self.complete,
         }
         if any(p.verified for p in self.plans):
             out["spearman"] = self.spearman
@@ -343,6 +359,7 @@ def plan(
         skipped=tuple(skipped),
         pinned=tuple(sorted(fixed_specs)),
         budget=limit,
+        complete=not searchable.truncated,
     )
 
 

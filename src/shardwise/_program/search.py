@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -133,15 +133,6 @@ def descend(
     return Solution(tuple(choice), total(problem, choice), False, "local search", seconds)
 
 
-def brute_force(problem: Problem) -> tuple[tuple[int, ...], float]:
-    """Every combination of choices, for tests on small problems."""
-    best = min(
-        itertools.product(*(range(len(c)) for c in problem.choices)),
-        key=lambda c: total(problem, c),
-    )
-    return best, total(problem, best)
-
-
 Folded = tuple[int, tuple[int, ...], Any]
 """A variable folded into its neighbours, and its best choice for each of theirs."""
 
@@ -196,14 +187,10 @@ def _eliminate(problem: Problem, protected: set[int]) -> tuple[Problem, list[Fol
         queue.extend(o for o in others if len(near[o]) <= 2)
     keep = sorted(alive)
     position = {v: k for k, v in enumerate(keep)}
-    core = Problem([problem.labels[v] for v in keep], considered=problem.considered)
-    core.choices = [problem.choices[v] for v in keep]
-    core.unary = [unary[v] for v in keep]
-    for v in keep:
-        for o, m in near[v].items():
-            if v < o:
-                core.edges[(position[v], position[o])] = m
-    return core, steps
+    edges = {(position[v], position[o]): m for v in keep for o, m in near[v].items() if v < o}
+    core = Problem.of([problem.choices[v] for v in keep], [unary[v] for v in keep], edges,
+                      [problem.labels[v] for v in keep])  # fmt: skip
+    return dataclasses.replace(core, considered=problem.considered), steps
 
 
 def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:

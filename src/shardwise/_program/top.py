@@ -14,7 +14,7 @@ from shardwise._model.spec import Spec
 from shardwise._model.units import format_bytes
 from shardwise._program.baselines import NAMES, baseline
 from shardwise._program.graph import Graph
-from shardwise._program.problem import Problem
+from shardwise._program.problem import MAX_CHOICES, Problem
 from shardwise._program.search import Solution, descend, neighbours, solve
 from shardwise._program.solution import memory_constraints, peak_bytes, read
 
@@ -148,7 +148,11 @@ def baselines(
         if isinstance(pins, str):
             skipped.append((base, pins))
             continue
-        problem = pinned(graph, full, pins)
+        try:
+            problem = pinned(graph, full, pins)
+        except SpecError as e:
+            skipped.append((base, str(e)))
+            continue
         limits = [] if limit is None else memory_constraints(graph, problem, limit, mesh)
         result = solve(problem, limits, time_limit=time_limit)
         if result is None:  # shown all the same, at its own cheapest, marked over budget
@@ -168,6 +172,12 @@ def pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem:
         if var in keep:
             continue
         choices = problem.choices[var]
+        if spec not in choices and problem.truncated:
+            raise SpecError(
+                f"{graph.names[k]} as {spec.describe()} is not among the layouts the search "
+                f"kept for it: it has more than {MAX_CHOICES:,} on this mesh. Plan a mesh with "
+                "fewer axes (merge axes, e.g. x=2,y=2 as xy=4)."
+            )
         if spec not in choices:
             raise SpecError(
                 f"{graph.names[k]} cannot be laid out as {spec.describe()} on this mesh: its "
