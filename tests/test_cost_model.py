@@ -565,7 +565,7 @@ def test_a_scan_carry_from_an_argument_is_held_in_a_copy_while_the_loop_runs(sta
     there first, whether or not the final carry is used (a computed array is taken over in
     place)."""
     import shardwise
-    from shardwise._program.solution import _carry_copies, shard_bytes
+    from shardwise._program.memory import _carry_copies, shard_bytes
 
     S = jax.ShapeDtypeStruct
     args = (S((64, 32), "float32"), S((3, 32, 32), "float32"))

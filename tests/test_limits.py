@@ -324,8 +324,8 @@ def test_memory_over_a_program_is_counted_from_intervals_not_a_table():
     """10,000 arguments make 30,000 arrays over 30,000 program points: the point × array
     table of who is alive took 3.7 GB; one interval per array holds the same."""
     from shardwise._program.graph import build
+    from shardwise._program.memory import _live
     from shardwise._program.models import model
-    from shardwise._program.solution import _live
 
     fn, args = model("transformer", batch=4, seq=16, hidden=32, ffn=64, heads=4, layers=2)
     graph = build(fn, args)

@@ -30,9 +30,7 @@ an all-to-all (a read and a write): one that cuts the block into one piece per d
 it, where what makes the array cannot do the cutting itself (a program argument, or a dot's
 result: ``copy_slice`` fusions), and one that puts the pieces received together after it,
 where what reads the array cannot (a dot: a ``copy_bitcast`` fusion). An elementwise op fuses
-either (:func:`~shardwise._program.problem.a2a_copies`). Measured on 8 CPU devices,
-all-to-alls of a program argument's 1-4 MiB blocks took 1.8-2.7× the collective's predicted
-time; with both copies the model predicts 1.0-1.7× their time."""
+either (:func:`~shardwise._program.steps.a2a_copies`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +66,7 @@ def reshard(
 ) -> Cost:
     """What moving ``value`` from ``src`` to ``dst`` costs, where an all-to-all costs
     ``copies`` copies of its block besides the collective on a CPU
-    (:func:`~shardwise._program.problem.a2a_copies`)."""
+    (:func:`~shardwise._program.steps.a2a_copies`)."""
     if src == dst:
         return Cost()
     seconds, found = _reshard(value.shape, value.dtype, src, dst, mesh, profile, copies)
@@ -164,9 +162,7 @@ def _reshard(
     value = Value(shape, dtype, "")
     if set(dst.axes) - set(src.axes):
         # slicing on an axis is local, but XLA copies each device's new block out of the
-        # array it holds (a dynamic-slice): it reads and writes that block (measured on 8
-        # CPU devices: 2 MiB blocks of a replicated 16 MiB array in 1.1-2.2 ms, at the
-        # rate a copy streams or slower)
+        # array it holds (a dynamic-slice): it reads and writes that block
         seconds += 2 * shard_bytes(value, dst, mesh) / profile.memory_Bps
     if profile.platform == "cpu":
         # ... and the CPU's gathers along a dimension but the first copy their result back

@@ -28,7 +28,7 @@ from shardwise._program.problem import MAX_CHOICES, Problem, build_problem, effe
 from shardwise._program.report import ProgramReport, report
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import Layouts, ProgramPrediction, predicted
-from shardwise._program.top import baselines, best_plans, nothing_fits, peak, pinned
+from shardwise._program.top import baselines, best_plans, fixed_pins, nothing_fits, peak, pinned
 from shardwise._program.verify import sharded, tune, verify
 from shardwise._xla.verified import Verified
 
@@ -156,9 +156,8 @@ class ProgramPlan:
 
     def tune(self, repeat: int = 5, mesh: Any = None, on_step: Any = None) -> ProgramPlan:
         """:meth:`verify`, then choose the plan that ran fastest (of those that keep the
-        inputs ``fixed`` pinned): where the cost model cannot tell plans apart (on a 2-core
-        x86 machine with 24 GiB it ranks a transformer's training-step plans with a Spearman
-        of 0.6–0.9), the devices at hand decide. :attr:`chosen`, :meth:`sharded`,
+        inputs ``fixed`` pinned): where the cost model cannot tell plans apart, the devices
+        at hand decide. :attr:`chosen`, :meth:`sharded`,
         :meth:`report` and the JSON's ``"chosen"`` then name that plan."""
         return tune(self, repeat, mesh, on_step)
 
@@ -253,22 +252,6 @@ def _profile(profile: Profile | str | None, mesh: MeshSpec) -> Profile:
     return default_profile(jax.devices()[0].platform, mesh.size)
 
 
-def _fixed(graph: Graph, fixed: Mapping[str, SpecLike] | None, mesh: MeshSpec) -> dict[int, Spec]:
-    out: dict[int, Spec] = {}
-    for name, raw in (fixed or {}).items():
-        if name not in graph.names:
-            raise ArgumentError(
-                f"fixed names {name!r}, which is not an input; the inputs are "
-                f"{', '.join(graph.names)}."
-            )
-        k = graph.names.index(name)
-        value = graph.values[graph.inputs[k]]
-        spec = Spec.parse(raw, f"the fixed spec of {name}")
-        spec.validate(mesh, value.shape, f"{name} (shape {value.shape})")
-        out[k] = spec.canonical()
-    return out
-
-
 def train_step(loss: Callable[..., Any], learning_rate: float = 0.01) -> Callable[..., Any]:
     """One SGD step of ``loss(params, *batch)``: returns the loss and the updated parameters."""
 
@@ -323,7 +306,7 @@ def plan(
         raise ArgumentError(f"top is {top}; give 1 or more plans to keep.")
     name, graph = _traced(fn, args, train)
     eff = effective_mesh(spec)
-    fixed_specs = _fixed(graph, fixed, spec)
+    fixed_specs = fixed_pins(graph, fixed, spec)
     start = time.perf_counter()
     full = build_problem(graph, eff, prof)
     searchable = pinned(graph, full, fixed_specs)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from shardwise._model.cost import PredictedCollective
 from shardwise._model.spec import Spec
 from shardwise._program.explain import dims_of, layout_text
+from shardwise._program.memory import held_curve
 from shardwise._program.nodes import Step
-from shardwise._program.solution import held_curve
 
 if TYPE_CHECKING:
     from shardwise._program.program import PlannedLayout, ProgramPlan

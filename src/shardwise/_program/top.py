@@ -10,13 +10,14 @@ from collections.abc import Callable, Mapping
 from shardwise._errors import ArgumentError, SpecError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
-from shardwise._model.spec import Spec
+from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import format_bytes
 from shardwise._program.baselines import NAMES, baseline
 from shardwise._program.graph import Graph
+from shardwise._program.memory import memory_constraints, peak_bytes
 from shardwise._program.problem import MAX_CHOICES, Problem
 from shardwise._program.search import Solution, descend, neighbours, solve
-from shardwise._program.solution import memory_constraints, peak_bytes, read
+from shardwise._program.solution import read
 
 TRIES_PAST_TOP = 20
 """How many more plans than ``top`` the search may find and set aside under a budget because
@@ -165,7 +166,7 @@ def baselines(
 def pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem:
     """``problem`` with the inputs in ``pins`` fixed to their specs."""
     keep: dict[int, list[int]] = {}
-    variables = input_vars(graph, problem)  # once: per pin, 10,000 inputs took 426 s
+    variables = input_vars(graph, problem)  # once for all pins, not once per pin
     for k, spec in pins.items():
         root = graph.find(graph.inputs[k])
         var = variables[k]
@@ -185,3 +186,22 @@ def pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem:
             )
         keep[var] = [choices.index(spec)]
     return problem.restrict(keep)
+
+
+def fixed_pins(
+    graph: Graph, fixed: Mapping[str, SpecLike] | None, mesh: MeshSpec
+) -> dict[int, Spec]:
+    """The inputs ``fixed`` pins (input name → spec), by position, each checked on ``mesh``."""
+    out: dict[int, Spec] = {}
+    for name, raw in (fixed or {}).items():
+        if name not in graph.names:
+            raise ArgumentError(
+                f"fixed names {name!r}, which is not an input; the inputs are "
+                f"{', '.join(graph.names)}."
+            )
+        k = graph.names.index(name)
+        value = graph.values[graph.inputs[k]]
+        spec = Spec.parse(raw, f"the fixed spec of {name}")
+        spec.validate(mesh, value.shape, f"{name} (shape {value.shape})")
+        out[k] = spec.canonical()
+    return out

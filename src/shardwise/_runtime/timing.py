@@ -42,8 +42,8 @@ whichever runner comes next."""
 
 TURN_SECONDS = 0.2
 """Each runner's turn at the devices lasts this long at least (several calls of a small
-program, their mean counted): single calls of tens of milliseconds ranked ten plans of an MLP
-differently from one round to the next on a 2-core machine."""
+program, their mean counted), so that the scheduler's hiccups on a shared machine average
+out."""
 
 
 def alternate(
