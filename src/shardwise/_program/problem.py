@@ -19,7 +19,7 @@ import dataclasses
 import itertools
 import types
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -86,16 +86,23 @@ class Problem:
         )
 
 
-@dataclass(slots=True)
 class _Draft:
-    """A :class:`Problem` while :func:`build_problem` fills it in."""
+    """A :class:`Problem` while :func:`build_problem` fills it in from ``costs``."""
 
-    labels: list[tuple[str, int]] = field(default_factory=list)
-    choices: list[list[Any]] = field(default_factory=list)
-    unary: list[np.ndarray] = field(default_factory=list)
-    edges: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
-    considered: int = 0
-    truncated: bool = False
+    def __init__(self, costs: StepCosts) -> None:
+        self.costs, self.graph = costs, costs.graph
+        self.labels: list[tuple[str, int]] = []
+        self.choices: list[list[Any]] = []
+        self.unary: list[np.ndarray] = []
+        self.edges: dict[tuple[int, int], np.ndarray] = {}
+        self.considered = 0
+        self.truncated = False
+        self.classes: dict[int, int] = {}  # each class's variable
+        self.maps: dict[tuple[Any, ...], np.ndarray] = {}  # for _map_matrix
+
+    def var(self, a: int) -> int:
+        """The variable of array ``a``'s class."""
+        return self.classes[self.graph.find(a)]
 
     def add_edge(self, u: int, v: int, matrix: np.ndarray) -> None:
         if u == v:
@@ -140,47 +147,39 @@ def build_problem(
 ) -> Problem:
     """The planning problem of ``graph`` on ``mesh``; ``pinned`` fixes some classes' specs."""
     pinned = pinned or {}
-    problem = _Draft()
     costs = StepCosts(graph, mesh, profile)
-    var_of: dict[int, int] = {}
-    maps: dict[tuple[Any, ...], np.ndarray] = {}
+    problem = _Draft(costs)
     for root in sorted(set(graph.classes)):
         considered, specs = spec_choices(graph.values[root].shape, mesh)
         problem.considered += considered
         if root in pinned:
             specs = [pinned[root]]
         specs = _spread(specs, problem)
-        var_of[root] = len(problem.labels)
+        problem.classes[root] = len(problem.labels)
         problem.labels.append(("class", root))
         problem.choices.append(specs)
         problem.unary.append(np.array([costs.elementwise(root, s) for s in specs]))
     for k, step in enumerate(graph.steps):
         if step.kind == "dot":
-            _add_dot(graph, problem, var_of, k, step, costs)
+            _add_dot(problem, k, step)
         elif step.kind == "map":
-            a, b = var_of[graph.find(step.inputs[0])], var_of[graph.find(step.output)]
-            matrix = _map_matrix(step, problem.choices[a], problem.choices[b], costs, maps)
+            a, b = problem.var(step.inputs[0]), problem.var(step.output)
+            matrix = _map_matrix(step, problem.choices[a], problem.choices[b], costs, problem.maps)
             problem.add_edge(a, b, matrix)
         else:
-            _add_opaque(graph, problem, var_of, k, step, costs)
+            _add_opaque(problem, k, step)
     return problem.freeze()
 
 
-def _add_opaque(
-    graph: Graph,
-    problem: _Draft,
-    var_of: dict[int, int],
-    k: int,
-    step: Step,
-    costs: StepCosts,
-) -> None:
+def _add_opaque(problem: _Draft, k: int, step: Step) -> None:
     """An opaque op: each operand moved whole, its own work, its result moved from whole to
     its class's layout (the work, the same for every choice, is put on the result's class)."""
+    costs = problem.costs
     for a in step.inputs:
-        u = var_of[graph.find(a)]
+        u = problem.var(a)
         feed = [costs.move_seconds(step, a, s, Spec(), True) for s in problem.choices[u]]
         problem.unary[u] = problem.unary[u] + np.array(feed)
-    out = var_of[graph.find(step.output)]
+    out = problem.var(step.output)
     own = costs.opaque(k).seconds
     made = [own + costs.move_seconds(step, step.output, Spec(), s, False)
             for s in problem.choices[out]]  # fmt: skip
@@ -236,15 +235,11 @@ def _spread(items: list[Spec], problem: _Draft) -> list[Spec]:
     return [items[k * len(items) // MAX_CHOICES] for k in range(MAX_CHOICES)]
 
 
-def _add_dot(
-    graph: Graph,
-    problem: _Draft,
-    var_of: dict[int, int],
-    k: int,
-    step: Step,
-    costs: StepCosts,
-) -> None:
+def _add_dot(problem: _Draft, k: int, step: Step) -> None:
+    """A dot: a variable for its strategy, its own work, and an edge to each operand's class
+    and to its result's (the moves between their layouts and the strategy's)."""
     assert step.op is not None
+    costs, graph = problem.costs, problem.graph
     sizes = step.op.sizes([graph.values[a].shape for a in step.inputs])
     considered, found = strategies(step.op, sizes, costs.mesh, MAX_CHOICES)
     problem.considered += considered
@@ -253,10 +248,10 @@ def _add_dot(
     problem.choices.append(found)
     problem.unary.append(np.array([costs.dot(step, s).seconds for s in found]))
     for slot, a in enumerate(step.inputs):
-        u = var_of[graph.find(a)]
+        u = problem.var(a)
         wanted = [t.in_specs(step.op)[slot] for t in found]
         problem.add_edge(u, d, _move_matrix(costs, step, a, problem.choices[u], wanted, True))
-    out = var_of[graph.find(step.output)]
+    out = problem.var(step.output)
     made = [t.out_spec for t in found]
     problem.add_edge(
         d, out, _move_matrix(costs, step, step.output, made, problem.choices[out], False)

@@ -299,8 +299,7 @@ def plan(
     >>> p.chosen.name, p.optimal, len(p.plans) > 1
     ('search', True, True)
     """
-    limit = None if budget is None else parse_bytes(budget, "budget")
-    spec = MeshSpec.parse(mesh)
+    limit, spec = None if budget is None else parse_bytes(budget, "budget"), MeshSpec.parse(mesh)
     prof = _profile(profile, spec)
     if top < 1:
         raise ArgumentError(f"top is {top}; give 1 or more plans to keep.")
@@ -310,7 +309,6 @@ def plan(
     start = time.perf_counter()
     full = build_problem(graph, eff, prof)
     searchable = pinned(graph, full, fixed_specs)
-
     peaks: list[int] = []  # of the search's plans checked against the budget
 
     def fits(sol: Solution) -> bool:
