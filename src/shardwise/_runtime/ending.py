@@ -238,10 +238,12 @@ def judge(run: Run, timeout: float, now: float) -> Outcome | None:
     if now - first_t <= timeout and not gave_up:
         return None
     late = [k for k, e in enumerate(ended) if e is None]
+    # its last words are what it printed until now, when it is stopped (on a loaded machine
+    # it may print them after the first process has finished), not what stopping it prints
     stop_all(run)
     return Outcome(
         1,
         f"process {late[0]} timed out after {now - first_t:.0f} s: it was still running "
         f"when process {first} had finished (--timeout {timeout:g}); stopped it"
-        + _last_words(run, late[0], before=first_t),
+        + _last_words(run, late[0], before=now),
     )
