@@ -23,9 +23,9 @@ from shardwise._model.plan import Plan, check_extent
 from shardwise._model.profile import Profile, check_platform
 from shardwise._model.strategy import MAX_LAYOUTS, Strategy, layout_count, strategies
 from shardwise._model.units import format_bytes
-from shardwise._runtime.timing import TURN_SECONDS, alternate, spearman
+from shardwise._runtime.timing import median_seconds, spearman
 from shardwise._xla.explain import compile_plan
-from shardwise._xla.hlo import Collective, collectives
+from shardwise._xla.hlo import collectives
 from shardwise._xla.lower import place, platform
 from shardwise._xla.verified import Verified, collectives_match
 
@@ -213,9 +213,9 @@ def verify(
 ) -> PlanReport:
     """Compile, compare and time the ``top`` best strategies on ``mesh`` (a JAX mesh).
 
-    Time is the median of ``repeat`` turns, on random data, the strategies taking turns
-    (:func:`~shardwise._runtime.timing.alternate`), each turn at least
-    :data:`~shardwise._runtime.timing.TURN_SECONDS` long.
+    Time is the median of ``repeat`` runs after one warm-up, on random data, one strategy
+    after another: each holds its own placement of the operands, and holding every
+    strategy's at once, as taking turns would, costs more than the timing.
 
     Raises:
         ArgumentError: when the report's profile is for another platform than ``mesh``'s
@@ -225,8 +225,7 @@ def verify(
     chosen = report.strategies[: top or len(report.strategies)]
     rng = np.random.default_rng(0)
     arrays = [rng.random(s).astype(report.dtype) for s in report.shapes]
-    checked: list[tuple[Candidate, bool, tuple[Collective, ...]]] = []
-    runners: dict[str, Callable[[], Any]] = {}
+    done: list[Candidate] = []
     for k, cand in enumerate(chosen):
         if on_step is not None:
             on_step(k, len(chosen))
@@ -242,13 +241,9 @@ def verify(
         compiled = compile_plan(plan, mesh)
         found = tuple(collectives(compiled.as_text() or "", report.mesh.shape))
         match = collectives_match(cand.predicted.collectives, found, by_bytes=False)
-        checked.append((cand, match, found))
-        runners[str(k)] = functools.partial(compiled, *place(plan, mesh, arrays))
-    seconds = alternate(runners, repeat, at_least=TURN_SECONDS)
-    done = [
-        dataclasses.replace(cand, verified=Verified(match, seconds[str(k)], found))
-        for k, (cand, match, found) in enumerate(checked)
-    ]
+        placed = place(plan, mesh, arrays)
+        seconds = median_seconds(functools.partial(compiled, *placed), repeat)
+        done.append(dataclasses.replace(cand, verified=Verified(match, seconds, found)))
     rest = report.strategies[len(done) :]
     rho = spearman(
         [c.predicted.seconds for c in done], [c.verified.seconds for c in done if c.verified]
