@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from shardwise._model.cost import PredictedCollective
 from shardwise._model.mesh import MeshSpec
@@ -56,20 +57,24 @@ class Layouts:
     scans: dict[tuple[tuple[int, ...], int], tuple[Spec, Spec]] = field(default_factory=dict)
 
 
-def read(graph: Graph, problem: Problem, choice: Sequence[int], mesh: MeshSpec) -> Layouts:
-    by_class = {
+def chosen(problem: Problem, choice: Sequence[int], kind: str) -> dict[int, Any]:
+    """What ``choice`` picks for each variable of ``kind``: a spec by class root
+    (``"class"``), a strategy by step index (``"dot"``)."""
+    return {
         label[1]: problem.choices[k][c]
         for k, (label, c) in enumerate(zip(problem.labels, choice, strict=True))
-        if label[0] == "class"
+        if label[0] == kind
     }
+
+
+def read(graph: Graph, problem: Problem, choice: Sequence[int], mesh: MeshSpec) -> Layouts:
+    by_class = chosen(problem, choice, "class")
     specs: dict[int, Spec] = {v: by_class[root] for v, root in enumerate(graph.classes)}
     steps: dict[tuple[int, ...], tuple[tuple[Spec, ...], Spec]] = {}
-    for k, (label, c) in enumerate(zip(problem.labels, choice, strict=True)):
-        if label[0] == "dot":
-            step = graph.steps[label[1]]
-            strategy = problem.choices[k][c]
-            assert isinstance(strategy, Strategy) and step.op is not None
-            steps[step.key] = (strategy.in_specs(step.op), strategy.out_spec)
+    for k, strategy in chosen(problem, choice, "dot").items():
+        step = graph.steps[k]
+        assert isinstance(strategy, Strategy) and step.op is not None
+        steps[step.key] = (strategy.in_specs(step.op), strategy.out_spec)
     scans: dict[tuple[tuple[int, ...], int], tuple[Spec, Spec]] = {}
     for step in graph.steps:
         if step.role in ("scan slice", "scan stack"):
@@ -98,16 +103,11 @@ def predicted(
     XLA makes once for two readers is counted once (``shared=False`` counts it for each, as the
     solver's matrices do)."""
     lay = read(graph, problem, choice, mesh)
-    var_of = {label: k for k, label in enumerate(problem.labels)}
+    strategies = chosen(problem, choice, "dot")
     costs = StepCosts(graph, mesh, profile)
     tally = Tally(graph, lay, costs, shared)
-    for k, step in enumerate(graph.steps):
-        strategy = None
-        if step.kind == "dot":
-            label = var_of[("dot", k)]
-            strategy = problem.choices[label][choice[label]]
-            assert isinstance(strategy, Strategy)
-        tally.step(k, strategy)
+    for k in range(len(graph.steps)):
+        tally.step(k, strategies.get(k))
     elementwise = sum(
         costs.elementwise(root, lay.specs[root]) for root in sorted(set(graph.classes))
     )
