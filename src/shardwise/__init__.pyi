@@ -31,7 +31,7 @@ from ._model.spec import Layout as Layout
 from ._model.spec import Spec as Spec
 from ._planner.einsum import PlanReport as PlanReport
 from ._program.models import model as model
-from ._program.program import ProgramPlan as ProgramPlan
+from ._program.plans import ProgramPlan as ProgramPlan
 from ._program.program import plan as plan
 from ._program.sweep import Sweep as Sweep
 from ._program.sweep import sweep as sweep

@@ -19,7 +19,7 @@ One pipeline, a module per stage, in the order a plan is made:
 6. **run** — :mod:`.apply` runs the program under a plan's layouts; :mod:`.verify` compiles
    and times it and checks the prediction against the compiled HLO.
 
-:mod:`.program` ties the stages into :func:`~.program.plan` and its :class:`~.program.
-ProgramPlan`; :mod:`.models` holds the built-in models and :mod:`.sweep` the what-if across
-batch sizes.
+:mod:`.program` ties the stages into :func:`~.program.plan`, whose result is a
+:class:`~.plans.ProgramPlan` (:mod:`.plans`: run, place, verify, report); :mod:`.models` holds
+the built-in models and :mod:`.sweep` the what-if across batch sizes.
 """

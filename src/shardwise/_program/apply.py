@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax._src import source_info_util
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
@@ -78,8 +78,9 @@ class _Applier(Walker[Any]):
         to the plan's; any other equation as it is."""
         if rule_of(eqn.primitive.name).placement:
             return ins
+        params = _unsharded(eqn.params)
         if here not in self.layouts.steps:
-            out = eqn.primitive.bind(*ins, **eqn.params)
+            out = eqn.primitive.bind(*ins, **params)
             return list(out) if eqn.primitive.multiple_results else [out]
         reads, makes = self.layouts.steps[here]
         wanted = iter(reads)
@@ -88,7 +89,7 @@ class _Applier(Walker[Any]):
             self.mover.move(x, s, next(wanted)) if s is not None and jnp.ndim(x) else x
             for x, s in zip(ins, src, strict=True)
         ]
-        out = eqn.primitive.bind(*moved, **eqn.params)
+        out = eqn.primitive.bind(*moved, **params)
         results = list(out) if eqn.primitive.multiple_results else [out]
         dst = [self.spec_of((path, v)) for v in eqn.outvars]
         return [
@@ -143,3 +144,14 @@ class _Applier(Walker[Any]):
             if found:
                 ys[k] = self.mover.move(ys[k], found[2], found[0])
         return [*carry, *ys]
+
+
+def _unsharded(params: dict[str, Any]) -> dict[str, Any]:
+    """An equation's parameters without the result's sharding the user's code gave it
+    (``out_sharding=`` under explicit sharding): the plan lays out every result itself, and
+    runs with the mesh's axes Auto, where such a sharding is refused."""
+    if not any(isinstance(v, NamedSharding | PartitionSpec) for v in params.values()):
+        return params
+    return {
+        k: None if isinstance(v, NamedSharding | PartitionSpec) else v for k, v in params.items()
+    }

@@ -19,7 +19,7 @@ from shardwise._program.memory import held_curve
 from shardwise._program.nodes import Step
 
 if TYPE_CHECKING:
-    from shardwise._program.program import PlannedLayout, ProgramPlan
+    from shardwise._program.plans import PlannedLayout, ProgramPlan
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,38 +5,132 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
+from shardwise._errors import ArgumentError, ShardwiseWarning
 from shardwise._model.collective import Collective as BaseCollective
 from shardwise._model.profile import check_platform
+from shardwise._model.spec import Spec
 from shardwise._program.apply import constrained
+from shardwise._runtime.distributed import put
 from shardwise._runtime.timing import TURN_SECONDS, alternate, spearman
+from shardwise._versions import auto_twin, has_explicit_axes, with_auto_axes
 from shardwise._xla.hlo import collectives
 from shardwise._xla.lower import jax_mesh, platform
 from shardwise._xla.verified import Verified, collectives_match
 
 if TYPE_CHECKING:
-    from shardwise._program.program import PlannedLayout, ProgramPlan
+    from shardwise._program.plans import PlannedLayout, ProgramPlan
 
 
-def _mesh(plan: ProgramPlan, mesh: Any) -> Any:
-    return jax_mesh(mesh if mesh is not None else plan.mesh)
+def _mesh(plan: ProgramPlan, mesh: Any) -> Mesh:
+    """The mesh to run on: ``mesh`` if given, else the JAX mesh the plan was made for, else
+    one of the planned shape built on the devices at hand."""
+    if mesh is not None:
+        return jax_mesh(mesh)
+    return plan.devices if plan.devices is not None else jax_mesh(plan.mesh)
 
 
 def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Callable[..., Any]:
-    """The program, jitted to follow ``chosen`` on ``mesh``."""
+    """The program, jitted to follow ``chosen`` on ``mesh``. On a mesh with Explicit axes it
+    runs with the axes Auto inside (every layout is the plan's, so no op need be told its
+    result's) and gives its results in the plan's layouts on ``mesh``. Arguments laid out
+    otherwise are moved to the plan's layouts first (:class:`Placing`)."""
     m = _mesh(plan, mesh)
-    program = constrained(plan.graph, m, chosen.layouts)
+    program = constrained(plan.graph, auto_twin(m), chosen.layouts)
     # named after the user's function, so the compiled HLO reads jit(mlp), not jit(program)
     program.__name__ = program.__qualname__ = plan.program
     leaves = [NamedSharding(m, s.to_partition_spec()) for s in chosen.in_specs]
     in_shardings = tuple(jax.tree.unflatten(plan.graph.tree, leaves))
-    return jax.jit(program, in_shardings=in_shardings)
+    if has_explicit_axes(m):
+        outs = [
+            NamedSharding(
+                m, (chosen.layouts.specs[v] if v is not None else Spec()).to_partition_spec()
+            )
+            for v in plan.graph.outputs
+        ]
+        program = with_auto_axes(program, jax.tree.unflatten(plan.graph.out_tree, outs))
+    return Placing(jax.jit(program, in_shardings=in_shardings), in_shardings, plan.graph.names)
+
+
+class Placing:
+    """A jitted program that first moves each argument laid out otherwise than its
+    ``in_shardings`` (an array another program made, or one a library placed) to the plan's
+    layout, on the devices, and says so once: ``jax.jit`` would refuse it."""
+
+    def __init__(self, jitted: Any, in_shardings: Any, names: Sequence[str]) -> None:
+        self.jitted, self.in_shardings, self.names = jitted, in_shardings, names
+        self.said = False
+
+    def placed(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        leaves, tree = jax.tree.flatten(args)
+        targets = jax.tree.leaves(self.in_shardings)
+        moved, out = [], []
+        for name, x, target in zip(self.names, leaves, targets, strict=True):
+            if _elsewhere(x, target):
+                moved.append(f"{name} ({_layout(x.sharding)} → {_layout(target)})")
+                x = jax.device_put(x, target)
+            out.append(x)
+        if moved and not self.said:
+            self.said = True
+            warnings.warn(
+                f"moved {len(moved)} argument{'s' if len(moved) != 1 else ''} to the plan's "
+                f"layouts before running: {', '.join(moved)}. Place them once with "
+                "plan.place(args) so that no call moves them again.",
+                ShardwiseWarning,
+                stacklevel=3,
+            )
+        return tuple(jax.tree.unflatten(tree, out))
+
+    def __call__(self, *args: Any) -> Any:
+        return self.jitted(*self.placed(args))
+
+    def lower(self, *args: Any) -> Any:
+        """The program lowered for ``args`` (moved as a call would move them)."""
+        return self.jitted.lower(*self.placed(args))
+
+
+def place(plan: ProgramPlan, chosen: PlannedLayout, args: Any, mesh: Any = None) -> Any:
+    """``args`` (the program's arguments, as pytrees) with each array laid out as ``chosen``
+    says on ``mesh``: an array on the devices moves between them (each device receives its
+    block), a host array is cut on the host and each block sent to its device, so none is
+    ever whole on one device. An array already so laid out is returned as it is."""
+    m = _mesh(plan, mesh)
+    leaves, tree = jax.tree.flatten(args)
+    if tree != plan.graph.tree:
+        raise ArgumentError(
+            f"place takes the arguments the plan was made for, structured as {plan.graph.tree}; "
+            f"got {tree}."
+        )
+    out = []
+    for x, spec in zip(leaves, chosen.in_specs, strict=True):
+        target = NamedSharding(m, spec.to_partition_spec())
+        if isinstance(x, jax.Array) and not _elsewhere(x, target) and getattr(x, "committed", True):
+            out.append(x)
+        else:
+            out.append(put(x, target))
+    return jax.tree.unflatten(tree, out)
+
+
+def _elsewhere(x: Any, target: NamedSharding) -> bool:
+    """Whether ``x`` is an array on the devices laid out otherwise than ``target`` (a traced
+    value or a host array is placed by ``jax.jit`` itself)."""
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        return False
+    if not getattr(x, "committed", True):
+        return False
+    return not x.sharding.is_equivalent_to(target, x.ndim)
+
+
+def _layout(sharding: Any) -> str:
+    spec = getattr(sharding, "spec", None)
+    return str(spec) if spec is not None else type(sharding).__name__
 
 
 def _line(source: str) -> str:
