@@ -62,8 +62,9 @@ def einsum(
     Args:
         equation: an einsum equation, e.g. ``"nd,nd->n"``.
         *arrays: NumPy or JAX arrays.
-        mesh: a JAX ``Mesh`` or a description such as ``"x=2,y=4"``; by default every
-            device on one axis.
+        mesh: a JAX ``Mesh`` (Auto, Explicit or mixed axes) or a description such as
+            ``"x=2,y=4"``; by default the mesh set with ``jax.set_mesh``, else every device on
+            one axis.
         layout: index → mesh axes, or ``"auto"`` for the planner's best strategy (logged on
             the ``shardwise`` logger with the reason when it is chosen: once per shapes,
             dtypes, mesh and profile).
@@ -198,7 +199,7 @@ def explain_einsum(
     equation: str,
     shapes: Sequence[Sequence[int]],
     *,
-    mesh: MeshLike,
+    mesh: MeshLike = "auto",
     dtype: Any = "float32",
     layout: LayoutLike | Literal["auto"] | None = None,
     in_specs: Sequence[SpecLike] | None = None,
@@ -248,8 +249,8 @@ def plan_einsum(
     Args:
         equation: an einsum equation, e.g. ``"nd,nd->n"``.
         shapes: one shape per operand.
-        mesh: a JAX ``Mesh``, a description such as ``"x=2,y=4"``, or ``"auto"`` (every
-            device here on one axis).
+        mesh: a JAX ``Mesh``, a description such as ``"x=2,y=4"``, or ``"auto"`` (the mesh
+            set with ``jax.set_mesh``, else every device here on one axis).
         dtype: the operands' dtype.
         budget: memory per device (bytes, or text like ``"16GiB"``); larger strategies are
             refused, with the reason.
@@ -302,7 +303,7 @@ def plan_einsum(
 def explain(
     fn: Callable[..., Any] | str,
     *args: Any,
-    mesh: MeshLike,
+    mesh: MeshLike = "auto",
     in_specs: Any = None,
     out_specs: Any = AUTO,
     **einsum_options: Any,
@@ -312,7 +313,8 @@ def explain(
     Args:
         fn: a JAX-traceable function, or an einsum equation.
         *args: arrays or ``jax.ShapeDtypeStruct`` (only shapes and dtypes are used).
-        mesh: a JAX ``Mesh`` or a description such as ``"x=2,y=4"``.
+        mesh: a JAX ``Mesh`` or a description such as ``"x=2,y=4"``; ``"auto"``: the mesh
+            set with ``jax.set_mesh``, else every device on one axis.
         in_specs: as for :func:`shard` (for an equation: one spec per operand).
         out_specs: as for :func:`shard` (for an equation: the output spec, default inferred).
         **einsum_options: for an equation, ``layout=`` and ``mode=`` (``out_spec=`` is the

@@ -107,7 +107,8 @@ def stream(
     Args:
         equation: e.g. ``"nd,nd->n"``.
         *inputs: NumPy arrays, ``.npy`` paths, Zarr arrays or directories, Dask arrays.
-        mesh: the mesh each chunk is split over (every device by default).
+        mesh: the mesh each chunk is split over (by default the one set with
+            ``jax.set_mesh``, else every device).
         out: the ``.npy`` file or Zarr directory (named ``*.zarr``, or one that exists) to
             write; any other name is refused.
         budget: host memory for the data, e.g. ``"1GiB"``; the runtime's own overhead (JAX,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 
 from shardwise._errors import ArgumentError, ShardwiseWarning
 from shardwise._model.collective import Collective as BaseCollective
@@ -50,13 +50,21 @@ def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Calla
     in_shardings = tuple(jax.tree.unflatten(plan.graph.tree, leaves))
     if has_explicit_axes(m):
         outs = [
-            NamedSharding(
-                m, (chosen.layouts.specs[v] if v is not None else Spec()).to_partition_spec()
-            )
+            _typed(m, chosen.layouts.specs[v] if v is not None else Spec())
             for v in plan.graph.outputs
         ]
         program = with_auto_axes(program, jax.tree.unflatten(plan.graph.out_tree, outs))
     return Placing(jax.jit(program, in_shardings=in_shardings), in_shardings, plan.graph.names)
+
+
+def _typed(mesh: Mesh, spec: Spec) -> NamedSharding:
+    """What a result laid out as ``spec`` has for its type on ``mesh``: the Explicit axes
+    of its spec (on a mixed mesh the Auto axes are not part of an array's type)."""
+    explicit = {
+        n for n, t in zip(mesh.axis_names, mesh.axis_types, strict=True) if t == AxisType.Explicit
+    }
+    kept = Spec(tuple(tuple(a for a in e if a in explicit) for e in spec.entries))
+    return NamedSharding(mesh, kept.to_partition_spec())
 
 
 class Placing:

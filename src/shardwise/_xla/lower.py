@@ -39,6 +39,7 @@ from shardwise._model.reshard import agreed_layout, reshard_moves
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import reduce_axes
 from shardwise._runtime.distributed import put
+from shardwise._versions import context_mesh
 from shardwise._xla.dtypes import x64
 from shardwise._xla.kernels import Kernel, choose_kernel, local_einsum, native_kernel
 
@@ -47,8 +48,17 @@ MeshLike = Mesh | MeshSpec | str | Mapping[str, int]
 
 
 def jax_mesh(value: MeshLike) -> Mesh:
-    """``value`` as a JAX ``Mesh`` (built on the devices at hand unless it is one)."""
-    return value if isinstance(value, Mesh) else make_mesh(value)
+    """``value`` as a JAX ``Mesh``: itself if it is one; the mesh set with ``jax.set_mesh``
+    for ``"auto"`` or a description of that mesh's shape; else one built on the devices at
+    hand."""
+    if isinstance(value, Mesh):
+        return value
+    context = context_mesh()
+    if context is not None and (
+        value == "auto" or MeshSpec.parse(value).axes == MeshSpec.parse(context).axes
+    ):
+        return context
+    return make_mesh(value)
 
 
 def named(mesh: Mesh, spec: Spec) -> NamedSharding:

@@ -1,0 +1,133 @@
+"""Meshes and arrays as users hold them: the Explicit meshes ``jax.make_mesh`` makes, mixed
+meshes, the mesh set with ``jax.set_mesh``, and arrays already laid out some other way — each
+through einsum, shard, explain, stream and the program planner, every result against NumPy."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardwise
+
+RNG = np.random.default_rng(0)
+A = RNG.standard_normal((16, 32)).astype(np.float32)
+B = RNG.standard_normal((32, 8)).astype(np.float32)
+
+
+def _explicit() -> jax.sharding.Mesh:
+    return jax.make_mesh((2, 4), ("x", "y"))
+
+
+def _mixed() -> jax.sharding.Mesh:
+    return jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit, AxisType.Auto))
+
+
+MESHES = {"explicit": _explicit, "mixed": _mixed}
+
+
+def test_make_mesh_is_explicit_by_default():
+    """The premise of this file: what JAX hands a user by default has Explicit axes."""
+    assert all(t == AxisType.Explicit for t in _explicit().axis_types)
+
+
+@pytest.mark.parametrize("kind", MESHES)
+def test_einsum_and_shard_on_explicit_and_mixed_meshes(kind):
+    m = MESHES[kind]()
+    out = shardwise.einsum("ij,jk->ik", A, B, mesh=m, in_specs=("x,y", "y,-"))
+    np.testing.assert_allclose(np.asarray(out), A @ B, rtol=1e-5, atol=1e-5)
+    f = shardwise.shard(lambda a, b: jnp.tanh(a @ b), m, in_specs=("x,-", "-,y"))
+    np.testing.assert_allclose(np.asarray(f(A, B)), np.tanh(A @ B), rtol=1e-5, atol=1e-5)
+
+
+def test_set_mesh_is_the_default_mesh(tmp_path):
+    m = _explicit()
+    with jax.set_mesh(m):
+        out = shardwise.einsum("ij,jk->ik", A, B)
+        e = shardwise.explain("ij,jk->ik", A, B, in_specs=("x,y", "y,-"))
+        p = shardwise.plan(lambda a, b: a @ b, A, B, profile="cpu-2core", top=1)
+        big = RNG.standard_normal((256, 32)).astype(np.float32)
+        shardwise.stream("ij,jk->ik", big, B, out=tmp_path / "o.npy", chunk=128)
+    np.testing.assert_allclose(np.asarray(out), A @ B, rtol=1e-5, atol=1e-5)
+    assert out.sharding.mesh.shape == m.shape
+    assert [c.mesh_axes for c in e.collectives] == [("y",)]  # the split j summed over y
+    assert p.devices is m and p.mesh.names == ("x", "y")
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), big @ B, rtol=1e-5, atol=1e-5)
+
+
+def test_plan_without_any_mesh_says_how_to_give_one():
+    with pytest.raises(shardwise.ArgumentError, match="jax.set_mesh"):
+        shardwise.plan(lambda a: a * 2, A)
+
+
+def _mlp(params, x):
+    return jnp.tanh(x @ params["w1"]) @ params["w2"]
+
+
+PARAMS = {
+    "w1": RNG.standard_normal((32, 64)).astype(np.float32) * 0.1,
+    "w2": RNG.standard_normal((64, 8)).astype(np.float32) * 0.1,
+}
+
+
+@pytest.mark.parametrize("kind", MESHES)
+def test_program_plans_run_and_verify_on_explicit_meshes(kind):
+    m = MESHES[kind]()
+    p = shardwise.plan(_mlp, PARAMS, A, mesh=m, profile="cpu-2core", top=2)
+    want = _mlp(PARAMS, A)
+    for item in p.plans:
+        out = p.sharded(item.name)(PARAMS, A)
+        np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-5)
+        assert out.sharding.mesh.axis_types == m.axis_types  # results stay on the user's mesh
+    done = p.verify(repeat=1)
+    assert all(item.verified.collectives_match for item in done.plans if item.verified)
+
+
+def test_a_function_that_uses_explicit_sharding_plans_and_runs():
+    """``out_sharding=`` on a dot and ``reshard`` are the user's layouts; the plan's replace
+    them, and the numbers stay the function's."""
+    m = _explicit()
+
+    def f(a, b):
+        y = jnp.matmul(a, b, out_sharding=P("x", None))
+        return jax.sharding.reshard(jnp.sin(y), P(None, "y")).sum(axis=0)
+
+    with jax.set_mesh(m):
+        want = np.asarray(jax.jit(f)(A, B))
+        p = shardwise.plan(f, A, B, profile="cpu-2core", top=1)
+    np.testing.assert_allclose(np.asarray(p.sharded()(A, B)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_arguments_laid_out_otherwise_are_moved_once_and_said():
+    m = shardwise.mesh("x=2,y=4")
+    p = shardwise.plan(_mlp, PARAMS, A, mesh=m, profile="cpu-2core", top=1)
+    odd = {k: jax.device_put(v, NamedSharding(m, P("y", "x"))) for k, v in PARAMS.items()}
+    run = p.sharded()
+    with pytest.warns(shardwise.ShardwiseWarning, match=r"moved 2 arguments.*params\['w1'\]"):
+        out = run(odd, A)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        run(odd, A)
+    np.testing.assert_allclose(np.asarray(out), _mlp(PARAMS, A), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", MESHES)
+def test_place_lays_out_every_argument_as_the_plan_says(kind):
+    m = MESHES[kind]()
+    p = shardwise.plan(_mlp, PARAMS, A, mesh=m, profile="cpu-2core", top=1)
+    on_devices = {k: jax.device_put(v, NamedSharding(m, P())) for k, v in PARAMS.items()}
+    params, x = p.place((on_devices, A))
+    specs = p.in_specs
+    for got, spec in zip(jax.tree.leaves((params, x)), jax.tree.leaves(specs), strict=True):
+        assert got.sharding.is_equivalent_to(NamedSharding(m, spec), got.ndim)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing left to move
+        out = p.sharded()(params, x)
+    np.testing.assert_allclose(np.asarray(out), _mlp(PARAMS, A), rtol=1e-4, atol=1e-5)
+    with pytest.raises(shardwise.ArgumentError, match="place takes the arguments"):
+        p.place((PARAMS,))
