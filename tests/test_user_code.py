@@ -164,3 +164,18 @@ def test_plan_says_an_exception_in_the_function_is_the_users():
     except shardwise.UserCodeError as e:
         assert isinstance(e.__cause__, ValueError)
         assert f"{__file__.rsplit('/', 1)[-1]}:" in str(e) and "(in loss)" in str(e)
+
+
+def test_args_bind_by_parameter_name_not_by_order():
+    def f(params, x, scale=1.0):
+        return x @ params["w"] * scale
+
+    got = parse_args(["x=f32[16,8]", "params.w=f32[8,4]"], f)
+    assert got[0]["w"].shape == (8, 4) and got[1].shape == (16, 8)
+    with pytest.raises(shardwise.ArgumentError, match="f has no parameter of that name"):
+        parse_args(["params.w=f32[8,4]", "y=f32[16,8]"], f)
+    with pytest.raises(shardwise.ArgumentError, match="--args gives no x; f takes params, x"):
+        parse_args(["params.w=f32[8,4]"], f)
+    with pytest.raises(shardwise.ArgumentError, match="gives z after a parameter"):
+        parse_args(["params.w=f32[8,4]", "x=f32[1]", "z=f32[1]"], lambda params, x, y=0, z=0: x)
+    assert [a.shape for a in parse_args(["b=f32[2]", "a=f32[3]"], lambda *xs: xs)] == [(2,), (3,)]

@@ -71,7 +71,8 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str]:
         fn_args = list(model_args)
         name = given["model"]
     else:
-        fn, fn_args = load_function(given["function"]), parse_args(given["args"] or [])
+        fn = load_function(given["function"])
+        fn_args = parse_args(given["args"] or [], fn)
         name = given["function"]
     fixed = {}
     for item in given["fixed"] or []:

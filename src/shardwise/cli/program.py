@@ -81,9 +81,10 @@ def parse_batches(text: str) -> list[int]:
         ) from None
 
 
-def parse_args(items: list[str]) -> list[Any]:
+def parse_args(items: list[str], fn: Callable[..., Any] | None = None) -> list[Any]:
     """``--args`` values (``x=f32[8,4]``, ``params.w1=f32[4,2]``, or a JSON file of them) as
-    the function's positional arguments, in order of first appearance."""
+    the positional arguments of ``fn``, each bound to the parameter of its name (in order of
+    first appearance where ``fn`` takes ``*args`` or has no signature to read)."""
     named: dict[str, Any] = {}
     for item in items:
         if item.endswith(".json"):
@@ -105,7 +106,54 @@ def parse_args(items: list[str]) -> list[Any]:
                 "--args params.w1=f32[1024,4096], or give a JSON file."
             )
         _put(named, name.split("."), parse_array(shape, f"--args {name}"), f"--args {name}")
-    return list(named.values())
+    return bind(fn, named) if fn is not None else list(named.values())
+
+
+def bind(fn: Callable[..., Any], named: dict[str, Any]) -> list[Any]:
+    """The arguments ``named`` gives, in the order of ``fn``'s parameters of those names.
+
+    >>> def f(params, x): ...
+    >>> bind(f, {"x": 1, "params": 2})
+    [2, 1]
+    >>> bind(f, {"x": 1})
+    Traceback (most recent call last):
+    shardwise._errors.ArgumentError: --args gives no params; f takes params, x: ...
+    """
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return list(named.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return list(named.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = ", ".join(p.name for p in positional)
+    fn_name = getattr(fn, "__name__", "the function")
+    unknown = [k for k in named if k not in {p.name for p in positional}]
+    if unknown:
+        raise ArgumentError(
+            f"--args gives {', '.join(unknown)}, but {fn_name} has no parameter of that name; "
+            f"it takes {names}: give --args NAME=SHAPE for each."
+        )
+    out = []
+    for p in positional:
+        if p.name in named:
+            out.append(named[p.name])
+        elif p.default is p.empty:
+            raise ArgumentError(
+                f"--args gives no {p.name}; {fn_name} takes {names}: give --args {p.name}=SHAPE "
+                "(e.g. f32[256,1024])."
+            )
+        else:
+            break
+    if len(out) < len(named):
+        skipped = [k for k in named if all(k != p.name for p in positional[: len(out)])]
+        raise ArgumentError(
+            f"--args gives {', '.join(skipped)} after a parameter it leaves to its default; "
+            f"{fn_name} takes {names}: give every parameter before them too."
+        )
+    return out
 
 
 def _put(named: dict[str, Any], path: list[str], value: Any, given: str) -> None:
