@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import jax
+import jax.numpy as jnp
 import pytest
 from typer.testing import CliRunner
 
@@ -163,3 +164,32 @@ def test_the_planned_program_is_named_after_the_users_function(mlp_train):
     args = jax.tree.unflatten(mlp_train.graph.tree, x)
     text = mlp_train.sharded().lower(*args).compile().as_text()
     assert f"jit({mlp_train.program})" in text and "jit(program)" not in text
+
+
+def test_ops_are_named_by_the_users_line_and_module_not_the_librarys():
+    """A Flax layer's dot is made in Flax's own ``linear.py``; the report names the user's
+    line that calls the layer, and the Linen module path, and XLA's metadata agrees."""
+    nn = pytest.importorskip("flax.linen")
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(8)(nn.relu(nn.Dense(16, name="up")(x)))
+
+    x = jnp.ones((16, 8))
+    params = MLP().init(jax.random.key(0), x)
+    here = f"test_program_report.py:{_line_of('nn.Dense(8)(nn.relu')}"
+    p = shardwise.plan(
+        lambda params, x: MLP().apply(params, x), params, x, mesh="x=8", profile=CPU, top=1
+    )
+    dots = [r for r in p.report().rows if r.op.startswith("dot_general")]
+    assert {r.source for r in dots} == {here}
+    assert {r.module for r in dots} == {"MLP/up", "MLP/Dense_0"}
+    assert p.verify(repeat=1).chosen.verified.sources_match
+
+
+def _line_of(text: str) -> int:
+    import inspect
+
+    lines = inspect.getsource(inspect.getmodule(_line_of)).splitlines()
+    return next(k for k, line in enumerate(lines, 1) if text in line and "_line_of" not in line)

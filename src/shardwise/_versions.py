@@ -8,10 +8,15 @@ these and never asks for a version itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+import os
+import site
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+from jax._src import source_info_util
 from jax.sharding import AxisType, Mesh
 
 
@@ -50,3 +55,41 @@ def with_auto_axes(fn: Callable[..., Any], out_shardings: Any) -> Callable[..., 
     layout is already chosen runs on an Explicit mesh, where each op would otherwise have to
     be told the sharding of its result."""
     return jax.sharding.auto_axes(fn, out_sharding=out_shardings)  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def sources_in_users_code() -> Iterator[None]:
+    """Within: JAX takes an op's source line to be the first frame of the user's own code,
+    outside installed packages (Flax, Equinox, Haiku, optax) and shardwise, where it would
+    take the first frame outside JAX (``linear.py:422`` for every Flax layer's dot). Both the
+    program planner's names and the compiled program's metadata read it, so they agree.
+    shardwise's built-in models count as the user's code: they are the program planned."""
+    info = source_info_util
+    excluded = [p for p in _library_paths() if p not in info._exclude_paths]
+    included = [p for p in (_BUILT_IN_MODELS,) if p not in info._include_paths]
+    for path in excluded:
+        info.register_exclusion(path)
+    for path in included:
+        info.register_inclusion(path)
+    info.user_frame.cache_clear()
+    try:
+        yield
+    finally:
+        for path in excluded:
+            info._exclude_paths.remove(path)
+        for path in included:
+            info._include_paths.remove(path)
+        info._exclude_path_regex.cache_clear()
+        info._include_path_regex.cache_clear()
+        info.is_user_filename.cache_clear()
+        info.user_frame.cache_clear()
+
+
+_BUILT_IN_MODELS = os.path.join(os.path.dirname(__file__), "_program", "models.py")
+
+
+@functools.cache
+def _library_paths() -> tuple[str, ...]:
+    """Where installed packages and shardwise itself live, each ending in a separator."""
+    found = [*site.getsitepackages(), site.getusersitepackages(), os.path.dirname(__file__)]
+    return tuple(dict.fromkeys(os.path.join(p, "") for p in found if p))

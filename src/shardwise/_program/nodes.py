@@ -54,6 +54,8 @@ class Step:
         key: where it is in the jaxpr, for applying a plan.
         backward: part of a training step's backward pass (the transpose of a forward op at
             the same source line).
+        module: the library module that made it (``MLP/Dense_0``), where the library names
+            its modules in the trace (Flax Linen, Haiku); else ``""``.
     """
 
     kind: Kind
@@ -71,6 +73,7 @@ class Step:
     backward: bool = False
     modelled: bool = True
     flops: float = 0.0
+    module: str = ""
 
     @property
     def implicit(self) -> bool:

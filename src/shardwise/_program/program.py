@@ -29,7 +29,7 @@ from shardwise._program.problem import Problem, build_problem, effective_mesh
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import predicted
 from shardwise._program.top import baselines, best_plans, fixed_pins, nothing_fits, peak, pinned
-from shardwise._versions import context_mesh
+from shardwise._versions import context_mesh, sources_in_users_code
 
 
 def _profile(profile: Profile | str | None, mesh: MeshSpec) -> Profile:
@@ -155,7 +155,10 @@ def _traced(
     name = getattr(fn, "__name__", "program")
     traced = as_users(fn, name)
     step = train_step(traced) if train else traced
-    with jax.set_mesh(devices) if devices is not None else contextlib.nullcontext():
+    with (
+        jax.set_mesh(devices) if devices is not None else contextlib.nullcontext(),
+        sources_in_users_code(),
+    ):
         graph = build(step, args, name, signature=fn)
     check_program_extent([(v.name, v.shape, v.dtype) for v in graph.values], name)
     return name, graph

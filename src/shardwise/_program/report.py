@@ -57,6 +57,7 @@ class OpRow:
         step: its place among the graph's steps.
         op: the primitive, with a dot's einsum (``dot_general ab,bc->ac``).
         source: ``file:line`` of the user's code.
+        module: the library module that made it (``MLP/Dense_0``), where the library says.
         mirrors: for an op of a training step's backward pass, the forward op at the same
             line it is the transpose of (``dot_general at models.py:34``); else ``""``.
         inputs, output: the arrays it reads and makes.
@@ -77,12 +78,14 @@ class OpRow:
     share: float
     repeat: int
     at: int
+    module: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "op": self.op,
             "source": self.source,
+            "module": self.module,
             "mirrors": self.mirrors,
             "inputs": [a.to_json() for a in self.inputs],
             "output": self.output.to_json(),
@@ -223,6 +226,7 @@ def report(plan: ProgramPlan, name: str) -> ProgramReport:
                 step=k,
                 op=op,
                 source=step.source,
+                module=step.module,
                 mirrors=_mirrors(graph.steps, step),
                 inputs=tuple(_view(plan, chosen, step, p, s) for p, s in enumerate(ins)),
                 output=_view(plan, chosen, step, -1, out),

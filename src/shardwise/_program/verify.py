@@ -20,7 +20,12 @@ from shardwise._model.spec import Spec
 from shardwise._program.apply import constrained
 from shardwise._runtime.distributed import put
 from shardwise._runtime.timing import TURN_SECONDS, alternate, spearman
-from shardwise._versions import auto_twin, has_explicit_axes, with_auto_axes
+from shardwise._versions import (
+    auto_twin,
+    has_explicit_axes,
+    sources_in_users_code,
+    with_auto_axes,
+)
 from shardwise._xla.hlo import collectives
 from shardwise._xla.lower import jax_mesh, platform
 from shardwise._xla.verified import Verified, collectives_match
@@ -267,7 +272,9 @@ def compile_program(
         for x, s in zip(leaves, item.in_specs, strict=True)
     ]
     args = jax.tree.unflatten(plan.graph.tree, placed)
-    return sharded(plan, item, mesh).lower(*args).compile(), args  # type: ignore[attr-defined]
+    with sources_in_users_code():  # the sources the plan's names give
+        lowered = sharded(plan, item, mesh).lower(*args)  # type: ignore[attr-defined]
+    return lowered.compile(), args
 
 
 def verify(

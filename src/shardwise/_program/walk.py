@@ -12,6 +12,7 @@ see the same equations under the same keys.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Sequence
 from typing import Any, Generic, TypeAlias, TypeVar
 
@@ -114,6 +115,17 @@ def source_of(eqn: Any) -> str:
     if frame is None:
         return ""
     return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"
+
+
+def module_of(eqn: Any) -> str:
+    """The library module that made ``eqn``, from its name stack (``MLP/Dense_0`` in Flax
+    Linen; ``""`` where the library gives none), without JAX's transform wrappers
+    (``transpose(jvp(MLP))/Dense_0`` is ``MLP/Dense_0``)."""
+    stack = str(eqn.source_info.name_stack)
+    return "/".join(p for p in _WRAPPERS.sub("", stack).split("/") if p)
+
+
+_WRAPPERS = re.compile(r"\w+\(|\)")
 
 
 def named(prim: str, source: str) -> str:

@@ -25,10 +25,10 @@ def plans_view(report: Any) -> Any:
         title_justify="left",
     )
     for col in ["plan", "inputs", "predicted", "memory/device", "collectives"]:
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     if verified:
         for col in ["measured", "memory (XLA)", "HLO match"]:
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
     names = report.graph.names
     for p in report.plans:
         kinds: dict[tuple[str, tuple[str, ...]], int] = {}
@@ -177,11 +177,12 @@ def ops_view(report: Any, quiet: bool = False) -> Any:
         show_lines=True,
     )
     for col in ("op", "reads", "makes", "collectives and why", "time"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for row in report.rows:
         if quiet and not row.collectives:
             continue
-        where = f"\n[dim]{escape(row.source)}[/]" if row.source else ""
+        where = " · ".join(w for w in (row.source, row.module) if w)
+        where = f"\n[dim]{escape(where)}[/]" if where else ""
         back = f"\n[italic]backward of {escape(row.mirrors)}[/]" if row.mirrors else ""
         repeat = f"\n×{row.repeat} (scan)" if row.repeat > 1 else ""
         moves = "\n".join(
