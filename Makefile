@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,all,bench,docs]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,all,bench,docs,models]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -44,9 +44,12 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 ## The wheel and sdist built and checked, the wheel installed without extras into a fresh
-## virtual environment, and a smoke test there (scripts/wheel_smoke.sh).
+## virtual environment, and a smoke test there (scripts/wheel_smoke.sh): beside the newest JAX
+## its requirement admits, and beside the oldest JAX shardwise supports.
+OLDEST_JAX := 0.9.2
 package: $(STAMP)
 	scripts/wheel_smoke.sh $(BIN)/python
+	scripts/wheel_smoke.sh $(BIN)/python $(OLDEST_JAX)
 
 format: $(STAMP)
 	$(BIN)/ruff format src tests examples conftest.py

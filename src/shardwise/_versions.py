@@ -16,8 +16,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.extend.core as jcore
+from jax._src import core as jax_core
 from jax._src import source_info_util
 from jax.sharding import AxisType, Mesh
+
+DropVar: type = getattr(jcore, "DropVar", None) or jax_core.DropVar
+"""The jaxpr variable of a result nobody reads (public in ``jax.extend.core`` from 0.10)."""
 
 
 def context_mesh() -> Mesh | None:

@@ -22,6 +22,7 @@ from jax._src import source_info_util
 
 from shardwise._errors import ArgumentTypeError
 from shardwise._program.rules import rule_of
+from shardwise._versions import DropVar
 
 Path: TypeAlias = tuple[int, ...]
 Key: TypeAlias = tuple[Path, Any]
@@ -101,7 +102,7 @@ class Walker(Generic[T]):
 
 def is_var(v: Any) -> bool:
     """Whether a jaxpr operand is a variable (not a literal, not a dropped result)."""
-    return not isinstance(v, jcore.Literal) and not isinstance(v, jcore.DropVar)
+    return not isinstance(v, jcore.Literal) and not isinstance(v, DropVar)
 
 
 def rank(var: Any) -> int:
