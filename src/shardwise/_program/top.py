@@ -16,6 +16,7 @@ from shardwise._program.baselines import NAMES, baseline
 from shardwise._program.graph import Graph
 from shardwise._program.memory import memory_constraints, peak_bytes
 from shardwise._program.problem import MAX_CHOICES, Problem
+from shardwise._program.roles import roles
 from shardwise._program.search import Solution, descend, neighbours, solve
 from shardwise._program.solution import read
 
@@ -144,8 +145,9 @@ def baselines(
     is over budget); and those that do not apply, with why."""
     solved: list[tuple[str, Problem, Solution]] = []
     skipped: list[tuple[str, str]] = []
+    role = roles(graph)  # once for every baseline
     for base in NAMES:
-        pins = baseline(base, graph, mesh, fixed)
+        pins = baseline(base, graph, mesh, fixed, role)
         if isinstance(pins, str):
             skipped.append((base, pins))
             continue
