@@ -23,6 +23,7 @@ from flax import nnx
 
 import shardwise
 from shardwise._model.mesh import MeshSpec
+from shardwise._model.spec import Spec
 from shardwise._program.baselines import NAMES, baseline
 from shardwise._program.graph import build
 from shardwise._program.roles import roles
@@ -453,3 +454,22 @@ def test_indivisible_shapes_are_named():
     )
     assert why["data-parallel"] == "the batch of x (6) does not divide over data×model (8 devices)"
     assert why["data×tensor"] == why["megatron"].replace("data×model (8", "model (4")
+
+
+@pytest.mark.parametrize("make_key", [jax.random.key, jax.random.PRNGKey])
+def test_every_plan_keeps_a_key_whole_and_draws_the_bits_jit_draws(make_key):
+    def dropout(key, x, w):
+        keep = jax.random.bernoulli(key, 0.5, x.shape)
+        return jnp.where(keep, x, 0.0) @ w
+
+    key, x = make_key(0), jnp.arange(16 * 32, dtype=jnp.float32).reshape(16, 32) / 100
+    w = jnp.ones((32, 8)) / 32
+    p = shardwise.plan(dropout, key, x, w, mesh="data=2,model=4", profile="cpu-2core", top=3)
+    assert all(item.in_specs[0].canonical() == Spec().canonical() for item in p.plans)
+    assert {"data-parallel", "fsdp"} <= {item.name for item in p.plans}
+    want = jax.jit(dropout)(key, x, w)
+    for item in p.plans:
+        got = p.sharded(item.name)(key, x, w)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    done = p.verify(repeat=1)
+    assert all(item.verified.collectives_match for item in done.plans if item.verified)

@@ -62,9 +62,8 @@ def einsum(
     Args:
         equation: an einsum equation, e.g. ``"nd,nd->n"``.
         *arrays: NumPy or JAX arrays.
-        mesh: a JAX ``Mesh`` (Auto, Explicit or mixed axes) or a description such as
-            ``"x=2,y=4"``; by default the mesh set with ``jax.set_mesh``, else every device on
-            one axis.
+        mesh: a JAX ``Mesh`` (any axis types) or a description such as ``"x=2,y=4"``; by
+            default the one set with ``jax.set_mesh``, else every device on one axis.
         layout: index → mesh axes, or ``"auto"`` for the planner's best strategy (logged on
             the ``shardwise`` logger with the reason when it is chosen: once per shapes,
             dtypes, mesh and profile).

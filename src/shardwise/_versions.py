@@ -9,7 +9,7 @@ these and never asks for a version itself.
 from __future__ import annotations
 
 import contextlib
-import functools
+import math
 import os
 import site
 from collections.abc import Callable, Iterator
@@ -23,6 +23,17 @@ from jax.sharding import AxisType, Mesh
 
 DropVar: type = getattr(jcore, "DropVar", None) or jax_core.DropVar
 """The jaxpr variable of a result nobody reads (public in ``jax.extend.core`` from 0.10)."""
+
+
+def keys(dtype: Any, shape: tuple[int, ...]) -> jax.Array:
+    """PRNG keys of the key dtype ``dtype`` (its generator) and ``shape``.
+
+    >>> keys(jax.random.key(0).dtype, (2, 3)).shape
+    (2, 3)
+    """
+    impl = dtype._impl  # the generator a key dtype stands for (no public accessor)
+    flat = jax.random.split(jax.random.key(0, impl=impl), math.prod(shape))
+    return flat.reshape(shape)
 
 
 def context_mesh() -> Mesh | None:
@@ -93,7 +104,6 @@ def sources_in_users_code() -> Iterator[None]:
 _BUILT_IN_MODELS = os.path.join(os.path.dirname(__file__), "_program", "models.py")
 
 
-@functools.cache
 def _library_paths() -> tuple[str, ...]:
     """Where installed packages and shardwise itself live, each ending in a separator."""
     found = [*site.getsitepackages(), site.getusersitepackages(), os.path.dirname(__file__)]

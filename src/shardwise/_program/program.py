@@ -21,11 +21,12 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.plan import check_program_extent
 from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
-from shardwise._model.spec import SpecLike
+from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import parse_bytes
 from shardwise._program.graph import Graph, build
 from shardwise._program.plans import PlannedLayout, ProgramPlan
 from shardwise._program.problem import Problem, build_problem, effective_mesh
+from shardwise._program.roles import roles
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import predicted
 from shardwise._program.top import baselines, best_plans, fixed_pins, nothing_fits, peak, pinned
@@ -98,6 +99,8 @@ def plan(
     name, graph = _traced(fn, args, train, devices)
     eff = effective_mesh(spec)
     fixed_specs = fixed_pins(graph, fixed, spec)
+    for k in roles(graph).keys:  # a PRNG key is never split: every device draws the same bits
+        fixed_specs.setdefault(k, Spec())
     start = time.perf_counter()
     full = build_problem(graph, eff, prof)
     searchable = pinned(graph, full, fixed_specs)

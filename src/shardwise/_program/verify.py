@@ -23,6 +23,7 @@ from shardwise._runtime.timing import TURN_SECONDS, alternate, spearman
 from shardwise._versions import (
     auto_twin,
     has_explicit_axes,
+    keys,
     sources_in_users_code,
     with_auto_axes,
 )
@@ -252,11 +253,15 @@ def _stands_for(found: list[tuple[int, set[str], str]], left: list[tuple[int, st
     return match(0)
 
 
-def _arrays(plan: ProgramPlan) -> list[np.ndarray]:
+def _arrays(plan: ProgramPlan) -> list[Any]:
+    """Inputs to run the plans on: small normal numbers, and for a PRNG key a key."""
     rng = np.random.default_rng(0)
-    out = []
-    for v in plan.graph.inputs:
+    out: list[Any] = []
+    for v, var in zip(plan.graph.inputs, plan.graph.closed.jaxpr.invars, strict=True):
         value = plan.graph.values[v]
+        if jax.dtypes.issubdtype(var.aval.dtype, jax.dtypes.prng_key):
+            out.append(keys(var.aval.dtype, value.shape))
+            continue
         data = rng.standard_normal(value.shape) * 0.1
         out.append(data.astype(value.dtype))
     return out
