@@ -1,0 +1,278 @@
+"""Models written with the libraries' own modules, the way each library's documentation writes
+them: Flax NNX and Linen, Optax, Equinox, Haiku. Each factory returns ``(fn, args)``: a
+function and example arrays to plan it for and run it on, small enough that planning takes
+well under a second. The libraries are imported inside the factories, so that importing this
+module needs none of them (the tests skip a case whose library is missing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Model = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+def _normal(seed: int, shape: tuple[int, ...]) -> jax.Array:
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def _labels(seed: int, shape: tuple[int, ...], classes: int) -> jax.Array:
+    return jax.random.randint(jax.random.key(seed), shape, 0, classes, jnp.int32)
+
+
+def _nnx_mlp_module(din: int, hidden: int, dout: int, dropout: float = 0.0) -> Any:
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        def __init__(self, din: int, hidden: int, dout: int, *, rngs: nnx.Rngs) -> None:
+            self.linear1 = nnx.Linear(din, hidden, rngs=rngs)
+            self.dropout = nnx.Dropout(dropout)
+            self.linear2 = nnx.Linear(hidden, dout, rngs=rngs)
+
+        def __call__(self, x: jax.Array, rngs: Any = None) -> jax.Array:
+            return self.linear2(self.dropout(nnx.relu(self.linear1(x)), rngs=rngs))
+
+    return MLP(din, hidden, dout, rngs=nnx.Rngs(0))
+
+
+def nnx_mlp() -> Model:
+    """(1) An NNX MLP, run over the state ``nnx.split`` gives, as a ``jit``-ed function would."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(_nnx_mlp_module(32, 64, 16))
+
+    def forward(state: Any, x: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, state)(x)
+
+    return forward, (state, _normal(1, (64, 32)))
+
+
+def nnx_gpt() -> Model:
+    """(2) A two-block NNX GPT (embedding, causal self-attention, LayerNorm, MLP, untied
+    head) and its cross-entropy loss on the next tokens."""
+    from flax import nnx
+
+    vocab, seq, d, heads, batch = 64, 16, 32, 4, 8
+
+    class Block(nnx.Module):
+        def __init__(self, *, rngs: nnx.Rngs) -> None:
+            self.ln1 = nnx.LayerNorm(d, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(heads, d, decode=False, rngs=rngs)
+            self.ln2 = nnx.LayerNorm(d, rngs=rngs)
+            self.up = nnx.Linear(d, 4 * d, rngs=rngs)
+            self.down = nnx.Linear(4 * d, d, rngs=rngs)
+
+        def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+            x = x + self.attn(self.ln1(x), mask=mask)
+            return x + self.down(nnx.gelu(self.up(self.ln2(x))))
+
+    class GPT(nnx.Module):
+        def __init__(self, *, rngs: nnx.Rngs) -> None:
+            self.embed = nnx.Embed(vocab, d, rngs=rngs)
+            self.blocks = nnx.List([Block(rngs=rngs) for _ in range(2)])
+            self.ln = nnx.LayerNorm(d, rngs=rngs)
+            self.head = nnx.Linear(d, vocab, rngs=rngs)
+
+        def __call__(self, tokens: jax.Array) -> jax.Array:
+            x = self.embed(tokens)
+            mask = nnx.make_causal_mask(tokens)
+            for block in self.blocks:
+                x = block(x, mask)
+            return self.head(self.ln(x))
+
+    graphdef, state = nnx.split(GPT(rngs=nnx.Rngs(0)))
+
+    def loss(state: Any, tokens: jax.Array, labels: jax.Array) -> jax.Array:
+        import optax
+
+        logits = nnx.merge(graphdef, state)(tokens)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    return loss, (state, _labels(1, (batch, seq), vocab), _labels(2, (batch, seq), vocab))
+
+
+def nnx_adamw_step() -> Model:
+    """(3) A training step written by hand with Optax's AdamW over an NNX model's state."""
+    import optax
+    from flax import nnx
+
+    graphdef, state = nnx.split(_nnx_mlp_module(32, 64, 16))
+    tx = optax.adamw(1e-3)
+    opt_state = tx.init(state)
+
+    def train_step(state: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> Any:
+        def loss_fn(state: Any) -> jax.Array:
+            return jnp.mean((nnx.merge(graphdef, state)(x) - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(state)
+        updates, opt_state = tx.update(grads, opt_state, state)
+        return optax.apply_updates(state, updates), opt_state, loss
+
+    return train_step, (state, opt_state, _normal(1, (64, 32)), _normal(2, (64, 16)))
+
+
+def linen_cnn_step() -> Model:
+    """(4) The CNN of Flax Linen's MNIST tutorial (convolution, average pooling, dense
+    layers), shrunk to one convolution, and its SGD training step."""
+    import flax.linen as nn
+    import optax
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            x = nn.relu(nn.Conv(features=8, kernel_size=(3, 3))(x))
+            x = nn.avg_pool(x, window_shape=(2, 2), strides=(2, 2))
+            x = x.reshape((x.shape[0], -1))
+            x = nn.relu(nn.Dense(features=32)(x))
+            return nn.Dense(features=10)(x)
+
+    images = _normal(1, (16, 16, 16, 1))
+    params = jax.jit(CNN().init)(jax.random.key(0), images)["params"]
+    tx = optax.sgd(0.1)
+
+    def train_step(params: Any, images: jax.Array, labels: jax.Array) -> Any:
+        def loss_fn(params: Any) -> jax.Array:
+            logits = CNN().apply({"params": params}, images)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, _ = tx.update(grads, tx.init(params))
+        return optax.apply_updates(params, updates), loss
+
+    return train_step, (params, images, _labels(2, (16,), 10))
+
+
+def _eqx_block(d: int, heads: int, key: jax.Array) -> Any:
+    import equinox as eqx
+
+    class Block(eqx.Module):
+        norm1: eqx.nn.LayerNorm
+        attn: eqx.nn.MultiheadAttention
+        norm2: eqx.nn.LayerNorm
+        mlp: eqx.nn.MLP
+
+        def __init__(self, key: jax.Array) -> None:
+            k1, k2 = jax.random.split(key)
+            self.norm1 = eqx.nn.LayerNorm(d)
+            self.attn = eqx.nn.MultiheadAttention(heads, d, key=k1)
+            self.norm2 = eqx.nn.LayerNorm(d)
+            self.mlp = eqx.nn.MLP(d, d, 4 * d, depth=1, key=k2)
+
+        def __call__(self, x: jax.Array) -> jax.Array:  # one sequence: (seq, d)
+            y = jax.vmap(self.norm1)(x)
+            x = x + self.attn(y, y, y)
+            return x + jax.vmap(self.mlp)(jax.vmap(self.norm2)(x))
+
+    return Block(key)
+
+
+def eqx_attention() -> Model:
+    """(5) An Equinox transformer block (``eqx.nn.MultiheadAttention``), mapped over the batch
+    with ``jax.vmap``, its arrays split from the rest with ``eqx.partition``."""
+    import equinox as eqx
+
+    params, static = eqx.partition(_eqx_block(32, 4, jax.random.key(0)), eqx.is_array)
+
+    def forward(params: Any, x: jax.Array) -> jax.Array:
+        return jax.vmap(eqx.combine(params, static))(x)
+
+    return forward, (params, _normal(1, (8, 16, 32)))
+
+
+def eqx_checkpointed() -> Model:
+    """(6) An Equinox MLP whose layers are rematerialised with ``eqx.filter_checkpoint``, and
+    its loss and gradients from ``eqx.filter_value_and_grad``."""
+    import equinox as eqx
+
+    class Model(eqx.Module):
+        layers: list[eqx.nn.Linear]
+
+        def __init__(self, key: jax.Array) -> None:
+            keys = jax.random.split(key, 4)
+            sizes = [32, 64, 64, 64, 16]
+            self.layers = [
+                eqx.nn.Linear(a, b, key=k) for a, b, k in zip(sizes, sizes[1:], keys, strict=False)
+            ]
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for layer in self.layers[:-1]:
+                x = eqx.filter_checkpoint(lambda layer, x: jax.nn.tanh(layer(x)))(layer, x)
+            return self.layers[-1](x)
+
+    params, static = eqx.partition(Model(jax.random.key(0)), eqx.is_array)
+
+    def loss(model: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+    def loss_and_grads(params: Any, x: jax.Array, y: jax.Array) -> Any:
+        return eqx.filter_value_and_grad(loss)(eqx.combine(params, static), x, y)
+
+    return loss_and_grads, (params, _normal(1, (64, 32)), _normal(2, (64, 16)))
+
+
+def haiku_mlp() -> Model:
+    """(7) Haiku's ``hk.nets.MLP`` through ``hk.transform``, applied without a random key."""
+    import haiku as hk
+
+    def net(x: jax.Array) -> jax.Array:
+        return hk.nets.MLP([64, 64, 16])(x)
+
+    model = hk.transform(net)
+    x = _normal(1, (64, 32))
+    params = model.init(jax.random.key(0), x)
+
+    def forward(params: Any, x: jax.Array) -> jax.Array:
+        return model.apply(params, None, x)
+
+    return forward, (params, x)
+
+
+def nnx_dropout() -> Model:
+    """(8) An NNX MLP with ``nnx.Dropout`` in training mode, its mask drawn from a new-style
+    key (``jax.random.key``) given as an argument."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(_nnx_mlp_module(32, 64, 16, dropout=0.5))
+
+    def forward(state: Any, x: jax.Array, key: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, state)(x, rngs=key)
+
+    return forward, (state, _normal(1, (64, 32)), jax.random.key(3))
+
+
+def nnx_deep_stack() -> Model:
+    """(9) Twelve NNX Linear layers applied in a Python loop: an unrolled stack."""
+    from flax import nnx
+
+    class Stack(nnx.Module):
+        def __init__(self, width: int, depth: int, *, rngs: nnx.Rngs) -> None:
+            self.layers = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for layer in self.layers:
+                x = nnx.tanh(layer(x))
+            return x
+
+    graphdef, state = nnx.split(Stack(32, 12, rngs=nnx.Rngs(0)))
+
+    def forward(state: Any, x: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, state)(x)
+
+    return forward, (state, _normal(1, (64, 32)))
+
+
+MODELS: dict[str, Callable[[], Model]] = {
+    "nnx-mlp": nnx_mlp,
+    "nnx-gpt-loss": nnx_gpt,
+    "nnx-adamw-step": nnx_adamw_step,
+    "linen-cnn-step": linen_cnn_step,
+    "eqx-attention": eqx_attention,
+    "eqx-checkpoint": eqx_checkpointed,
+    "haiku-mlp": haiku_mlp,
+    "nnx-dropout": nnx_dropout,
+    "nnx-12-layers": nnx_deep_stack,
+}
+"""Each case's factory, by the name the tests give it."""
