@@ -3,8 +3,10 @@ plans against compiled HLO, and its results against the unsharded function."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +135,64 @@ def test_baselines_and_search_match_compiled_hlo_and_numpy(mesh):
     assert wrong == []
     # and each compiled collective carries the op and the user's line it was predicted for
     assert [p.name for p in checked.plans if not p.verified.sources_match] == []
+
+
+@contextlib.contextmanager
+def _compiles():
+    """How many programs XLA compiles inside the block."""
+    found = []
+
+    def listen(name, seconds, **kwargs):
+        if name.endswith("backend_compile_duration"):
+            found.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield found
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
+def test_planned_programs_sum_every_contraction_they_split_and_the_guard_compiles_nothing():
+    from shardwise._program.guard import plan_dots
+    from shardwise._xla.check import dot_problems
+
+    fn, args = _mlp_args()
+    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, top=1)
+    megatron = plan.get("megatron")
+    dots = list(plan_dots(plan, megatron))
+    # column-parallel, then row-parallel: the second dot's contracted index is split
+    assert [(d.what, d.terms, d.axes) for d in dots] == [
+        ("'ab,bc->ac'", 32, ()), ("'ab,bc->ac'", 64, ("data", "model"))
+    ]  # fmt: skip
+    real = [np.ones(a.shape, a.dtype) for a in jax.tree.leaves(args)]
+    real = jax.tree.unflatten(jax.tree.structure(args), real)
+    run = plan.sharded("megatron")
+    with _compiles() as compiled:
+        run(*real)  # checked as it is compiled: one compile, the one jax.jit needs anyway
+        run(*real)
+    assert len(compiled) == 1
+    text = run.lower(*real).compile().as_text()
+    assert dot_problems(text, dots, plan.mesh.shape) == ()
+
+
+def test_a_planned_program_that_leaves_out_a_sum_is_refused(monkeypatch):
+    """As if XLA had dropped the all-reduces: ``verify`` and the program's first call
+    refuse it, naming the plan, the dot and the axes, and the plans to run instead."""
+    fn, args = _mlp_args()
+    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, top=1)
+    text = jax.stages.Compiled.as_text
+    cut = re.compile(r"all-reduce\((%[\w.\-]+)\)[^\n]*")
+    monkeypatch.setattr(jax.stages.Compiled, "as_text", lambda c: cut.sub(r"copy(\1)", text(c)))
+    real = jax.tree.map(lambda a: np.ones(a.shape, a.dtype), args)
+    with pytest.raises(shardwise.MiscompileError) as info:
+        plan.sharded("megatron")(*real)
+    said = str(info.value)
+    assert said.startswith("plan 'megatron' of mlp on mesh data=2,model=4: "), said
+    assert "the contraction ('ab,bc->ac') at models.py:38 is split 8 ways" in said, said
+    assert "over mesh axes `data`, `model`" in said and "'search'" in said, said
+    with pytest.raises(shardwise.MiscompileError, match=r"at models\.py:38"):
+        plan.verify(repeat=1)
 
 
 def test_megatron_is_column_then_row_parallel():

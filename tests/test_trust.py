@@ -4,6 +4,8 @@ that jax.jit accepts, kernels that add no collective, and NumPy's dtypes."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,13 @@ from shardwise import _api
 from shardwise._model.mesh import MeshSpec, build_mesh
 from shardwise._model.plan import Plan
 from shardwise._xla import lower as _lower
-from shardwise._xla.check import contraction_problems, ensure_close
+from shardwise._xla.check import (
+    DotTerms,
+    contraction_problems,
+    dot_problems,
+    ensure_close,
+    jaxpr_dots,
+)
 from shardwise._xla.explain import compile_plan, explain_compiled
 from shardwise._xla.hlo import collectives
 
@@ -94,6 +102,130 @@ def test_a_miscompiled_program_raises_instead_of_returning(monkeypatch):
             shardwise.einsum(equation, u, u, mesh=MESH, in_specs=specs)
     finally:
         _clear_caches()
+
+
+def _cut_sums(text):
+    """Compiled HLO text with every all-reduce turned into a copy: the sums left out."""
+    return re.sub(r"all-reduce\((%[\w.\-]+)\)[^\n]*", r"copy(\1)", text)
+
+
+def test_shard_refuses_jaxs_own_miscompiled_contraction_and_explain_shows_it():
+    equation, shapes, specs = MISCOMPILED
+    u = np.ones(shapes[0], np.float32)
+    fn = shardwise.shard(lambda a, b: jnp.einsum(equation, a, b), MESH, in_specs=tuple(specs))
+    with pytest.raises(shardwise.MiscompileError, match="after summing over `y` only") as info:
+        fn(u, u)
+    assert "split 8 ways across devices" in str(info.value)
+    assert "one agreed layout" in str(info.value)
+    expl = fn.explain(u, u)
+    assert len(expl.problems) == 1 and "WRONG RESULT" in str(expl)
+    # laid out alike, the same contraction is summed over both axes, and runs
+    agreed = shardwise.shard(lambda a, b: jnp.einsum(equation, a, b), MESH, in_specs="x,y")
+    assert float(agreed(u, u)) == 32.0
+    assert agreed.explain(u, u).problems == ()
+
+
+def test_shard_runs_a_function_whose_split_contractions_are_summed_and_checks_them():
+    def mlp(x, w1, w2):
+        h = jax.nn.relu(x @ w1)
+        return h @ w2
+
+    rng = np.random.default_rng(0)
+    x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in [(8, 16), (16, 32), (32, 4)])
+    specs = ("-,x", "x,y", "y")  # both contractions split: on x, then on y
+    fn = shardwise.shard(mlp, MESH, in_specs=specs)
+    np.testing.assert_allclose(np.asarray(fn(x, w1, w2)), mlp(x, w1, w2), rtol=1e-5, atol=1e-5)
+    traced = fn._jitted.trace(x, w1, w2)
+    text, dots = traced.lower().compile().as_text(), jaxpr_dots(traced.jaxpr)
+    assert [d.terms for d in dots] == [16, 32]
+    assert dot_problems(text, dots, {"x": 2, "y": 4}) == ()
+    # the guard reads both contractions as split: without their sums each is caught
+    cut = sorted(dot_problems(_cut_sums(text), dots, {"x": 2, "y": 4}))
+    assert len(cut) == 2, cut
+    assert "split 2 ways" in cut[0] and "`maximum`" in cut[0], cut  # relu reads x @ w1
+    assert "split 4 ways" in cut[1] and "the program returns it" in cut[1], cut
+
+
+_HLO = """HloModule m, num_partitions=4
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%body (p: (s32[], f32[4,4])) -> (s32[], f32[4,4]) {
+  %p = (s32[], f32[4,4]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %acc = f32[4,4]{1,0} get-tuple-element(%p), index=1
+  %step = f32[4,4]{1,0} OP(%acc, %acc)
+  ROOT %out = (s32[], f32[4,4]{1,0}) tuple(%next, %step)
+}
+
+%cond (q: (s32[], f32[4,4])) -> pred[] {
+  %q = (s32[], f32[4,4]{1,0}) parameter(0)
+  %j = s32[] get-tuple-element(%q), index=0
+  %three = s32[] constant(3)
+  ROOT %lt = pred[] compare(%j, %three), direction=LT
+}
+
+ENTRY %main (a: f32[4,4], b: f32[4,4]) -> f32[4,4] {
+  %a = f32[4,4]{1,0} parameter(0)
+  %b = f32[4,4]{1,0} parameter(1)
+  %dot = f32[4,4]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}, \
+metadata={op_name="jit(f)/dot_general" source_file="/src/m.py" source_line=3}
+BODY
+}
+"""
+_X, _Y = "{{0,2},{1,3}}", "{{0,1},{2,3}}"  # the device groups of each axis of a 2×2 mesh
+
+
+def _sum(value, groups):
+    return f"all-reduce(%{value}), replica_groups={groups}, to_apply=%add"
+
+
+_ZEROS = "  %zero = f32[] constant(0)\n  %zeros = f32[4,4]{1,0} broadcast(%zero), dimensions={}\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "axes", "wrong"),
+    [
+        (f"%s = f32[4,4]{{1,0}} {_sum('dot', _X)}\n ROOT %r = f32[4,4] maximum(%s, %zeros)",
+         ("x",), None),
+        (f"%r = f32[4,4]{{1,0}} maximum(%dot, %zeros)\n ROOT %s = f32[4,4] {_sum('r', _X)}",
+         ("x",), "`maximum` (r) uses it before any sum"),
+        (f"ROOT %s = f32[4,4]{{1,0}} {_sum('dot', _Y)}", ("x",), "over `y` only"),
+        (f"ROOT %s = f32[4,4]{{1,0}} {_sum('dot', _Y)}", (), None),  # no plan: 2 devices
+        ("ROOT %r = f32[4,4]{1,0} negate(%dot)", (), "the program returns it before any sum"),
+    ],
+)  # fmt: skip
+def test_a_split_contraction_must_be_summed_before_a_nonlinear_op_or_the_result(body, axes, wrong):
+    """Hand-made programs on a 2×2 mesh whose dot sums 4 of its 8 terms on each device."""
+    text = _HLO.replace("BODY", _ZEROS + "  " + body).replace("OP", "add")
+    found = dot_problems(text, [DotTerms("m.py:3", 8, axes)], {"x": 2, "y": 2})
+    assert found == () if wrong is None else len(found) == 1 and wrong in found[0], found
+    # a dot of all its terms on each device needs no sum
+    assert dot_problems(text, [DotTerms("m.py:3", 4, axes)], {"x": 2, "y": 2}) == ()
+    # nor does one at a line the source does not have: the check reads only what it can match
+    assert dot_problems(text, [DotTerms("m.py:4", 8, axes)], {"x": 2, "y": 2}) == ()
+
+
+@pytest.mark.parametrize(("op", "ok"), [("add", True), ("maximum", False)])
+def test_a_partial_sum_carried_round_a_loop_is_followed_to_its_sum(op, ok):
+    """The dot's result is the loop's carry (a tuple's second element): linear steps inside
+    may carry it to the sum after the loop, a non-linear one may not; the loop's counter, the
+    tuple's first element, is compared whole and is no use of the sum."""
+    body = (
+        "  %zero = s32[] constant(0)\n  %init = (s32[], f32[4,4]{1,0}) tuple(%zero, %dot)\n"
+        "  %loop = (s32[], f32[4,4]{1,0}) while(%init), condition=%cond, body=%body\n"
+        "  %res = f32[4,4]{1,0} get-tuple-element(%loop), index=1\n"
+        f"  ROOT %s = f32[4,4]{{1,0}} {_sum('res', _X)}"
+    )
+    text = _HLO.replace("BODY", body).replace("OP", op)
+    found = dot_problems(text, [DotTerms("m.py:3", 8, ("x",))], {"x": 2, "y": 2})
+    assert (found == ()) == ok, found
 
 
 def test_check_compares_with_numpy_and_raises_on_a_wrong_result(monkeypatch):

@@ -12,17 +12,23 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from shardwise._caches import Bounded
 from shardwise._errors import ArgumentTypeError, ShapeError, SpecError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.plan import MAX_PROGRAM_BYTES
 from shardwise._model.spec import Spec
 from shardwise._runtime.distributed import put
-from shardwise._xla.dtypes import ARRAYS_HINT, describe_value
+from shardwise._xla.check import dot_problems, ensure_dots_summed, jaxpr_dots
+from shardwise._xla.dtypes import ARRAYS_HINT, describe_value, x64
 from shardwise._xla.explain import Explanation, explain_function
-from shardwise._xla.lower import MeshLike, is_explicit, jax_mesh
+from shardwise._xla.lower import MeshLike, is_explicit, jax_mesh, platform
 
 AUTO = "auto"
 """``out_specs`` that let XLA choose the outputs' layout."""
+
+_CHECKED: Bounded[tuple[Any, ...], bool] = Bounded(512)
+"""The sharded functions already checked, with the types of the arguments they were compiled
+for: each program is checked once, when it is compiled."""
 
 
 def _is_spec_leaf(x: object) -> bool:
@@ -33,7 +39,10 @@ class Sharded:
     """A function compiled to run sharded on a mesh: the tutorial's ``pjit(f, ...)`` today.
 
     Call it like the function. ``explain(*args)`` says what each device holds and which
-    collectives XLA inserted.
+    collectives XLA inserted. The first call for arguments of new types compiles the program
+    (``jax.jit`` then reuses it) and refuses it (:class:`~shardwise.MiscompileError`) if XLA
+    left out a sum that a contraction split across devices needs
+    (:func:`~shardwise._xla.check.dot_problems`).
     """
 
     def __init__(
@@ -117,7 +126,39 @@ class Sharded:
                 for a, s in zip(args, self._per_arg_shardings(args), strict=True)
             )
         with _explicit_hints(), self._out_specs_said(args):
+            self._guard(args)
             return self._jitted(*args)
+
+    def _guard(self, args: tuple[Any, ...]) -> None:
+        """Check the program compiled for ``args``, once per argument types (a traced call is
+        part of another program)."""
+        leaves, tree = jax.tree.flatten(args)
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return
+        key = (self._jitted, tree, tuple(map(jax.typeof, leaves)), x64())
+        if _CHECKED.get(key) is None:
+            ensure_dots_summed(
+                self._compiled(args)[1],
+                f"shard({_name(self.fn)}) with in_specs {self.in_specs!r} on mesh "
+                f"{self.mesh_spec.describe()}",
+                "Give the operands of that contraction one agreed layout: in_specs that split "
+                "its contracted dimension the same way in every operand, or a "
+                "jax.lax.with_sharding_constraint on each inside the function (shardwise.plan "
+                "and shardwise.einsum lay out every contraction so)",
+            )
+            _CHECKED.put(key, True)
+
+    def _compiled(self, args: tuple[Any, ...]) -> tuple[Any, tuple[str, ...]]:
+        """The program compiled for ``args``, and what :func:`dot_problems` finds wrong in it."""
+        traced = self._jitted.trace(*args)
+        compiled = traced.lower().compile()
+        found = dot_problems(
+            compiled.as_text() or "",
+            jaxpr_dots(traced.jaxpr),
+            self.mesh_spec.shape,
+            platform(self.mesh),
+        )
+        return compiled, found
 
     def _per_arg_shardings(self, args: tuple[Any, ...]) -> list[NamedSharding]:
         """One sharding per positional argument, when the specs give one per argument."""
@@ -155,8 +196,12 @@ class Sharded:
 
     def explain(self, *args: Any) -> Explanation:
         """Compile for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and explain each device's
-        shards, every collective with its cause and source line, memory and compute."""
-        return explain_function(self.lower(*args).compile(), args, self.mesh, self.fn)
+        shards, every collective with its cause and source line, memory and compute, and any
+        sum XLA left out (``problems``)."""
+        self._check(args)
+        with _explicit_hints(), self._out_specs_said(args):
+            compiled, problems = self._compiled(args)
+        return explain_function(compiled, args, self.mesh, self.fn, problems)
 
 
 def _check_argument(fn: Callable[..., Any], k: int, leaves: list[Any]) -> int:

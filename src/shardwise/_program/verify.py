@@ -13,11 +13,13 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
+from shardwise._caches import Bounded
 from shardwise._errors import ArgumentError, ShardwiseWarning
 from shardwise._model.collective import Collective as BaseCollective
 from shardwise._model.profile import check_platform
 from shardwise._model.spec import Spec
 from shardwise._program.apply import constrained
+from shardwise._program.guard import ensure_summed
 from shardwise._runtime.distributed import put
 from shardwise._runtime.timing import TURN_SECONDS, alternate, spearman
 from shardwise._versions import (
@@ -27,6 +29,7 @@ from shardwise._versions import (
     sources_in_users_code,
     with_auto_axes,
 )
+from shardwise._xla.dtypes import x64
 from shardwise._xla.hlo import collectives
 from shardwise._xla.lower import jax_mesh, platform
 from shardwise._xla.verified import Verified, collectives_match
@@ -47,7 +50,9 @@ def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Calla
     """The program, jitted to follow ``chosen`` on ``mesh``. On a mesh with Explicit axes it
     runs with the axes Auto inside (every layout is the plan's, so no op need be told its
     result's) and gives its results in the plan's layouts on ``mesh``. Arguments laid out
-    otherwise are moved to the plan's layouts first (:class:`Placing`)."""
+    otherwise are moved to the plan's layouts first (:class:`Placing`), and the program is
+    checked for a sum XLA left out when it is first compiled for its arguments
+    (:func:`~shardwise._program.guard.ensure_summed`)."""
     m = _mesh(plan, mesh)
     program = constrained(plan.graph, auto_twin(m), chosen.layouts)
     # named after the user's function, so the compiled HLO reads jit(mlp), not jit(program)
@@ -60,7 +65,14 @@ def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Calla
             for v in plan.graph.outputs
         ]
         program = with_auto_axes(program, jax.tree.unflatten(plan.graph.out_tree, outs))
-    return Placing(jax.jit(program, in_shardings=in_shardings), in_shardings, plan.graph.names)
+    guard = functools.partial(ensure_summed, plan, chosen, platform=platform(m))
+    jitted = jax.jit(program, in_shardings=in_shardings)
+    return Placing(jitted, in_shardings, plan.graph.names, guard)
+
+
+_CHECKED: Bounded[tuple[Any, ...], bool] = Bounded(512)
+"""The jitted programs already checked, with the types of the arguments they were compiled
+for: each is checked once, when ``jax.jit`` compiles it."""
 
 
 def _typed(mesh: Mesh, spec: Spec) -> NamedSharding:
@@ -76,10 +88,15 @@ def _typed(mesh: Mesh, spec: Spec) -> NamedSharding:
 class Placing:
     """A jitted program that first moves each argument laid out otherwise than its
     ``in_shardings`` (an array another program made, or one a library placed) to the plan's
-    layout, on the devices, and says so once: ``jax.jit`` would refuse it."""
+    layout, on the devices, and says so once: ``jax.jit`` would refuse it. The first call for
+    arguments of new types compiles the program ahead (``jax.jit`` then reuses it) and hands
+    it to ``guard``, which raises if it must not run."""
 
-    def __init__(self, jitted: Any, in_shardings: Any, names: Sequence[str]) -> None:
+    def __init__(
+        self, jitted: Any, in_shardings: Any, names: Sequence[str], guard: Any = None
+    ) -> None:
         self.jitted, self.in_shardings, self.names = jitted, in_shardings, names
+        self.guard = guard
         self.said = False
 
     def placed(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -103,7 +120,22 @@ class Placing:
         return tuple(jax.tree.unflatten(tree, out))
 
     def __call__(self, *args: Any) -> Any:
-        return self.jitted(*self.placed(args))
+        placed = self.placed(args)
+        self.check(placed)
+        return self.jitted(*placed)
+
+    def check(self, args: tuple[Any, ...]) -> None:
+        """Hand the program compiled for ``args`` to the guard, once per argument types (a
+        traced call is part of another program, checked, if at all, as that one)."""
+        leaves, tree = jax.tree.flatten(args)
+        if self.guard is None or any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return
+        key = (self.jitted, tree, tuple(map(jax.typeof, leaves)), x64())
+        if _CHECKED.get(key) is None:
+            with sources_in_users_code():  # the lines the plan's steps name
+                lowered = self.jitted.lower(*args)
+            self.guard(lowered.compile())
+            _CHECKED.put(key, True)
 
     def lower(self, *args: Any) -> Any:
         """The program lowered for ``args`` (moved as a call would move them)."""
@@ -300,6 +332,7 @@ def verify(
         if on_step is not None:
             on_step(k, len(runnable))
         compiled, args = compile_program(plan, item, m, leaves)
+        ensure_summed(plan, item, compiled, platform(m))
         got = tuple(collectives(compiled.as_text() or "", plan.mesh.shape))
         want = item.predicted.collectives
         memory = compiled.memory_analysis()

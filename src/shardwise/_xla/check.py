@@ -1,21 +1,26 @@
 """Check what shardwise returns: a result against a float64 NumPy reference with a rigorous
-rounding bound, and a compiled program against the sums its einsum needs."""
+rounding bound, a compiled einsum program against the sums its einsum needs, and any compiled
+program against the sums each of its contractions needs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from jax._src import source_info_util
 
 from shardwise._errors import MiscompileError
 from shardwise._model.op import Op
 from shardwise._model.plan import Plan
 from shardwise._model.reshard import common_layout
 from shardwise._model.spec import Layout
-from shardwise._xla.hlo import Collective
+from shardwise._xla import flow
+from shardwise._xla.hlo import KINDS, Collective
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,4 +168,142 @@ def ensure_close(plan: Plan, arrays: Sequence[Any], result: Any) -> None:
         raise MiscompileError(
             f"{fact}mode='manual' computes it another way.",
             shell=f"{fact}--mode manual computes it another way.",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DotTerms:
+    """What a program's source says of one contraction (a ``dot_general``): the user's
+    ``file:line`` it comes from, how many products are summed into each element of its result,
+    the mesh axes a plan splits its contracted indices over (``None`` where no plan says),
+    whether it is part of a training step's backward pass (``None``: not known), and how to
+    name it (an einsum equation)."""
+
+    source: str
+    terms: int
+    axes: tuple[str, ...] | None = None
+    backward: bool | None = None
+    what: str = "dot_general"
+
+
+SUMS = frozenset({"all-reduce", "reduce-scatter"})
+"""Collectives that add up partial sums across devices."""
+
+
+def jaxpr_dots(closed: Any) -> tuple[DotTerms, ...]:
+    """Every ``dot_general`` of a (closed) jaxpr and the jaxprs inside it, as
+    :class:`DotTerms` (inside ``shard_map`` shapes are per device, so nothing looks split)."""
+    found: list[DotTerms] = []
+    todo = [getattr(closed, "jaxpr", closed)]
+    while todo:
+        for eqn in todo.pop().eqns:
+            for value in eqn.params.values():
+                for inner in value if isinstance(value, tuple | list) else (value,):
+                    if hasattr(inner, "eqns") or hasattr(getattr(inner, "jaxpr", None), "eqns"):
+                        todo.append(getattr(inner, "jaxpr", inner))
+            if eqn.primitive.name != "dot_general":
+                continue
+            (contracting, _), _ = eqn.params["dimension_numbers"]
+            shape = eqn.invars[0].aval.shape
+            where = source_info_util.user_frame(eqn.source_info.traceback)
+            if where is not None and all(isinstance(n, int) for n in shape):
+                line = f"{where.file_name.rsplit('/', 1)[-1]}:{where.start_line}"
+                backward = "transpose(" in str(eqn.source_info.name_stack)
+                terms = math.prod(shape[d] for d in contracting)
+                found.append(DotTerms(line, terms, backward=backward))
+    return tuple(found)
+
+
+def dot_problems(
+    text: str, dots: Sequence[DotTerms], mesh: Mapping[str, int], platform: str = "cpu"
+) -> tuple[str, ...]:
+    """What is wrong with a compiled program's contractions: each that XLA split across
+    devices (it sums fewer terms on a device than its ``dot_general`` has) must be summed over
+    the devices that hold its other terms before anything uses it whole (a non-linear op, or
+    the program's result); see :func:`~shardwise._xla.flow.unsummed_use`.
+
+    ``dots`` say what the program's source asks (:func:`jaxpr_dots`, or a plan's steps with the
+    axes each splits); each compiled contraction is matched with those of its source line (and
+    pass, forward or backward), and checked as the one split as a plan says, else as split the
+    fewest ways any of them allows. A contraction without a source line, or none to match, is
+    not checked, and off CPU any collective counts as a sum (as for
+    :func:`contraction_problems`): the check never refuses what it cannot read. ``()`` when
+    nothing is wrong.
+    """
+    module = flow.parse(text)
+    sums = flow.sums(module, mesh, SUMS if platform == "cpu" else frozenset(KINDS))
+    by_line: dict[str, list[DotTerms]] = {}
+    for said in dots:
+        by_line.setdefault(said.source, []).append(said)
+    problems = []
+    for local in flow.contractions(module):
+        dot = _match(local, by_line.get(local.source, ()), mesh)
+        if dot is None:
+            continue
+        ways = dot.terms // local.terms
+        if ways == 1 or math.prod(mesh.values()) % ways:
+            continue  # not split across devices (or not as a mesh splits)
+        named = dot.axes if dot.axes and math.prod(mesh[a] for a in dot.axes) == ways else ()
+        enough = functools.partial(_enough, mesh=mesh, ways=ways, named=frozenset(named))
+        found = flow.unsummed_use(module, local.name, sums, enough)
+        if found is not None:
+            use, summed = found
+            if use.root and use.computation == module.entry:
+                how = "the program returns it"
+            else:
+                at = f" at {module.source(use)}" if module.source(use) else ""
+                how = f"`{use.opcode}` ({use.op_name or use.name}{at}) uses it"
+            problems.append(_unsummed(dot, ways, named, how, summed))
+    return tuple(dict.fromkeys(problems))
+
+
+def _match(
+    local: flow.Contraction, dots: Sequence[DotTerms], mesh: Mapping[str, int]
+) -> DotTerms | None:
+    """The dot of the source that compiled contraction ``local`` computes (some of the terms
+    of), of ``dots`` at its line: one split as its plan says, else the one that leaves it
+    split the fewest ways; ``None`` if none can be."""
+    matched = [
+        d for d in dots
+        if d.terms > 0 and d.terms % local.terms == 0 and d.backward in (None, local.backward)
+    ]  # fmt: skip
+    planned = [
+        d for d in matched
+        if d.axes is not None and d.terms // local.terms == math.prod(mesh[a] for a in d.axes)
+    ]  # fmt: skip
+    return min(planned or matched, key=lambda d: d.terms, default=None)
+
+
+def _enough(
+    axes: frozenset[str], factor: int, mesh: Mapping[str, int], ways: int, named: frozenset[str]
+) -> bool:
+    """Whether sums over ``axes`` and local sums growing the terms ``factor`` times cover a
+    contraction split ``ways`` ways, over the axes ``named`` where a plan names them."""
+    covered = factor * math.prod(mesh[a] for a in axes) >= ways
+    return covered and (factor > 1 or named <= axes)
+
+
+def _unsummed(
+    dot: DotTerms, ways: int, named: tuple[str, ...], how: str, summed: frozenset[str]
+) -> str:
+    axes = ", ".join(f"`{a}`" for a in named)
+    split = f"mesh axis {axes}" if len(named) == 1 else f"mesh axes {axes}" if named else ""
+    over = ", ".join(f"`{a}`" for a in sorted(summed))
+    return (
+        f"the contraction ({dot.what}) at {dot.source} is split {ways} ways across devices"
+        f"{' over ' + split if split else ''} (each sums 1/{ways} of its "
+        f"{dot.terms:,} terms), but {how} "
+        f"{'after summing over ' + over + ' only' if over else 'before any sum across devices'}"
+        ": each device's result would lack the other devices' terms. This is a miscompile in "
+        "XLA's SPMD partitioner (a related report: openxla/xla#40034)"
+    )
+
+
+def ensure_dots_summed(problems: Sequence[str], program: str, fix: str) -> None:
+    """Raise :class:`MiscompileError` for :func:`dot_problems`' ``problems``, if any: what
+    ``program`` is, what is wrong, and ``fix``."""
+    if problems:
+        raise MiscompileError(
+            f"{program}: {'; '.join(problems)}. shardwise returns no result from this program. "
+            f"{fix}; and please report the function, shapes and layouts to shardwise."
         )

@@ -232,9 +232,12 @@ def _counted(plan: Plan, layout: Layout) -> Compute | None:
     return Compute(p.flops, float(p.bytes_accessed), 0.0, counted_by="einsum")
 
 
-def explain_function(compiled: Any, args: Sequence[Any], mesh: Mesh, fn: Any = None) -> Explanation:
+def explain_function(
+    compiled: Any, args: Sequence[Any], mesh: Mesh, fn: Any = None, problems: Sequence[str] = ()
+) -> Explanation:
     """The explanation of any compiled sharded function; arrays are named by ``fn``'s
-    parameters and pytree paths (``x``, ``params['w1']``) and the result's paths."""
+    parameters and pytree paths (``x``, ``params['w1']``) and the result's paths; ``problems``
+    are what makes it return a wrong result (:func:`~shardwise._xla.check.dot_problems`)."""
     spec = MeshSpec.parse(mesh)
     in_names = argument_names(fn, args) if fn is not None else []
     out_names = result_names(compiled.out_info)
@@ -262,6 +265,7 @@ def explain_function(compiled: Any, args: Sequence[Any], mesh: Mesh, fn: Any = N
         memory=memory_of(compiled, mesh.devices.flat[0]),
         compute=compute_of(compiled),
         device_ids=_device_ids(mesh),
+        problems=tuple(problems),
     )
 
 

@@ -120,7 +120,7 @@ def _parse_iota(text: str) -> np.ndarray:
     return _iota(dims, perm).reshape(-1)
 
 
-def _bracketed(line: str, start: int, open_ch: str, close_ch: str) -> str:
+def bracketed(line: str, start: int, open_ch: str, close_ch: str) -> str:
     """The text from ``line[start]`` (an opening bracket) to its matching close, inclusive."""
     depth = 0
     for i in range(start, len(line)):
@@ -140,7 +140,7 @@ def parse_groups(line: str, num_devices: int) -> list[list[int]]:
         return []
     rest = line[pos + len("replica_groups=") :]
     if rest.startswith("{"):
-        body = _bracketed(rest, 0, "{", "}")
+        body = bracketed(rest, 0, "{", "}")
         listed = [_ints(g) for g in re.findall(r"\{([\d,\s]*)\}", body[1:-1])]
         listed = [g for g in listed if g]
         return listed or [list(range(num_devices))]
@@ -158,14 +158,14 @@ def parse_groups(line: str, num_devices: int) -> list[list[int]]:
 
 def _mesh_groups(rest: str) -> list[list[int]]:
     """Groups of XLA's mesh form: ``mesh['a'=4,'b'=2], device_ids=(...) {'a'}``."""
-    head = _bracketed(rest, 4, "[", "]")
+    head = bracketed(rest, 4, "[", "]")
     axes = [(n, int(s)) for n, s in re.findall(r"'([^']+)'=(\d+)", head)]
     after = rest[4 + len(head) :]
     size = math.prod(s for _, s in axes)
     ids = np.arange(size)
     dev = re.match(r"\s*,\s*device_ids=", after)
     if dev:
-        body = _bracketed(after, dev.end(), "(", ")")
+        body = bracketed(after, dev.end(), "(", ")")
         ids = _parse_iota(body[1:-1])
         after = after[dev.end() + len(body) :]
     sel_body = re.match(r"\s*(\{[^}]*\})", after)
@@ -204,11 +204,19 @@ def axes_of_groups(groups: list[list[int]], mesh_shape: dict[str, int]) -> tuple
     return tuple(names[a] for a in sorted(varying))
 
 
+def collective_groups(kind: str, line: str, num_devices: int) -> list[list[int]]:
+    """The device groups of a collective of ``kind`` from its HLO ``line`` (a permute's pairs
+    of devices that exchange data)."""
+    if kind == "collective-permute":
+        return [p for p in _pairs(line) if p[0] != p[1]]
+    return parse_groups(line, num_devices)
+
+
 def _pairs(line: str) -> list[list[int]]:
     pos = line.find("source_target_pairs=")
     if pos < 0:
         return []
-    body = _bracketed(line, pos + len("source_target_pairs="), "{", "}")
+    body = bracketed(line, pos + len("source_target_pairs="), "{", "}")
     return [_ints(p) for p in re.findall(r"\{(\d+,\d+)\}", body)]
 
 
@@ -270,11 +278,7 @@ def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[Collective]:
             nbytes = sizes[1]
         else:
             nbytes = sum(sizes)
-        if kind == "collective-permute":
-            pairs = _pairs(line)
-            groups = [p for p in pairs if p[0] != p[1]]
-        else:
-            groups = parse_groups(line, num_devices)
+        groups = collective_groups(kind, line, num_devices)
         op = _OP_NAME.search(line)
         src = _SOURCE.search(line)
         frame = _FRAME.search(line)
