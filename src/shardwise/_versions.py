@@ -37,12 +37,16 @@ def keys(dtype: Any, shape: tuple[int, ...]) -> jax.Array:
 
 
 def context_mesh() -> Mesh | None:
-    """The mesh set by ``jax.set_mesh`` (as a context or for the whole process), or ``None``.
+    """The mesh set by ``jax.set_mesh`` (as a context or for the whole process), or ``None``
+    (also inside ``jax.jit``, where JAX gives only its abstract form).
 
     >>> context_mesh() is None
     True
     """
-    found = jax.sharding.get_mesh()
+    try:
+        found = jax.sharding.get_mesh()
+    except ValueError:  # inside jax.jit, where only the abstract mesh is known
+        return None
     return found if isinstance(found, Mesh) and not found.empty else None
 
 
