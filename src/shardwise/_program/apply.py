@@ -22,6 +22,7 @@ from shardwise._program.graph import Graph
 from shardwise._program.rules import rule_of
 from shardwise._program.solution import Layouts
 from shardwise._program.walk import Key, Path, Walker, is_var
+from shardwise._versions import scan_counts
 from shardwise._xla.lower import Mover
 
 
@@ -58,6 +59,8 @@ class _Applier(Walker[Any]):
 
     def bind(self, key: Key, value: Any) -> None:
         spec = self.spec_of(key)
+        if key[0] == () and key[1] in self.graph.closed.jaxpr.invars:
+            spec = None  # an argument: jit's in_shardings lay it out (with no op to name)
         if spec is not None and jnp.ndim(value):
             value = self.mover.constrain(value, spec)
         self.env[key] = value
@@ -112,8 +115,9 @@ class _Applier(Walker[Any]):
         """A scan whose slices of ``xs`` move to their layouts one step at a time."""
         p = eqn.params
         body = p["jaxpr"]
-        n_in = p["num_consts"] + p["num_carry"]
-        consts, init, xs = ins[: p["num_consts"]], ins[p["num_consts"] : n_in], ins[n_in:]
+        n_consts, n_carry = scan_counts(p)
+        n_in = n_consts + n_carry
+        consts, init, xs = ins[:n_consts], ins[n_consts:n_in], ins[n_in:]
         # each stack moves to the layout it is sliced in, and each slice on from its layout
         sliced: list[Spec | None] = []
         for k, v in enumerate(eqn.invars[n_in:]):
@@ -134,12 +138,12 @@ class _Applier(Walker[Any]):
                 outs = self.run(body.jaxpr, body.consts, here, [*consts, *carry, *moved])
             finally:
                 self.env = outer
-            return outs[: p["num_carry"]], outs[p["num_carry"] :]
+            return outs[:n_carry], outs[n_carry:]
 
         carry, ys = jax.lax.scan(
             step, init, xs, length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
         )
-        for k, v in enumerate(eqn.outvars[p["num_carry"] :]):  # each from the layout it is made in
+        for k, v in enumerate(eqn.outvars[n_carry:]):  # each from the layout it is made in
             found = self.stacked(here, (path, v)) if is_var(v) else None
             if found:
                 ys[k] = self.mover.move(ys[k], found[2], found[0])

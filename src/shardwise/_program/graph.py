@@ -43,6 +43,7 @@ from shardwise._program.walk import (
     rank,
     source_of,
 )
+from shardwise._versions import scan_counts
 from shardwise._xla.dtypes import storage_name
 from shardwise._xla.names import argument_names
 
@@ -346,7 +347,7 @@ class _Builder(Walker[int]):
         map of the stacked array without its first dimension."""
         p = eqn.params
         body = p["jaxpr"].jaxpr
-        n_in = p["num_consts"] + p["num_carry"]
+        n_in = sum(scan_counts(p))
         source = self.where(eqn)
         taken = [self.array(path, v) for v in eqn.invars[:n_in]]
         self.looped |= {a for a in taken if a is not None}
@@ -369,7 +370,7 @@ class _Builder(Walker[int]):
         layout across iterations); each stacked result is a map of its slices."""
         p = eqn.params
         body = p["jaxpr"].jaxpr
-        n_consts, n_carry = p["num_consts"], p["num_carry"]
+        n_consts, n_carry = scan_counts(p)
         for v in eqn.invars[n_consts : n_consts + n_carry]:  # even where the result is dropped
             init = self.array(path, v)
             if init is not None and self.values[init].shape:

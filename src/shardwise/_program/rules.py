@@ -227,8 +227,8 @@ register(
     abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt ceil
     clamp clz complex conj copy convert_element_type cos cosh digamma div eq eq_to erf erf_inv
     erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag integer_pow is_finite le
-    le_to lgamma log log1p logistic lt lt_to max min mul mulhi name ne neg nextafter not or
-    polygamma population_count pow random_clone real reduce_precision
+    le_to lgamma log log1p log2 logistic lt lt_to max min mul mulhi name ne neg nextafter not
+    one_minus_square or polygamma polynomial population_count pow random_clone real reduce_precision
     regularized_incomplete_beta rem round rsqrt select_n shift_left shift_right_arithmetic
     shift_right_logical sign sin sinh sqrt square stop_gradient sub tan tanh xor zeta
     """,
@@ -252,7 +252,10 @@ register(Rule("map", _unstack), "unstack")
 register(Rule("map", _resized), "slice pad dynamic_slice tile")
 register(Rule("dot"), "dot_general")
 register(Rule("call", callee="jaxpr"), "jit remat2 composite")
-register(Rule("call", callee="call_jaxpr"), "closed_call core_call custom_jvp_call custom_vjp_call")
+register(
+    Rule("call", callee="call_jaxpr"),
+    "closed_call core_call eval_jaxpr custom_jvp_call custom_vjp_call",
+)
 register(Rule("call", callee="call"), "custom_vmap_call")
 register(Rule("scan"), "scan")
 register(Rule("constant"), "iota empty empty2 create_token after_all platform_index")
@@ -268,6 +271,6 @@ register(
     threefry2x32 fft cholesky cholesky_update triangular_solve lu lu_pivots_to_permutation qr
     geqrf ormqr householder_product eigh eig svd schur tridiagonal tridiagonal_solve hessenberg
     symmetric_product custom_linear_solve ragged_dot_general scaled_dot scaled_matmul_wrapper
-    dce_sink
+    dce_sink call_hi_primitive
     """,
 )

@@ -104,7 +104,9 @@ class Placing:
         targets = jax.tree.leaves(self.in_shardings)
         moved, out = [], []
         for name, x, target in zip(self.names, leaves, targets, strict=True):
-            if _elsewhere(x, target):
+            if isinstance(x, jax.ShapeDtypeStruct) and _elsewhere(x, target):
+                x = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=target)  # nothing to move
+            elif _elsewhere(x, target):
                 moved.append(f"{name} ({_layout(x.sharding)} → {_layout(target)})")
                 x = jax.device_put(x, target)
             out.append(x)
@@ -165,13 +167,22 @@ def place(plan: ProgramPlan, chosen: PlannedLayout, args: Any, mesh: Any = None)
 
 
 def _elsewhere(x: Any, target: NamedSharding) -> bool:
-    """Whether ``x`` is an array on the devices laid out otherwise than ``target`` (a traced
-    value or a host array is placed by ``jax.jit`` itself)."""
-    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+    """Whether ``x`` is an array on the devices (or the shape of one, with a sharding) laid
+    out otherwise than ``target``, or on a mesh of other axis types (a traced value or a host
+    array is placed by ``jax.jit`` itself)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        if x.sharding is None:
+            return False
+    elif (
+        not isinstance(x, jax.Array)
+        or isinstance(x, jax.core.Tracer)
+        or not getattr(x, "committed", True)
+    ):
         return False
-    if not getattr(x, "committed", True):
-        return False
-    return not x.sharding.is_equivalent_to(target, x.ndim)
+    mesh = getattr(x.sharding, "mesh", None)
+    if mesh is not None and tuple(mesh.axis_types) != tuple(target.mesh.axis_types):
+        return True
+    return not x.sharding.is_equivalent_to(target, len(x.shape))
 
 
 def _layout(sharding: Any) -> str:
@@ -187,7 +198,11 @@ def _line(source: str) -> str:
 def _ops(op_name: str) -> set[str]:
     """The ops behind one HLO collective, from its ``op_name``: one, or several where XLA
     combined collectives (``jit(f)/(jvp()/reduce_sum:transpose(jvp())/dot_general)``; parts
-    of the same name are named once)."""
+    of the same name are named once). A name outside the program's ops (``args[0]``: from
+    JAX 0.11, XLA names the change of an argument's layout after the argument) is a layout
+    change."""
+    if op_name and "/" not in op_name:
+        return {LAYOUT_CHANGE}
     start = op_name.find("/(")
     if start < 0 or not op_name.endswith(")"):
         return {op_name.rsplit("/", 1)[-1]}
@@ -220,7 +235,8 @@ def attributed(predicted: Sequence[BaseCollective], compiled: Sequence[BaseColle
     combines collectives, and names each op once): their bytes add up to its bytes, its
     ``source_line`` is one of theirs (a combined one keeps its first part's), and their ops are
     the ops its ``op_name`` gives (:data:`LAYOUT_CHANGE` stands for any op, and any op for one
-    of :data:`SCAN_OPS`). Every predicted collective must be stood for, once.
+    of :data:`SCAN_OPS`; one named after an argument, with no line, for any op and line).
+    Every predicted collective must be stood for, once.
 
     >>> def said(op, source):
     ...     return [BaseCollective("all-reduce", ("model",), 8, op_name=op, source=source)]
@@ -244,7 +260,8 @@ def _fits(names: set[str], line: str, parts: list[tuple[int, str, str]]) -> bool
     ops = {p[1] for p in parts}
     named = names - {LAYOUT_CHANGE}
     return (
-        any(p[2] == line for p in parts)
+        # the change of an argument's layout, named after the argument, has no line
+        ((not line and names == {LAYOUT_CHANGE}) or any(p[2] == line for p in parts))
         and (ops - SCAN_OPS <= names or LAYOUT_CHANGE in names)
         and (named <= ops or bool(ops & SCAN_OPS))
     )

@@ -82,11 +82,11 @@ class Walker(Generic[T]):
         for k, eqn in enumerate(jaxpr.eqns):
             here = (*path, k)
             values = [self.read(path, v) for v in eqn.invars]
-            with self.scope(eqn):
+            with self.scope(eqn):  # its results too are bound (and laid out) as its own
                 outs = self._dispatch(eqn, path, here, values)
-            for var, x in zip(eqn.outvars, outs, strict=True):
-                if is_var(var):
-                    self.bind((path, var), x)
+                for var, x in zip(eqn.outvars, outs, strict=True):
+                    if is_var(var):
+                        self.bind((path, var), x)
         return [self.read(path, v) for v in jaxpr.outvars]
 
     def _dispatch(self, eqn: Any, path: Path, here: Path, ins: list[T | None]) -> Sequence[Any]:

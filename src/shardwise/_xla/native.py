@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from shardwise._model.profile_files import cache_root
+from shardwise._versions import varying_axes
 
 ENV = "SHARDWISE_NATIVE"
 """Set to ``0`` to keep XLA's own kernels everywhere."""
@@ -216,9 +217,7 @@ def _call(name: str, shape: tuple[int, ...], vmap_method: str, *arrays: jax.Arra
 def _varying(*arrays: jax.Array) -> tuple[jax.Array, ...]:
     """The arrays made to vary over the same manual mesh axes (inside ``shard_map``), so
     a native call's result varies over all of them."""
-    axes: list[frozenset[Any]] = [
-        getattr(getattr(jax.typeof(a), "mat", None), "varying", frozenset()) for a in arrays
-    ]
+    axes: list[frozenset[Any]] = [varying_axes(a) for a in arrays]
     union = frozenset().union(*axes)
     return tuple(
         jax.lax.pcast(a, tuple(sorted(union - v)), to="varying") if union - v else a
