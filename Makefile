@@ -45,11 +45,16 @@ docs: $(STAMP)
 
 ## The wheel and sdist built and checked, the wheel installed without extras into a fresh
 ## virtual environment, and a smoke test there (scripts/wheel_smoke.sh): beside the newest JAX
-## its requirement admits, and beside the oldest JAX shardwise supports.
+## its requirement admits, beside the oldest JAX shardwise supports, and where a Python 3.12
+## is at hand, beside the newest JAX of all (JAX 0.11 and later need Python 3.12).
 OLDEST_JAX := 0.9.2
+PYTHON_NEWEST ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
+	"$$p" -c "" 2>/dev/null && echo "$$p" && break; done)
 package: $(STAMP)
 	scripts/wheel_smoke.sh $(BIN)/python
 	scripts/wheel_smoke.sh $(BIN)/python $(OLDEST_JAX)
+	if [ -n "$(PYTHON_NEWEST)" ]; then scripts/wheel_smoke.sh $(BIN)/python "" $(PYTHON_NEWEST); \
+	else echo "package: no python3.12 here: the wheel is not tried beside JAX 0.11 or later"; fi
 
 format: $(STAMP)
 	$(BIN)/ruff format src tests examples conftest.py

@@ -4,15 +4,17 @@
 # exit 2 and name the extra), a plan of an einsum and of a program each verified on the
 # devices, and `run` (a stream) on two small .npy files.
 #
-#     scripts/wheel_smoke.sh [python] [jax-version]
+#     scripts/wheel_smoke.sh [python] [jax-version] [venv-python]
 #
 # python: the project's venv python, for build/twine; jax-version: the JAX (and jaxlib) to
-# install beside the wheel, e.g. 0.9.2, the oldest shardwise supports (default: the newest
-# its requirement admits).
+# install beside the wheel, e.g. 0.9.2, the oldest shardwise supports (default or "": the
+# newest its requirement admits); venv-python: the Python of the fresh environment (default
+# python3; JAX 0.11 and later need Python 3.12).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:-.venv/bin/python}
 JAX=${2:-}
+VENV_PYTHON=${3:-python3}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
@@ -25,7 +27,7 @@ wheel=$(ls "$WORK"/dist/*.whl)
 unzip -l "$wheel" >"$WORK/wheel.txt"
 grep -q 'csrc/.*\.cc' "$WORK/wheel.txt" || { echo "smoke: the wheel lacks the native kernels' C++ sources"; exit 1; }
 
-python3 -m venv "$WORK/venv"
+"$VENV_PYTHON" -m venv "$WORK/venv"
 "$WORK/venv/bin/python" -m pip install --quiet "$wheel" ${JAX:+"jax==$JAX" "jaxlib==$JAX"} \
     >"$WORK/pip.log" 2>&1 || { cat "$WORK/pip.log"; exit 1; }
 SW="$WORK/venv/bin/shardwise"
