@@ -9,6 +9,7 @@ is fused away, as XLA does. The peak is the largest sum of held blocks at one po
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -17,7 +18,7 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
-from shardwise._program.moves import relayout_bytes, shard_bytes
+from shardwise._program.moves import entry_ways, relayout_bytes, shard_bytes
 from shardwise._program.nodes import Step
 from shardwise._program.problem import Problem
 from shardwise._program.search import Constraint
@@ -31,9 +32,21 @@ MEMORY_POINTS = 16
 
 def held(graph: Graph) -> list[int]:
     """The arrays that take memory: arguments, results, and whatever a non-elementwise op
-    makes or reads."""
-    made = {s.output for s in graph.steps}
-    return sorted(set(graph.inputs) | graph.fed | made)
+    makes or reads, but a broadcast that only elementwise ops read (:func:`fused`)."""
+    made = {s.output for s in graph.steps if not fused(graph, s)}
+    results = {v for v in graph.outputs if v is not None}
+    return sorted(set(graph.inputs) | graph.fed | made | results)
+
+
+def fused(graph: Graph, step: Step) -> bool:
+    """Whether XLA makes ``step``'s result inside the elementwise ops that read it, never as
+    a buffer of its own: a broadcast (a bias broadcast to the batch, then added) that no
+    other step reads and that is not a result."""
+    return (
+        step.prim.startswith("broadcast_in_dim")
+        and step.output not in graph.fed
+        and step.output not in graph.outputs
+    )
 
 
 class Lives(NamedTuple):
@@ -141,16 +154,19 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             if step.inputs[0] in arguments:
                 _hoist(graph, step, lay, mapped, mesh, points)
             continue
-        if step.key not in lay.steps:
+        if step.key not in lay.steps or fused(graph, step):
             continue
         ins, made = lay.steps[step.key]
         for a, used in zip(step.inputs, ins, strict=False):
             if used.canonical() != lay.specs[a].canonical():
-                points[at] += shard_bytes(graph.values[a], used, mesh)
+                # an argument's copy depends on nothing else: XLA makes it at the start
+                held_from = 0 if a in arguments and not step.repeat > 1 else at
+                points[held_from : at + 1] += shard_bytes(graph.values[a], used, mesh)
                 if cpu:
                     points[at] += relayout_bytes(graph.values[a], lay.specs[a], used, mesh)
         if made.canonical() != lay.specs[step.output].canonical():
             points[at] += shard_bytes(graph.values[step.output], made, mesh)
+        points[at] += partial_bytes(graph, step, ins, mesh)
     _carry_copies(graph, lay, mesh, points)
     return Held(arrays, lives, sizes, points)
 
@@ -192,6 +208,26 @@ def _hoist(
     assert loop is not None  # the slicing step itself is in the loop's body
     layers = graph.values[stack].shape[0]
     points[loop] += (layers - 1) * shard_bytes(slice_, spec, mesh)
+
+
+def partial_bytes(graph: Graph, step: Step, ins: tuple[Spec, ...], mesh: MeshSpec) -> int:
+    """The buffer of a dot's partial sums, where its operands split a contracted index (read
+    as ``ins``): each device's block of the whole result, summed across devices into a
+    buffer of its own (on CPU the all-reduce does not run in place).
+
+    0 for anything but such a dot."""
+    if step.kind != "dot" or step.op is None:
+        return 0
+    op = step.op
+    sizes = op.sizes([graph.values[a].shape for a in step.inputs])
+    axes: dict[str, tuple[str, ...]] = {}
+    for term, spec in zip(op.inputs, ins, strict=True):
+        for i, entry in zip(term, spec.padded(len(term)), strict=True):
+            axes[i] = axes.get(i) or tuple(entry)
+    if not any(mesh.shape[a] > 1 for i in op.contracted for a in axes.get(i, ())):
+        return 0
+    width = np.dtype(graph.values[step.output].dtype).itemsize
+    return width * math.prod(sizes[i] // entry_ways(axes.get(i, ()), mesh) for i in op.output)
 
 
 def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -> int:
