@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
@@ -308,7 +309,7 @@ def _arrays(plan: ProgramPlan) -> list[Any]:
     out: list[Any] = []
     for v, var in zip(plan.graph.inputs, plan.graph.closed.jaxpr.invars, strict=True):
         value = plan.graph.values[v]
-        if jax.dtypes.issubdtype(var.aval.dtype, jax.dtypes.prng_key):
+        if jnp.issubdtype(var.aval.dtype, jax.dtypes.prng_key):
             out.append(keys(var.aval.dtype, value.shape))
             continue
         data = rng.standard_normal(value.shape) * 0.1
