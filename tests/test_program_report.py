@@ -193,3 +193,20 @@ def _line_of(text: str) -> int:
 
     lines = inspect.getsource(inspect.getmodule(_line_of)).splitlines()
     return next(k for k, line in enumerate(lines, 1) if text in line and "_line_of" not in line)
+
+
+def test_verify_says_how_well_it_orders_plans_the_devices_tell_apart(mlp_train):
+    done = mlp_train.verify(repeat=1)
+    seconds = {p.name: p.verified.seconds for p in done.plans if p.verified}
+    told = sum(
+        1
+        for a in seconds
+        for b in seconds
+        if a < b and max(seconds[a], seconds[b]) > 1.25 * min(seconds[a], seconds[b])
+    )
+    assert done.ordered_pairs == told
+    assert (done.ordered is None) == (told == 0)
+    assert done.chosen_vs_fastest >= 1.0
+    out = done.to_json()
+    assert out["ordered"] == {"share": done.ordered, "pairs": told}
+    assert "chosen plan ÷ fastest measured" in done.to_html()

@@ -55,6 +55,9 @@ class ProgramPlan:
         plans: the search's plans and the baselines, cheapest first.
         skipped: baselines that do not apply, and why.
         spearman: rank correlation of predicted and measured times (after ``verify``).
+        ordered: of the pairs of plans whose measured times differ by more than 25% (the
+            machine tells them apart), the share the prediction orders alike; and
+            ``ordered_pairs``, how many such pairs there are (after ``verify``).
         chosen_name: the plan :attr:`chosen` names: the search's (``"search"``), or after
             ``tune`` the one that ran fastest on the devices at hand.
         tuned: whether ``tune`` chose by measuring.
@@ -80,6 +83,8 @@ class ProgramPlan:
     plans: tuple[PlannedLayout, ...]
     skipped: tuple[tuple[str, str], ...] = ()
     spearman: float | None = None
+    ordered: float | None = None
+    ordered_pairs: int = 0
     chosen_name: str = "search"
     tuned: bool = False
     pinned: tuple[int, ...] = ()
@@ -236,7 +241,17 @@ class ProgramPlan:
         }
         if any(p.verified for p in self.plans):
             out["spearman"] = self.spearman
+            out["ordered"] = {"share": self.ordered, "pairs": self.ordered_pairs}
+            out["chosen_vs_fastest"] = self.chosen_vs_fastest
         return out
+
+    @property
+    def chosen_vs_fastest(self) -> float | None:
+        """The chosen plan's measured time over the fastest measured (after ``verify``)."""
+        fastest, chosen = self.fastest_measured(), self.chosen.verified
+        if fastest is None or fastest.verified is None or chosen is None:
+            return None
+        return round(chosen.seconds / fastest.verified.seconds, 4)
 
     def _plan_json(self, plan: PlannedLayout) -> dict[str, Any]:
         ranks = [len(self.graph.values[v].shape) for v in self.graph.inputs]

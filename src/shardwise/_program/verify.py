@@ -22,7 +22,7 @@ from shardwise._model.spec import Spec
 from shardwise._program.apply import constrained
 from shardwise._program.guard import ensure_summed
 from shardwise._runtime.distributed import put
-from shardwise._runtime.timing import TURN_SECONDS, alternate, spearman
+from shardwise._runtime.timing import TURN_SECONDS, alternate, ordered_pairs, spearman
 from shardwise._versions import (
     auto_twin,
     has_explicit_axes,
@@ -369,10 +369,13 @@ def verify(
     # a plan over the budget is not run: on devices of that memory it would not fit
     done = [dataclasses.replace(p, verified=verified.get(p.name)) for p in plan.plans]
     ran = [p for p in done if p.verified is not None]
-    rho = spearman(
-        [p.predicted.seconds for p in ran], [p.verified.seconds for p in ran if p.verified]
-    )
-    return dataclasses.replace(plan, plans=tuple(done), spearman=rho)
+    predicted = [p.predicted.seconds for p in ran]
+    measured = [p.verified.seconds for p in ran if p.verified]
+    share, pairs = ordered_pairs(predicted, measured)
+    return dataclasses.replace(
+        plan, plans=tuple(done), spearman=spearman(predicted, measured), ordered=share,
+        ordered_pairs=pairs,
+    )  # fmt: skip
 
 
 def tune(plan: ProgramPlan, repeat: int = 5, mesh: Any = None, on_step: Any = None) -> ProgramPlan:

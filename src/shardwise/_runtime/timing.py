@@ -162,3 +162,31 @@ def _ranks(x: Sequence[float]) -> np.ndarray:
         tie = arr == v
         r[tie] = r[tie].mean()
     return r
+
+
+SEPARATED = 1.25
+"""Two plans' measured medians are told apart where one is this many times the other: on
+simulated CPU devices plans within it trade places from one run to the next."""
+
+
+def ordered_pairs(
+    predicted: Sequence[float], measured: Sequence[float], apart: float = SEPARATED
+) -> tuple[float | None, int]:
+    """Of the pairs of plans whose measured times differ by more than ``apart`` times, the
+    share the prediction orders alike, and how many such pairs there are (``None`` for the
+    share where there is none): a ranking's accuracy where the machine can tell plans apart.
+
+    >>> ordered_pairs([1, 2, 3], [1.0, 1.1, 3.0])  # (1, 2) too close to tell apart
+    (1.0, 2)
+    >>> ordered_pairs([3, 2, 1], [1.0, 2.0, 4.0])
+    (0.0, 3)
+    """
+    right = told = 0
+    for i in range(len(measured)):
+        for j in range(i + 1, len(measured)):
+            lo, hi = sorted((measured[i], measured[j]))
+            if hi <= apart * lo:
+                continue
+            told += 1
+            right += (predicted[i] - predicted[j]) * (measured[i] - measured[j]) > 0
+    return (round(right / told, 4) if told else None), told

@@ -71,6 +71,13 @@ def plans_view(report: Any) -> Any:
             "rank correlation (Spearman) of predicted and measured time: "
             + (f"{rho:.2f}" if rho is not None else "n/a")
         )
+        if report.ordered is not None:
+            parts.append(
+                f"plans the devices tell apart (measured more than 25% apart): "
+                f"{report.ordered:.0%} of {report.ordered_pairs} pairs ordered as predicted"
+            )
+        if report.chosen_vs_fastest is not None:
+            parts.append(f"chosen plan: {report.chosen_vs_fastest:.2f}× the fastest measured")
         parts += faster_than_chosen(report)
     return Group(*parts)
 

@@ -197,6 +197,12 @@ def _program_header(plan: Mapping[str, Any], report: Mapping[str, Any], mesh: Me
         facts.append(("chosen", f"{plan.get('chosen')}, the plan that ran fastest here (tuned)"))
     if plan.get("spearman") is not None:
         facts.append(("rank correlation, predicted vs measured", f"{plan['spearman']:.2f}"))
+    ordered = plan.get("ordered") or {}
+    if ordered.get("share") is not None:
+        told = f"{ordered['share']:.0%} of {ordered['pairs']} pairs"
+        facts.append(("ordered as predicted, of plans measured > 25% apart", told))
+    if plan.get("chosen_vs_fastest") is not None:
+        facts.append(("chosen plan ÷ fastest measured", f"{plan['chosen_vs_fastest']:.2f}×"))
     kind = "training step" if report.get("train") else "forward pass"
     return _header(str(report.get("program", "program")), kind, facts, mesh)
 
