@@ -13,17 +13,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import scipy.optimize
 import scipy.sparse
 
+from shardwise._program.eliminate import eliminate
 from shardwise._program.problem import Problem
 
 TIME_LIMIT_S = 60.0
@@ -70,7 +69,7 @@ def solve(
     """
     start = time.perf_counter()
     protected = {v for c in constraints for v, _, _ in c.terms} | {v for e in exclude for v in e}
-    core, steps = _eliminate(problem, protected)
+    core, steps = eliminate(problem, protected)
     method, optimal = "dynamic programming", True
     choice = [-1] * len(problem.labels)
     if core.labels:
@@ -131,66 +130,6 @@ def descend(
             queue.extend(u for u, _ in near[v])
     seconds = time.perf_counter() - begin
     return Solution(tuple(choice), total(problem, choice), False, "local search", seconds)
-
-
-Folded = tuple[int, tuple[int, ...], Any]
-"""A variable folded into its neighbours, and its best choice for each of theirs."""
-
-
-def _eliminate(problem: Problem, protected: set[int]) -> tuple[Problem, list[Folded]]:
-    """Fold every unprotected variable of degree ≤ 2 into its neighbours, exactly: a leaf adds
-    its best cost to its neighbour's choices; a link between two neighbours becomes an edge
-    whose cost is the best over the link's choices; a variable with one choice adds its edges'
-    costs to its neighbours' choices, whatever its degree. Returns the rest and how to recover each
-    folded variable's choice from its neighbours'."""
-    n = len(problem.labels)
-    unary = [u.astype(float) for u in problem.unary]
-    near: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
-    for (u, v), m in problem.edges.items():
-        near[u][v] = near[u].get(v, 0) + m
-        near[v][u] = near[v].get(u, 0) + m.T
-    alive = set(range(n))
-    steps: list[Folded] = []
-    for v in range(n):  # a variable with one choice (a pinned input) is a constant
-        if len(unary[v]) == 1 and v not in protected:
-            for a, m in near[v].items():
-                unary[a] = unary[a] + m[0]
-                del near[a][v]
-            near[v] = {}
-            alive.discard(v)
-            steps.append((v, (), np.int64(0)))
-    queue = [v for v in range(n) if len(near[v]) <= 2 and v not in protected]
-    while queue:
-        v = queue.pop()
-        if v not in alive or len(near[v]) > 2 or v in protected:
-            continue
-        others = tuple(near[v])
-        if len(others) == 2 and len(unary[v]) * math.prod(len(unary[o]) for o in others) > 1 << 22:
-            continue
-        alive.discard(v)
-        if not others:
-            steps.append((v, (), np.argmin(unary[v])))
-        elif len(others) == 1:
-            (a,) = others
-            scores = unary[v][:, None] + near[v][a]
-            unary[a] = unary[a] + scores.min(axis=0)
-            steps.append((v, (a,), scores.argmin(axis=0)))
-            del near[a][v]
-        else:
-            a, b = others
-            scores = unary[v][:, None, None] + near[v][a][:, :, None] + near[v][b][:, None, :]
-            link = scores.min(axis=0)
-            steps.append((v, (a, b), scores.argmin(axis=0)))
-            del near[a][v], near[b][v]
-            near[a][b] = near[a].get(b, 0) + link
-            near[b][a] = near[b].get(a, 0) + link.T
-        queue.extend(o for o in others if len(near[o]) <= 2)
-    keep = sorted(alive)
-    position = {v: k for k, v in enumerate(keep)}
-    edges = {(position[v], position[o]): m for v in keep for o, m in near[v].items() if v < o}
-    core = Problem.of([problem.choices[v] for v in keep], [unary[v] for v in keep], edges,
-                      [problem.labels[v] for v in keep])  # fmt: skip
-    return dataclasses.replace(core, considered=problem.considered), steps
 
 
 def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
