@@ -3,8 +3,9 @@ before and after a change to the planner (they must be the same, or better and e
 
 The programs: the built-in ``mlp`` and ``transformer``, forward and ``train=True``, on meshes
 ``data=2,model=4`` and ``x=8``; an unrolled 12-layer MLP (a Python loop of layers), forward and
-training step; an unrolled 3-block transformer; a 2-block GPT in Flax NNX (when Flax is
-installed); and the MLP's training step under a memory budget. For each plan (the search's,
+training step; an unrolled 3-block transformer (and its training step on the first mesh); a
+2-block GPT in Flax NNX (when Flax is installed); and the MLP's training step under a memory
+budget. For each plan (the search's,
 its runners-up, the baselines): its name, the inputs' specs, the predicted seconds, peak
 memory and collectives.
 
@@ -57,6 +58,9 @@ def cases() -> Iterator[tuple[str, Callable[..., Any], tuple[Any, ...], dict[str
     fn, args = shardwise.model("mlp", train=True, **sizes["mlp"])
     budget = {"mesh": MESHES[0], "train": True, "budget": "200KiB"}
     yield "mlp train budget 200KiB", fn, args, budget
+    forward, (x, params) = transformer_stack(3, scan=False)
+    train = {"mesh": MESHES[0], "train": True}
+    yield "unrolled transformer3 train", loss_of(forward), (params, x, x), train
 
 
 def snapshot(label: str, fn: Callable[..., Any], args: tuple[Any, ...], **options: Any) -> Any:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardwise._program.eliminate import eliminate
+from shardwise._program.fold import Folding, fold
 from shardwise._program.problem import Problem
 
 NUDGE = 1e-8
@@ -45,7 +46,8 @@ class Marginals:
 
     Attributes:
         base: the best plan, a choice per variable, that ties are broken towards.
-        nudge: what each choice but the best plan's costs more (seconds).
+        nudge: what each choice but the best plan's costs more (seconds), per variable it
+            stands for; :data:`NUDGE` of the best plan's time in all.
         cliques: each variable's clique: the variable, then the neighbours it was folded into.
         tables: each clique's min-marginal over its own tree of cliques (seconds, with the
             nudges), axes in its order.
@@ -100,13 +102,18 @@ def _assign(clique: tuple[int, ...], table: np.ndarray, fixed: dict[int, int]) -
         fixed.update({u: int(k) for u, k in zip(free, at, strict=True)})
 
 
-def marginals(problem: Problem, base: Sequence[int], seconds: float) -> Marginals | None:
+def marginals(
+    problem: Problem, base: Sequence[int], seconds: float, weights: Sequence[int] = ()
+) -> Marginals | None:
     """Every clique's min-marginal (:class:`Marginals`) around ``base``, a cheapest plan of
     ``problem`` (``seconds`` its cost), or ``None`` where dynamic programming alone does not
-    solve ``problem`` (a part of it is left to an integer program)."""
-    nudge = NUDGE * abs(seconds) / max(len(base), 1)
+    solve ``problem`` (a part of it is left to an integer program). ``weights``: how many
+    variables each stands for (a folded problem's), each change nudged as many times."""
+    weights = list(weights) or [1] * len(base)
+    nudge = NUDGE * abs(seconds) / max(sum(weights), 1)
     nudged = [
-        u + nudge * (np.arange(len(u)) != b) for u, b in zip(problem.unary, base, strict=True)
+        u + nudge * w * (np.arange(len(u)) != b)
+        for u, b, w in zip(problem.unary, base, weights, strict=True)
     ]
     tables: list[np.ndarray] = []
     core, steps = eliminate(Problem.of(problem.choices, nudged, problem.edges), set(), tables)
@@ -147,3 +154,74 @@ def _onto(table: np.ndarray, clique: tuple[int, ...], keep: tuple[int, ...]) -> 
     reduced = table.min(axis=drop) if drop else table
     left = [u for u in clique if u in keep]
     return reduced.transpose([left.index(u) for u in keep])
+
+
+@dataclass(frozen=True, slots=True)
+class Alternatives:
+    """The cheapest plan with any one variable held at any choice, from the min-marginals of
+    the problem with its identical parts folded, all but one of each group
+    (:func:`~shardwise._program.fold.fold` with ``first_apart``): one layer of a stack held
+    at a choice is the part kept apart held so, the other layers as they were. A variable of
+    another layer takes the choices of its counterpart in the part kept apart.
+
+    Attributes:
+        marginals: the folded problem's min-marginals.
+        folding: the folding (``None``: nothing folded).
+        source: each variable's counterpart in the folded problem.
+        swaps: for a variable of a folded part, that part, the part kept apart and the part
+            the others folded into, each its variables in matching order.
+        spread: the most the nudges add to a plan's cost.
+    """
+
+    marginals: Marginals
+    folding: Folding | None
+    source: tuple[int, ...]
+    swaps: dict[int, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
+    spread: float
+
+    def best(self, v: int) -> np.ndarray:
+        """The cheapest cost with variable ``v`` at each choice (with the nudges)."""
+        return self.marginals.best(self.source[v])
+
+    def held(self, v: int, c: int) -> tuple[int, ...]:
+        """A cheapest choice per variable with ``v`` at choice ``c``, nearest the best plan."""
+        small = self.marginals.held(self.source[v], c)
+        if self.folding is None:
+            return small
+        whole = list(self.folding.expand(small))
+        if v in self.swaps:  # its part takes the choices of the part kept apart, and back
+            part, first, rest = self.swaps[v]
+            of = self.folding.of
+            for a, f, r in zip(part, first, rest, strict=True):
+                whole[a], whole[f] = small[of[f]], small[of[r]]
+        return tuple(whole)
+
+
+def alternatives(problem: Problem, base: Sequence[int], seconds: float) -> Alternatives | None:
+    """:class:`Alternatives` around ``base``, a cheapest plan of ``problem`` that gives alike
+    parts alike choices (as :func:`~shardwise._program.search.solve` finds it), or ``None``
+    where dynamic programming alone does not solve ``problem``."""
+    folding = fold(problem, first_apart=True)
+    if folding is not None and any(
+        base[a] != base[f]
+        for parts in folding.groups
+        for p in parts
+        for a, f in zip(p, parts[0], strict=True)
+    ):
+        folding = None  # the best plan differs between alike parts: read it unfolded
+    spread = NUDGE * abs(seconds)
+    if folding is None:
+        found = marginals(problem, base, seconds)
+        n = len(base)
+        return None if found is None else Alternatives(found, None, tuple(range(n)), {}, spread)
+    small = marginals(folding.problem, [base[v] for v in folding.kept], seconds, folding.weights)
+    if small is None:
+        return None
+    source = list(folding.of)
+    swaps = {}
+    for parts in folding.groups:
+        for part in parts[1:]:
+            for a, f in zip(part, parts[0], strict=True):
+                source[a] = folding.of[f]
+                swaps[a] = (part, parts[0], parts[1])
+    return Alternatives(small, folding, tuple(source), swaps, spread)

@@ -23,6 +23,7 @@ from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import SpecLike
 from shardwise._model.units import parse_bytes
+from shardwise._program.fold import prints_kept
 from shardwise._program.graph import Graph, build
 from shardwise._program.plans import PlannedLayout, ProgramPlan
 from shardwise._program.problem import Problem, build_problem, effective_mesh
@@ -108,13 +109,14 @@ def plan(
         peaks.append(peak(graph, searchable, sol, eff, prof))
         return limit is None or peaks[-1] <= limit
 
-    searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
+    with prints_kept():
+        searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
+        solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit)
     costs = StepCosts(graph, eff, prof)
     plans = [
         _planned("search" if k == 0 else f"search {k + 1}", graph, searchable, sol, costs)
         for k, sol in enumerate(searched)
     ]
-    solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit)
     plans += [_planned(b, graph, pb, sol, costs, limit) for b, pb, sol in solved]
     if not searched:  # under a budget only: the search always finds a plan without one
         raise _nothing_fits(name, graph, searchable, eff, prof, plans, peaks, limit)

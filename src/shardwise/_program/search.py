@@ -23,6 +23,7 @@ import scipy.optimize
 import scipy.sparse
 
 from shardwise._program.eliminate import eliminate
+from shardwise._program.fold import fold
 from shardwise._program.problem import Problem
 
 TIME_LIMIT_S = 60.0
@@ -63,10 +64,34 @@ def solve(
 ) -> Solution | None:
     """The cheapest feasible choice, or ``None`` where none fits the constraints.
 
-    Variables with at most two neighbours (and in no constraint) are eliminated exactly first,
-    as dynamic programming over chains and trees does; what is left, if anything, is an integer
-    program (its linear relaxation first: where that is integral, it is the optimum).
+    Identical parts (the layers of a stack) are solved once (:mod:`~shardwise._program.fold`;
+    not under constraints, which count each part apart). Variables with at most two neighbours
+    (and in no constraint) are eliminated exactly first, as dynamic programming over chains and
+    trees does; what is left, if anything, is an integer program (its linear relaxation first:
+    where that is integral, it is the optimum).
     """
+    start = time.perf_counter()
+    folded, small = [], problem
+    while not (constraints or exclude) and (folding := fold(small)) is not None:
+        folded.append(folding)  # folded parts may make parts alike in turn
+        small = folding.problem
+    if folded:
+        found = _solve(small, (), (), time_limit)
+        assert found is not None  # only constraints make a problem infeasible
+        whole = found.choice
+        for folding in reversed(folded):
+            whole = folding.expand(whole)
+        seconds = time.perf_counter() - start
+        return Solution(whole, total(problem, whole), found.optimal, found.method, seconds)
+    return _solve(problem, constraints, exclude, time_limit)
+
+
+def _solve(
+    problem: Problem,
+    constraints: Sequence[Constraint],
+    exclude: Sequence[dict[int, int]],
+    time_limit: float,
+) -> Solution | None:
     start = time.perf_counter()
     protected = {v for c in constraints for v, _, _ in c.terms} | {v for e in exclude for v in e}
     core, steps = eliminate(problem, protected)
@@ -105,6 +130,7 @@ def descend(
     fixed: int,
     near: Sequence[Sequence[tuple[int, np.ndarray]]] | None = None,
     settled: bool = False,
+    cost: float | None = None,
 ) -> Solution:
     """A good solution near ``start`` with ``fixed`` kept at its choice there: each variable,
     then each neighbour of a changed one, takes its best choice given its neighbours', until
@@ -114,11 +140,14 @@ def descend(
 
     ``settled``: every variable of ``start`` but ``fixed`` is already at its best given its
     neighbours (``start`` is an optimum with ``fixed`` changed), so only ``fixed``'s
-    neighbours are looked at first. ``near``: :func:`neighbours` of ``problem``, if at hand."""
+    neighbours are looked at first. ``near``: :func:`neighbours` of ``problem``, if at hand.
+    ``cost``: what ``start`` costs, if known: the solution's is then that less what each
+    change saves (not the whole problem summed again, for each of thousands of runners-up)."""
     begin = time.perf_counter()
     near = neighbours(problem) if near is None else near
     choice = list(start)
     queue = [u for u, _ in near[fixed]] if settled else list(range(len(choice)))
+    saved = 0.0
     while queue:
         v = queue.pop()
         if v == fixed:
@@ -126,10 +155,25 @@ def descend(
         scores = problem.unary[v] + sum((m[:, choice[u]] for u, m in near[v]), 0.0)
         best = int(np.argmin(scores))
         if scores[best] < scores[choice[v]] * (1 - 1e-12) - 1e-300:
+            saved += float(scores[choice[v]] - scores[best])
             choice[v] = best
             queue.extend(u for u, _ in near[v])
     seconds = time.perf_counter() - begin
-    return Solution(tuple(choice), total(problem, choice), False, "local search", seconds)
+    found = total(problem, choice) if cost is None else cost - saved
+    return Solution(tuple(choice), found, False, "local search", seconds)
+
+
+def moved(
+    problem: Problem,
+    choice: Sequence[int],
+    v: int,
+    c: int,
+    near: Sequence[Sequence[tuple[int, np.ndarray]]],
+) -> float:
+    """What changing variable ``v`` of ``choice`` to choice ``c`` adds to its cost."""
+    was = choice[v]
+    delta = float(problem.unary[v][c] - problem.unary[v][was])
+    return delta + sum(float(m[c, choice[u]] - m[was, choice[u]]) for u, m in near[v])
 
 
 def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:

@@ -16,10 +16,10 @@ from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import format_bytes
 from shardwise._program.baselines import NAMES, baseline
 from shardwise._program.graph import Graph
-from shardwise._program.marginals import Marginals, marginals
+from shardwise._program.marginals import Alternatives, alternatives
 from shardwise._program.memory import memory_constraints, peak_bytes
 from shardwise._program.problem import MAX_CHOICES, Problem
-from shardwise._program.search import Solution, descend, neighbours, solve, total
+from shardwise._program.search import Solution, descend, moved, neighbours, solve, total
 from shardwise._program.solution import read
 
 TRIES_PAST_TOP = 20
@@ -102,32 +102,34 @@ def runners_up(
     if count < 1:
         return []
     exact = best.method == "dynamic programming"
-    found = marginals(problem, best.choice, best.seconds) if exact else None
+    found = alternatives(problem, best.choice, best.seconds) if exact else None
     if found is not None:
         return _held(problem, inputs, best, count, found)
     near = neighbours(problem)
     seen = {tuple(best.choice[v] for v in inputs)}
     out: list[tuple[int, float, Solution]] = []
     for v in inputs:
-        alternatives = []
+        others = []
         for c in range(len(problem.choices[v])):
             if c == best.choice[v]:
                 continue
             start = list(best.choice)
             start[v] = c
-            sol = descend(problem, start, v, near, settled=best.optimal)
+            cost = best.seconds + moved(problem, best.choice, v, c, near)
+            sol = descend(problem, start, v, near, settled=best.optimal, cost=cost)
             key = tuple(sol.choice[u] for u in inputs)
             if key not in seen:
                 seen.add(key)
-                alternatives.append(sol)
-        alternatives.sort(key=lambda sol: sol.seconds)
-        out += [(rank, sol.seconds, sol) for rank, sol in enumerate(alternatives)]
+                others.append(sol)
+        others.sort(key=lambda sol: sol.seconds)
+        out += [(rank, sol.seconds, sol) for rank, sol in enumerate(others)]
     # each input's best alternative first, then each one's second best, ...
-    return [sol for _, _, sol in sorted(out, key=lambda r: r[:2])[:count]]
+    kept = [sol for _, _, sol in sorted(out, key=lambda r: r[:2])[:count]]
+    return [dataclasses.replace(sol, seconds=total(problem, sol.choice)) for sol in kept]
 
 
 def _held(
-    problem: Problem, inputs: list[int], best: Solution, count: int, found: Marginals
+    problem: Problem, inputs: list[int], best: Solution, count: int, found: Alternatives
 ) -> list[Solution]:
     """:func:`runners_up` where dynamic programming solved ``problem``: each input held at
     each other choice costs its min-marginal, so the plans are read in that order, each only
@@ -151,9 +153,8 @@ def _held(
         if c != base[v]
     )
     order, group, start = [], 0, -math.inf
-    same = found.nudge * len(base)  # the most that nudges add: costs closer are one cost
-    for cost, k, c in costs:
-        if cost > start + same:
+    for cost, k, c in costs:  # costs closer than the nudges can make them are one cost
+        if cost > start + found.spread:
             group, start = group + 1, cost
         order.append((group, k, c))
     kept: list[tuple[int, int, int, int]] = []  # rank, cost's group, input position, choice
