@@ -163,7 +163,7 @@ def _held(
         if sum(r == 0 for r, *_ in kept) == count:
             break
         key = plan(inputs[k], c)
-        if any(j < k and plan(inputs[j], key[j]) == key for j in _moved(key, base, inputs)):
+        if any(j < k and plan(inputs[j], key[j]) == key for j in _changed(key, base, inputs)):
             continue  # an earlier input's alternative
         kept.append((ranks[k], group, k, c))
         ranks[k] += 1
@@ -172,7 +172,7 @@ def _held(
     return [Solution(x, total(problem, x), True, "dynamic programming", seconds) for x in chosen]
 
 
-def _moved(key: tuple[int, ...], base: tuple[int, ...], inputs: list[int]) -> list[int]:
+def _changed(key: tuple[int, ...], base: tuple[int, ...], inputs: list[int]) -> list[int]:
     """The positions of the inputs ``key`` lays out otherwise than ``base``."""
     return [j for j, u in enumerate(inputs) if key[j] != base[u]]
 
