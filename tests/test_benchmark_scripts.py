@@ -36,3 +36,17 @@ def test_corpus_repredicts_each_plan_as_its_own_profile_did(corpus_module) -> No
     assert len(items) > len(own)
     seconds = corpus_module.measure(items[:2], repeat=1)
     assert set(seconds) == set(labels[:2]) and all(s > 0 for s in seconds.values())
+
+
+def test_the_plan_snapshot_names_every_difference(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import plan_snapshot
+
+    fn, args = shardwise.model("mlp", batch=64, hidden=128, ffn=256)
+    before = [plan_snapshot.snapshot("mlp", fn, args, mesh="x=2")]
+    assert plan_snapshot.compare(before, before) == []
+    after = [dict(before[0], plans=[dict(p) for p in before[0]["plans"]])]
+    after[0]["plans"][0]["seconds"] *= 2
+    after[0]["plans"].pop()
+    found = plan_snapshot.compare(before, after)
+    assert any("seconds" in line for line in found) and any("gone" in line for line in found)

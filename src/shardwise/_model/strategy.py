@@ -10,6 +10,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from shardwise._caches import cached
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.spec import Layout, Spec
@@ -71,7 +72,7 @@ class Strategy:
 
     def in_specs(self, op: Op) -> tuple[Spec, ...]:
         """Each operand's spec under the layout."""
-        return tuple(self.layout.spec_for(t) for t in op.inputs)
+        return _in_specs(self.layout, op.inputs)
 
     def describe(self, op: Op) -> str:
         """e.g. ``'n=x,d=y → out x'``."""
@@ -85,6 +86,13 @@ class Strategy:
             ],
             "out_spec": self.out_spec.to_json(len(op.output)),
         }
+
+
+@cached(maxsize=1 << 16)
+def _in_specs(layout: Layout, inputs: tuple[str, ...]) -> tuple[Spec, ...]:
+    """:meth:`Strategy.in_specs`, once per layout and operands (a program plan asks for the
+    same few many thousand times)."""
+    return tuple(layout.spec_for(t) for t in inputs)
 
 
 def reduce_axes(op: Op, layout: Layout, mesh: MeshSpec) -> tuple[str, ...]:

@@ -10,8 +10,11 @@ One pipeline, a module per stage, in the order a plan is made:
 2. **problem** — :mod:`.steps` costs each step kind in one place (time, bytes, collectives
    for given layouts), from the resharding costs of :mod:`.moves`; :mod:`.problem` fills the
    solver's matrices from it.
-3. **search** — :mod:`.search` finds the cheapest choices; :mod:`.baselines` and :mod:`.top`
-   make the named baselines and the runners-up.
+3. **search** — :mod:`.search` finds the cheapest choices (:mod:`.fold` solves identical
+   parts, the layers of a stack, once; :mod:`.eliminate` folds chains and trees exactly; an
+   integer program solves what is left); :mod:`.baselines` and :mod:`.top` make the named
+   baselines and the runners-up, these from the min-marginals of :mod:`.marginals` where
+   dynamic programming solved the problem.
 4. **solution** — :mod:`.solution` reads a solution back as layouts and its prediction;
    :mod:`.memory` counts the bytes held per device at each program point.
 5. **explain** — :mod:`.explain` attributes every collective and every second to the step

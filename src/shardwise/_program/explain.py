@@ -6,7 +6,7 @@ words, and each op's share of the time."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardwise._model.cost import PredictedCollective
@@ -69,9 +69,13 @@ class Tally:
         self.flops = 0.0
         self.moved: set[tuple[int, Spec, Spec, tuple[int, ...]]] = set()
 
-    def add(self, k: int, cost: Cost, why: str) -> None:
+    def add(self, k: int, cost: Cost, why: Callable[[], str]) -> None:
+        """Step ``k``'s ``cost``, each of its collectives for the reason ``why()`` says (put
+        in words only where there are any: most moves of most plans have none)."""
         self.seconds[k] += cost.seconds
-        self.found.extend((c, k, why) for c, _ in cost.collectives)
+        if cost.collectives:
+            text = why()
+            self.found.extend((c, k, text) for c, _ in cost.collectives)
 
     def step(self, k: int, strategy: Strategy | None) -> None:
         """Step ``k``'s cost under the plan (``strategy``: a dot's)."""
@@ -100,8 +104,10 @@ class Tally:
         self.add(
             k,
             cost,
-            f"{value.name} is held as [{self._text(src, step, position, a)}]; {step.prim} "
-            f"reads it as [{self._text(dst, step, position, a)}]",
+            lambda: (
+                f"{value.name} is held as [{self._text(src, step, position, a)}]; "
+                f"{step.prim} reads it as [{self._text(dst, step, position, a)}]"
+            ),
         )
 
     def _shared(self, a: int, src: Spec, dst: Spec, scope: tuple[int, ...]) -> int | None:
@@ -125,15 +131,7 @@ class Tally:
         assert step.op is not None
         own = self.costs.dot(step, strategy)
         self.flops += own.flops
-        summed = [(i, a) for i, a in strategy.layout.assignment if a and i in step.op.contracted]
-        split = ", ".join(f"{i} split on {'+'.join(a)}" for i, a in summed)
-        axes = "+".join(sorted({x for _, a in summed for x in a}))
-        self.add(
-            k,
-            own,
-            f"{step.op.equation} sums over {split}: each device holds a partial sum, added "
-            f"across {axes}",
-        )
+        self.add(k, own, lambda: _partial_sums(step, strategy))
         for position, (a, spec) in enumerate(
             zip(step.inputs, strategy.in_specs(step.op), strict=True)
         ):
@@ -146,16 +144,16 @@ class Tally:
         self.add(
             k,
             self.costs.move(step, step.output, made, kept, False),
-            f"{who} makes {out.name} as [{self._text(made, step, -1, step.output)}]; it is "
-            f"kept as [{self._text(kept, step, -1, step.output)}]",
+            lambda: (
+                f"{who} makes {out.name} as [{self._text(made, step, -1, step.output)}]; "
+                f"it is kept as [{self._text(kept, step, -1, step.output)}]"
+            ),
         )
 
     def map(self, k: int, step: Step) -> None:
         a = step.inputs[0]
         src = self.lay.specs[a]
         head, mapped = self.costs.map_head(step, src)
-        held = self._text(src, step, 0, a)
-        need = ", ".join(f"d{d}" for d in step.local) or "its split dimensions"
         # the gather to the whole operand comes first; what an earlier move of the operand
         # made (a backward scan slices the stack the forward one gathered) is not made again
         whole = map_specs(self.graph, step, src, self.mesh)[0]
@@ -163,11 +161,11 @@ class Tally:
         gathers = sum(c.kind != "all-reduce" for c, _ in head.collectives)
         head = _less(head, gathers if shared is None else shared, step.repeat)
         for c, _ in head.collectives:
-            why = (
-                f"{step.prim} sums over split dimensions: each device holds a partial sum"
-                if c.kind == "all-reduce"
-                else f"{step.prim} needs {need} of [{held}] whole"
-            )
+            if c.kind == "all-reduce":
+                why = f"{step.prim} sums over split dimensions: each device holds a partial sum"
+            else:
+                need = ", ".join(f"d{d}" for d in step.local) or "its split dimensions"
+                why = f"{step.prim} needs {need} of [{self._text(src, step, 0, a)}] whole"
             self.found.append((c, k, why))
         self.seconds[k] += head.seconds
         self._result(k, step, mapped, step.prim)
@@ -177,7 +175,7 @@ class Tally:
             self.feed(k, step, position, a, Spec())
         own = self.costs.opaque(k)
         self.flops += own.flops
-        self.add(k, own, "")
+        self.add(k, own, str)
         what = step.prim if step.modelled else f"{step.prim} (not modelled)"
         self._result(k, step, Spec(), what)
 
@@ -196,3 +194,15 @@ class Tally:
             for c, k, why in self.found
             if c.bytes
         )
+
+
+def _partial_sums(step: Step, strategy: Strategy) -> str:
+    """Why a dot under ``strategy`` leaves partial sums, in words."""
+    assert step.op is not None
+    summed = [(i, a) for i, a in strategy.layout.assignment if a and i in step.op.contracted]
+    split = ", ".join(f"{i} split on {'+'.join(a)}" for i, a in summed)
+    axes = "+".join(sorted({x for _, a in summed for x in a}))
+    return (
+        f"{step.op.equation} sums over {split}: each device holds a partial sum, added "
+        f"across {axes}"
+    )

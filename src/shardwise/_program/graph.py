@@ -32,17 +32,8 @@ from shardwise._errors import ArgumentError
 from shardwise._model.op import Op
 from shardwise._program.nodes import Role, Step, Value
 from shardwise._program.rules import REDUCTIONS, Rule, dot_op, rule_of
-from shardwise._program.walk import (
-    Key,
-    Path,
-    Walker,
-    abstract,
-    is_var,
-    module_of,
-    named,
-    rank,
-    source_of,
-)
+from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
+from shardwise._program.walk import module_of as library_module
 from shardwise._versions import scan_counts
 from shardwise._xla.dtypes import storage_name
 from shardwise._xla.names import argument_names
@@ -281,7 +272,7 @@ class _Builder(Walker[int]):
                 key,
                 role=role,
                 backward=self.is_backward(eqn),
-                module=module_of(eqn),
+                module=library_module(eqn),
                 **more,
             )
         )

@@ -158,13 +158,14 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             continue
         ins, made = lay.steps[step.key]
         for a, used in zip(step.inputs, ins, strict=False):
-            if used.canonical() != lay.specs[a].canonical():
+            if used != lay.specs[a] and used.canonical() != lay.specs[a].canonical():
                 # an argument's copy depends on nothing else: XLA makes it at the start
                 held_from = 0 if a in arguments and not step.repeat > 1 else at
                 points[held_from : at + 1] += shard_bytes(graph.values[a], used, mesh)
                 if cpu:
                     points[at] += relayout_bytes(graph.values[a], lay.specs[a], used, mesh)
-        if made.canonical() != lay.specs[step.output].canonical():
+        kept = lay.specs[step.output]
+        if made != kept and made.canonical() != kept.canonical():
             points[at] += shard_bytes(graph.values[step.output], made, mesh)
         points[at] += partial_bytes(graph, step, ins, mesh)
     _carry_copies(graph, lay, mesh, points)

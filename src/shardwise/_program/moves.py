@@ -49,9 +49,14 @@ def entry_ways(entry: Sequence[str], mesh: MeshSpec) -> int:
 
 def shard_bytes(value: Value, spec: Spec, mesh: MeshSpec) -> int:
     """Bytes of one device's block of ``value`` under ``spec``."""
-    entries = spec.padded(len(value.shape))
-    blocks = math.prod(n // entry_ways(e, mesh) for n, e in zip(value.shape, entries, strict=True))
-    return blocks * np.dtype(value.dtype).itemsize
+    return _block_bytes(value.shape, value.dtype, spec, mesh)
+
+
+@cached(maxsize=1 << 16)
+def _block_bytes(shape: tuple[int, ...], dtype: str, spec: Spec, mesh: MeshSpec) -> int:
+    entries = spec.padded(len(shape))
+    blocks = math.prod(n // entry_ways(e, mesh) for n, e in zip(shape, entries, strict=True))
+    return blocks * np.dtype(dtype).itemsize
 
 
 def reshard(

@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -32,6 +32,8 @@ from shardwise._program.graph import Graph
 from shardwise._program.moves import entry_ways
 from shardwise._program.nodes import Step
 from shardwise._program.steps import StepCosts
+
+_T = TypeVar("_T")
 
 MAX_CHOICES = 4096
 """The most layouts one array or dot may choose from; past it the planner keeps this many,
@@ -72,15 +74,19 @@ class Problem:
                        types.MappingProxyType(dict(edges)))  # fmt: skip
 
     def restrict(self, keep: dict[int, list[int]]) -> Problem:
-        """The same problem with variable ``v`` limited to choices ``keep[v]``."""
-        index = [keep.get(v, list(range(len(c)))) for v, c in enumerate(self.choices)]
+        """The same problem with variable ``v`` limited to choices ``keep[v]`` (the costs of
+        the others, shared with this problem: no one changes a cost in place)."""
+        choices, unary = list(self.choices), list(self.unary)
+        for v, ix in keep.items():
+            choices[v] = tuple(choices[v][i] for i in ix)
+            unary[v] = unary[v][ix]
+        edges = dict(self.edges)
+        for (u, v), m in self.edges.items():
+            if u in keep or v in keep:
+                m = m[keep[u]] if u in keep else m
+                edges[(u, v)] = m[:, keep[v]] if v in keep else m
         return dataclasses.replace(
-            Problem.of(
-                [[c[i] for i in ix] for c, ix in zip(self.choices, index, strict=True)],
-                [u[ix] for u, ix in zip(self.unary, index, strict=True)],
-                {(u, v): m[np.ix_(index[u], index[v])] for (u, v), m in self.edges.items()},
-                self.labels,
-            ),
+            Problem.of(choices, unary, edges, self.labels),
             considered=self.considered,
             truncated=self.truncated,
         )
@@ -98,11 +104,27 @@ class _Draft:
         self.considered = 0
         self.truncated = False
         self.classes: dict[int, int] = {}  # each class's variable
-        self.maps: dict[tuple[Any, ...], np.ndarray] = {}  # for _map_matrix
+        self.menus: list[Any] = []  # what each variable's choices depend on (:meth:`once`)
+        self.known: dict[tuple[Any, ...], Any] = {}  # for :meth:`once`
 
     def var(self, a: int) -> int:
         """The variable of array ``a``'s class."""
         return self.classes[self.graph.find(a)]
+
+    def once(self, key: tuple[Any, ...], make: Callable[..., _T], *args: Any) -> _T:
+        """``make(*args)``, made once for all steps alike (``key``: all it depends on, the
+        variables' choices by their :attr:`menus`): a model written as a Python loop of layers
+        repeats the same few steps once per layer, as a scan's layers repeat its body."""
+        if key not in self.known:
+            self.known[key] = make(*args)
+        found: _T = self.known[key]
+        return found
+
+    def value(self, a: int) -> tuple[Any, ...]:
+        """What array ``a``'s costs depend on: its shape and dtype, and whether an op that
+        cannot cut it up for an all-to-all makes it (:func:`~.steps.a2a_copies`)."""
+        value = self.graph.values[a]
+        return value.shape, value.dtype, a in self.costs.made
 
     def add_edge(self, u: int, v: int, matrix: np.ndarray) -> None:
         if u == v:
@@ -150,22 +172,24 @@ def build_problem(
     costs = StepCosts(graph, mesh, profile)
     problem = _Draft(costs)
     for root in sorted(set(graph.classes)):
-        considered, specs = spec_choices(graph.values[root].shape, mesh)
+        value = graph.values[root]
+        considered, specs = problem.once(("specs", value.shape), spec_choices, value.shape, mesh)
         problem.considered += considered
+        menu: Any = value.shape  # the same shape, the same choices
         if root in pinned:
-            specs = [pinned[root]]
+            specs, menu = [pinned[root]], ("pinned", root)
         specs = _spread(specs, problem)
         problem.classes[root] = len(problem.labels)
         problem.labels.append(("class", root))
         problem.choices.append(specs)
-        problem.unary.append(np.array([costs.elementwise(root, s) for s in specs]))
+        problem.menus.append(menu)
+        key = ("elementwise", menu, value.dtype, costs.runs.get(root, 0))
+        problem.unary.append(problem.once(key, _each, costs.elementwise, root, specs))
     for k, step in enumerate(graph.steps):
         if step.kind == "dot":
             _add_dot(problem, k, step)
         elif step.kind == "map":
-            a, b = problem.var(step.inputs[0]), problem.var(step.output)
-            matrix = _map_matrix(step, problem.choices[a], problem.choices[b], costs, problem.maps)
-            problem.add_edge(a, b, matrix)
+            _add_map(problem, step)
         else:
             _add_opaque(problem, k, step)
     return problem.freeze()
@@ -177,33 +201,30 @@ def _add_opaque(problem: _Draft, k: int, step: Step) -> None:
     costs = problem.costs
     for a in step.inputs:
         u = problem.var(a)
-        feed = [costs.move_seconds(step, a, s, Spec(), True) for s in problem.choices[u]]
-        problem.unary[u] = problem.unary[u] + np.array(feed)
+        key = ("feed", problem.value(a), step.repeat, problem.menus[u])
+        feed = problem.once(key, _moves, costs, step, a, problem.choices[u], [Spec()], True)
+        problem.unary[u] = problem.unary[u] + feed[:, 0]
     out = problem.var(step.output)
-    own = costs.opaque(k).seconds
-    made = [own + costs.move_seconds(step, step.output, Spec(), s, False)
-            for s in problem.choices[out]]  # fmt: skip
-    problem.unary[out] = problem.unary[out] + np.array(made)
+    key = ("made", problem.value(step.output), step.repeat, problem.menus[out])
+    made = problem.once(key, _moves, costs, step, step.output, [Spec()], problem.choices[out],
+                        False)  # fmt: skip
+    problem.unary[out] = problem.unary[out] + (costs.opaque(k).seconds + made[0])
 
 
-def _map_matrix(
-    step: Step,
-    sa: list[Spec],
-    sb: list[Spec],
-    costs: StepCosts,
-    seen: dict[tuple[Any, ...], np.ndarray],
-) -> np.ndarray:
-    """:meth:`StepCosts.map` for every pair of layouts, the part before the result's move
-    computed once per operand layout, the move once per layout the map makes; once for all
-    maps alike (``seen``: a scan's layers repeat the same few)."""
-    graph = costs.graph
-    value, out = graph.values[step.inputs[0]], graph.values[step.output]
-    shapes = (value.shape, value.dtype, out.shape, out.dtype)
-    copies = (step.inputs[0] in costs.made, step.output in costs.made)
-    key = (shapes, step.dim_map, step.local, step.reduced, step.repeat, step.implicit,
-           tuple(sa), tuple(sb), copies)  # fmt: skip
-    if key in seen:
-        return seen[key]
+def _add_map(problem: _Draft, step: Step) -> None:
+    """A map: an edge from its operand's class to its result's, :meth:`StepCosts.map` for
+    every pair of layouts, the part before the result's move computed once per operand
+    layout, the move once per layout the map makes; once for all maps alike."""
+    a, b = problem.var(step.inputs[0]), problem.var(step.output)
+    key = ("map", problem.value(step.inputs[0]), problem.value(step.output), step.dim_map,
+           step.local, step.reduced, step.repeat, step.implicit, problem.menus[a],
+           problem.menus[b])  # fmt: skip
+    matrix = problem.once(key, _map_matrix, step, problem.choices[a], problem.choices[b],
+                          problem.costs)  # fmt: skip
+    problem.add_edge(a, b, matrix)
+
+
+def _map_matrix(step: Step, sa: list[Spec], sb: list[Spec], costs: StepCosts) -> np.ndarray:
     after: dict[Spec, np.ndarray] = {}
     rows = []
     for s in sa:
@@ -213,11 +234,10 @@ def _map_matrix(
                 [costs.move_seconds(step, step.output, mapped, t, False) for t in sb]
             )
         rows.append(head.seconds + after[mapped])
-    seen[key] = np.array(rows)
-    return seen[key]
+    return np.array(rows)
 
 
-def _move_matrix(
+def _moves(
     costs: StepCosts, step: Step, a: int, srcs: list[Spec], dsts: list[Spec], into_op: bool
 ) -> np.ndarray:
     """Seconds to move array ``a`` for ``step`` from each of ``srcs`` to each of ``dsts``
@@ -226,6 +246,11 @@ def _move_matrix(
     cols = {spec: k for k, spec in enumerate(dict.fromkeys(dsts))}
     table = np.array([[costs.move_seconds(step, a, x, y, into_op) for y in cols] for x in rows])
     return table[np.ix_([rows[x] for x in srcs], [cols[y] for y in dsts])]
+
+
+def _each(cost: Callable[[int, Spec], float], root: int, specs: list[Spec]) -> np.ndarray:
+    """``cost(root, spec)`` for each of ``specs``."""
+    return np.array([cost(root, spec) for spec in specs])
 
 
 def _spread(items: list[Spec], problem: _Draft) -> list[Spec]:
@@ -237,22 +262,46 @@ def _spread(items: list[Spec], problem: _Draft) -> list[Spec]:
 
 def _add_dot(problem: _Draft, k: int, step: Step) -> None:
     """A dot: a variable for its strategy, its own work, and an edge to each operand's class
-    and to its result's (the moves between their layouts and the strategy's)."""
-    assert step.op is not None
-    costs, graph = problem.costs, problem.graph
-    sizes = step.op.sizes([graph.values[a].shape for a in step.inputs])
-    considered, found = strategies(step.op, sizes, costs.mesh, MAX_CHOICES)
+    and to its result's (the moves between their layouts and the strategy's); once for all
+    dots alike."""
+    operands = [problem.var(a) for a in step.inputs]
+    out = problem.var(step.output)
+    key = ("dot", step.op, tuple(problem.value(a) for a in step.inputs),
+           problem.value(step.output), step.repeat, tuple(problem.menus[u] for u in operands),
+           problem.menus[out])  # fmt: skip
+    considered, found, unary, feeds, made = problem.once(key, _dot_costs, problem, step,
+                                                         operands, out)  # fmt: skip
     problem.considered += considered
     d = len(problem.labels)
     problem.labels.append(("dot", k))
     problem.choices.append(found)
-    problem.unary.append(np.array([costs.dot(step, s).seconds for s in found]))
-    for slot, a in enumerate(step.inputs):
-        u = problem.var(a)
+    problem.menus.append(key)
+    problem.unary.append(unary)
+    for u, matrix in zip(operands, feeds, strict=True):
+        problem.add_edge(u, d, matrix)
+    problem.add_edge(d, out, made)
+
+
+def _dot_costs(
+    problem: _Draft, step: Step, operands: list[int], out: int
+) -> tuple[int, list[Any], np.ndarray, list[np.ndarray], np.ndarray]:
+    """A dot's strategies (and how many were considered), their own costs, and the moves
+    from each operand's class to the layout each strategy reads it in, and from the layout
+    each makes its result in to the result's class."""
+    assert step.op is not None
+    costs, graph = problem.costs, problem.graph
+    sizes = step.op.sizes([graph.values[a].shape for a in step.inputs])
+    considered, found = strategies(step.op, sizes, costs.mesh, MAX_CHOICES)
+    unary = np.array([costs.dot(step, s).seconds for s in found])
+    feeds = []
+    for slot, (a, u) in enumerate(zip(step.inputs, operands, strict=True)):
         wanted = [t.in_specs(step.op)[slot] for t in found]
-        problem.add_edge(u, d, _move_matrix(costs, step, a, problem.choices[u], wanted, True))
-    out = problem.var(step.output)
+        feeds.append(_moves(costs, step, a, problem.choices[u], wanted, True))
     made = [t.out_spec for t in found]
-    problem.add_edge(
-        d, out, _move_matrix(costs, step, step.output, made, problem.choices[out], False)
+    return (
+        considered,
+        found,
+        unary,
+        feeds,
+        _moves(costs, step, step.output, made, problem.choices[out], False),
     )

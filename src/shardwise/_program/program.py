@@ -23,12 +23,14 @@ from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import parse_bytes
+from shardwise._program.fold import prints_kept
 from shardwise._program.graph import Graph, build
 from shardwise._program.plans import PlannedLayout, ProgramPlan
 from shardwise._program.problem import Problem, build_problem, effective_mesh
 from shardwise._program.roles import roles
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import predicted
+from shardwise._program.steps import StepCosts
 from shardwise._program.top import baselines, best_plans, fixed_pins, nothing_fits, peak, pinned
 from shardwise._versions import context_mesh, sources_in_users_code
 
@@ -110,28 +112,24 @@ def plan(
         peaks.append(peak(graph, searchable, sol, eff, prof))
         return limit is None or peaks[-1] <= limit
 
-    searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
+    with prints_kept():
+        searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
+        solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit)
+    costs = StepCosts(graph, eff, prof)
     plans = [
-        _planned("search" if k == 0 else f"search {k + 1}", graph, searchable, sol, eff, prof)
+        _planned("search" if k == 0 else f"search {k + 1}", graph, searchable, sol, costs)
         for k, sol in enumerate(searched)
     ]
-    solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit)
-    plans += [_planned(b, graph, pb, sol, eff, prof, limit) for b, pb, sol in solved]
+    plans += [_planned(b, graph, pb, sol, costs, limit) for b, pb, sol in solved]
     if not searched:  # under a budget only: the search always finds a plan without one
         raise _nothing_fits(name, graph, searchable, eff, prof, plans, peaks, limit)
     plans.sort(key=lambda p: p.predicted.seconds)
     return ProgramPlan(
         program=name, mesh=spec, profile=prof, train=train, graph=graph, ops=graph.ops,
-        considered=searchable.considered,
-        solve_seconds=time.perf_counter() - start,
-        optimal=searched[0].optimal,
-        method=searched[0].method,
-        plans=tuple(plans),
-        skipped=tuple(skipped),
-        pinned=tuple(sorted(fixed_specs)),
-        budget=limit,
-        complete=not searchable.truncated,
-        devices=devices,
+        considered=searchable.considered, solve_seconds=time.perf_counter() - start,
+        optimal=searched[0].optimal, method=searched[0].method, plans=tuple(plans),
+        skipped=tuple(skipped), pinned=tuple(sorted(fixed_specs)), budget=limit,
+        complete=not searchable.truncated, devices=devices,
     )  # fmt: skip
 
 
@@ -192,12 +190,11 @@ def _planned(
     graph: Graph,
     problem: Problem,
     sol: Solution,
-    mesh: MeshSpec,
-    profile: Profile,
+    costs: StepCosts,
     limit: int | None = None,
 ) -> PlannedLayout:
     """The plan ``sol`` names, over budget where its predicted peak is over ``limit``."""
-    layouts, pred = predicted(graph, problem, sol.choice, mesh, profile)
+    layouts, pred = predicted(graph, problem, sol.choice, costs.mesh, costs.profile, costs=costs)
     in_specs = tuple(layouts.specs[v] for v in graph.inputs)
     over = limit is not None and pred.memory_bytes > limit
     return PlannedLayout(name, in_specs, layouts, pred, over_budget=over)

@@ -13,17 +13,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import scipy.optimize
 import scipy.sparse
 
+from shardwise._program.eliminate import eliminate
+from shardwise._program.fold import fold
 from shardwise._program.problem import Problem
 
 TIME_LIMIT_S = 60.0
@@ -64,13 +64,37 @@ def solve(
 ) -> Solution | None:
     """The cheapest feasible choice, or ``None`` where none fits the constraints.
 
-    Variables with at most two neighbours (and in no constraint) are eliminated exactly first,
-    as dynamic programming over chains and trees does; what is left, if anything, is an integer
-    program (its linear relaxation first: where that is integral, it is the optimum).
+    Identical parts (the layers of a stack) are solved once (:mod:`~shardwise._program.fold`;
+    not under constraints, which count each part apart). Variables with at most two neighbours
+    (and in no constraint) are eliminated exactly first, as dynamic programming over chains and
+    trees does; what is left, if anything, is an integer program (its linear relaxation first:
+    where that is integral, it is the optimum).
     """
     start = time.perf_counter()
+    folded, small = [], problem
+    while not (constraints or exclude) and (folding := fold(small)) is not None:
+        folded.append(folding)  # folded parts may make parts alike in turn
+        small = folding.problem
+    if folded:
+        found = _solve(small, (), (), time_limit)
+        assert found is not None  # only constraints make a problem infeasible
+        whole = found.choice
+        for folding in reversed(folded):
+            whole = folding.expand(whole)
+        seconds = time.perf_counter() - start
+        return Solution(whole, total(problem, whole), found.optimal, found.method, seconds)
+    return _solve(problem, constraints, exclude, time_limit)
+
+
+def _solve(
+    problem: Problem,
+    constraints: Sequence[Constraint],
+    exclude: Sequence[dict[int, int]],
+    time_limit: float,
+) -> Solution | None:
+    start = time.perf_counter()
     protected = {v for c in constraints for v, _, _ in c.terms} | {v for e in exclude for v in e}
-    core, steps = _eliminate(problem, protected)
+    core, steps = eliminate(problem, protected)
     method, optimal = "dynamic programming", True
     choice = [-1] * len(problem.labels)
     if core.labels:
@@ -106,6 +130,7 @@ def descend(
     fixed: int,
     near: Sequence[Sequence[tuple[int, np.ndarray]]] | None = None,
     settled: bool = False,
+    cost: float | None = None,
 ) -> Solution:
     """A good solution near ``start`` with ``fixed`` kept at its choice there: each variable,
     then each neighbour of a changed one, takes its best choice given its neighbours', until
@@ -115,11 +140,14 @@ def descend(
 
     ``settled``: every variable of ``start`` but ``fixed`` is already at its best given its
     neighbours (``start`` is an optimum with ``fixed`` changed), so only ``fixed``'s
-    neighbours are looked at first. ``near``: :func:`neighbours` of ``problem``, if at hand."""
+    neighbours are looked at first. ``near``: :func:`neighbours` of ``problem``, if at hand.
+    ``cost``: what ``start`` costs, if known: the solution's is then that less what each
+    change saves (not the whole problem summed again, for each of thousands of runners-up)."""
     begin = time.perf_counter()
     near = neighbours(problem) if near is None else near
     choice = list(start)
     queue = [u for u, _ in near[fixed]] if settled else list(range(len(choice)))
+    saved = 0.0
     while queue:
         v = queue.pop()
         if v == fixed:
@@ -127,70 +155,25 @@ def descend(
         scores = problem.unary[v] + sum((m[:, choice[u]] for u, m in near[v]), 0.0)
         best = int(np.argmin(scores))
         if scores[best] < scores[choice[v]] * (1 - 1e-12) - 1e-300:
+            saved += float(scores[choice[v]] - scores[best])
             choice[v] = best
             queue.extend(u for u, _ in near[v])
     seconds = time.perf_counter() - begin
-    return Solution(tuple(choice), total(problem, choice), False, "local search", seconds)
+    found = total(problem, choice) if cost is None else cost - saved
+    return Solution(tuple(choice), found, False, "local search", seconds)
 
 
-Folded = tuple[int, tuple[int, ...], Any]
-"""A variable folded into its neighbours, and its best choice for each of theirs."""
-
-
-def _eliminate(problem: Problem, protected: set[int]) -> tuple[Problem, list[Folded]]:
-    """Fold every unprotected variable of degree ≤ 2 into its neighbours, exactly: a leaf adds
-    its best cost to its neighbour's choices; a link between two neighbours becomes an edge
-    whose cost is the best over the link's choices; a variable with one choice adds its edges'
-    costs to its neighbours' choices, whatever its degree. Returns the rest and how to recover each
-    folded variable's choice from its neighbours'."""
-    n = len(problem.labels)
-    unary = [u.astype(float) for u in problem.unary]
-    near: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
-    for (u, v), m in problem.edges.items():
-        near[u][v] = near[u].get(v, 0) + m
-        near[v][u] = near[v].get(u, 0) + m.T
-    alive = set(range(n))
-    steps: list[Folded] = []
-    for v in range(n):  # a variable with one choice (a pinned input) is a constant
-        if len(unary[v]) == 1 and v not in protected:
-            for a, m in near[v].items():
-                unary[a] = unary[a] + m[0]
-                del near[a][v]
-            near[v] = {}
-            alive.discard(v)
-            steps.append((v, (), np.int64(0)))
-    queue = [v for v in range(n) if len(near[v]) <= 2 and v not in protected]
-    while queue:
-        v = queue.pop()
-        if v not in alive or len(near[v]) > 2 or v in protected:
-            continue
-        others = tuple(near[v])
-        if len(others) == 2 and len(unary[v]) * math.prod(len(unary[o]) for o in others) > 1 << 22:
-            continue
-        alive.discard(v)
-        if not others:
-            steps.append((v, (), np.argmin(unary[v])))
-        elif len(others) == 1:
-            (a,) = others
-            scores = unary[v][:, None] + near[v][a]
-            unary[a] = unary[a] + scores.min(axis=0)
-            steps.append((v, (a,), scores.argmin(axis=0)))
-            del near[a][v]
-        else:
-            a, b = others
-            scores = unary[v][:, None, None] + near[v][a][:, :, None] + near[v][b][:, None, :]
-            link = scores.min(axis=0)
-            steps.append((v, (a, b), scores.argmin(axis=0)))
-            del near[a][v], near[b][v]
-            near[a][b] = near[a].get(b, 0) + link
-            near[b][a] = near[b].get(a, 0) + link.T
-        queue.extend(o for o in others if len(near[o]) <= 2)
-    keep = sorted(alive)
-    position = {v: k for k, v in enumerate(keep)}
-    edges = {(position[v], position[o]): m for v in keep for o, m in near[v].items() if v < o}
-    core = Problem.of([problem.choices[v] for v in keep], [unary[v] for v in keep], edges,
-                      [problem.labels[v] for v in keep])  # fmt: skip
-    return dataclasses.replace(core, considered=problem.considered), steps
+def moved(
+    problem: Problem,
+    choice: Sequence[int],
+    v: int,
+    c: int,
+    near: Sequence[Sequence[tuple[int, np.ndarray]]],
+) -> float:
+    """What changing variable ``v`` of ``choice`` to choice ``c`` adds to its cost."""
+    was = choice[v]
+    delta = float(problem.unary[v][c] - problem.unary[v][was])
+    return delta + sum(float(m[c, choice[u]] - m[was, choice[u]]) for u, m in near[v])
 
 
 def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:

@@ -96,15 +96,17 @@ def predicted(
     mesh: MeshSpec,
     profile: Profile,
     shared: bool = True,
+    costs: StepCosts | None = None,
 ) -> tuple[Layouts, ProgramPrediction]:
     """The layouts of a solution and their predicted cost: each step's time and collectives,
     each collective attributed to the step that causes it, with the reason
     (:class:`~shardwise._program.explain.Tally`), and the elementwise ops' time. A move that
     XLA makes once for two readers is counted once (``shared=False`` counts it for each, as the
-    solver's matrices do)."""
+    solver's matrices do). ``costs``: the graph's step costs on ``mesh`` under ``profile``,
+    shared by the plans of one program (each step alike costed once)."""
     lay = read(graph, problem, choice, mesh)
     strategies = chosen(problem, choice, "dot")
-    costs = StepCosts(graph, mesh, profile)
+    costs = StepCosts(graph, mesh, profile) if costs is None else costs
     tally = Tally(graph, lay, costs, shared)
     for k in range(len(graph.steps)):
         tally.step(k, strategies.get(k))

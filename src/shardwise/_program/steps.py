@@ -22,7 +22,9 @@ Pure: no devices.
 from __future__ import annotations
 
 from collections.abc import Set
+from typing import Any
 
+from shardwise._caches import cached
 from shardwise._model.cost import PredictedCollective, predict, ring_seconds
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
@@ -37,17 +39,29 @@ def map_specs(graph: Graph, step: Step, src: Spec, mesh: MeshSpec) -> tuple[Spec
     """A map from its operand's layout ``src``: the layout it reads (``src`` without the axes of
     the dimensions it needs whole), the layout of its result, and the mesh axes its partial
     sums are all-reduced over (those of split reduced dimensions)."""
-    value, out = graph.values[step.inputs[0]], graph.values[step.output]
-    entries = [list(e) for e in src.padded(len(value.shape))]
+    rank, out = len(graph.values[step.inputs[0]].shape), graph.values[step.output].shape
+    return _map_specs(rank, out, step.dim_map, step.reduced, src, mesh)
+
+
+@cached(maxsize=1 << 14)
+def _map_specs(
+    rank: int,
+    out: tuple[int, ...],
+    dim_map: tuple[int | None, ...],
+    reduced: tuple[int, ...],
+    src: Spec,
+    mesh: MeshSpec,
+) -> tuple[Spec, Spec, Entry]:
+    entries = [list(e) for e in src.padded(rank)]
     carried: list[Entry] = []
-    for o, d in enumerate(step.dim_map):
+    for o, d in enumerate(dim_map):
         entry = tuple(entries[d]) if d is not None else ()
-        if entry and out.shape[o] % entry_ways(entry, mesh):
+        if entry and out[o] % entry_ways(entry, mesh):
             entry = ()
         carried.append(entry)
-    kept = {a for e in carried for a in e} | {a for d in step.reduced for a in entries[d]}
+    kept = {a for e in carried for a in e} | {a for d in reduced for a in entries[d]}
     whole = Spec(tuple(tuple(a for a in e if a in kept) for e in entries)).canonical()
-    partial = tuple(a for a in mesh.names if any(a in entries[d] for d in step.reduced))
+    partial = tuple(a for a in mesh.names if any(a in entries[d] for d in reduced))
     return whole, Spec(tuple(carried)).canonical(), partial
 
 
@@ -95,6 +109,9 @@ class StepCosts:
         self.first = frozenset(firsts.values())
         """The first step of each equation (one opaque op with several results is one step
         per result; it reads its operands and does its work once)."""
+        self.known: dict[tuple[Any, ...], Any] = {}
+        """The costs of steps alike, by what they depend on (a model written as a Python loop
+        of layers repeats the same few steps once per layer), with no step attached."""
 
     def elementwise(self, root: int, spec: Spec) -> float:
         """The elementwise ops of class ``root`` laid out as ``spec``: each array they write
@@ -120,16 +137,30 @@ class StepCosts:
     def dot(self, step: Step, strategy: Strategy) -> Cost:
         """A dot's own cost under ``strategy``: the einsum cost model's prediction."""
         assert step.op is not None
-        shapes = [self.graph.values[a].shape for a in step.inputs]
+        shapes = tuple(self.graph.values[a].shape for a in step.inputs)
         dtype = self.graph.values[step.output].dtype
-        p = predict(step.op, shapes, dtype, self.mesh, strategy, self.profile)
-        return Cost(p.seconds * step.repeat, tuple((c, step) for c in p.collectives),
-                    p.flops * step.repeat)  # fmt: skip
+        key = ("dot", step.op, shapes, dtype, step.repeat, strategy)
+        if key not in self.known:
+            p = predict(step.op, list(shapes), dtype, self.mesh, strategy, self.profile)
+            self.known[key] = Cost(p.seconds * step.repeat,
+                                   tuple((c, None) for c in p.collectives),
+                                   p.flops * step.repeat)  # fmt: skip
+        return _at(self.known[key], step)
 
     def map_head(self, step: Step, src: Spec) -> tuple[Cost, Spec]:
         """A map's cost from its operand held as ``src`` up to its result in the layout it
         makes it in, and that layout: the gather of the dimensions it needs whole, an
         all-reduce per split reduced dimension, and the bytes it reads and writes."""
+        a, out = self.graph.values[step.inputs[0]], self.graph.values[step.output]
+        made = step.inputs[0] in self.made
+        key = ("map", a.shape, a.dtype, out.shape, out.dtype, step.dim_map, step.local,
+               step.reduced, step.repeat, step.implicit, made, src)  # fmt: skip
+        if key not in self.known:
+            self.known[key] = self._map_head(step, src)
+        head, mapped = self.known[key]
+        return _at(head, step), mapped
+
+    def _map_head(self, step: Step, src: Spec) -> tuple[Cost, Spec]:
         graph, mesh, profile = self.graph, self.mesh, self.profile
         value, out = graph.values[step.inputs[0]], graph.values[step.output]
         whole, mapped, partial = map_specs(graph, step, src, mesh)
@@ -174,3 +205,10 @@ class StepCosts:
         rate = self.profile.flops(graph.values[step.output].dtype)
         seconds = max(moved / self.profile.memory_Bps, flops / rate)
         return Cost(seconds * step.repeat, (), flops * step.repeat)
+
+
+def _at(cost: Cost, step: Step) -> Cost:
+    """``cost`` with its collectives caused by ``step``."""
+    if not cost.collectives:
+        return cost
+    return Cost(cost.seconds, tuple((c, step) for c, _ in cost.collectives), cost.flops)

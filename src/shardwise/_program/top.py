@@ -5,6 +5,8 @@ memory budget."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from collections.abc import Callable, Mapping
 
 from shardwise._errors import ArgumentError, SpecError
@@ -14,10 +16,11 @@ from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import format_bytes
 from shardwise._program.baselines import NAMES, baseline
 from shardwise._program.graph import Graph
+from shardwise._program.marginals import Alternatives, alternatives
 from shardwise._program.memory import memory_constraints, peak_bytes
 from shardwise._program.problem import MAX_CHOICES, Problem
 from shardwise._program.roles import roles
-from shardwise._program.search import Solution, descend, neighbours, solve
+from shardwise._program.search import Solution, descend, moved, neighbours, solve, total
 from shardwise._program.solution import read
 
 TRIES_PAST_TOP = 20
@@ -91,7 +94,8 @@ def runners_up(
     """For each input, the best plan that lays it out another way, cheapest first: what the
     best plan's choice for that input is worth (then each input's second best, and so on).
 
-    Where dynamic programming solved the problem, each is solved exactly, and the first of
+    Where dynamic programming solved the problem, each is exact, read from the min-marginals
+    of one pass over the problem (:mod:`~shardwise._program.marginals`), and the first of
     them is the second-best plan overall (it must lay out some input differently). Where an
     integer program did (cycles), each is found by local search from the best plan
     (:func:`~shardwise._program.search.descend`): one integer program per input layout took
@@ -99,32 +103,79 @@ def runners_up(
     if count < 1:
         return []
     exact = best.method == "dynamic programming"
+    found = alternatives(problem, best.choice, best.seconds) if exact else None
+    if found is not None:
+        return _held(problem, inputs, best, count, found)
     near = neighbours(problem)
     seen = {tuple(best.choice[v] for v in inputs)}
     out: list[tuple[int, float, Solution]] = []
     for v in inputs:
-        alternatives = []
+        others = []
         for c in range(len(problem.choices[v])):
             if c == best.choice[v]:
                 continue
-            if exact:
-                sol = solve(problem.restrict({v: [c]}), time_limit=time_limit)
-            else:
-                start = list(best.choice)
-                start[v] = c
-                sol = descend(problem, start, v, near, settled=best.optimal)
-            if sol is None:
-                continue
-            choice = list(sol.choice)
-            choice[v] = c
-            key = tuple(choice[u] for u in inputs)
+            start = list(best.choice)
+            start[v] = c
+            cost = best.seconds + moved(problem, best.choice, v, c, near)
+            sol = descend(problem, start, v, near, settled=best.optimal, cost=cost)
+            key = tuple(sol.choice[u] for u in inputs)
             if key not in seen:
                 seen.add(key)
-                alternatives.append(dataclasses.replace(sol, choice=tuple(choice)))
-        alternatives.sort(key=lambda sol: sol.seconds)
-        out += [(rank, sol.seconds, sol) for rank, sol in enumerate(alternatives)]
+                others.append(sol)
+        others.sort(key=lambda sol: sol.seconds)
+        out += [(rank, sol.seconds, sol) for rank, sol in enumerate(others)]
     # each input's best alternative first, then each one's second best, ...
-    return [sol for _, _, sol in sorted(out, key=lambda r: r[:2])[:count]]
+    kept = [sol for _, _, sol in sorted(out, key=lambda r: r[:2])[:count]]
+    return [dataclasses.replace(sol, seconds=total(problem, sol.choice)) for sol in kept]
+
+
+def _held(
+    problem: Problem, inputs: list[int], best: Solution, count: int, found: Alternatives
+) -> list[Solution]:
+    """:func:`runners_up` where dynamic programming solved ``problem``: each input held at
+    each other choice costs its min-marginal, so the plans are read in that order, each only
+    as far as it is needed: until ``count`` inputs have their cheapest alternative. Plans that
+    cost the same (within what the nudges add: the same change at any layer of a stack) come
+    in input order. A plan whose input layouts an earlier input's alternative has
+    (holding that input at its choice there) is the same plan, and is left out."""
+    begin = time.perf_counter()
+    base, position = best.choice, {v: k for k, v in enumerate(inputs)}
+    plans: dict[tuple[int, int], tuple[int, ...]] = {}
+
+    def plan(v: int, c: int) -> tuple[int, ...]:
+        if (v, c) not in plans:
+            plans[(v, c)] = found.held(v, c)
+        return tuple(plans[(v, c)][u] for u in inputs)
+
+    costs = sorted(
+        (float(cost), position[v], c)
+        for v in inputs
+        for c, cost in enumerate(found.best(v))
+        if c != base[v]
+    )
+    order, group, start = [], 0, -math.inf
+    for cost, k, c in costs:  # costs closer than the nudges can make them are one cost
+        if cost > start + found.spread:
+            group, start = group + 1, cost
+        order.append((group, k, c))
+    kept: list[tuple[int, int, int, int]] = []  # rank, cost's group, input position, choice
+    ranks = [0] * len(inputs)
+    for group, k, c in sorted(order):
+        if sum(r == 0 for r, *_ in kept) == count:
+            break
+        key = plan(inputs[k], c)
+        if any(j < k and plan(inputs[j], key[j]) == key for j in _changed(key, base, inputs)):
+            continue  # an earlier input's alternative
+        kept.append((ranks[k], group, k, c))
+        ranks[k] += 1
+    seconds = time.perf_counter() - begin
+    chosen = [plans[(inputs[k], c)] for *_, k, c in sorted(kept)[:count]]
+    return [Solution(x, total(problem, x), True, "dynamic programming", seconds) for x in chosen]
+
+
+def _changed(key: tuple[int, ...], base: tuple[int, ...], inputs: list[int]) -> list[int]:
+    """The positions of the inputs ``key`` lays out otherwise than ``base``."""
+    return [j for j, u in enumerate(inputs) if key[j] != base[u]]
 
 
 def peak(graph: Graph, problem: Problem, sol: Solution, mesh: MeshSpec, profile: Profile) -> int:

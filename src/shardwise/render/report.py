@@ -14,6 +14,7 @@ from typing import Any
 
 from shardwise._model.units import format_bytes, format_seconds, format_shape
 from shardwise.render.report_css import MEASURED, PALETTE, PREDICTED
+from shardwise.render.report_memory import memory_svg
 from shardwise.render.report_page import report_html
 
 Mesh = Sequence[tuple[str, int]]
@@ -197,12 +198,11 @@ def _program_header(plan: Mapping[str, Any], report: Mapping[str, Any], mesh: Me
         facts.append(("chosen", f"{plan.get('chosen')}, the plan that ran fastest here (tuned)"))
     if plan.get("spearman") is not None:
         facts.append(("rank correlation, predicted vs measured", f"{plan['spearman']:.2f}"))
-    ordered = plan.get("ordered") or {}
-    if ordered.get("share") is not None:
-        told = f"{ordered['share']:.0%} of {ordered['pairs']} pairs"
-        facts.append(("ordered as predicted, of plans measured > 25% apart", told))
-    if plan.get("chosen_vs_fastest") is not None:
-        facts.append(("chosen plan ÷ fastest measured", f"{plan['chosen_vs_fastest']:.2f}×"))
+    if (told := plan.get("ordered") or {}).get("share") is not None:
+        share = f"{told['share']:.0%} of {told['pairs']} pairs"
+        facts.append(("ordered as predicted, of plans measured > 25% apart", share))
+    if (ratio := plan.get("chosen_vs_fastest")) is not None:
+        facts.append(("chosen plan ÷ fastest measured", f"{ratio:.2f}×"))
     kind = "training step" if report.get("train") else "forward pass"
     return _header(str(report.get("program", "program")), kind, facts, mesh)
 
@@ -342,42 +342,6 @@ def _plan_views(views: Mapping[str, Any], shown: str, mesh: Mesh) -> str:
             f"<b>{_e(name)}</b> op by op ({_e(seconds)} predicted)</summary>{body}</details>"
         )
     return "".join(out)
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.3g} MiB"
-
-
-def memory_svg(points: Sequence[float], peak: float, at: int) -> str:
-    """Bytes per device over the program points as a polyline, the peak marked in MiB."""
-    width, height, left, top, bottom = 640, 190, 70, 20, 28
-    top_value = max([peak, *points, 1]) * 1.1
-    span, plot = max(len(points) - 1, 1), height - top - bottom
-
-    def xy(k: int, v: float) -> tuple[float, float]:
-        return left + (width - left - 10) * k / span, top + plot * (1 - v / top_value)
-
-    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(k, v) for k, v in enumerate(points)))
-    parts = [f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#999"/>']
-    for v in (0.0, peak / 2, peak):
-        _, y = xy(0, v)
-        parts.append(
-            f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end" '
-            f'fill="#555">{_mib(v)}</text><line x1="{left}" y1="{y:.1f}" x2="{width - 10}" '
-            f'y2="{y:.1f}" stroke="#eceef2"/>'
-        )
-    px, py = xy(at, peak)
-    anchor = "end" if px > width * 0.7 else "start"
-    parts += [
-        f'<polyline points="{line}" fill="none" stroke="{PREDICTED}" stroke-width="2"/>',
-        f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4.5" fill="#d0021b"/>',
-        f'<text class="peak" x="{px + (-8 if anchor == "end" else 8):.1f}" y="{py - 6:.1f}" '
-        f'font-size="11" font-weight="600" text-anchor="{anchor}">peak {_mib(peak)} '
-        f"at point {at}</text>",
-        f'<text x="{(left + width) / 2}" y="{height - 6}" font-size="10" text-anchor="middle" '
-        f'fill="#555">program point (0 … {len(points) - 1})</text>',
-    ]
-    return f'<svg class="memory" width="{width}" height="{height}">{"".join(parts)}</svg>'
 
 
 def _memory(memory: Mapping[str, Any]) -> str:

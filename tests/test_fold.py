@@ -1,0 +1,92 @@
+"""Identical parts of a problem solved once: folding loses nothing (the best plan and every
+runner-up cost what they cost unfolded), folds the layers of a stack written as a Python loop
+into one, and leaves a chain of layers (which it cannot fold) alone."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from helpers import brute_force
+from shardwise._program.fold import fold
+from shardwise._program.problem import Problem
+from shardwise._program.search import solve, total
+from shardwise._program.top import runners_up
+
+
+def _stack(seed: int, layers: int) -> Problem:
+    """A shared variable (a residual stream, say) and ``layers`` copies of one random small
+    part (a tree, two of its variables joined to the shared one), then one part of its own."""
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(2, 4))
+    sizes = [int(rng.integers(1, 4)) for _ in range(size)]
+    inner = {(int(rng.integers(0, v)), v): None for v in range(1, size)}
+    inner = {(u, v): rng.random((sizes[u], sizes[v])).round(1) for u, v in inner}
+    unary = [rng.random(k).round(1) for k in sizes]
+    joins = {0: rng.random((3, sizes[0])).round(1), size - 1: rng.random((3, sizes[-1])).round(1)}
+    choices, costs, edges = [[0, 1, 2]], [rng.random(3).round(1)], {}
+    for _ in range(layers + 1):
+        first = len(choices)
+        choices += [list(range(k)) for k in sizes]
+        costs += [u.copy() for u in unary]
+        for (u, v), m in inner.items():
+            edges[(first + u, first + v)] = m
+        for v, m in joins.items():
+            edges[(0, first + v)] = m
+    costs[-1] = costs[-1] + 0.05  # the last part is not like the others
+    return Problem.of(choices, costs, edges)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_folding_keeps_the_best_cost(seed):
+    problem = _stack(seed, layers=3)
+    folding = fold(problem)
+    assert folding is not None and len(folding.problem.labels) < len(problem.labels)
+    best = solve(problem)
+    assert best is not None
+    assert best.seconds == pytest.approx(brute_force(problem)[1])
+
+
+def _solved_again(problem: Problem, inputs: list[int], best, count: int):  # type: ignore[no-untyped-def]
+    """Runners-up by one solve per input held at each other choice, unfolded."""
+    seen = {tuple(best.choice[v] for v in inputs)}
+    out = []
+    for v in inputs:
+        found = []
+        for c in range(len(problem.choices[v])):
+            if c == best.choice[v]:
+                continue
+            every = itertools.product(*(range(len(x)) for x in problem.choices))
+            choice = min((x for x in every if x[v] == c), key=lambda x: total(problem, x))
+            key = tuple(choice[u] for u in inputs)
+            if key not in seen:
+                seen.add(key)
+                found.append(total(problem, choice))
+        out += [(rank, s) for rank, s in enumerate(sorted(found))]
+    return [s for _, s in sorted(out)[:count]]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_runners_up_of_folded_layers_cost_what_they_cost_unfolded(seed):
+    """Holding one layer's variable at a choice is read from the layer kept apart; each
+    runner-up costs what brute force finds for it, and changes its own layer alone."""
+    problem = _stack(seed, layers=3)
+    best = solve(problem)
+    assert best is not None
+    size = (len(problem.labels) - 1) // 4
+    inputs = [1 + k * size for k in range(4)]  # each part's first variable
+    found = runners_up(problem, inputs, best, 3, 10.0)
+    expected = _solved_again(problem, inputs, best, 3)
+    assert len(found) >= len(expected)
+    for sol, seconds in zip(found, expected, strict=False):
+        assert sol.seconds == pytest.approx(seconds, rel=1e-6)
+        assert total(problem, sol.choice) == pytest.approx(sol.seconds)
+
+
+def test_a_chain_of_layers_does_not_fold():
+    layer = np.array([[0.0, 1.0], [1.0, 0.0]])
+    problem = Problem.of([[0, 1]] * 5, [np.array([0.0, 0.5])] * 5,
+                         {(v, v + 1): layer for v in range(4)})  # fmt: skip
+    assert fold(problem) is None
