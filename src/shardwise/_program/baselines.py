@@ -121,7 +121,7 @@ def tensor_parallel(graph: Graph, axes: Sequence[str], mesh: MeshSpec) -> dict[i
         if k in out:
             continue
         term = step.op.inputs[slot]
-        wanted = [i for i in term if (i in step.op.contracted) == tainted]
+        wanted = [i for i in term if (i in step.op.contracted) == tainted and i not in step.whole]
         shape = graph.values[graph.inputs[k]].shape
         for index in wanted:
             dim = dims[term.index(index)]

@@ -27,11 +27,10 @@ import numpy as np
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
-from shardwise._model.strategy import strategies
 from shardwise._program.graph import Graph
 from shardwise._program.moves import entry_ways
 from shardwise._program.nodes import Step
-from shardwise._program.steps import StepCosts
+from shardwise._program.steps import StepCosts, dot_strategies
 
 MAX_CHOICES = 4096
 """The most layouts one array or dot may choose from; past it the planner keeps this many,
@@ -240,8 +239,7 @@ def _add_dot(problem: _Draft, k: int, step: Step) -> None:
     and to its result's (the moves between their layouts and the strategy's)."""
     assert step.op is not None
     costs, graph = problem.costs, problem.graph
-    sizes = step.op.sizes([graph.values[a].shape for a in step.inputs])
-    considered, found = strategies(step.op, sizes, costs.mesh, MAX_CHOICES)
+    considered, found = dot_strategies(graph, step, costs.mesh, MAX_CHOICES)
     problem.considered += considered
     d = len(problem.labels)
     problem.labels.append(("dot", k))
