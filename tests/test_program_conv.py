@@ -5,6 +5,8 @@ buffers, and its results those of ``jax.jit``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,8 +37,8 @@ def _cnn(pool: str = "avg"):  # type: ignore[no-untyped-def]
             return nn.Dense(10)(x.reshape(x.shape[0], -1))
 
     model = CNN()
-    x = jnp.zeros((16, 12, 12, 1), jnp.float32)
-    params = model.init(jax.random.key(0), x)
+    x = jax.ShapeDtypeStruct((16, 12, 12, 1), jnp.float32)
+    params = jax.eval_shape(model.init, jax.random.key(0), x)  # shapes: planning needs no more
 
     def forward(params, x):  # type: ignore[no-untyped-def]
         return model.apply(params, x)
@@ -45,7 +47,7 @@ def _cnn(pool: str = "avg"):  # type: ignore[no-untyped-def]
         logp = jax.nn.log_softmax(model.apply(params, x))
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
 
-    return forward, loss, params, x, jnp.zeros((16,), jnp.int32)
+    return forward, loss, params, x, jax.ShapeDtypeStruct((16,), jnp.int32)
 
 
 def _embedding():  # type: ignore[no-untyped-def]
@@ -60,7 +62,7 @@ def _embedding():  # type: ignore[no-untyped-def]
         def __call__(self, ids):  # type: ignore[no-untyped-def]
             return self.head(self.embed(ids))
 
-    graphdef, state = nnx.split(Model(nnx.Rngs(0)))
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Model(nnx.Rngs(0))))
 
     def forward(state, ids):  # type: ignore[no-untyped-def]
         return nnx.merge(graphdef, state)(ids)
@@ -68,7 +70,7 @@ def _embedding():  # type: ignore[no-untyped-def]
     def loss(state, ids):  # type: ignore[no-untyped-def]
         return jnp.mean(forward(state, ids) ** 2)
 
-    return forward, loss, state, jnp.zeros((16, 8), jnp.int32)
+    return forward, loss, state, jax.ShapeDtypeStruct((16, 8), jnp.int32)
 
 
 def _real(args, high: int):  # type: ignore[no-untyped-def]
@@ -83,10 +85,13 @@ def _real(args, high: int):  # type: ignore[no-untyped-def]
     return jax.tree.unflatten(jax.tree.structure(args), leaves)
 
 
-def _verified(plan: shardwise.ProgramPlan) -> shardwise.ProgramPlan:
-    """``plan`` verified here, each plan compiled and run once, not timed."""
+def _verified(plan: shardwise.ProgramPlan, *names: str) -> shardwise.ProgramPlan:
+    """``plan`` verified here (only the plans ``names``, if given), each plan compiled and run
+    once, not timed."""
     from shardwise._program import verify
 
+    if names:
+        plan = dataclasses.replace(plan, plans=tuple(plan.get(n) for n in names))
     with pytest.MonkeyPatch.context() as m:
         m.setattr(verify, "TURN_SECONDS", 0.0)
         return plan.verify(repeat=1)
@@ -118,14 +123,14 @@ def test_a_cnns_plans_split_its_batch_through_the_convolutions_and_match_xla(tra
     forward, loss, params, x, y = _cnn()
     fn, args = (train_step(loss), (params, x, y)) if train else (forward, (params, x))
     plan = shardwise.plan(loss if train else forward, *args, mesh=MESH, profile=CPU,
-                          train=train, top=2)  # fmt: skip
+                          train=train, top=1)  # fmt: skip
     convs = [s for s in plan.graph.steps if s.prim == "conv_general_dilated"]
     assert len(convs) == (5 if train else 2) and all(s.kind == "dot" for s in convs)
     assert not plan.graph.not_modelled
     assert any(s.prim == "reduce_window_sum" and s.kind == "map" for s in plan.graph.steps)
     split = [p.name for p in plan.plans if _splits_batch(plan, p)]
-    assert split, [p.name for p in plan.plans]
-    _check(plan, fn, args, 10, names=["search", split[0]])
+    assert "data-parallel" in split, split
+    _check(plan, fn, args, 10, names=["search", "data-parallel"])
 
 
 def test_a_max_pool_and_its_gradient_keep_the_batch_split():
@@ -137,7 +142,7 @@ def test_a_max_pool_and_its_gradient_keep_the_batch_split():
     assert all(s.op.inputs[0][0] == s.op.output[0] for s in steps)  # the batch carried
     dp = plan.get("data-parallel")
     assert all(dp.layouts.steps[s.key][1].padded(4)[0] for s in steps)
-    for p in _verified(plan).plans:
+    for p in _verified(plan, "search", "data-parallel").plans:
         assert p.verified is not None and p.verified.collectives_match, p.name
     real = _real((params, x, y), 10)
     got = plan.sharded("data-parallel")(*real)
