@@ -69,7 +69,6 @@ KNOWN: dict[tuple[str, str], tuple[str, type[BaseException]]] = {
         MemoryOffPrediction,
     ),
     ("haiku-mlp", "verify"): (_MEMORY + "fsdp compiled to 1.48×", MemoryOffPrediction),
-    ("nnx-12-layers", "verify"): (_MEMORY + "fsdp compiled to 1.33×", MemoryOffPrediction),
     ("nnx-dropout", "verify"): (
         _MEMORY + "every plan compiled to 1.26–1.78× (the random bits' temporaries)",
         MemoryOffPrediction,

@@ -49,14 +49,15 @@ def test_each_kind_of_rule_reads_as_its_step():
     def f(x, w, key):
         h = jax.checkpoint(lambda a: jnp.tanh(a @ w))(x)  # a call (remat2), elementwise, a dot
         h = jax.lax.with_sharding_constraint(h, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
-        g = jnp.take(h, jnp.array([0, 2]), axis=0)  # a gather: opaque
+        g = jnp.take(h, jnp.array([0, 2]), axis=0)  # a gather of rows: read as an einsum
+        g = g.at[jnp.array([1, 0])].set(0.0)  # a scatter that overwrites: opaque
         return jnp.cumsum(h, axis=1), g, jax.random.normal(key, h.shape) + h
 
     args = (jnp.ones((4, 8)), jnp.ones((8, 8)), jax.random.key(0))
     graph = read_jaxpr(jax.make_jaxpr(f)(*args))
     kinds = {(s.kind, s.prim) for s in graph.steps}
     assert ("dot", "dot_general") in kinds and ("map", "cumsum") in kinds
-    assert ("opaque", "gather") in kinds
+    assert ("dot", "gather") in kinds and ("opaque", "scatter") in kinds
     assert all(s.modelled for s in graph.steps)
     # the constraint joins its operand's class: the plan's layout stands in its place
     assert not any(s.prim == "sharding_constraint" for s in graph.steps)

@@ -40,7 +40,29 @@ def test_a_plans_time_adds_up_op_by_op_from_the_costs_the_search_minimised(name,
     each of its readers, as the solver's matrices count them, the explanation's total is the
     solver's objective, for its solution and for other choices (each term of the matrices is
     read at some pair of layouts)."""
-    plan = _plan(name, train, mesh)
+    _adds_up(_plan(name, train, mesh))
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["forward", "training step"])
+@pytest.mark.parametrize("name", ["cnn", "embedding"])
+def test_a_cnns_and_an_embeddings_time_adds_up_op_by_op(name, train):
+    """The same for convolutions, poolings, and an embedding's lookup and scatter-add: read as
+    einsums, they cost what the report says, and the solver's matrices alike."""
+    from test_program_conv import _cnn, _embedding
+
+    if name == "cnn":
+        forward, loss, params, x, y = _cnn()
+        args = (params, x, y) if train else (params, x)
+    else:
+        forward, loss, params, ids = _embedding()
+        args = (params, ids)
+    fn = loss if train else forward
+    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, train=train, top=3)
+    assert any(s.read_as_einsum for s in plan.graph.steps)
+    _adds_up(plan)
+
+
+def _adds_up(plan: shardwise.ProgramPlan) -> None:
     assert len(plan.plans) > 3  # the search's and the baselines
     for p in plan.plans:
         r = plan.report(p.name)
@@ -122,17 +144,27 @@ def test_a_primitive_with_no_rule_is_planned_whole_costed_and_named():
     np.testing.assert_allclose(got, np.tanh(2 * (x @ w)) @ w.T, rtol=2e-5, atol=2e-5)
 
 
-def test_a_convolution_is_planned_whole_with_its_flops():
+@pytest.mark.parametrize(
+    ("padding", "strides", "dilation"),
+    [("SAME", (1, 1), (1, 1)), ("VALID", (2, 2), (1, 1)), (((2, 1), (0, 3)), (1, 2), (2, 1))],
+)
+def test_a_convolution_is_planned_as_a_dot_with_the_flops_xla_counts(padding, strides, dilation):
+    """A convolution's FLOPs are XLA's (taps that fall on padding left out), and each device of
+    a split does its share of them: the batch split two ways halves them."""
+
     def f(x, k):
-        return jax.lax.conv(x, k, (1, 1), "SAME")
+        return jax.lax.conv_general_dilated(x, k, strides, padding, rhs_dilation=dilation)
 
     x, k = S((8, 4, 16, 16), "float32"), S((6, 4, 3, 3), "float32")
     plan = shardwise.plan(f, x, k, mesh="x=2", profile=CPU, top=1)
     (step,) = plan.graph.steps
-    assert step.kind == "opaque" and step.modelled
-    assert step.flops == 2 * (8 * 6 * 16 * 16) * (4 * 3 * 3)
-    assert plan.chosen.predicted.flops == step.flops
-    assert plan.chosen.predicted.seconds >= step.flops / CPU.flops("float32")
+    assert step.kind == "dot" and step.read_as_einsum and step.op is not None
+    assert step.op.equation == "nchw,ocij->nohw" and step.whole == "hwij"
+    xla = jax.jit(f).lower(x, k).compile().cost_analysis()["flops"]
+    assert step.flops == xla
+    split = plan.get("data-parallel")  # x split on its batch
+    assert split.in_specs[0].describe() == "x" and split.predicted.flops == xla / 2
+    assert split.predicted.seconds >= xla / 2 / CPU.flops("float32")
 
 
 def test_a_search_that_kept_only_some_layouts_says_so(monkeypatch):

@@ -4,8 +4,8 @@ them that decide or change a layout.
 :func:`build` traces a function to a jaxpr and walks it (:class:`~shardwise._program.walk.
 Walker`), reading each equation by its primitive's rule (:mod:`~shardwise._program.rules`):
 
-- a **dot**, written as the einsum it computes, whose strategies come from the einsum
-  enumerator;
+- a **dot**, written as the einsum it computes or is read as (a convolution, a gather), whose
+  strategies come from the einsum enumerator;
 - an **elementwise** op, whose non-scalar operands and result share one layout: they join one
   *class* of arrays that the search gives a single layout;
 - a **map**: one operand whose dimensions carry their layout to the result's;
@@ -29,9 +29,8 @@ from typing import Any
 import jax
 
 from shardwise._errors import ArgumentError
-from shardwise._model.op import Op
 from shardwise._program.nodes import Role, Step, Value
-from shardwise._program.rules import REDUCTIONS, Rule, dot_op, rule_of
+from shardwise._program.rules import REDUCTIONS, Rule, rule_of
 from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
 from shardwise._program.walk import module_of as library_module
 from shardwise._versions import scan_counts
@@ -145,9 +144,8 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
     b.run(jaxpr, [None] * len(jaxpr.constvars), (), inputs)
     b.clock += 1
     outputs = [b.env.get(((), var)) if is_var(var) else None for var in jaxpr.outvars]
-    for out in outputs:
-        if out is not None:
-            b.use(out, True)
+    for out in (o for o in outputs if o is not None):
+        b.use(out, True)
     for v in inputs:
         b.last[v] = b.clock
     return Graph(
@@ -283,7 +281,8 @@ class _Builder(Walker[int]):
         self.clock += 1
         prim, source = eqn.primitive.name, self.where(eqn)
         rule = rule_of(prim)
-        inputs = [a for v in eqn.invars if (a := self.array(path, v)) is not None]
+        operands = [self.array(path, v) for v in eqn.invars]
+        inputs = [a for a in operands if a is not None]
         outs: list[int | None] = [None] * len(eqn.outvars)
         if not inputs:
             return outs  # made on each device from nothing (iota, a constant): free to follow
@@ -295,7 +294,7 @@ class _Builder(Walker[int]):
             self._elementwise(eqn, here, inputs, made[0])
         else:
             for out in made:
-                self._op(eqn, rule, here, inputs, out)
+                self._op(eqn, rule, here, operands, out)
         return outs
 
     def _elementwise(self, eqn: Any, here: Path, inputs: list[int], out: int) -> None:
@@ -313,24 +312,25 @@ class _Builder(Walker[int]):
                 self.step("map", f"{eqn.primitive.name} (broadcast)", (a,), out, here, eqn,
                           "broadcast", dim_map=dim_map, local=local)  # fmt: skip
 
-    def _op(self, eqn: Any, rule: Rule, here: Path, inputs: list[int], out: int) -> None:
-        """A dot, map or opaque op making ``out``."""
+    def _op(self, eqn: Any, rule: Rule, here: Path, operands: list[int | None], out: int) -> None:
+        """A dot, map or opaque op making ``out`` from ``operands`` (``None``: no array)."""
         prim, params = eqn.primitive.name, eqn.params
-        shapes = [self.values[a].shape for a in inputs]
+        shapes = [None if a is None else self.values[a].shape for a in operands]
+        inputs = [a for a in operands if a is not None]
         out_shape = self.values[out].shape
-        if rule.kind == "dot" and len(inputs) == 2:
-            op: Op = dot_op(params["dimension_numbers"], len(shapes[0]), len(shapes[1]))
-            self.step("dot", prim, inputs, out, here, eqn, op=op)
+        read = rule.einsum(params, shapes, out_shape) if rule.einsum is not None else None
+        if rule.kind == "dot" and read is not None:
+            self.step("dot", prim, inputs, out, here, eqn, op=read.op, whole=read.whole,
+                      flops=read.flops)  # fmt: skip
             return
         if rule.kind == "map" and rule.layout is not None and len(inputs) == 1:
-            mapped = rule.layout(params, shapes[0], out_shape)
+            mapped = rule.layout(params, self.values[inputs[0]].shape, out_shape)
             if mapped is not None:
                 dim_map, local, reduced = mapped
                 self.step("map", prim, inputs, out, here, eqn, dim_map=dim_map, local=local,
                           reduced=reduced)  # fmt: skip
                 return
-        flops = rule.flops(params, shapes, out_shape) if rule.flops is not None else 0.0
-        self.step("opaque", prim, inputs, out, here, eqn, modelled=rule.modelled, flops=flops)
+        self.step("opaque", prim, inputs, out, here, eqn, modelled=rule.modelled)
 
     def scan(self, eqn: Any, path: Path, here: Path, ins: list[int | None]) -> list[int | None]:
         """Read a scan's body once, marked as running ``length`` times: constants are the outer

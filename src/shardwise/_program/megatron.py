@@ -125,6 +125,9 @@ def _dot(flow: _Flow, graph: Graph, step: Step, axes: Sequence[str], mesh: MeshS
     op = step.op
     ins = [graph.find(a) for a in step.inputs]
     out = graph.find(step.output)
+    if step.prim.startswith(("gather", "scatter")):  # a lookup: its table stays whole
+        flow.state.setdefault(out, None)
+        return
     slots = [s for s, c in enumerate(ins) if c in flow.origin]
     if len(slots) == 2:
         return
@@ -143,6 +146,7 @@ def _dot(flow: _Flow, graph: Graph, step: Step, axes: Sequence[str], mesh: MeshS
                 wanted = [i for i in term if i in op.output and i not in other]
             else:  # row-parallel where contracted; left to a later use where not its own
                 wanted = [act] if act in term else []
+            wanted = [i for i in wanted if i not in step.whole]  # a conv's window stays whole
             shape = graph.values[graph.inputs[k]].shape
             for letter in wanted:
                 dim = dims[term.index(letter)]

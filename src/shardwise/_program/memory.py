@@ -9,7 +9,6 @@ is fused away, as XLA does. The peak is the largest sum of held blocks at one po
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -18,10 +17,11 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
-from shardwise._program.moves import entry_ways, relayout_bytes, shard_bytes
+from shardwise._program.moves import relayout_bytes, shard_bytes
 from shardwise._program.nodes import Step
 from shardwise._program.problem import Problem
 from shardwise._program.search import Constraint
+from shardwise._program.windows import cpu_copies
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -76,13 +76,55 @@ class Lives(NamedTuple):
 def _live(graph: Graph) -> Lives:
     arrays = held(graph)
     results = {v for v in graph.outputs if v is not None}
-    within = _in_place(graph, results)
+    within = _in_place(graph, results) | _padded_windows(graph, results)
     first = np.ones(len(arrays), dtype=np.int64)
     last = np.zeros(len(arrays), dtype=np.int64)
     for k, v in enumerate(arrays):
         if v not in within:
             first[k], last[k] = 0 if v in results else graph.born[v], graph.last[v]
+    _overwritten(graph, arrays, first, last, results | within)
     return Lives(arrays, first, last, graph.clock + 1)
+
+
+def _padded_windows(graph: Graph, results: set[int]) -> set[int]:
+    """The padded operands of poolings (an average pool's gradient pads, then sums windows):
+    XLA pads inside the pooling's loop, so the padded array is never made."""
+    readers: dict[int, list[Step]] = {}
+    for step in graph.steps:
+        for a in step.inputs:
+            readers.setdefault(a, []).append(step)
+    made = {s.output: s for s in graph.steps if s.prim == "pad"}
+    return {
+        v
+        for v, pad in made.items()
+        if v not in results
+        and readers.get(v)
+        and all(r.prim.startswith("reduce_window") for r in readers[v])
+        and graph.last[v] == max(graph.born[r.output] for r in readers[v])
+    }
+
+
+def _overwritten(
+    graph: Graph, arrays: list[int], first: np.ndarray, last: np.ndarray, kept: set[int]
+) -> None:
+    """An elementwise op writes its result over an operand of the same shape that nothing
+    reads after it (XLA's buffer assignment shares the buffer: a convolution's result and the
+    bias added to it are one buffer), so the operand is held until the op, the result from it
+    on. Arguments, results and arrays a scan's loop carries keep buffers of their own."""
+    dying: dict[tuple[int, int], list[int]] = {}
+    for k, v in enumerate(arrays):
+        if v not in kept and v not in graph.looped and v not in graph.inputs:
+            dying.setdefault((graph.find(v), int(last[k])), []).append(k)
+    for v in arrays:
+        if v not in graph.elementwise or v in kept:
+            continue
+        value = graph.values[v]
+        for j in dying.get((graph.find(v), graph.born[v]), []):
+            u = graph.values[arrays[j]]
+            if arrays[j] != v and u.shape == value.shape and u.dtype == value.dtype:
+                last[j] = graph.born[v] - 1
+                dying[(graph.find(v), graph.born[v])].remove(j)
+                break
 
 
 def _in_place(graph: Graph, results: set[int]) -> set[int]:
@@ -131,7 +173,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     """Per-device bytes at each program point: the arrays held there in their layouts, plus,
     at each step, the copies it makes of its operands in the layouts it reads them in, and of
     its result in the layout it makes it in, where those differ from the held ones (a gather's
-    result, or even a local slice, is a new buffer beside the array it came from; a replicated
+    result, or even a local slice, is a new buffer beside the array it came from; an argument's
+    is made at the program's start and held until its last reader; a replicated
     stacked weight's local slices are all made before its scan, :func:`_hoist`; a scan's
     carry that starts from an argument is held in a copy, :func:`_carry_copies`). On CPU, a
     gather along any dimension but the first also leaves a copy in the usual layout
@@ -144,6 +187,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     points = lives.totals(sizes)
     cpu = platform == "cpu"
     arguments = set(graph.inputs)
+    early: dict[tuple[int, Spec], tuple[int, int]] = {}  # (argument, layout) → (bytes, until)
     for step in graph.steps:
         at = graph.born[step.output]
         if step.role == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
@@ -158,18 +202,63 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             continue
         ins, made = lay.steps[step.key]
         for a, used in zip(step.inputs, ins, strict=False):
-            if used != lay.specs[a] and used.canonical() != lay.specs[a].canonical():
-                # an argument's copy depends on nothing else: XLA makes it at the start
-                held_from = 0 if a in arguments and not step.repeat > 1 else at
-                points[held_from : at + 1] += shard_bytes(graph.values[a], used, mesh)
+            if used.canonical() != lay.specs[a].canonical():
+                copy = shard_bytes(graph.values[a], used, mesh)
                 if cpu:
-                    points[at] += relayout_bytes(graph.values[a], lay.specs[a], used, mesh)
-        kept = lay.specs[step.output]
-        if made != kept and made.canonical() != kept.canonical():
+                    copy += relayout_bytes(graph.values[a], lay.specs[a], used, mesh)
+                if a in arguments:
+                    key = (a, used.canonical())
+                    early[key] = (copy, max(at, early.get(key, (0, 0))[1]))
+                else:
+                    points[at] += copy
+        if made.canonical() != lay.specs[step.output].canonical():
             points[at] += shard_bytes(graph.values[step.output], made, mesh)
-        points[at] += partial_bytes(graph, step, ins, mesh)
+        if cpu and step.prim == "conv_general_dilated" and step.op is not None:
+            _conv_copies(graph, step, ins, made, mesh, points)
+        partial = _partial(step, ins)
+        if partial is not None and partial != made.canonical():
+            # on CPU the partial sums are all-reduced into a buffer of their own, then sliced
+            copies = 2 if cpu else 1
+            points[at] += copies * shard_bytes(graph.values[step.output], partial, mesh)
+    # XLA moves an argument (gathers a weight) before anything else, as soon as the program
+    # starts, and holds it until its last reader (seen in the compiled schedules: every
+    # all-gather of an FSDP weight first)
+    for copy, until in early.values():
+        points[: until + 1] += copy
     _carry_copies(graph, lay, mesh, points)
     return Held(arrays, lives, sizes, points)
+
+
+def _conv_copies(
+    graph: Graph, step: Step, ins: tuple[Spec, ...], made: Spec, mesh: MeshSpec, points: np.ndarray
+) -> None:
+    """The copies XLA's CPU backend makes of a convolution's operands and result in the
+    layouts its kernels take (:func:`~shardwise._program.windows.cpu_copies`): an operand's
+    as soon as it is made (an argument's as the program starts), held until the convolution
+    (seen in the compiled schedules: a kernel gradient's transposed image made right after
+    the forward pass reads it)."""
+    assert step.op is not None
+    at = graph.born[step.output]
+    *copied, result = cpu_copies(step.op)
+    for a, used, copy in zip(step.inputs, ins, copied, strict=True):
+        if copy:
+            start = 0 if a in graph.inputs else graph.born[a]
+            points[start : at + 1] += shard_bytes(graph.values[a], used, mesh)
+    if result:
+        points[at] += shard_bytes(graph.values[step.output], made, mesh)
+
+
+def _partial(step: Step, ins: tuple[Spec, ...]) -> Spec | None:
+    """The layout of a dot's partial sums, from the layouts it reads its operands in: where
+    it makes its result scattered, they are a buffer of their own before the scatter (an
+    all-reduce and a slice on CPU, a reduce-scatter elsewhere)."""
+    if step.kind != "dot" or step.op is None or step.read_as_einsum:
+        return None  # (an op read as an einsum keeps its partial sums' layout)
+    axes: dict[str, tuple[str, ...]] = {}
+    for term, spec in zip(step.op.inputs, ins, strict=True):
+        for letter, entry in zip(term, spec.padded(len(term)), strict=True):
+            axes[letter] = axes.get(letter) or tuple(entry)
+    return Spec(tuple(axes.get(i, ()) for i in step.op.output)).canonical()
 
 
 def _carry_copies(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarray) -> None:
@@ -209,26 +298,6 @@ def _hoist(
     assert loop is not None  # the slicing step itself is in the loop's body
     layers = graph.values[stack].shape[0]
     points[loop] += (layers - 1) * shard_bytes(slice_, spec, mesh)
-
-
-def partial_bytes(graph: Graph, step: Step, ins: tuple[Spec, ...], mesh: MeshSpec) -> int:
-    """The buffer of a dot's partial sums, where its operands split a contracted index (read
-    as ``ins``): each device's block of the whole result, summed across devices into a
-    buffer of its own (on CPU the all-reduce does not run in place).
-
-    0 for anything but such a dot."""
-    if step.kind != "dot" or step.op is None:
-        return 0
-    op = step.op
-    sizes = op.sizes([graph.values[a].shape for a in step.inputs])
-    axes: dict[str, tuple[str, ...]] = {}
-    for term, spec in zip(op.inputs, ins, strict=True):
-        for i, entry in zip(term, spec.padded(len(term)), strict=True):
-            axes[i] = axes.get(i) or tuple(entry)
-    if not any(mesh.shape[a] > 1 for i in op.contracted for a in axes.get(i, ())):
-        return 0
-    width = np.dtype(graph.values[step.output].dtype).itemsize
-    return width * math.prod(sizes[i] // entry_ways(axes.get(i, ()), mesh) for i in op.output)
 
 
 def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -> int:

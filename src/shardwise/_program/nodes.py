@@ -41,14 +41,17 @@ class Step:
         prim: the JAX primitive, as the report names it (``sub (broadcast)``, ``scan slice``).
         inputs: the arrays it reads (scalars left out).
         output: the array it makes.
-        op: a dot's einsum.
+        op: a dot's einsum (or the einsum an op is read as: a convolution's, a gather's).
         dim_map: a map's source dimension of each result dimension (``None``: new).
         local: a map's operand dimensions that must be whole on each device.
         reduced: a map's operand dimensions summed away (split ones leave partial sums).
         role: where it comes from (:data:`Role`).
         modelled: ``False`` for an op of a primitive with no rule (planned whole, costed by
             its bytes).
-        flops: an opaque op's FLOPs per run, as its rule counts them.
+        whole: the letters of ``op`` that stay whole on each device (a convolution's spatial
+            dimensions): ``""`` for a ``dot_general``.
+        flops: a dot read as an einsum's FLOPs per run, whole, as its rule counts them (a
+            convolution's; ``0``: it is bound by the bytes it moves).
         source: ``file:line`` of the user's code.
         repeat: how many times it runs (a scan's length).
         key: where it is in the jaxpr, for applying a plan.
@@ -72,8 +75,15 @@ class Step:
     role: Role = "op"
     backward: bool = False
     modelled: bool = True
+    whole: str = ""
     flops: float = 0.0
     module: str = ""
+
+    @property
+    def read_as_einsum(self) -> bool:
+        """Whether it is an op read as an einsum (a convolution, a gather…), not a
+        ``dot_general``, which computes one."""
+        return self.kind == "dot" and self.prim != "dot_general"
 
     @property
     def implicit(self) -> bool:

@@ -27,11 +27,10 @@ import numpy as np
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
-from shardwise._model.strategy import strategies
 from shardwise._program.graph import Graph
 from shardwise._program.moves import entry_ways
 from shardwise._program.nodes import Step
-from shardwise._program.steps import StepCosts
+from shardwise._program.steps import StepCosts, dot_strategies
 
 _T = TypeVar("_T")
 
@@ -266,7 +265,8 @@ def _add_dot(problem: _Draft, k: int, step: Step) -> None:
     dots alike."""
     operands = [problem.var(a) for a in step.inputs]
     out = problem.var(step.output)
-    key = ("dot", step.op, tuple(problem.value(a) for a in step.inputs),
+    key = ("dot", step.op, step.prim, step.whole, step.flops,
+           tuple(problem.value(a) for a in step.inputs),
            problem.value(step.output), step.repeat, tuple(problem.menus[u] for u in operands),
            problem.menus[out])  # fmt: skip
     considered, found, unary, feeds, made = problem.once(key, _dot_costs, problem, step,
@@ -290,8 +290,7 @@ def _dot_costs(
     each makes its result in to the result's class."""
     assert step.op is not None
     costs, graph = problem.costs, problem.graph
-    sizes = step.op.sizes([graph.values[a].shape for a in step.inputs])
-    considered, found = strategies(step.op, sizes, costs.mesh, MAX_CHOICES)
+    considered, found = dot_strategies(graph, step, costs.mesh, MAX_CHOICES)
     unary = np.array([costs.dot(step, s).seconds for s in found])
     feeds = []
     for slot, (a, u) in enumerate(zip(step.inputs, operands, strict=True)):

@@ -8,13 +8,15 @@ A rule is one of:
 - **map**: one operand, each of whose dimensions carries its layout to a dimension of the
   result (transpose, broadcast, reshape, reductions, slices, sorts), some needing to be whole
   on each device, reduced ones leaving partial sums (:data:`MapParts`);
-- **dot**: ``dot_general``, the einsum it computes (:func:`dot_op`);
+- **dot**: ``dot_general``, the einsum it computes (:func:`dot_op`); and ops read as an einsum
+  some of whose indices stay whole (:mod:`~shardwise._program.windows`): convolutions,
+  gathers and scatter-adds of whole rows, a max pool's gradient;
 - **call**: a call whose body is inlined (``jit``, ``custom_jvp``, ``custom_vjp``,
   ``checkpoint``);
 - **scan**: ``lax.scan``, whose body is read once and repeated;
 - **constant**: made on each device from its parameters alone (``iota``);
 - **opaque**: planned whole: its operands gathered, the op run on each device, its cost the
-  bytes it reads and writes or the FLOPs its rule counts (a convolution's).
+  bytes it reads and writes.
 
 A primitive with no rule is planned as an opaque one and costed alike, and its plan's report
 names it "not modelled" (:func:`rule_of`). Pure: no tracing, no devices.
@@ -23,12 +25,13 @@ names it "not modelled" (:func:`rule_of`). Pure: no tracing, no devices.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from shardwise._model.op import Op
+from shardwise._program import windows
+from shardwise._program.windows import Reading
 
 Kind: TypeAlias = Literal["elementwise", "map", "dot", "call", "scan", "constant", "opaque"]
 MapParts: TypeAlias = tuple[tuple[int | None, ...], tuple[int, ...], tuple[int, ...]]
@@ -36,7 +39,7 @@ MapParts: TypeAlias = tuple[tuple[int | None, ...], tuple[int, ...], tuple[int, 
 operand dimensions that must be whole on each device, and those summed away."""
 Shape: TypeAlias = tuple[int, ...]
 LayoutMap: TypeAlias = Callable[[Mapping[str, Any], Shape, Shape], "MapParts | None"]
-Flops: TypeAlias = Callable[[Mapping[str, Any], Sequence[Shape], Shape], float]
+Reader: TypeAlias = Callable[[Mapping[str, Any], Sequence[Shape | None], Shape], Reading | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +51,10 @@ class Rule:
         layout: a map's :data:`MapParts` from its params and the operand's and result's
             shapes (``None`` where those shapes make it no map: it is planned opaque).
         callee: a call's param that holds the body to inline.
-        flops: an opaque op's FLOPs per run (``None``: it is bound by the bytes it moves).
+        einsum: a dot's einsum (:class:`~shardwise._program.windows.Reading`), from its
+            params, its operands' shapes (``None`` for one that is not an array of the
+            program: a constant) and its result's (``None`` where it has none: it is planned
+            opaque).
         modelled: ``False`` only for the rule of a primitive that has none.
         placement: a layout the user's code asks for (``with_sharding_constraint``,
             ``reshard``, ``device_put``): planned as elementwise, and when a plan runs, the
@@ -58,7 +64,7 @@ class Rule:
     kind: Kind
     layout: LayoutMap | None = None
     callee: str = ""
-    flops: Flops | None = None
+    einsum: Reader | None = None
     modelled: bool = True
     placement: bool = False
 
@@ -107,6 +113,12 @@ def dot_op(dimension_numbers: Any, lhs_rank: int, rhs_rank: int) -> Op:
     out += [lhs[i] for i in range(lhs_rank) if i not in lc and i not in lb]
     out += [rhs[j] for j in range(rhs_rank) if j not in rc and j not in rb]
     return Op(("".join(lhs), "".join(rhs)), "".join(out))
+
+
+def _dot_general(p: Mapping[str, Any], shapes: Sequence[Shape | None], o: Shape) -> Reading | None:
+    if len(shapes) != 2 or shapes[0] is None or shapes[1] is None:
+        return None
+    return Reading(dot_op(p["dimension_numbers"], len(shapes[0]), len(shapes[1])), "")
 
 
 def reshape_map(in_shape: Sequence[int], out_shape: Sequence[int]) -> MapParts:
@@ -211,14 +223,12 @@ def _resized(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts | None:
     return tuple(range(len(i))), tuple(d for d in range(len(i)) if i[d] != o[d]), ()
 
 
-def _conv_flops(p: Mapping[str, Any], ins: Sequence[Shape], out: Shape) -> float:
-    """Two FLOPs per multiply-add: each result element sums over the kernel's window and its
-    input features (a group's)."""
-    if len(ins) < 2:
-        return 0.0
-    kernel = ins[1]
-    out_features = p["dimension_numbers"].rhs_spec[0]
-    return 2.0 * math.prod(out) * math.prod(kernel) / max(int(kernel[out_features]), 1)
+def _window(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts | None:
+    """A pooling (``reduce_window_sum``…): its windowed dimensions whole, the others (batch,
+    channels) carried."""
+    if len(i) != len(o):
+        return None
+    return tuple(range(len(i))), windows.windowed(p, len(i)), ()
 
 
 register(
@@ -250,7 +260,14 @@ register(Rule("map", _along("dimension")), "sort")
 register(Rule("map", _last), "top_k")
 register(Rule("map", _unstack), "unstack")
 register(Rule("map", _resized), "slice pad dynamic_slice tile")
-register(Rule("dot"), "dot_general")
+register(Rule("dot", einsum=_dot_general), "dot_general")
+register(Rule("dot", einsum=windows.conv), "conv_general_dilated")
+register(Rule("dot", einsum=windows.gather), "gather")
+register(Rule("dot", einsum=windows.scatter_add), "scatter-add")
+register(Rule("dot", einsum=windows.select_and_scatter_add), "select_and_scatter_add")
+register(
+    Rule("map", _window), "reduce_window reduce_window_sum reduce_window_max reduce_window_min"
+)
 register(Rule("call", callee="jaxpr"), "jit remat2 composite")
 register(
     Rule("call", callee="call_jaxpr"),
@@ -259,13 +276,11 @@ register(
 register(Rule("call", callee="call"), "custom_vmap_call")
 register(Rule("scan"), "scan")
 register(Rule("constant"), "iota empty empty2 create_token after_all platform_index")
-register(Rule("opaque", flops=_conv_flops), "conv_general_dilated")
 register(
     Rule("opaque"),
     """
-    concatenate stack dynamic_update_slice gather scatter scatter-add scatter-sub scatter-mul
-    scatter-min scatter-max reduce reduce_window reduce_window_sum reduce_window_max
-    reduce_window_min select_and_scatter_add select_and_gather_add while cond
+    concatenate stack dynamic_update_slice scatter scatter-sub scatter-mul scatter-min
+    scatter-max reduce select_and_gather_add while cond
     bitcast_convert_type optimization_barrier approx_top_k rng_bit_generator rng_uniform
     random_bits random_seed random_wrap random_unwrap random_fold_in random_split random_gamma
     threefry2x32 fft cholesky cholesky_update triangular_solve lu lu_pivots_to_permutation qr

@@ -7,7 +7,10 @@ repeats), its FLOPs, and the collectives it causes. The solver's matrices
   bandwidth: XLA fuses chains of elementwise ops, and into reductions, so a result that only
   those read is never written (:func:`written`);
 - a **dot** costs what the einsum cost model predicts for its strategy (so a one-dot program
-  plans exactly like ``plan_einsum``);
+  plans exactly like ``plan_einsum``); an op read as an einsum (a convolution, a gather:
+  :mod:`~shardwise._program.windows`) its share of the FLOPs or of the bytes it reads and
+  writes, whichever takes longer, and the all-reduces of its partial sums
+  (:meth:`StepCosts.read_as_einsum`);
 - a **map** gathers the dimensions it needs whole, all-reduces the partial sums of a
   reduction over split dimensions, reads its operand and writes its result;
 - an **opaque** op gathers its operands whole and runs whole on each device: the bytes it
@@ -21,18 +24,48 @@ Pure: no devices.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Set
 from typing import Any
 
+import numpy as np
+
 from shardwise._caches import cached
-from shardwise._model.cost import PredictedCollective, predict, ring_seconds
+from shardwise._model.cost import PredictedCollective, predict, ring_seconds, sum_groups
 from shardwise._model.mesh import MeshSpec
+from shardwise._model.op import Op
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Entry, Spec
-from shardwise._model.strategy import Strategy
+from shardwise._model.strategy import Strategy, reduce_axes, strategies
 from shardwise._program.graph import Graph
 from shardwise._program.moves import Cost, entry_ways, reshard, reshard_seconds, shard_bytes
 from shardwise._program.nodes import Step
+from shardwise._program.windows import bytes_read, cpu_copies
+
+
+def dot_strategies(
+    graph: Graph, step: Step, mesh: MeshSpec, limit: int
+) -> tuple[int, list[Strategy]]:
+    """A dot's strategies from the einsum enumerator (``limit`` at most) and how many were
+    considered. An op read as an einsum splits none of its whole letters (a convolution's
+    spatial dimensions) and keeps its partial sums' layout (they are all-reduced; a split
+    result is then a local slice)."""
+    op = step.op
+    assert op is not None
+    shapes = [graph.values[a].shape for a in step.inputs]
+    if not step.read_as_einsum:
+        return strategies(op, op.sizes(shapes), mesh, limit)
+    sizes: dict[str, int] = {}
+    for term, shape in zip((*op.inputs, op.output), (*shapes, graph.values[step.output].shape),
+                           strict=True):  # fmt: skip
+        for i, n in zip(term, shape, strict=True):
+            sizes.setdefault(i, n)
+    split = [i for i in op.indices if i not in step.whole]
+    core = Op(tuple("".join(i for i in t if i in split) for t in op.inputs),
+              "".join(i for i in op.output if i in split))  # fmt: skip
+    considered, found = strategies(core, sizes, mesh, limit)
+    kept = [s for s in found if s.out_spec == s.layout.spec_for(core.output)]
+    return considered, [Strategy(s.layout, s.layout.spec_for(op.output)) for s in kept]
 
 
 def map_specs(graph: Graph, step: Step, src: Spec, mesh: MeshSpec) -> tuple[Spec, Spec, Entry]:
@@ -135,8 +168,11 @@ class StepCosts:
                                step.repeat, copies)  # fmt: skip
 
     def dot(self, step: Step, strategy: Strategy) -> Cost:
-        """A dot's own cost under ``strategy``: the einsum cost model's prediction."""
+        """A dot's own cost under ``strategy``: the einsum cost model's prediction (or
+        :meth:`read_as_einsum`'s)."""
         assert step.op is not None
+        if step.read_as_einsum:
+            return self.read_as_einsum(step, strategy)
         shapes = tuple(self.graph.values[a].shape for a in step.inputs)
         dtype = self.graph.values[step.output].dtype
         key = ("dot", step.op, shapes, dtype, step.repeat, strategy)
@@ -146,6 +182,47 @@ class StepCosts:
                                    tuple((c, None) for c in p.collectives),
                                    p.flops * step.repeat)  # fmt: skip
         return _at(self.known[key], step)
+
+    def read_as_einsum(self, step: Step, strategy: Strategy) -> Cost:
+        """An op read as an einsum (a convolution, a gather) under ``strategy``: each device
+        does its share of the FLOPs (each mesh axis the strategy uses divides them) or moves
+        the bytes of its blocks (:func:`~shardwise._program.windows.bytes_read`), whichever
+        takes longer, and its partial sums over split summed letters are all-reduced, one
+        all-reduce per letter, as a dot's."""
+        graph, mesh, profile = self.graph, self.mesh, self.profile
+        op = step.op
+        assert op is not None
+        out = graph.values[step.output]
+        held = [
+            shard_bytes(graph.values[a], spec, mesh)
+            for a, spec in zip(step.inputs, strategy.in_specs(op), strict=True)
+        ]
+        partial = shard_bytes(out, strategy.out_spec, mesh)
+        flops = step.flops / math.prod(mesh.shape[a] for _, e in strategy.layout.assignment
+                                       for a in e)  # fmt: skip
+        axes = tuple(a for a in reduce_axes(op, strategy.layout, mesh) if mesh.shape[a] > 1)
+        sums = [
+            PredictedCollective("all-reduce", group, partial,
+                                ring_seconds("all-reduce", group, partial, mesh, profile))
+            for group in sum_groups(op, strategy.layout, axes)
+        ]  # fmt: skip
+        # summing partial results costs one add per element reduced (as XLA counts it)
+        flops += sum(c.bytes // np.dtype(out.dtype).itemsize for c in sums)
+        moved = bytes_read(step.prim, held, partial)
+        compute = flops / profile.flops(out.dtype)
+        if step.prim == "conv_general_dilated":
+            # a convolution is a matrix product over image patches: its operands read at the
+            # matmul's rate, and on a CPU packed first, then multiplied (the times add), after
+            # the copies into the layouts its kernels take (a kernel gradient's operands)
+            memory = moved / profile.gemm_Bps
+            seconds = compute + memory if profile.platform == "cpu" else max(compute, memory)
+            if profile.platform == "cpu":
+                copied = [n for n, c in zip((*held, partial), cpu_copies(op), strict=True) if c]
+                seconds += 2 * sum(copied) / profile.memory_Bps
+        else:
+            seconds = max(compute, moved / profile.memory_Bps)
+        seconds += sum(c.seconds for c in sums)
+        return Cost(seconds * step.repeat, tuple((c, step) for c in sums), flops * step.repeat)
 
     def map_head(self, step: Step, src: Spec) -> tuple[Cost, Spec]:
         """A map's cost from its operand held as ``src`` up to its result in the layout it

