@@ -49,6 +49,7 @@ class _Applier(Walker[Any]):
     def __init__(self, graph: Graph, layouts: Layouts, mover: Mover) -> None:
         super().__init__()
         self.graph, self.layouts, self.mover = graph, layouts, mover
+        self.arguments = frozenset(graph.closed.jaxpr.invars)
 
     def constant(self, value: Any) -> Any:
         return value
@@ -59,7 +60,7 @@ class _Applier(Walker[Any]):
 
     def bind(self, key: Key, value: Any) -> None:
         spec = self.spec_of(key)
-        if key[0] == () and key[1] in self.graph.closed.jaxpr.invars:
+        if key[0] == () and key[1] in self.arguments:
             spec = None  # an argument: jit's in_shardings lay it out (with no op to name)
         if spec is not None and jnp.ndim(value):
             value = self.mover.constrain(value, spec)
