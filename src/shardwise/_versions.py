@@ -12,14 +12,14 @@ import contextlib
 import math
 import os
 import site
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.extend.core as jcore
 from jax._src import core as jax_core
 from jax._src import source_info_util
-from jax.sharding import AxisType, Mesh
+from jax.sharding import Mesh
 
 DropVar: type = getattr(jcore, "DropVar", None) or jax_core.DropVar
 """The jaxpr variable of a result nobody reads (public in ``jax.extend.core`` from 0.10)."""
@@ -75,33 +75,6 @@ def context_mesh() -> Mesh | None:
     except ValueError:  # inside jax.jit, where only the abstract mesh is known
         return None
     return found if isinstance(found, Mesh) and not found.empty else None
-
-
-def has_explicit_axes(mesh: Mesh) -> bool:
-    """Whether any of ``mesh``'s axes is Explicit (a mixed mesh has some)."""
-    return any(t == AxisType.Explicit for t in mesh.axis_types)
-
-
-def auto_twin(mesh: Mesh) -> Mesh:
-    """``mesh`` with every axis Auto: the same devices, in the same order, under the same
-    names. An array placed on one is placed on the other without a copy.
-
-    >>> import numpy as np
-    >>> m = Mesh(np.array(jax.devices()[:1]), ("x",), axis_types=(AxisType.Explicit,))
-    >>> auto_twin(m).axis_types
-    (Auto,)
-    """
-    if not has_explicit_axes(mesh):
-        return mesh
-    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
-
-
-def with_auto_axes(fn: Callable[..., Any], out_shardings: Any) -> Callable[..., Any]:
-    """``fn`` run with every mesh axis Auto, its results then laid out as ``out_shardings``
-    (a pytree of ``NamedSharding`` on a mesh with Explicit axes): how a program whose every
-    layout is already chosen runs on an Explicit mesh, where each op would otherwise have to
-    be told the sharding of its result."""
-    return jax.sharding.auto_axes(fn, out_sharding=out_shardings)  # type: ignore[no-any-return]
 
 
 @contextlib.contextmanager

@@ -24,15 +24,12 @@ from shardwise._program.guard import ensure_summed
 from shardwise._runtime.distributed import put
 from shardwise._runtime.timing import TURN_SECONDS, alternate, ordered_pairs, spearman
 from shardwise._versions import (
-    auto_twin,
-    has_explicit_axes,
     keys,
     sources_in_users_code,
-    with_auto_axes,
 )
 from shardwise._xla.dtypes import x64
 from shardwise._xla.hlo import collectives
-from shardwise._xla.lower import jax_mesh, platform
+from shardwise._xla.lower import auto_twin, is_explicit, jax_mesh, platform, with_auto_axes
 from shardwise._xla.verified import Verified, collectives_match
 
 if TYPE_CHECKING:
@@ -60,7 +57,7 @@ def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Calla
     program.__name__ = program.__qualname__ = plan.program
     leaves = [NamedSharding(m, s.to_partition_spec()) for s in chosen.in_specs]
     in_shardings = tuple(jax.tree.unflatten(plan.graph.tree, leaves))
-    if has_explicit_axes(m):
+    if is_explicit(m):
         outs = [
             _typed(m, chosen.layouts.specs[v] if v is not None else Spec())
             for v in plan.graph.outputs

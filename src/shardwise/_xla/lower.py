@@ -98,6 +98,28 @@ def is_explicit(mesh: Mesh) -> bool:
     return any(t == AxisType.Explicit for t in mesh.axis_types)
 
 
+def auto_twin(mesh: Mesh) -> Mesh:
+    """``mesh`` with every axis Auto: the same devices, in the same order, under the same
+    names. An array placed on one is placed on the other without a copy.
+
+    >>> import numpy as np
+    >>> m = Mesh(np.array(jax.devices()[:1]), ("x",), axis_types=(AxisType.Explicit,))
+    >>> auto_twin(m).axis_types
+    (Auto,)
+    """
+    if not is_explicit(mesh):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
+def with_auto_axes(fn: Callable[..., Any], out_shardings: Any) -> Callable[..., Any]:
+    """``fn`` run with every mesh axis Auto, its results then laid out as ``out_shardings``
+    (a pytree of ``NamedSharding`` on a mesh with Explicit axes): how a program whose every
+    layout is already chosen runs on an Explicit mesh, where each op would otherwise have to
+    be told the sharding of its result."""
+    return jax.sharding.auto_axes(fn, out_sharding=out_shardings)  # type: ignore[no-any-return]
+
+
 def platform(mesh: Mesh) -> str:
     """The platform of the mesh's devices: ``"cpu"``, ``"gpu"`` or ``"tpu"``."""
     return str(mesh.devices.flat[0].platform)
