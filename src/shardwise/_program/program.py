@@ -101,7 +101,8 @@ def plan(
     name, graph = _traced(fn, args, train, devices)
     eff = effective_mesh(spec)
     fixed_specs = fixed_pins(graph, fixed, spec)
-    for k in roles(graph).keys:  # a PRNG key is never split: every device draws the same bits
+    role = roles(graph)  # once, for the keys here and every baseline
+    for k in role.keys:  # a PRNG key is never split: every device draws the same bits
         fixed_specs.setdefault(k, Spec())
     start = time.perf_counter()
     full = build_problem(graph, eff, prof)
@@ -114,7 +115,7 @@ def plan(
 
     with prints_kept():
         searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
-        solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit)
+        solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit, role)
     costs = StepCosts(graph, eff, prof)
     plans = [
         _planned("search" if k == 0 else f"search {k + 1}", graph, searchable, sol, costs)

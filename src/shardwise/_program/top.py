@@ -19,7 +19,7 @@ from shardwise._program.graph import Graph
 from shardwise._program.marginals import Alternatives, alternatives
 from shardwise._program.memory import memory_constraints, peak_bytes
 from shardwise._program.problem import MAX_CHOICES, Problem
-from shardwise._program.roles import roles
+from shardwise._program.roles import Roles
 from shardwise._program.search import Solution, descend, moved, neighbours, solve, total
 from shardwise._program.solution import read
 
@@ -190,13 +190,13 @@ def baselines(
     fixed: dict[int, Spec],
     limit: int | None,
     time_limit: float,
+    role: Roles,
 ) -> tuple[list[tuple[str, Problem, Solution]], list[tuple[str, str]]]:
     """Each baseline that applies (name, its pinned problem, its solution), at its cheapest
     within ``limit`` where it fits and else at its cheapest (its predicted peak then says it
-    is over budget); and those that do not apply, with why."""
+    is over budget); and those that do not apply, with why. ``role``: the inputs' roles."""
     solved: list[tuple[str, Problem, Solution]] = []
     skipped: list[tuple[str, str]] = []
-    role = roles(graph)  # once for every baseline
     for base in NAMES:
         pins = baseline(base, graph, mesh, fixed, role)
         if isinstance(pins, str):
