@@ -216,9 +216,12 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
             _conv_copies(graph, step, ins, made, mesh, points)
         partial = _partial(step, ins)
-        if partial is not None and partial != made.canonical():
-            # on CPU the partial sums are all-reduced into a buffer of their own, then sliced
-            copies = 2 if cpu else 1
+        if partial is not None and (partial != made.canonical() or _summed(step, ins)):
+            # the partial sums are a buffer of their own beside the summed result (an
+            # all-reduce does not write over its operand); on CPU a scattered result is
+            # all-reduced into one more, then sliced
+            scattered = partial != made.canonical()
+            copies = 2 if cpu and scattered else 1
             points[at] += copies * shard_bytes(graph.values[step.output], partial, mesh)
     # XLA moves an argument (gathers a weight) before anything else, as soon as the program
     # starts, and holds it until its last reader (seen in the compiled schedules: every
@@ -259,6 +262,17 @@ def _partial(step: Step, ins: tuple[Spec, ...]) -> Spec | None:
         for letter, entry in zip(term, spec.padded(len(term)), strict=True):
             axes[letter] = axes.get(letter) or tuple(entry)
     return Spec(tuple(axes.get(i, ()) for i in step.op.output)).canonical()
+
+
+def _summed(step: Step, ins: tuple[Spec, ...]) -> bool:
+    """Whether a dot's contracted letters are split, so that its partial sums are summed over
+    devices after it."""
+    assert step.op is not None
+    return any(
+        entry and letter not in step.op.output
+        for term, spec in zip(step.op.inputs, ins, strict=True)
+        for letter, entry in zip(term, spec.padded(len(term)), strict=True)
+    )
 
 
 def _carry_copies(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarray) -> None:
