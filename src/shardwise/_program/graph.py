@@ -62,6 +62,7 @@ class Graph:
         closed: the traced jaxpr.
         tree: the arguments' pytree structure; ``out_tree`` the result's.
         elementwise_ops: elementwise ops in the program.
+        drawn: each draw of random bits (``random_bits``): its program point and shape.
     """
 
     values: tuple[Value, ...]
@@ -83,6 +84,7 @@ class Graph:
     tree: Any
     out_tree: Any
     elementwise_ops: int
+    drawn: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     def find(self, v: int) -> int:
         """The class of array ``v``."""
@@ -168,6 +170,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         tree=None,
         out_tree=None,
         elementwise_ops=b.elementwise_ops,
+        drawn=tuple(b.drawn),
     )
 
 
@@ -187,6 +190,7 @@ class _Builder(Walker[int]):
         self.carries: list[tuple[int, Path]] = []
         self.clock = 0
         self.elementwise_ops = 0
+        self.drawn: list[tuple[int, tuple[int, ...]]] = []
         self.context = ""  # while a call's body is walked, the user's line the call is on
         self.backward = False  # ... and whether JAX made the call by transposing a forward one
         self.repeat = 1  # how many times the equations walked now run (a scan's length)
@@ -284,6 +288,8 @@ class _Builder(Walker[int]):
         operands = [self.array(path, v) for v in eqn.invars]
         inputs = [a for a in operands if a is not None]
         outs: list[int | None] = [None] * len(eqn.outvars)
+        if prim == "random_bits":
+            self.drawn.append((self.clock, tuple(int(n) for n in eqn.params["shape"])))
         if not inputs:
             return outs  # made on each device from nothing (iota, a constant): free to follow
         for k, o in enumerate(eqn.outvars):

@@ -18,7 +18,7 @@ from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
 from shardwise._program.moves import relayout_bytes, shard_bytes
-from shardwise._program.nodes import Step
+from shardwise._program.nodes import Step, Value
 from shardwise._program.problem import Problem
 from shardwise._program.search import Constraint
 from shardwise._program.windows import cpu_copies
@@ -229,6 +229,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     for copy, until in early.values():
         points[: until + 1] += copy
     _carry_copies(graph, lay, mesh, points)
+    if cpu:
+        _threefry_loops(graph, lay, mesh, points)
     return Held(arrays, lives, sizes, points)
 
 
@@ -262,6 +264,33 @@ def _partial(step: Step, ins: tuple[Spec, ...]) -> Spec | None:
         for letter, entry in zip(term, spec.padded(len(term)), strict=True):
             axes[letter] = axes.get(letter) or tuple(entry)
     return Spec(tuple(axes.get(i, ()) for i in step.op.output)).canonical()
+
+
+THREEFRY_BUFFERS = 4
+"""Blocks of random bits XLA's CPU backend holds while it draws them: the threefry hash runs as
+a loop over two counter arrays of the bits' shape, carried round and remade in each turn (seen
+in the compiled HLO: a ``while`` over two ``u32[8,64]`` arrays for an ``f32[8,64]`` mask)."""
+
+
+def _threefry_loops(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarray) -> None:
+    """The loop of each draw of random bits (:data:`THREEFRY_BUFFERS`), laid out as the first
+    array of their shape made from then on, which the bits are joined to (a dropout mask is
+    laid out as the activations it masks; whole where none is). XLA runs the loop while the
+    arrays it masks are made: its blocks are held from the last step that makes one of them
+    (seen in the compiled schedules: the loop before or after the dot making the
+    activations), up to the draw."""
+    made: dict[int, list[int]] = {}
+    for step in graph.steps:
+        if step.role == "op":  # (not a bias broadcast to the activations)
+            made.setdefault(graph.find(step.output), []).append(graph.born[step.output])
+    for at, shape in graph.drawn:
+        later = [v for v, x in enumerate(graph.values) if x.shape == shape and graph.born[v] >= at]
+        v = min(later, key=lambda u: graph.born[u]) if later else None
+        spec = lay.specs[v] if v is not None else Spec(())
+        mine = made.get(graph.find(v), []) if v is not None else []
+        start = max((t for t in mine if t <= at), default=at)
+        bits = Value(shape, "uint32", "random bits", "")
+        points[start : at + 1] += THREEFRY_BUFFERS * shard_bytes(bits, spec, mesh)
 
 
 def _summed(step: Step, ins: tuple[Spec, ...]) -> bool:
