@@ -189,14 +189,19 @@ def relayout_bytes(value: Value, src: Spec, dst: Spec, mesh: MeshSpec) -> int:
 
 def _relayouts(src: Spec, moves: Sequence[Any], rank: int) -> list[Spec]:
     """The layouts after each gather along a dimension but the first: the CPU backend copies
-    them back."""
-    out = []
+    them back, once for gathers one after another along the same dimension, which it makes
+    in the same transposed layout (seen in the compiled HLO: an ``f32[16,8,8,4]`` then an
+    ``f32[16,8,8,8]`` gather along the last dimension, both with the layout ``{2,1,0,3}``,
+    and one copy)."""
+    out: list[tuple[int, Spec]] = []
     before = src.padded(rank)
     for move in moves:
         after = move.spec.padded(rank)
         if move.kind == "all-gather":
             grown = [d for d in range(rank) if len(after[d]) < len(before[d])]
             if grown and grown[0] > 0:
-                out.append(move.spec)
+                if out and out[-1][0] == grown[0]:
+                    out.pop()
+                out.append((grown[0], move.spec))
         before = after
-    return out
+    return [spec for _, spec in out]
