@@ -20,6 +20,7 @@ from shardwise._program.graph import Graph
 from shardwise._program.moves import relayout_bytes, shard_bytes
 from shardwise._program.nodes import Step, Value
 from shardwise._program.problem import Problem
+from shardwise._program.remat import Schedule, last_reads, schedule
 from shardwise._program.search import Constraint
 from shardwise._program.windows import cpu_copies
 
@@ -73,15 +74,22 @@ class Lives(NamedTuple):
         return np.asarray(np.cumsum(change[:-1]))
 
 
-def _live(graph: Graph) -> Lives:
+def _live(graph: Graph, plan: Schedule | None = None) -> Lives:
+    """When each array is held: from its step (as :mod:`~shardwise._program.remat`'s
+    ``plan`` runs it) to its last read."""
     arrays = held(graph)
     results = {v for v in graph.outputs if v is not None}
     within = _in_place(graph, results) | _padded_windows(graph, results)
+    plan = plan or schedule(graph, set)
+    born = list(graph.born)
+    for k, at in plan.at.items():
+        born[graph.steps[k].output] = at
+    reads = last_reads(graph, plan)
     first = np.ones(len(arrays), dtype=np.int64)
     last = np.zeros(len(arrays), dtype=np.int64)
     for k, v in enumerate(arrays):
         if v not in within:
-            first[k], last[k] = 0 if v in results else graph.born[v], graph.last[v]
+            first[k], last[k] = 0 if v in results else born[v], reads[v]
     _overwritten(graph, arrays, first, last, results | within)
     return Lives(arrays, first, last, graph.clock + 1)
 
@@ -178,8 +186,10 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     stacked weight's local slices are all made before its scan, :func:`_hoist`; a scan's
     carry that starts from an argument is held in a copy, :func:`_carry_copies`). On CPU, a
     gather along any dimension but the first also leaves a copy in the usual layout
-    (:func:`~shardwise._program.moves.relayout_bytes`)."""
-    lives = _live(graph)
+    (:func:`~shardwise._program.moves.relayout_bytes`). A checkpointed function's backward
+    steps and copies are counted where XLA runs them (:mod:`~shardwise._program.remat`)."""
+    plan = schedule(graph, lambda: _copied(graph, lay, mesh))
+    lives = _live(graph, plan)
     arrays = lives.arrays
     sizes = np.array(
         [shard_bytes(graph.values[v], lay.specs[v], mesh) for v in arrays], dtype=np.int64
@@ -188,8 +198,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     cpu = platform == "cpu"
     arguments = set(graph.inputs)
     early: dict[tuple[int, Spec], tuple[int, int]] = {}  # (argument, layout) → (bytes, until)
-    for step in graph.steps:
-        at = graph.born[step.output]
+    for n, step in enumerate(graph.steps):
+        at = plan.point(graph, n)
         if step.role == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
             _, mapped = lay.scans[(step.key, step.inputs[0])]
             slice_, spec = graph.values[step.output], lay.specs[step.output]
@@ -201,7 +211,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         if step.key not in lay.steps or fused(graph, step):
             continue
         ins, made = lay.steps[step.key]
-        for a, used in zip(step.inputs, ins, strict=False):
+        for j, (a, used) in enumerate(zip(step.inputs, ins, strict=False)):
             if used.canonical() != lay.specs[a].canonical():
                 copy = shard_bytes(graph.values[a], used, mesh)
                 if cpu:
@@ -209,8 +219,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
                 if a in arguments:
                     key = (a, used.canonical())
                     early[key] = (copy, max(at, early.get(key, (0, 0))[1]))
-                else:
-                    points[at] += copy
+                else:  # made at the step, or as soon as the array is (:mod:`.remat`)
+                    points[graph.born[a] if (n, j) in plan.early else at : at + 1] += copy
         if made.canonical() != lay.specs[step.output].canonical():
             points[at] += shard_bytes(graph.values[step.output], made, mesh)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
@@ -232,6 +242,23 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     if cpu:
         _threefry_loops(graph, lay, mesh, points)
     return Held(arrays, lives, sizes, points)
+
+
+def _copied(graph: Graph, lay: Layouts, mesh: MeshSpec) -> set[tuple[int, int]]:
+    """The (step index, operand position) pairs whose operand the step reads in a layout
+    other than the array's own, no bigger per device (a slice of it, made on each device
+    with no collective)."""
+    out = set()
+    for n, step in enumerate(graph.steps):
+        if step.key not in lay.steps:
+            continue
+        for j, (a, used) in enumerate(zip(step.inputs, lay.steps[step.key][0], strict=False)):
+            held_as = lay.specs[a]
+            if used.canonical() != held_as.canonical() and shard_bytes(
+                graph.values[a], used, mesh
+            ) <= shard_bytes(graph.values[a], held_as, mesh):
+                out.add((n, j))
+    return out
 
 
 def _conv_copies(
