@@ -62,10 +62,6 @@ KNOWN: dict[tuple[str, str], tuple[str, type[BaseException]]] = {
         "the attention scores' buffers (its live bytes are within 4% of the prediction)",
         MemoryOffPrediction,
     ),
-    ("eqx-checkpoint", "verify"): (
-        _MEMORY + "remat: 'search 5' compiled to 0.76×",
-        MemoryOffPrediction,
-    ),
 }
 """What each check that fails today found (the same on both meshes), and the exception it
 fails with."""

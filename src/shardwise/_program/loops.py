@@ -1,0 +1,86 @@
+"""The buffers XLA makes for loops, beside a program's arrays: the copy a scan's loop runs
+its carry in, the slices of a stacked weight hoisted out of a scan's loop, and the loop that
+draws random bits on CPU. Each adds its bytes per device to the program points it is held at.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.reshard import reshard_moves
+from shardwise._model.spec import Spec
+from shardwise._program.graph import Graph
+from shardwise._program.moves import shard_bytes
+from shardwise._program.nodes import Step, Value
+
+if TYPE_CHECKING:
+    from shardwise._program.solution import Layouts
+
+
+THREEFRY_BUFFERS = 4
+"""Blocks of random bits XLA's CPU backend holds while it draws them: the threefry hash runs as
+a loop over two counter arrays of the bits' shape, carried round and remade in each turn (seen
+in the compiled HLO: a ``while`` over two ``u32[8,64]`` arrays for an ``f32[8,64]`` mask)."""
+
+
+def threefry_loops(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarray) -> None:
+    """The loop of each draw of random bits (:data:`THREEFRY_BUFFERS`), laid out as the first
+    array of their shape made from then on, which the bits are joined to (a dropout mask is
+    laid out as the activations it masks; whole where none is). XLA runs the loop while the
+    arrays it masks are made: its blocks are held from the last step that makes one of them
+    (seen in the compiled schedules: the loop before or after the dot making the
+    activations), up to the draw."""
+    made: dict[int, list[int]] = {}
+    for step in graph.steps:
+        if step.role == "op":  # (not a bias broadcast to the activations)
+            made.setdefault(graph.find(step.output), []).append(graph.born[step.output])
+    for at, shape in graph.drawn:
+        later = [v for v, x in enumerate(graph.values) if x.shape == shape and graph.born[v] >= at]
+        v = min(later, key=lambda u: graph.born[u]) if later else None
+        spec = lay.specs[v] if v is not None else Spec(())
+        mine = made.get(graph.find(v), []) if v is not None else []
+        start = max((t for t in mine if t <= at), default=at)
+        bits = Value(shape, "uint32", "random bits", "")
+        points[start : at + 1] += THREEFRY_BUFFERS * shard_bytes(bits, spec, mesh)
+
+
+def carry_copies(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarray) -> None:
+    """A scan whose carry starts from an argument of the program runs its loop in a copy of
+    it: XLA cannot write the caller's buffer, so it copies the argument into the loop's own
+    before the ``while`` (seen in the compiled HLO: a ``copy`` of the ``f32[16,64,256]``
+    input ahead of the loop), and that copy is held while the loop runs."""
+    arguments = set(graph.inputs)
+    for init, body in graph.carries:
+        loop = _loop(graph, body)
+        if init in arguments and loop is not None:
+            points[loop] += shard_bytes(graph.values[init], lay.specs[init], mesh)
+
+
+def _loop(graph: Graph, body: tuple[int, ...]) -> slice | None:
+    """The program points a scan's loop runs over: from the first step of its ``body`` (the
+    path of the scan's body in the jaxpr) to the last; ``None`` where it has no steps."""
+    within = [graph.born[s.output] for s in graph.steps if s.key[: len(body)] == body]
+    return slice(min(within), max(within) + 1) if within else None
+
+
+def hoist(
+    graph: Graph, step: Step, lay: Layouts, mapped: Spec, mesh: MeshSpec, points: np.ndarray
+) -> None:
+    """A replicated argument's stack, sliced locally for each layer: XLA hoists that slicing
+    out of the loop (it does not change from one iteration to the next), so every layer's
+    slice is made before the loop and all are held while it runs, where one is counted as the
+    array (seen in the compiled HLO: an ``f32[2,256,512]`` dynamic-slice of a
+    ``(2,256,1024)`` stack before the while loop). A replicated layer, which slices nothing
+    but the layer, is read in place: nothing is hoisted."""
+    stack, slice_, spec = step.inputs[0], graph.values[step.output], lay.specs[step.output]
+    moves = reshard_moves(mapped, spec, len(slice_.shape))
+    sliced = set(spec.axes) - set(mapped.axes)
+    if lay.specs[stack].axes or not sliced or any(m.kind != "slice" for m in moves):
+        return
+    loop = _loop(graph, step.key)
+    assert loop is not None  # the slicing step itself is in the loop's body
+    layers = graph.values[stack].shape[0]
+    points[loop] += (layers - 1) * shard_bytes(slice_, spec, mesh)
