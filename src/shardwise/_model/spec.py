@@ -110,6 +110,8 @@ class Spec:
 
     def canonical(self) -> Spec:
         """Drop trailing unsharded entries, so equal layouts compare equal."""
+        if not self.entries or self.entries[-1]:
+            return self
         entries = list(self.entries)
         while entries and not entries[-1]:
             entries.pop()

@@ -33,6 +33,8 @@ def threefry_loops(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarra
     arrays it masks are made: its blocks are held from the last step that makes one of them
     (seen in the compiled schedules: the loop before or after the dot making the
     activations), up to the draw."""
+    if not graph.drawn:
+        return
     made: dict[int, list[int]] = {}
     for step in graph.steps:
         if step.role == "op":  # (not a bias broadcast to the activations)
