@@ -426,6 +426,41 @@ def test_a_key_is_told_from_labels_of_its_shape_by_its_use():
         assert (got["x"], got["labels"], got["key"]) == ("data", "data", "replicated"), b
 
 
+def test_a_batch_given_as_a_dict_is_data():
+    """``train_step(state, batch)`` as Flax's tutorials write it: the batch is a dict of
+    images and labels, each leaf with the batch first; the data-parallel baselines split
+    every leaf of it, the tensor-parallel ones lay out the weights as for single arrays."""
+    forward, state = _nnx_mlp()
+
+    def loss(state, batch):
+        logits = forward(state, batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+
+    batch = {"x": S((B, C), "float32"), "label": S((B,), "int32")}
+    got = _planned(loss, state, batch)
+    for b in NAMES:
+        assert got[b]["batch['x']"] == got[b]["batch['label']"] == BATCH.get(b, "replicated"), b
+    for b, tp in TP.items():
+        weights = {n: s for n, s in got[b].items() if n.startswith("state")}
+        assert weights == _mlp_expected(NNX_MLP, tp), b
+
+
+def test_a_container_is_data_only_where_every_leaf_has_the_batch_first():
+    """The parameters (first argument) are never the batch, even where every weight's first
+    dimension equals it; a second container whose leaves disagree is parameters too."""
+
+    def fn(params, x, extra):
+        return jnp.tanh(x @ params["w"] + params["b"]) @ extra["v"] + extra["c"].sum()
+
+    params = {"w": S((B, B), "float32"), "b": S((B,), "float32")}
+    extra = {"v": S((B, 4), "float32"), "c": S((3,), "float32")}
+    role = roles(build(fn, (params, S((B, B), "float32"), extra)))
+    assert role.data == (2,) and role.batch == B  # x alone: inputs are b, w, x, c, v
+    batch = {"v": S((B, 4), "float32"), "c": S((B,), "float32")}
+    role = roles(build(fn, (params, S((B, B), "float32"), batch)))
+    assert role.data == (2, 3, 4)
+
+
 # --- a baseline that cannot apply says why, truly ----------------------------------------
 
 

@@ -44,8 +44,9 @@ def baseline(
     data = role.data
     if not data and name not in ("replicated", "megatron"):
         return (
-            "no argument is a single array of data to split along its batch (PRNG keys and "
-            "scalars are not data; the leaves of containers are parameters)"
+            "no argument is data to split along its batch: a single array, or a container "
+            "(not the first argument) whose leaves all have the batch first (PRNG keys and "
+            "scalars are not data)"
         )
     fixed_axes = next((fixed[k].padded(1)[0] for k in data if k in fixed), ())
     everything = mesh.names
@@ -77,7 +78,7 @@ def baseline(
             return "the mesh has no axis left for tensor parallelism"
         split = tensor_parallel(graph, role.params, model_axes, mesh, data)
         if isinstance(split, str):
-            alone = "" if data else " (no argument is a single array of data: all are parameters)"
+            alone = "" if data else " (no argument is data: all are parameters)"
             return split + alone
         specs.update(split)
     return specs

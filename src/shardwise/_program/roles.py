@@ -8,9 +8,13 @@ parameter (weights, optimizer state, anything else).
   too. Shape alone is not enough: a ``uint32[2]`` may be anything.
 - **data**: the arguments that are one array each (not containers), not keys, not scalars,
   whose first dimension is the batch: the first dimension most of them share (the first
-  such argument's, on a tie). Integer labels of that batch are data.
-- **params**: every other input: the leaves of container arguments, and single arrays that
-  are not the batch (``fn(x, w)``'s ``w``).
+  such argument's, on a tie). Integer labels of that batch are data. So are the leaves of a
+  container argument (``train_step(state, batch)``'s ``batch['image']``, ``batch['label']``)
+  but the first argument, which holds the parameters, where every leaf has the batch as its
+  first dimension: the one the single arrays give, or, where none does, the one that all
+  leaves of such a container share (the first container's, where two would).
+- **params**: every other input: the leaves of the other container arguments, and single
+  arrays that are not the batch (``fn(x, w)``'s ``w``).
 """
 
 from __future__ import annotations
@@ -69,9 +73,21 @@ def roles(graph: Graph) -> Roles:
     firsts = [graph.values[graph.inputs[k]].shape[0] for k in candidates]
     counts = Counter(firsts)
     batch = max(firsts, key=lambda n: counts[n]) if firsts else None  # first of the most common
-    data = tuple(k for k, n in zip(candidates, firsts, strict=True) if n == batch)
+    data = [k for k, n in zip(candidates, firsts, strict=True) if n == batch]
+    sizes = [leaves.num_leaves for leaves in graph.tree.children()]
+    for a in range(1, len(starts)):
+        if a in graph.data or not sizes[a]:
+            continue
+        leaves = range(starts[a], starts[a] + sizes[a])
+        shapes = [graph.values[graph.inputs[k]].shape for k in leaves]
+        if any(k in keys for k in leaves) or not all(shapes):
+            continue
+        shared = {shape[0] for shape in shapes}
+        if len(shared) == 1 and (batch is None or batch in shared):
+            batch = shared.pop()
+            data += leaves
     params = tuple(k for k in range(len(graph.inputs)) if k not in keys and k not in data)
-    return Roles(data, tuple(sorted(keys)), params, batch)
+    return Roles(tuple(sorted(data)), tuple(sorted(keys)), params, batch)
 
 
 def random_keys(closed: Any) -> set[int]:
