@@ -188,3 +188,27 @@ def test_a_vocabulary_split_lookup_sums_masked_rows_and_matches_xla():
     sums = [c for c in plan.chosen.predicted.collectives if c.kind == "all-reduce"]
     assert sums and all("model" in c.mesh_axes for c in sums)
     _check(plan, lookup, (table, ids), 2048, names=["search"])
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["loss", "training step"])
+def test_a_gather_at_a_constant_index_keeps_its_layout(train):
+    """``jnp.take(x, 0, axis=-1)`` (optax's integer-label cross-entropy picks its result
+    so) is a gather whose index is a constant made on each device: read as an einsum of its
+    one array, its kept dimensions carry their layout, where it had been planned whole (every
+    plan gathered the per-token losses)."""
+    x0 = jax.ShapeDtypeStruct((16, 8, 3), jnp.float32)
+    w0 = jax.ShapeDtypeStruct((8, 4), jnp.float32)
+
+    def loss(w, x, labels):  # type: ignore[no-untyped-def]
+        return jnp.mean((jnp.tanh(jnp.take(x, 0, axis=-1) @ w) - labels) ** 2)
+
+    y0 = jax.ShapeDtypeStruct((16, 4), jnp.float32)
+    fn, args = (train_step(loss), (w0, x0, y0)) if train else (loss, (w0, x0, y0))
+    plan = shardwise.plan(loss, w0, x0, y0, mesh=MESH, profile=CPU, train=train, top=3)
+    picks = [s for s in plan.graph.steps if s.prim == "gather"]
+    assert picks and all(s.kind == "dot" and s.op is not None for s in picks)
+    assert picks[0].op.equation == "efv->ef"
+    dp = plan.get("data-parallel")
+    assert dp.layouts.steps[picks[0].key][0][0].padded(3)[0]  # read with its batch split
+    assert not [c for c in dp.predicted.collectives if c.kind == "all-gather"]
+    _check(plan, fn, args, 1)

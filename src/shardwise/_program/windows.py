@@ -175,11 +175,20 @@ def gather(p: Mapping[str, Any], shapes: Sequence[Shape | None], out: Shape) -> 
     ...            (8, 5, 16))
     >>> r.op.equation, r.whole
     ('ve,nsz->nse', 'z')
+    >>> dn = G(offset_dims=(0, 1), collapsed_slice_dims=(2,), start_index_map=(2,),
+    ...        operand_batching_dims=(), start_indices_batching_dims=())
+    >>> r = gather(dict(dimension_numbers=dn, slice_sizes=(8, 16, 1)), [(8, 16, 1), None],
+    ...            (8, 16))
+    >>> r.op.equation, r.whole
+    ('efv->ef', '')
     """
-    if len(shapes) != 2 or shapes[0] is None or shapes[1] is None:
+    if len(shapes) != 2 or shapes[0] is None:
         return None
     table, indices = shapes[0], shapes[1]
     dn, sizes = p["dimension_numbers"], p["slice_sizes"]
+    if indices is None:  # a constant index, made on each device (``x[..., 0]``)
+        picked = [out[d] for d in range(len(out)) if d not in dn.offset_dims]
+        indices = (*picked, len(dn.start_index_map))
     fresh = _Letters()
     tab, idx, res = [""] * len(table), [""] * len(indices), [""] * len(out)
     picked = [d for d in range(len(out)) if d not in dn.offset_dims]
@@ -200,6 +209,9 @@ def gather(p: Mapping[str, Any], shapes: Sequence[Shape | None], out: Shape) -> 
         if sizes[d] != table[d] or d in dn.start_index_map:
             return None
         tab[d] = res[o] = fresh("efg")
+    if shapes[1] is None:  # the result's dimensions from the index are made whole
+        whole = [i for i in idx if i in res]
+        return Reading(Op(("".join(tab),), "".join(res)), "".join(whole))
     return Reading(Op(("".join(tab), "".join(idx)), "".join(res)), "".join(whole))
 
 
@@ -287,7 +299,7 @@ def select_and_scatter_add(
 def bytes_read(prim: str, held: Sequence[int], out: int) -> int:
     """Bytes one device's part of an op read as an einsum reads and writes: ``held`` its
     operands' blocks, ``out`` its result's. A gather reads only the rows it takes (a result's
-    worth), not its whole table."""
+    worth), not its whole table; with a constant index, a result's worth of it."""
     if prim == "gather":
-        return held[1] + 2 * out
+        return (held[1] if len(held) > 1 else 0) + 2 * out
     return sum(held) + out
