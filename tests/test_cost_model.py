@@ -565,7 +565,8 @@ def test_a_scan_carry_from_an_argument_is_held_in_a_copy_while_the_loop_runs(sta
     there first, whether or not the final carry is used (a computed array is taken over in
     place)."""
     import shardwise
-    from shardwise._program.memory import _carry_copies, shard_bytes
+    from shardwise._program.loops import carry_copies
+    from shardwise._program.moves import shard_bytes
 
     S = jax.ShapeDtypeStruct
     args = (S((64, 32), "float32"), S((3, 32, 32), "float32"))
@@ -573,7 +574,7 @@ def test_a_scan_carry_from_an_argument_is_held_in_a_copy_while_the_loop_runs(sta
     graph, lay, mesh = p.graph, p.chosen.layouts, effective_mesh(p.mesh)
     (init, body), *_ = graph.carries
     points = np.zeros(graph.clock + 1, np.int64)
-    _carry_copies(graph, lay, mesh, points)
+    carry_copies(graph, lay, mesh, points)
     loop = [graph.born[s.output] for s in graph.steps if s.key[: len(body)] == body]
     size = shard_bytes(graph.values[init], lay.specs[init], mesh)
     expected = np.zeros_like(points)
