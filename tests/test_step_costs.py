@@ -179,3 +179,28 @@ def test_a_search_that_kept_only_some_layouts_says_so(monkeypatch):
     assert "spread evenly" in plan.stopped_early and "incomplete" in str(plan)
     # a baseline whose layouts were not kept is skipped, and says why
     assert any("not among the layouts the search kept" in why for _, why in plan.skipped)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [lambda x: x[:, 4:], lambda x: jnp.pad(x, ((0, 0), (0, 8))), lambda x: jnp.cumsum(x, 1)],
+    ids=["slice", "pad", "cumsum"],
+)
+def test_a_map_reads_whole_the_dimension_it_slices_pads_or_scans(op):
+    """A slice of a split dimension is not local (the elements a device keeps are on
+    another): the map reads the dimension whole, and the move is the gather XLA makes (it had
+    been carried split, and XLA's collective-permutes were not predicted)."""
+    import shardwise
+    from shardwise._program import verify
+
+    x0 = jax.ShapeDtypeStruct((16, 32), jnp.float32)
+    p = shardwise.plan(lambda x: jnp.tanh(op(x)) * 2.0, x0, mesh="data=2,model=4",
+                       profile="cpu-2core", fixed={"x": "-,model"}, top=1)  # fmt: skip
+    chosen = p.chosen
+    (step,) = [s for s in p.graph.steps if s.kind == "map"]
+    assert chosen.layouts.steps[step.key][0][0].padded(2)[1] == ()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(verify, "TURN_SECONDS", 0.0)
+        checked = p.verify(repeat=1)
+    for q in checked.plans:
+        assert q.verified is not None and q.verified.collectives_match, q.name

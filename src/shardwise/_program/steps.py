@@ -73,7 +73,7 @@ def map_specs(graph: Graph, step: Step, src: Spec, mesh: MeshSpec) -> tuple[Spec
     the dimensions it needs whole), the layout of its result, and the mesh axes its partial
     sums are all-reduced over (those of split reduced dimensions)."""
     rank, out = len(graph.values[step.inputs[0]].shape), graph.values[step.output].shape
-    return _map_specs(rank, out, step.dim_map, step.reduced, src, mesh)
+    return _map_specs(rank, out, step.dim_map, step.reduced, step.local, src, mesh)
 
 
 @cached(maxsize=1 << 14)
@@ -82,13 +82,16 @@ def _map_specs(
     out: tuple[int, ...],
     dim_map: tuple[int | None, ...],
     reduced: tuple[int, ...],
+    local: tuple[int, ...],
     src: Spec,
     mesh: MeshSpec,
 ) -> tuple[Spec, Spec, Entry]:
     entries = [list(e) for e in src.padded(rank)]
     carried: list[Entry] = []
     for o, d in enumerate(dim_map):
-        entry = tuple(entries[d]) if d is not None else ()
+        # a dimension it needs whole (sliced, padded, sorted, scanned along) is read whole:
+        # its elements move between devices (a slice of a split dimension is not local)
+        entry = tuple(entries[d]) if d is not None and d not in local else ()
         if entry and out[o] % entry_ways(entry, mesh):
             entry = ()
         carried.append(entry)
