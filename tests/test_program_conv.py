@@ -212,3 +212,32 @@ def test_a_gather_at_a_constant_index_keeps_its_layout(train):
     assert dp.layouts.steps[picks[0].key][0][0].padded(3)[0]  # read with its batch split
     assert not [c for c in dp.predicted.collectives if c.kind == "all-gather"]
     _check(plan, fn, args, 1)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["forward", "training step"])
+def test_a_concatenation_keeps_the_layout_of_the_dimensions_it_does_not_join(train):
+    """Rotary embeddings rotate each head's halves with ``jnp.concatenate([-x2, x1], -1)``
+    (Llama's ``rotate_half``): read as an einsum whose joined dimension is whole, the batch and
+    the heads keep their split through it, where it had been planned whole (every plan then
+    gathered the queries)."""
+    b, t, h, d = 16, 8, 4, 8
+    x0 = jax.ShapeDtypeStruct((b, t, 32), jnp.float32)
+    w0 = jax.ShapeDtypeStruct((32, h, d), jnp.float32)
+
+    def loss(x, w):  # type: ignore[no-untyped-def]
+        q = jnp.einsum("btc,chd->bthd", x, w)
+        half = jnp.concatenate([-q[..., d // 2 :], q[..., : d // 2]], axis=-1)
+        angle = jnp.arange(t, dtype=jnp.float32)[:, None, None] / 10.0
+        roped = q * jnp.cos(angle) + half * jnp.sin(angle)
+        return jnp.mean(jnp.einsum("bthd,bshd->bhts", roped, roped) ** 2)
+
+    fn, args = (train_step(loss), (x0, w0)) if train else (loss, (x0, w0))
+    plan = shardwise.plan(loss, x0, w0, mesh=MESH, profile=CPU, train=train, top=3)
+    joins = [s for s in plan.graph.steps if s.prim == "concatenate"]
+    assert joins and all(s.kind == "dot" and s.op is not None for s in joins)
+    assert joins[0].op.equation == "abcd,abce->abcf"
+    assert not [s for s in plan.graph.steps if s.kind == "opaque"]
+    dp = plan.get("data-parallel")
+    assert all(dp.layouts.steps[s.key][1].padded(4)[0] for s in joins)  # the batch split
+    assert not [c for c in dp.predicted.collectives if c.kind == "all-gather"]
+    _check(plan, fn, args, 1)

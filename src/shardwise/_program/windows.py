@@ -21,6 +21,7 @@ device: the planner splits them as it splits a dot's, by the same enumerator
   rows.
 - ``select_and_scatter_add`` (a max pool's gradient): the windowed dimensions whole, the others
   (batch, channels) carried.
+- ``concatenate``: the joined dimension whole, the others carried from every operand.
 
 Pure: no tracing, no devices.
 """
@@ -256,6 +257,32 @@ def scatter_add(p: Mapping[str, Any], shapes: Sequence[Shape | None], out: Shape
     terms = ["".join(res)] if shapes[0] is not None else []
     terms += ["".join(idx)] + (["".join(upd)] if updates is not None else [])
     return Reading(Op(tuple(terms), "".join(res)), "".join(whole))
+
+
+def concatenate(p: Mapping[str, Any], shapes: Sequence[Shape | None], out: Shape) -> Reading | None:
+    """A ``concatenate`` read as an einsum: every dimension but the joined one carries its
+    layout from the operands (split alike) to the result; the joined one, whose parts are in
+    different operands, stays whole on each device (``jnp.concatenate([-x2, x1], -1)``, the
+    rotation of rotary embeddings, keeps the batch and heads split). An operand made on each
+    device (a constant) is not read.
+
+    >>> r = concatenate(dict(dimension=1), [(8, 3), (8, 5)], (8, 8))
+    >>> r.op.equation, r.whole
+    ('ab,ac->ad', 'bcd')
+    """
+    joined = p["dimension"]
+    fresh = _Letters()
+    kept = {d: fresh() for d in range(len(out)) if d != joined}
+    terms, whole = [], []
+    for shape in shapes:
+        if shape is not None:
+            whole.append(fresh())
+            terms.append("".join(kept.get(d) or whole[-1] for d in range(len(out))))
+    whole.append(fresh())
+    if not terms:
+        return None
+    result = "".join(kept.get(d) or whole[-1] for d in range(len(out)))
+    return Reading(Op(tuple(terms), result), "".join(whole))
 
 
 def windowed(p: Mapping[str, Any], rank: int) -> tuple[int, ...]:
