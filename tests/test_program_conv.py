@@ -241,3 +241,27 @@ def test_a_concatenation_keeps_the_layout_of_the_dimensions_it_does_not_join(tra
     assert all(dp.layouts.steps[s.key][1].padded(4)[0] for s in joins)  # the batch split
     assert not [c for c in dp.predicted.collectives if c.kind == "all-gather"]
     _check(plan, fn, args, 1)
+
+
+def test_a_cache_written_at_a_position_keeps_its_batch_and_heads_split():
+    """A KV cache written one step at a time (``lax.dynamic_update_slice`` at a position
+    known only when it runs): read as an einsum whose written dimension is whole, the batch
+    and heads keep their split through the update, where it had been planned whole."""
+    b, t, h, d = 16, 8, 4, 8
+    cache0 = jax.ShapeDtypeStruct((b, t, h, d), jnp.float32)
+    new0 = jax.ShapeDtypeStruct((b, 1, h, d), jnp.float32)
+    pos0 = jax.ShapeDtypeStruct((), jnp.int32)
+
+    def step(cache, new, pos):  # type: ignore[no-untyped-def]
+        cache = jax.lax.dynamic_update_slice(cache, new, (0, pos, 0, 0))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", new, cache)
+        return cache, jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores), cache)
+
+    plan = shardwise.plan(step, cache0, new0, pos0, mesh=MESH, profile=CPU, top=3)
+    (update,) = [s for s in plan.graph.steps if s.prim == "dynamic_update_slice"]
+    assert update.kind == "dot" and update.op is not None
+    assert not [s for s in plan.graph.steps if s.kind == "opaque"]
+    dp = plan.get("data-parallel")
+    assert dp.layouts.steps[update.key][1].padded(4)[0]  # the batch split
+    assert not dp.predicted.collectives
+    _check(plan, step, (cache0, new0, pos0), t)

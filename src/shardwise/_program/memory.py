@@ -224,6 +224,10 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             points[at] += shard_bytes(graph.values[step.output], made, mesh)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
             _conv_copies(graph, step, ins, made, mesh, points)
+        if step.prim == "dynamic_update_slice" and step.inputs[0] in arguments:
+            # XLA may not write an argument: it updates a copy (seen: ``copy(param)`` then
+            # the update fused into a new buffer)
+            points[at] += shard_bytes(graph.values[step.inputs[0]], ins[0], mesh)
         partial = _partial(step, ins)
         if partial is not None and (partial != made.canonical() or _summed(step, ins)):
             # the partial sums are a buffer of their own beside the summed result (an

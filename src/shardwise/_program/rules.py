@@ -266,6 +266,7 @@ register(Rule("dot", einsum=windows.gather), "gather")
 register(Rule("dot", einsum=windows.scatter_add), "scatter-add")
 register(Rule("dot", einsum=windows.select_and_scatter_add), "select_and_scatter_add")
 register(Rule("dot", einsum=windows.concatenate), "concatenate")
+register(Rule("dot", einsum=windows.update_slice), "dynamic_update_slice")
 register(
     Rule("map", _window), "reduce_window reduce_window_sum reduce_window_max reduce_window_min"
 )
@@ -280,7 +281,7 @@ register(Rule("constant"), "iota empty empty2 create_token after_all platform_in
 register(
     Rule("opaque"),
     """
-    stack dynamic_update_slice scatter scatter-sub scatter-mul scatter-min
+    stack scatter scatter-sub scatter-mul scatter-min
     scatter-max reduce select_and_gather_add while cond
     bitcast_convert_type optimization_barrier approx_top_k rng_bit_generator rng_uniform
     random_bits random_seed random_wrap random_unwrap random_fold_in random_split random_gamma

@@ -21,7 +21,8 @@ device: the planner splits them as it splits a dot's, by the same enumerator
   rows.
 - ``select_and_scatter_add`` (a max pool's gradient): the windowed dimensions whole, the others
   (batch, channels) carried.
-- ``concatenate``: the joined dimension whole, the others carried from every operand.
+- ``concatenate``: the joined dimension whole, the others carried from every operand;
+  ``dynamic_update_slice`` likewise, the dimensions it writes part of whole.
 
 Pure: no tracing, no devices.
 """
@@ -283,6 +284,30 @@ def concatenate(p: Mapping[str, Any], shapes: Sequence[Shape | None], out: Shape
         return None
     result = "".join(kept.get(d) or whole[-1] for d in range(len(out)))
     return Reading(Op(tuple(terms), result), "".join(whole))
+
+
+def update_slice(
+    p: Mapping[str, Any], shapes: Sequence[Shape | None], out: Shape
+) -> Reading | None:
+    """A ``dynamic_update_slice`` read as an einsum: the dimensions the update spans whole
+    carry their layout from the operand and the update to the result; those it writes part
+    of, at an index known only when it runs, stay whole on each device (a KV cache written a
+    step at a time keeps its batch and heads split).
+
+    >>> r = update_slice({}, [(8, 128, 4), (8, 1, 4), (), (), ()], (8, 128, 4))
+    >>> r.op.equation, r.whole
+    ('acb,adb->acb', 'cd')
+    """
+    if len(shapes) < 2 or shapes[0] is None or shapes[1] is None:
+        return None
+    operand, update = shapes[0], shapes[1]
+    fresh = _Letters()
+    kept = {d: fresh() for d in range(len(out)) if operand[d] == update[d]}
+    held = {d: fresh() for d in range(len(out)) if d not in kept}
+    written = {d: fresh() for d in range(len(out)) if d not in kept}
+    dest = "".join(kept.get(d) or held[d] for d in range(len(out)))
+    part = "".join(kept.get(d) or written[d] for d in range(len(out)))
+    return Reading(Op((dest, part), dest), "".join([*held.values(), *written.values()]))
 
 
 def windowed(p: Mapping[str, Any], rank: int) -> tuple[int, ...]:
