@@ -264,6 +264,38 @@ def nnx_deep_stack() -> Model:
     return forward, (state, _normal(1, (64, 32)))
 
 
+def linen_logical() -> Model:
+    """(10) The ``DotReluDot`` of Flax's guide to logical axes: Linen kernels annotated with
+    ``nn.with_logical_partitioning``, an activation with ``nn.with_logical_constraint``,
+    applied under ``nn.logical_axis_rules`` (which asserts on Explicit axes)."""
+    import flax.linen as nn
+
+    rules = (("batch", "data"), ("hidden", "model"), ("embed", None))
+
+    class DotReluDot(nn.Module):
+        depth: int
+
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            init = nn.initializers.xavier_normal()
+            up = nn.with_logical_partitioning(init, ("embed", "hidden"))
+            down = nn.with_logical_partitioning(init, ("hidden", "embed"))
+            y = nn.Dense(self.depth, use_bias=False, kernel_init=up)(x)
+            y = nn.with_logical_constraint(nn.relu(y), ("batch", "hidden"))
+            return nn.Dense(x.shape[-1], use_bias=False, kernel_init=down)(y)  # type: ignore[no-any-return]
+
+    model = DotReluDot(128)
+    x = _normal(1, (64, 32))
+    with nn.logical_axis_rules(rules):
+        params = model.init(jax.random.key(0), x)
+
+    def forward(params: Any, x: jax.Array) -> jax.Array:
+        with nn.logical_axis_rules(rules):
+            return model.apply(params, x)  # type: ignore[no-any-return]
+
+    return forward, (params, x)
+
+
 MODELS: dict[str, Callable[[], Model]] = {
     "nnx-mlp": nnx_mlp,
     "nnx-gpt-loss": nnx_gpt,
@@ -274,5 +306,6 @@ MODELS: dict[str, Callable[[], Model]] = {
     "haiku-mlp": haiku_mlp,
     "nnx-dropout": nnx_dropout,
     "nnx-12-layers": nnx_deep_stack,
+    "linen-logical": linen_logical,
 }
 """Each case's factory, by the name the tests give it."""

@@ -45,6 +45,7 @@ LIBRARIES = {
     "haiku-mlp": ("haiku",),
     "nnx-dropout": ("flax",),
     "nnx-12-layers": ("flax",),
+    "linen-logical": ("flax",),
 }
 """The libraries each case needs; a case whose library is missing is skipped."""
 

@@ -12,9 +12,9 @@ Walker`), reading each equation by its primitive's rule (:mod:`~shardwise._progr
 - an **opaque** op, planned as needing its operands whole (a primitive with no rule too,
   marked not modelled).
 
-Calls are inlined. A ``scan``'s body is read once, with its steps marked as repeated
-``length`` times, so that a model of L layers written with ``lax.scan`` plans as fast as one
-layer.
+Calls are inlined. A layout the code asks for (``with_sharding_constraint``) is its operand's
+array. A ``scan``'s body is read once, its steps marked as repeated ``length`` times, so that
+a model of L layers written with ``lax.scan`` plans as fast as one layer.
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ class Graph:
         data: the arguments that are one array each (not containers), by position.
         outputs: the arrays of the result's leaves (``None`` for a constant).
         classes: each array's class: arrays joined by elementwise ops share a layout.
-        elementwise: per array an elementwise op makes, how many times those ops run
-            (weighted by repeats).
+        elementwise: per array an elementwise op makes, how many times those ops run.
         keys: each jaxpr variable's array.
         born, last: the program point where each array is made and last read.
         clock: the last program point.
@@ -62,7 +61,7 @@ class Graph:
         closed: the traced jaxpr.
         tree: the arguments' pytree structure; ``out_tree`` the result's.
         elementwise_ops: elementwise ops in the program.
-        drawn: each draw of random bits (``random_bits``): its program point and shape.
+        drawn: each draw of random bits (``random_bits``), its program point and shape.
     """
 
     values: tuple[Value, ...]
@@ -97,8 +96,7 @@ class Graph:
 
     @property
     def not_modelled(self) -> tuple[str, ...]:
-        """The primitives of the program that have no rule (planned whole, costed by their
-        bytes), each named once."""
+        """The primitives with no rule (planned whole, costed by their bytes), once each."""
         return tuple(dict.fromkeys(s.prim for s in self.steps if not s.modelled))
 
 
@@ -290,6 +288,10 @@ class _Builder(Walker[int]):
         outs: list[int | None] = [None] * len(eqn.outvars)
         if prim == "random_bits":
             self.drawn.append((self.clock, tuple(int(n) for n in eqn.params["shape"])))
+        if rule.placement:  # one buffer: the plan's layout stands in for the one asked for
+            self.env.update({(path, o): a for o, a in zip(eqn.outvars, operands, strict=False)
+                             if a is not None})  # fmt: skip
+            return [self.env.get((path, o)) if is_var(o) else None for o in eqn.outvars]
         if not inputs:
             return outs  # made on each device from nothing (iota, a constant): free to follow
         for k, o in enumerate(eqn.outvars):

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from shardwise._errors import ArgumentError, as_users
+from shardwise._errors import ArgumentError, UserCodeError, as_users
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.plan import check_program_extent
 from shardwise._model.profile import Profile
@@ -33,6 +33,7 @@ from shardwise._program.solution import predicted
 from shardwise._program.steps import StepCosts
 from shardwise._program.top import baselines, best_plans, fixed_pins, nothing_fits, peak, pinned
 from shardwise._versions import context_mesh, sources_in_users_code
+from shardwise._xla.lower import auto_twin, is_explicit
 
 
 def _profile(profile: Profile | str | None, mesh: MeshSpec) -> Profile:
@@ -157,11 +158,28 @@ def _traced(
     name = getattr(fn, "__name__", "program")
     traced = as_users(fn, name)
     step = train_step(traced) if train else traced
-    with (
-        jax.set_mesh(devices) if devices is not None else contextlib.nullcontext(),
-        sources_in_users_code(),
-    ):
-        graph = build(step, args, name, signature=fn)
+
+    def under(mesh: Mesh | None) -> Graph:
+        with (
+            jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(),
+            sources_in_users_code(),
+        ):
+            return build(step, args, name, signature=fn)
+
+    try:
+        graph = under(devices)
+    except UserCodeError as e:
+        # on Explicit axes ``with_sharding_constraint`` asserts the layout an array already
+        # has (Flax's logical constraints call it); the abstract arguments have none, so it
+        # is traced on the mesh's Auto twin, where it is a constraint: the plan's layout
+        # replaces it when the plan runs
+        if (
+            devices is None
+            or not is_explicit(devices)
+            or not isinstance(e.__cause__, AssertionError)
+        ):
+            raise
+        graph = under(auto_twin(devices))
     check_program_extent([(v.name, v.shape, v.dtype) for v in graph.values], name)
     return name, graph
 
