@@ -282,7 +282,7 @@ def linen_logical() -> Model:
             down = nn.with_logical_partitioning(init, ("hidden", "embed"))
             y = nn.Dense(self.depth, use_bias=False, kernel_init=up)(x)
             y = nn.with_logical_constraint(nn.relu(y), ("batch", "hidden"))
-            return nn.Dense(x.shape[-1], use_bias=False, kernel_init=down)(y)  # type: ignore[no-any-return]
+            return nn.Dense(x.shape[-1], use_bias=False, kernel_init=down)(y)
 
     model = DotReluDot(128)
     x = _normal(1, (64, 32))
@@ -291,7 +291,7 @@ def linen_logical() -> Model:
 
     def forward(params: Any, x: jax.Array) -> jax.Array:
         with nn.logical_axis_rules(rules):
-            return model.apply(params, x)  # type: ignore[no-any-return]
+            return model.apply(params, x)
 
     return forward, (params, x)
 
