@@ -9,6 +9,7 @@ is fused away, as XLA does. The peak is the largest sum of held blocks at one po
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -22,6 +23,7 @@ from shardwise._program.nodes import Step
 from shardwise._program.problem import Problem
 from shardwise._program.remat import Schedule, last_reads, schedule
 from shardwise._program.search import Constraint
+from shardwise._program.sums import combined, partial_layout, summed, to_outputs
 from shardwise._program.windows import cpu_copies
 
 if TYPE_CHECKING:
@@ -79,12 +81,15 @@ def _live(graph: Graph, plan: Schedule | None = None) -> Lives:
     ``plan`` runs it) to its last read."""
     arrays = held(graph)
     results = {v for v in graph.outputs if v is not None}
-    within = _in_place(graph, results) | _padded_windows(graph, results)
+    folded = _folded(graph, results)
+    within = _in_place(graph, results) | _padded_windows(graph, results) | set(folded)
     plan = plan or schedule(graph, set)
     born = list(graph.born)
     for k, at in plan.at.items():
         born[graph.steps[k].output] = at
     reads = last_reads(graph, plan)
+    for v, a in sorted(folded.items(), reverse=True):  # (a later transpose of a transpose)
+        reads[a] = max(reads[a], reads[v])
     first = np.ones(len(arrays), dtype=np.int64)
     last = np.zeros(len(arrays), dtype=np.int64)
     for k, v in enumerate(arrays):
@@ -92,6 +97,27 @@ def _live(graph: Graph, plan: Schedule | None = None) -> Lives:
             first[k], last[k] = 0 if v in results else born[v], reads[v]
     _overwritten(graph, arrays, first, last, results | within)
     return Lives(arrays, first, last, graph.clock + 1)
+
+
+def _folded(graph: Graph, results: set[int]) -> dict[int, int]:
+    """The transposes that only matrix products read, each to its operand: XLA folds them
+    into the products' dimension numbers, so the transposed array is never made and the
+    products read the operand, held until then (seen: ``x @ w.T`` compiles to one ``dot`` of
+    ``w``, and a training step holds no transposed weights)."""
+    readers: dict[int, list[Step]] = {}
+    for step in graph.steps:
+        for a in step.inputs:
+            readers.setdefault(a, []).append(step)
+    joined = Counter(graph.classes)
+    return {
+        s.output: s.inputs[0]
+        for s in graph.steps
+        if s.prim == "transpose"
+        and s.output not in results
+        and joined[graph.find(s.output)] == 1  # (no elementwise op reads it)
+        and readers.get(s.output)
+        and all(r.prim == "dot_general" for r in readers[s.output])
+    }
 
 
 def _padded_windows(graph: Graph, results: set[int]) -> set[int]:
@@ -197,6 +223,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     cpu = platform == "cpu"
     arguments = set(graph.inputs)
     early: dict[tuple[int, Spec], tuple[int, int]] = {}  # (argument, layout) → (bytes, until)
+    outputs_of = to_outputs(graph)
+    later: list[tuple[int, int, int]] = []  # partial sums summed with others: (at, bytes, buffers)
     for n, step in enumerate(graph.steps):
         at = plan.point(graph, n)
         if step.role == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
@@ -228,14 +256,19 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             # XLA may not write an argument: it updates a copy (seen: ``copy(param)`` then
             # the update fused into a new buffer)
             points[at] += shard_bytes(graph.values[step.inputs[0]], ins[0], mesh)
-        partial = _partial(step, ins)
-        if partial is not None and (partial != made.canonical() or _summed(step, ins)):
+        partial = partial_layout(step, ins)
+        if partial is not None and (partial != made.canonical() or summed(step, ins)):
             # the partial sums are a buffer of their own beside the summed result (an
             # all-reduce does not write over its operand); on CPU a scattered result is
             # all-reduced into one more, then sliced
             scattered = partial != made.canonical()
+            size = shard_bytes(graph.values[step.output], partial, mesh)
             copies = 2 if cpu and scattered else 1
-            points[at] += copies * shard_bytes(graph.values[step.output], partial, mesh)
+            if graph.find(step.output) in outputs_of:
+                later.append((at, size, copies))
+            else:
+                points[at] += copies * size
+    combined(later, points)
     # XLA moves an argument (gathers a weight) before anything else, as soon as the program
     # starts, and holds it until its last reader (seen in the compiled schedules: every
     # all-gather of an FSDP weight first)
@@ -281,30 +314,6 @@ def _conv_copies(
             points[start : at + 1] += shard_bytes(graph.values[a], used, mesh)
     if result:
         points[at] += shard_bytes(graph.values[step.output], made, mesh)
-
-
-def _partial(step: Step, ins: tuple[Spec, ...]) -> Spec | None:
-    """The layout of a dot's partial sums, from the layouts it reads its operands in: where
-    it makes its result scattered, they are a buffer of their own before the scatter (an
-    all-reduce and a slice on CPU, a reduce-scatter elsewhere)."""
-    if step.kind != "dot" or step.op is None or step.read_as_einsum:
-        return None  # (an op read as an einsum keeps its partial sums' layout)
-    axes: dict[str, tuple[str, ...]] = {}
-    for term, spec in zip(step.op.inputs, ins, strict=True):
-        for letter, entry in zip(term, spec.padded(len(term)), strict=True):
-            axes[letter] = axes.get(letter) or tuple(entry)
-    return Spec(tuple(axes.get(i, ()) for i in step.op.output)).canonical()
-
-
-def _summed(step: Step, ins: tuple[Spec, ...]) -> bool:
-    """Whether a dot's contracted letters are split, so that its partial sums are summed over
-    devices after it."""
-    assert step.op is not None
-    return any(
-        entry and letter not in step.op.output
-        for term, spec in zip(step.op.inputs, ins, strict=True)
-        for letter, entry in zip(term, spec.padded(len(term)), strict=True)
-    )
 
 
 def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -> int:
