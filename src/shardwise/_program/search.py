@@ -183,8 +183,7 @@ def settle(
 
 
 STACKED = 4
-"""How many neighbours a variable has from which :class:`Stacks` sums their columns in one
-take (fewer are summed one by one: as fast, with nothing to build)."""
+"""From how many neighbours :class:`Stacks` sums their columns in one take."""
 
 
 class Stacks:
@@ -303,10 +302,16 @@ def _edge(
     for groups, of, start, pairs in (
         (nr, row_of, offset[u], block),
         (nc, col_of, offset[v], block.T),
-    ):
-        for g in range(groups):  # Σ pairs of group g = Σ choices in group g
-            members = np.flatnonzero(of == g) + start
-            rows.add([*pairs[g], *members], [1.0] * len(pairs[g]) + [-1.0] * len(members), 0, 0)
+    ):  # a row per group g: Σ pairs of group g = Σ choices in group g
+        first = len(rows.lower)
+        rows.rows += np.repeat(np.arange(first, first + groups), pairs.shape[1]).tolist()
+        rows.cols += pairs.ravel().tolist()
+        rows.vals += [1.0] * pairs.size
+        rows.rows += (of + first).tolist()
+        rows.cols += (np.arange(len(of)) + start).tolist()
+        rows.vals += [-1.0] * len(of)
+        rows.lower += [0] * groups
+        rows.upper += [0] * groups
     return col + int(nr * nc)
 
 
