@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
@@ -21,7 +22,7 @@ from shardwise._program.loops import carry_copies, hoist, threefry_loops
 from shardwise._program.moves import relayout_bytes, shard_bytes
 from shardwise._program.nodes import Step
 from shardwise._program.problem import Problem
-from shardwise._program.remat import Schedule, last_reads, schedule
+from shardwise._program.remat import Schedule, bodies, last_reads, schedule
 from shardwise._program.search import Constraint
 from shardwise._program.sums import combined, partial_layout, summed, to_outputs
 from shardwise._program.windows import cpu_copies
@@ -120,6 +121,23 @@ def _folded(graph: Graph, results: set[int]) -> dict[int, int]:
     }
 
 
+_IN_ORDER: Bounded[int, tuple[Graph, Lives | None]] = Bounded(8)
+"""Per graph (by id, kept alive with it so that the id is not reused), :func:`_live` in program
+order, or ``None`` where a differentiated checkpoint makes the schedule depend on the
+layouts: the same for every plan of the program."""
+
+
+def _in_order(graph: Graph) -> Lives | None:
+    """When each array is held where the program runs in program order (no differentiated
+    checkpoint: :func:`~shardwise._program.remat.schedule`), computed once per graph."""
+    hit = _IN_ORDER.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    lives = None if bodies(graph) else _live(graph, Schedule({}, frozenset()))
+    _IN_ORDER.put(id(graph), (graph, lives))
+    return lives
+
+
 def _padded_windows(graph: Graph, results: set[int]) -> set[int]:
     """The padded operands of poolings (an average pool's gradient pads, then sums windows):
     XLA pads inside the pooling's loop, so the padded array is never made."""
@@ -213,8 +231,11 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     gather along any dimension but the first also leaves a copy in the usual layout
     (:func:`~shardwise._program.moves.relayout_bytes`). A checkpointed function's backward
     steps and copies are counted where XLA runs them (:mod:`~shardwise._program.remat`)."""
-    plan = schedule(graph, lambda: _copied(graph, lay, mesh))
-    lives = _live(graph, plan)
+    lives = _in_order(graph)
+    plan = Schedule({}, frozenset())
+    if lives is None:  # (the schedule of a checkpoint's backward pass depends on the layouts)
+        plan = schedule(graph, lambda: _copied(graph, lay, mesh))
+        lives = _live(graph, plan)
     arrays = lives.arrays
     sizes = np.array(
         [shard_bytes(graph.values[v], lay.specs[v], mesh) for v in arrays], dtype=np.int64
@@ -326,7 +347,8 @@ def memory_constraints(
     graph: Graph, problem: Problem, budget: int, mesh: MeshSpec
 ) -> list[Constraint]:
     """``budget`` as linear constraints at the :data:`MEMORY_POINTS` fullest program points."""
-    lives = _live(graph)
+    lives = _in_order(graph)
+    lives = _live(graph) if lives is None else lives
     arrays = lives.arrays
     if not arrays:
         return []

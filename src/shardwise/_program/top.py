@@ -20,7 +20,15 @@ from shardwise._program.marginals import Alternatives, alternatives
 from shardwise._program.memory import memory_constraints, peak_bytes
 from shardwise._program.problem import MAX_CHOICES, Problem
 from shardwise._program.roles import Roles
-from shardwise._program.search import Solution, descend, moved, neighbours, solve, total
+from shardwise._program.search import (
+    Solution,
+    Stacks,
+    moved,
+    neighbours,
+    settle,
+    solve,
+    total,
+)
 from shardwise._program.solution import read
 
 TRIES_PAST_TOP = 20
@@ -107,26 +115,48 @@ def runners_up(
     if found is not None:
         return _held(problem, inputs, best, count, found)
     near = neighbours(problem)
-    seen = {tuple(best.choice[v] for v in inputs)}
-    out: list[tuple[int, float, Solution]] = []
+    stacks, base = Stacks(near), list(best.choice)  # each search runs in base, then undone
+    position = {u: k for k, u in enumerate(inputs)}
+    layouts = [best.choice[v] for v in inputs]  # the inputs' choices
+    seen = {tuple(layouts)}
+    out: list[tuple[int, float, dict[int, int], float]] = []
     for v in inputs:
         others = []
         for c in range(len(problem.choices[v])):
             if c == best.choice[v]:
                 continue
-            start = list(best.choice)
-            start[v] = c
+            begin = time.perf_counter()
             cost = best.seconds + moved(problem, best.choice, v, c, near)
-            sol = descend(problem, start, v, near, settled=best.optimal, cost=cost)
-            key = tuple(sol.choice[u] for u in inputs)
+            base[v] = c
+            queue = [u for u, _ in near[v]] if best.optimal else list(range(len(base)))
+            saved, was = settle(problem, base, v, queue, near, stacks)
+            changes = {u: base[u] for u in (v, *was)}
+            base[v] = best.choice[v]
+            for u, old in was.items():
+                base[u] = old
+            key = _with(list(layouts), position, changes)
             if key not in seen:
                 seen.add(key)
-                others.append(sol)
-        others.sort(key=lambda sol: sol.seconds)
-        out += [(rank, sol.seconds, sol) for rank, sol in enumerate(others)]
+                others.append((cost - saved, changes, time.perf_counter() - begin))
+        others.sort(key=lambda found: found[0])
+        out += [(rank, *found) for rank, found in enumerate(others)]
     # each input's best alternative first, then each one's second best, ...
-    kept = [sol for _, _, sol in sorted(out, key=lambda r: r[:2])[:count]]
-    return [dataclasses.replace(sol, seconds=total(problem, sol.choice)) for sol in kept]
+    kept = sorted(out, key=lambda r: r[:2])[:count]
+    chosen = [_with(list(best.choice), range(len(base)), changes) for *_, changes, _ in kept]
+    return [
+        Solution(x, total(problem, x), False, "local search", seconds)
+        for x, (*_, seconds) in zip(chosen, kept, strict=True)
+    ]
+
+
+def _with(
+    values: list[int], position: Mapping[int, int] | range, changes: dict[int, int]
+) -> tuple[int, ...]:
+    """``values`` (one per variable in ``position``) with the ``changes`` made to them."""
+    for u, c in changes.items():
+        if u in position:
+            values[position[u]] = c
+    return tuple(values)
 
 
 def _held(
