@@ -273,7 +273,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             points[at] += shard_bytes(graph.values[step.output], made, mesh)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
             _conv_copies(graph, step, ins, made, mesh, points)
-        if step.prim == "dynamic_update_slice" and step.inputs[0] in arguments:
+        if step.prim in UPDATES and step.inputs[0] in arguments and _updates(graph, step):
             # XLA may not write an argument: it updates a copy (seen: ``copy(param)`` then
             # the update fused into a new buffer)
             points[at] += shard_bytes(graph.values[step.inputs[0]], ins[0], mesh)
@@ -299,6 +299,16 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     if cpu:
         threefry_loops(graph, lay, mesh, points)
     return Held(arrays, lives, sizes, points)
+
+
+UPDATES = frozenset({"dynamic_update_slice", "scatter", "scatter-add"})
+"""The ops that write part of their first operand's buffer."""
+
+
+def _updates(graph: Graph, step: Step) -> bool:
+    """Whether ``step`` writes into its first operand (a scatter-add into zeros made on
+    each device has none: its first operand is then the indices)."""
+    return graph.values[step.inputs[0]].shape == graph.values[step.output].shape
 
 
 def _copied(graph: Graph, lay: Layouts, mesh: MeshSpec) -> set[tuple[int, int]]:

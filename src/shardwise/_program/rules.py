@@ -264,6 +264,7 @@ register(Rule("dot", einsum=_dot_general), "dot_general")
 register(Rule("dot", einsum=windows.conv), "conv_general_dilated")
 register(Rule("dot", einsum=windows.gather), "gather")
 register(Rule("dot", einsum=windows.scatter_add), "scatter-add")
+register(Rule("dot", einsum=windows.scatter), "scatter")
 register(Rule("dot", einsum=windows.select_and_scatter_add), "select_and_scatter_add")
 register(Rule("dot", einsum=windows.concatenate), "concatenate")
 register(Rule("dot", einsum=windows.update_slice), "dynamic_update_slice")
@@ -281,7 +282,7 @@ register(Rule("constant"), "iota empty empty2 create_token after_all platform_in
 register(
     Rule("opaque"),
     """
-    stack scatter scatter-sub scatter-mul scatter-min
+    stack scatter-sub scatter-mul scatter-min
     scatter-max reduce select_and_gather_add while cond
     bitcast_convert_type optimization_barrier approx_top_k rng_bit_generator rng_uniform
     random_bits random_seed random_wrap random_unwrap random_fold_in random_split random_gamma

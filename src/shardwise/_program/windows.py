@@ -21,6 +21,8 @@ device: the planner splits them as it splits a dot's, by the same enumerator
   rows.
 - ``select_and_scatter_add`` (a max pool's gradient): the windowed dimensions whole, the others
   (batch, channels) carried.
+- ``scatter`` overwriting whole rows: as ``scatter-add``, its updates' scattered dimensions
+  whole.
 - ``concatenate``: the joined dimension whole, the others carried from every operand;
   ``dynamic_update_slice`` likewise, the dimensions it writes part of whole.
 
@@ -284,6 +286,28 @@ def concatenate(p: Mapping[str, Any], shapes: Sequence[Shape | None], out: Shape
         return None
     result = "".join(kept.get(d) or whole[-1] for d in range(len(out)))
     return Reading(Op(tuple(terms), result), "".join(whole))
+
+
+def scatter(p: Mapping[str, Any], shapes: Sequence[Shape | None], out: Shape) -> Reading | None:
+    """A ``scatter`` that overwrites whole rows (``x.at[ids].set(rows)``), read as
+    :func:`scatter_add` reads an added one, but for the updates' scattered dimensions, which
+    stay whole: overwrites from two devices cannot be summed. The rows' other dimensions
+    carry their layout, and a split indexed dimension is written masked on each device.
+
+    >>> from jax.lax import ScatterDimensionNumbers as D
+    >>> dn = D(update_window_dims=(1,), inserted_window_dims=(0,),
+    ...        scatter_dims_to_operand_dims=(0,), operand_batching_dims=(),
+    ...        scatter_indices_batching_dims=())
+    >>> r = scatter(dict(dimension_numbers=dn), [(16, 8), (2, 1), (2, 8)], (16, 8))
+    >>> r.op.equation, r.whole
+    ('ve,nz,ne->ve', 'zn')
+    """
+    added = scatter_add(p, shapes, out)
+    if added is None or shapes[0] is None or shapes[2] is None:
+        return None
+    indices = added.op.inputs[1]
+    whole = added.whole + "".join(i for i in indices if i not in added.whole)
+    return Reading(added.op, whole)
 
 
 def update_slice(
