@@ -6,7 +6,7 @@ words, and each op's share of the time."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any
 
 from shardwise._model.cost import PredictedCollective
@@ -61,13 +61,32 @@ class Tally:
     steps that two of its moves share (``shared=False`` counts each move, as the matrices
     do)."""
 
-    def __init__(self, graph: Graph, lay: Layouts, costs: StepCosts, shared: bool = True) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        lay: Layouts,
+        costs: StepCosts,
+        shared: bool = True,
+        prior: Tally | None = None,
+        dirty: Set[int] = frozenset(),
+    ) -> None:
         self.graph, self.lay, self.costs, self.shared = graph, lay, costs, shared
         self.mesh = costs.mesh
         self.found: list[tuple[Any, int, str]] = []
         self.seconds = [0.0] * len(graph.steps)
         self.flops = 0.0
         self.moved: set[tuple[int, Spec, Spec, tuple[int, ...]]] = set()
+        self.prior, self.dirty = prior, dirty
+        """A plan's tally whose moves of the arrays not ``dirty`` this one repeats
+        (:meth:`near`)."""
+        self.fed: dict[tuple[int, int], tuple[Cost, Callable[[], str]] | None] = {}
+        """Each step operand's move as added (``None``: nothing), by (step, position)."""
+        self.heads: dict[int, int | None] = {}
+        """Each map's gathers an earlier move made (:meth:`_shared`), by step."""
+        self.starts: list[int] = []
+        """Where each step's collectives begin in :attr:`found`."""
+        self.own_flops = [0.0] * len(graph.steps)
+        """Each step's FLOPs."""
 
     def add(self, k: int, cost: Cost, why: Callable[[], str]) -> None:
         """Step ``k``'s ``cost``, each of its collectives for the reason ``why()`` says (put
@@ -80,6 +99,7 @@ class Tally:
     def step(self, k: int, strategy: Strategy | None) -> None:
         """Step ``k``'s cost under the plan (``strategy``: a dot's)."""
         step = self.graph.steps[k]
+        self.starts.append(len(self.found))
         if step.kind == "dot":
             assert strategy is not None
             self.dot(k, step, strategy)
@@ -93,22 +113,27 @@ class Tally:
 
     def feed(self, k: int, step: Step, position: int, a: int, dst: Spec) -> None:
         """Operand ``a`` moved to the layout ``step`` reads it in."""
-        src = self.lay.specs[a]
-        if src == dst:
+        if self.prior is not None and a not in self.dirty:
+            done = self.prior.fed[(k, position)]  # the same move, after the same ones
+            if done is not None:
+                self.add(k, *done)
             return
-        shared = self._shared(a, src, dst, step.key[:-1])
+        src = self.lay.specs[a]
+        shared = None if src == dst else self._shared(a, src, dst, step.key[:-1])
         if shared is None:
+            self.fed[(k, position)] = None
             return
         value = self.graph.values[a]
         cost = _less(self.costs.move(step, a, src, dst, True), shared, step.repeat)
-        self.add(
-            k,
-            cost,
-            lambda: (
+
+        def why() -> str:
+            return (
                 f"{value.name} is held as [{self._text(src, step, position, a)}]; "
                 f"{step.prim} reads it as [{self._text(dst, step, position, a)}]"
-            ),
-        )
+            )
+
+        self.fed[(k, position)] = (cost, why)
+        self.add(k, cost, why)
 
     def _shared(self, a: int, src: Spec, dst: Spec, scope: tuple[int, ...]) -> int | None:
         """How many of the collectives that move ``a`` from ``src`` to ``dst`` an earlier move
@@ -131,6 +156,7 @@ class Tally:
         assert step.op is not None
         own = self.costs.dot(step, strategy)
         self.flops += own.flops
+        self.own_flops[k] = own.flops
         self.add(k, own, lambda: _partial_sums(step, strategy))
         for position, (a, spec) in enumerate(
             zip(step.inputs, strategy.in_specs(step.op), strict=True)
@@ -157,7 +183,11 @@ class Tally:
         # the gather to the whole operand comes first; what an earlier move of the operand
         # made (a backward scan slices the stack the forward one gathered) is not made again
         whole = map_specs(self.graph, step, src, self.mesh)[0]
-        shared = self._shared(a, src, whole, step.key[:-1]) if src != whole else 0
+        if self.prior is not None and a not in self.dirty:
+            shared = self.prior.heads[k]
+        else:
+            shared = self._shared(a, src, whole, step.key[:-1]) if src != whole else 0
+        self.heads[k] = shared
         gathers = sum(c.kind != "all-reduce" for c, _ in head.collectives)
         head = _less(head, gathers if shared is None else shared, step.repeat)
         for c, _ in head.collectives:
@@ -175,6 +205,7 @@ class Tally:
             self.feed(k, step, position, a, Spec())
         own = self.costs.opaque(k)
         self.flops += own.flops
+        self.own_flops[k] = own.flops
         self.add(k, own, str)
         what = step.prim if step.modelled else f"{step.prim} (not modelled)"
         self._result(k, step, Spec(), what)
@@ -194,6 +225,37 @@ class Tally:
             for c, k, why in self.found
             if c.bytes
         )
+
+
+def retally(
+    prior: Tally, lay: Layouts, strategies: Mapping[int, Strategy], before: Mapping[int, Strategy]
+) -> Tally:
+    """The tally of a plan near the one ``prior`` tallied in full (its dots' strategies
+    ``before``), the same as a tally of its own: a step that makes no array laid out otherwise,
+    keeps its strategy and reads no array that is laid out otherwise or that a dot with
+    another strategy reads is the prior's; the others are tallied again, in order, each move of
+    an array that nothing moves otherwise as the prior made it (the moves an earlier one made
+    of the same array are then the same, :meth:`Tally._shared`)."""
+    assert prior.prior is None
+    graph, specs, old = prior.graph, lay.specs, prior.lay.specs
+    roots = {r for r in set(graph.classes) if specs[r] != old[r]}
+    changed = {v for v, r in enumerate(graph.classes) if r in roots}
+    redone = {k for k, s in strategies.items() if s != before.get(k)}
+    dirty = changed | {a for k in redone for a in graph.steps[k].inputs}
+    tally = Tally(graph, lay, prior.costs, prior.shared, prior, dirty)
+    ends = [*prior.starts[1:], len(prior.found)]
+    for k, step in enumerate(graph.steps):
+        if k in redone or step.output in changed or any(a in dirty for a in step.inputs):
+            tally.step(k, strategies.get(k))
+            continue
+        tally.starts.append(len(tally.found))
+        tally.found.extend(prior.found[prior.starts[k] : ends[k]])
+        tally.seconds[k] = prior.seconds[k]
+        tally.own_flops[k] = prior.own_flops[k]
+    tally.flops = 0.0
+    for flops in tally.own_flops:  # in step order, as a tally of its own adds them
+        tally.flops += flops
+    return tally
 
 
 def _partial_sums(step: Step, strategy: Strategy) -> str:

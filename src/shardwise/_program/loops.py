@@ -15,6 +15,7 @@ from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
 from shardwise._program.moves import shard_bytes
 from shardwise._program.nodes import Step, Value
+from shardwise._program.windows import cpu_copies
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -86,3 +87,22 @@ def hoist(
     assert loop is not None  # the slicing step itself is in the loop's body
     layers = graph.values[stack].shape[0]
     points[loop] += (layers - 1) * shard_bytes(slice_, spec, mesh)
+
+
+def conv_copies(
+    graph: Graph, step: Step, ins: tuple[Spec, ...], made: Spec, mesh: MeshSpec, points: np.ndarray
+) -> None:
+    """The copies XLA's CPU backend makes of a convolution's operands and result in the
+    layouts its kernels take (:func:`~shardwise._program.windows.cpu_copies`): an operand's
+    as soon as it is made (an argument's as the program starts), held until the convolution
+    (seen in the compiled schedules: a kernel gradient's transposed image made right after
+    the forward pass reads it)."""
+    assert step.op is not None
+    at = graph.born[step.output]
+    *copied, result = cpu_copies(step.op)
+    for a, used, copy in zip(step.inputs, ins, copied, strict=True):
+        if copy:
+            start = 0 if a in graph.inputs else graph.born[a]
+            points[start : at + 1] += shard_bytes(graph.values[a], used, mesh)
+    if result:
+        points[at] += shard_bytes(graph.values[step.output], made, mesh)

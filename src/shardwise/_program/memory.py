@@ -18,14 +18,13 @@ from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
-from shardwise._program.loops import carry_copies, hoist, threefry_loops
+from shardwise._program.loops import carry_copies, conv_copies, hoist, threefry_loops
 from shardwise._program.moves import relayout_bytes, shard_bytes
-from shardwise._program.nodes import Step
+from shardwise._program.nodes import Step, Value
 from shardwise._program.problem import Problem
 from shardwise._program.remat import Schedule, bodies, last_reads, schedule
 from shardwise._program.search import Constraint
-from shardwise._program.sums import combined, partial_layout, summed, to_outputs
-from shardwise._program.windows import cpu_copies
+from shardwise._program.sums import combined, partial_buffers, to_outputs
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -121,21 +120,58 @@ def _folded(graph: Graph, results: set[int]) -> dict[int, int]:
     }
 
 
-_IN_ORDER: Bounded[int, tuple[Graph, Lives | None]] = Bounded(8)
-"""Per graph (by id, kept alive with it so that the id is not reused), :func:`_live` in program
-order, or ``None`` where a differentiated checkpoint makes the schedule depend on the
-layouts: the same for every plan of the program."""
+class _Fixed(NamedTuple):
+    """What :func:`held_curve` needs of a graph whatever its layouts: :func:`_live` in program
+    order (``None`` where a differentiated checkpoint makes the schedule depend on the
+    layouts), the steps that may make copies (all but the fused broadcasts), the classes of
+    :func:`~shardwise._program.sums.to_outputs`, and the held arrays' kinds: each distinct
+    (class root, shape, dtype), and each array's."""
+
+    lives: Lives | None
+    visit: list[int]
+    outputs_of: set[int]
+    kinds: list[tuple[int, Value]]
+    kind_of: np.ndarray
+
+
+_FIXED: Bounded[int, tuple[Graph, _Fixed]] = Bounded(8)
+"""Per graph (by id, kept alive with it so that the id is not reused), :class:`_Fixed`: the
+same for every plan of the program."""
+
+
+def _fixed(graph: Graph) -> _Fixed:
+    """:class:`_Fixed` of ``graph``, computed once per graph."""
+    hit = _FIXED.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    lives = None if bodies(graph) else _live(graph, Schedule({}, frozenset()))
+    visit = [n for n, s in enumerate(graph.steps) if s.role == "scan slice" or not fused(graph, s)]
+    kinds: dict[tuple[int, tuple[int, ...], str], tuple[int, int, Value]] = {}
+    kind_of = []
+    for v in held(graph):
+        value = graph.values[v]
+        key = (graph.find(v), value.shape, value.dtype)
+        kind_of.append(kinds.setdefault(key, (len(kinds), key[0], value))[0])
+    each = [(root, value) for _, root, value in kinds.values()]
+    found = _Fixed(lives, visit, to_outputs(graph), each, np.array(kind_of, dtype=np.intp))
+    _FIXED.put(id(graph), (graph, found))
+    return found
 
 
 def _in_order(graph: Graph) -> Lives | None:
     """When each array is held where the program runs in program order (no differentiated
     checkpoint: :func:`~shardwise._program.remat.schedule`), computed once per graph."""
-    hit = _IN_ORDER.get(id(graph))
-    if hit is not None and hit[0] is graph:
-        return hit[1]
-    lives = None if bodies(graph) else _live(graph, Schedule({}, frozenset()))
-    _IN_ORDER.put(id(graph), (graph, lives))
-    return lives
+    return _fixed(graph).lives
+
+
+def _sizes(graph: Graph, lay: Layouts, mesh: MeshSpec, arrays: list[int]) -> np.ndarray:
+    """Each array's block per device: once per kind (:class:`_Fixed`) where each array is laid
+    out as its class (as :func:`~shardwise._program.solution.read` lays them out)."""
+    fixed, specs = _fixed(graph), lay.specs
+    if all(specs[v] is specs[graph.classes[v]] for v in arrays):
+        each = [shard_bytes(value, specs[root], mesh) for root, value in fixed.kinds]
+        return np.asarray(np.array(each, dtype=np.int64)[fixed.kind_of])
+    return np.array([shard_bytes(graph.values[v], specs[v], mesh) for v in arrays], np.int64)
 
 
 def _padded_windows(graph: Graph, results: set[int]) -> set[int]:
@@ -237,58 +273,49 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         plan = schedule(graph, lambda: _copied(graph, lay, mesh))
         lives = _live(graph, plan)
     arrays = lives.arrays
-    sizes = np.array(
-        [shard_bytes(graph.values[v], lay.specs[v], mesh) for v in arrays], dtype=np.int64
-    )
+    sizes = _sizes(graph, lay, mesh, arrays)
     points = lives.totals(sizes)
     cpu = platform == "cpu"
     arguments = set(graph.inputs)
     early: dict[tuple[int, Spec], tuple[int, int]] = {}  # (argument, layout) → (bytes, until)
-    outputs_of = to_outputs(graph)
     later: list[tuple[int, int, int]] = []  # partial sums summed with others: (at, bytes, buffers)
-    for n, step in enumerate(graph.steps):
-        at = plan.point(graph, n)
+    fixed, specs, born = _fixed(graph), lay.specs, graph.born
+    for n in fixed.visit:  # (a fused broadcast makes no copy)
+        step = graph.steps[n]
+        at = plan.at.get(n, born[step.output])  # (plan.point)
         if step.role == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
             _, mapped = lay.scans[(step.key, step.inputs[0])]
-            slice_, spec = graph.values[step.output], lay.specs[step.output]
+            slice_, spec = graph.values[step.output], specs[step.output]
             if cpu:
                 points[at] += relayout_bytes(slice_, mapped, spec, mesh)
             if step.inputs[0] in arguments:
                 hoist(graph, step, lay, mapped, mesh, points)
             continue
-        if step.key not in lay.steps or fused(graph, step):
+        found = lay.steps.get(step.key)
+        if found is None or (step.role == "scan slice" and fused(graph, step)):
             continue
-        ins, made = lay.steps[step.key]
+        ins, made = found
         for j, (a, used) in enumerate(zip(step.inputs, ins, strict=False)):
-            if used.canonical() != lay.specs[a].canonical():
+            if used is not specs[a] and used.canonical() != specs[a].canonical():
                 copy = shard_bytes(graph.values[a], used, mesh)
                 if cpu:
-                    copy += relayout_bytes(graph.values[a], lay.specs[a], used, mesh)
+                    copy += relayout_bytes(graph.values[a], specs[a], used, mesh)
                 if a in arguments:
                     key = (a, used.canonical())
                     early[key] = (copy, max(at, early.get(key, (0, 0))[1]))
                 else:  # made at the step, or as soon as the array is (:mod:`.remat`)
-                    points[graph.born[a] if (n, j) in plan.early else at : at + 1] += copy
-        if made.canonical() != lay.specs[step.output].canonical():
+                    points[born[a] if (n, j) in plan.early else at : at + 1] += copy
+        kept = specs[step.output]
+        if made is not kept and made.canonical() != kept.canonical():
             points[at] += shard_bytes(graph.values[step.output], made, mesh)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
-            _conv_copies(graph, step, ins, made, mesh, points)
+            conv_copies(graph, step, ins, made, mesh, points)
         if step.prim in UPDATES and step.inputs[0] in arguments and _updates(graph, step):
             # XLA may not write an argument: it updates a copy (seen: ``copy(param)`` then
             # the update fused into a new buffer)
             points[at] += shard_bytes(graph.values[step.inputs[0]], ins[0], mesh)
-        partial = partial_layout(step, ins)
-        if partial is not None and (partial != made.canonical() or summed(step, ins)):
-            # the partial sums are a buffer of their own beside the summed result (an
-            # all-reduce does not write over its operand); on CPU a scattered result is
-            # all-reduced into one more, then sliced
-            scattered = partial != made.canonical()
-            size = shard_bytes(graph.values[step.output], partial, mesh)
-            copies = 2 if cpu and scattered else 1
-            if graph.find(step.output) in outputs_of:
-                later.append((at, size, copies))
-            else:
-                points[at] += copies * size
+        if step.kind == "dot":
+            partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, points)
     combined(later, points)
     # XLA moves an argument (gathers a weight) before anything else, as soon as the program
     # starts, and holds it until its last reader (seen in the compiled schedules: every
@@ -326,25 +353,6 @@ def _copied(graph: Graph, lay: Layouts, mesh: MeshSpec) -> set[tuple[int, int]]:
             ) <= shard_bytes(graph.values[a], held_as, mesh):
                 out.add((n, j))
     return out
-
-
-def _conv_copies(
-    graph: Graph, step: Step, ins: tuple[Spec, ...], made: Spec, mesh: MeshSpec, points: np.ndarray
-) -> None:
-    """The copies XLA's CPU backend makes of a convolution's operands and result in the
-    layouts its kernels take (:func:`~shardwise._program.windows.cpu_copies`): an operand's
-    as soon as it is made (an argument's as the program starts), held until the convolution
-    (seen in the compiled schedules: a kernel gradient's transposed image made right after
-    the forward pass reads it)."""
-    assert step.op is not None
-    at = graph.born[step.output]
-    *copied, result = cpu_copies(step.op)
-    for a, used, copy in zip(step.inputs, ins, copied, strict=True):
-        if copy:
-            start = 0 if a in graph.inputs else graph.born[a]
-            points[start : at + 1] += shard_bytes(graph.values[a], used, mesh)
-    if result:
-        points[at] += shard_bytes(graph.values[step.output], made, mesh)
 
 
 def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -> int:

@@ -30,7 +30,7 @@ from shardwise._program.plans import PlannedLayout, ProgramPlan
 from shardwise._program.problem import Problem, build_problem, effective_mesh
 from shardwise._program.roles import roles
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
-from shardwise._program.solution import predicted
+from shardwise._program.solution import Predicted, predict
 from shardwise._program.steps import StepCosts
 from shardwise._program.top import baselines, best_plans, fixed_pins, nothing_fits, peak, pinned
 from shardwise._versions import context_mesh, sources_in_users_code
@@ -119,12 +119,9 @@ def plan(
         with prints_kept():
             searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
             solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit, role)
-        costs = StepCosts(graph, eff, prof)
-        plans = [
-            _planned("search" if k == 0 else f"search {k + 1}", graph, searchable, sol, costs)
-            for k, sol in enumerate(searched)
-        ]
-        plans += [_planned(b, graph, pb, sol, costs, limit) for b, pb, sol in solved]
+        named = [("search" if k == 0 else f"search {k + 1}", searchable, sol)
+                 for k, sol in enumerate(searched)]  # fmt: skip
+        plans = _predictions(graph, [*named, *solved], StepCosts(graph, eff, prof), limit)
     if not searched:  # under a budget only: the search always finds a plan without one
         raise _nothing_fits(name, graph, searchable, eff, prof, plans, peaks, limit)
     plans.sort(key=lambda p: p.predicted.seconds)
@@ -223,16 +220,24 @@ def _nothing_fits(
     return nothing_fits(name, mesh, limit, found)
 
 
-def _planned(
-    name: str,
+def _predictions(
     graph: Graph,
-    problem: Problem,
-    sol: Solution,
+    named: list[tuple[str, Problem, Solution]],
     costs: StepCosts,
-    limit: int | None = None,
-) -> PlannedLayout:
-    """The plan ``sol`` names, over budget where its predicted peak is over ``limit``."""
-    layouts, pred = predicted(graph, problem, sol.choice, costs.mesh, costs.profile, costs=costs)
-    in_specs = tuple(layouts.specs[v] for v in graph.inputs)
-    over = limit is not None and pred.memory_bytes > limit
-    return PlannedLayout(name, in_specs, layouts, pred, over_budget=over)
+    limit: int | None,
+) -> list[PlannedLayout]:
+    """Each solution's plan (by name, with its problem), each after the first costed from
+    the first one's prediction: only what it lays out otherwise is costed anew
+    (:func:`predict`; the runners-up differ from the best plan in a layer or two). A
+    plan over ``limit`` is marked over budget (a baseline: the search keeps only plans whose
+    peak is within it)."""
+    out: list[PlannedLayout] = []
+    first: Predicted | None = None
+    for name, problem, sol in named:
+        found = predict(graph, problem, sol.choice, costs, near=first)
+        first = first or found
+        layouts, pred = found.lay, found.prediction
+        in_specs = tuple(layouts.specs[v] for v in graph.inputs)
+        over = limit is not None and pred.memory_bytes > limit
+        out.append(PlannedLayout(name, in_specs, layouts, pred, over_budget=over))
+    return out

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardwise._model.cost import PredictedCollective
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
 from shardwise._model.strategy import Strategy
-from shardwise._program.explain import Tally
+from shardwise._program.explain import Tally, retally
 from shardwise._program.graph import Graph
 from shardwise._program.memory import peak_bytes
 from shardwise._program.problem import Problem
@@ -104,17 +104,56 @@ def predicted(
     XLA makes once for two readers is counted once (``shared=False`` counts it for each, as the
     solver's matrices do). ``costs``: the graph's step costs on ``mesh`` under ``profile``,
     shared by the plans of one program (each step alike costed once)."""
+    costs = StepCosts(graph, mesh, profile) if costs is None else costs
+    found = predict(graph, problem, choice, costs, shared)
+    return found.lay, found.prediction
+
+
+class Predicted(NamedTuple):
+    """:func:`predicted`'s layouts and prediction, with what a plan near it reuses: the
+    tally, the dots' strategies and each class's elementwise time (in root order)."""
+
+    lay: Layouts
+    prediction: ProgramPrediction
+    tally: Tally
+    strategies: dict[int, Any]
+    elementwise: list[float]
+
+
+def predict(
+    graph: Graph,
+    problem: Problem,
+    choice: Sequence[int],
+    costs: StepCosts,
+    shared: bool = True,
+    near: Predicted | None = None,
+) -> Predicted:
+    """:func:`predicted`, the same, from the prediction of a plan ``near`` it (of the same
+    graph, costs and ``shared``, tallied in full) where given: only the steps and classes
+    that this plan lays out otherwise are costed again
+    (:func:`~shardwise._program.explain.retally`)."""
+    mesh = costs.mesh
     lay = read(graph, problem, choice, mesh)
     strategies = chosen(problem, choice, "dot")
-    costs = StepCosts(graph, mesh, profile) if costs is None else costs
-    tally = Tally(graph, lay, costs, shared)
-    for k in range(len(graph.steps)):
-        tally.step(k, strategies.get(k))
-    elementwise = sum(
-        costs.elementwise(root, lay.specs[root]) for root in sorted(set(graph.classes))
+    if near is None or near.tally.prior is not None or near.tally.shared != shared:
+        tally = Tally(graph, lay, costs, shared)
+        for k in range(len(graph.steps)):
+            tally.step(k, strategies.get(k))
+    else:
+        tally = retally(near.tally, lay, strategies, near.strategies)
+    roots = sorted(set(graph.classes))
+    if near is None:
+        elementwise = [costs.elementwise(root, lay.specs[root]) for root in roots]
+    else:
+        was = near.lay.specs
+        elementwise = [
+            kept if lay.specs[root] == was[root] else costs.elementwise(root, lay.specs[root])
+            for root, kept in zip(roots, near.elementwise, strict=True)
+        ]
+    memory = peak_bytes(graph, lay, mesh, costs.profile.platform)
+    total = sum(elementwise)
+    seconds = sum(tally.seconds) + total
+    prediction = ProgramPrediction(
+        seconds, memory, tally.flops, tally.collectives(), tuple(tally.seconds), total
     )
-    memory = peak_bytes(graph, lay, mesh, profile.platform)
-    seconds = sum(tally.seconds) + elementwise
-    return lay, ProgramPrediction(
-        seconds, memory, tally.flops, tally.collectives(), tuple(tally.seconds), elementwise
-    )
+    return Predicted(lay, prediction, tally, strategies, elementwise)

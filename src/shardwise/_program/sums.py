@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardwise._caches import cached
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.op import Op
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
+from shardwise._program.moves import shard_bytes
 from shardwise._program.nodes import Step
 
 
@@ -19,11 +23,15 @@ def partial_layout(step: Step, ins: tuple[Spec, ...]) -> Spec | None:
     all-reduce and a slice on CPU, a reduce-scatter elsewhere)."""
     if step.kind != "dot" or step.op is None or step.read_as_einsum:
         return None  # (an op read as an einsum keeps its partial sums' layout)
+    return _layout(step.op, ins)
+
+
+def _layout(op: Op, ins: tuple[Spec, ...]) -> Spec:
     axes: dict[str, tuple[str, ...]] = {}
-    for term, spec in zip(step.op.inputs, ins, strict=True):
+    for term, spec in zip(op.inputs, ins, strict=True):
         for letter, entry in zip(term, spec.padded(len(term)), strict=True):
             axes[letter] = axes.get(letter) or tuple(entry)
-    return Spec(tuple(axes.get(i, ()) for i in step.op.output)).canonical()
+    return Spec(tuple(axes.get(i, ()) for i in op.output)).canonical()
 
 
 def to_outputs(graph: Graph) -> set[int]:
@@ -59,3 +67,47 @@ def summed(step: Step, ins: tuple[Spec, ...]) -> bool:
         for term, spec in zip(step.op.inputs, ins, strict=True)
         for letter, entry in zip(term, spec.padded(len(term)), strict=True)
     )
+
+
+def partial_buffers(
+    graph: Graph,
+    step: Step,
+    found: tuple[tuple[Spec, ...], Spec],
+    at: int,
+    mesh: MeshSpec,
+    cpu: bool,
+    outputs_of: set[int],
+    later: list[tuple[int, int, int]],
+    points: np.ndarray,
+) -> None:
+    """A dot's partial sums (it reads its operands and makes its result as ``found`` says)
+    where they are a buffer of their own beside the summed result (an all-reduce does not
+    write over its operand); on CPU a scattered result is all-reduced into one more, then
+    sliced. Those of a result that goes only to the outputs are summed ``later``
+    (:func:`~shardwise._program.sums.combined`)."""
+    if step.kind != "dot" or step.op is None or step.read_as_einsum:
+        return  # (:func:`partial_layout`)
+    partial, scattered = _buffer(step.op, *found)
+    if partial is not None:
+        size = shard_bytes(graph.values[step.output], partial, mesh)
+        copies = 2 if cpu and scattered else 1
+        if graph.find(step.output) in outputs_of:
+            later.append((at, size, copies))
+        else:
+            points[at] += copies * size
+
+
+@cached(maxsize=1 << 14)
+def _buffer(op: Op, ins: tuple[Spec, ...], made: Spec) -> tuple[Spec | None, bool]:
+    """The layout of the partial sums of a dot that reads its operands as ``ins`` and makes
+    its result as ``made``, where they are a buffer of their own (else ``None``), and whether
+    the result is scattered: the same for every layer of a stack and every plan alike."""
+    partial = _layout(op, ins)
+    scattered = partial != made.canonical()
+    if scattered or any(
+        entry and letter not in op.output
+        for term, spec in zip(op.inputs, ins, strict=True)
+        for letter, entry in zip(term, spec.padded(len(term)), strict=True)
+    ):  # (:func:`summed`)
+        return partial, scattered
+    return None, scattered
