@@ -145,7 +145,7 @@ def _fixed(graph: Graph) -> _Fixed:
     if hit is not None and hit[0] is graph:
         return hit[1]
     lives = None if bodies(graph) else _live(graph, Schedule({}, frozenset()))
-    visit = [n for n, s in enumerate(graph.steps) if s.role == "scan slice" or not fused(graph, s)]
+    visit = [n for n, s in enumerate(graph.steps) if not fused(graph, s)]
     kinds: dict[tuple[int, tuple[int, ...], str], tuple[int, int, Value]] = {}
     kind_of = []
     for v in held(graph):
@@ -292,7 +292,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
                 hoist(graph, step, lay, mapped, mesh, points)
             continue
         found = lay.steps.get(step.key)
-        if found is None or (step.role == "scan slice" and fused(graph, step)):
+        if found is None:
             continue
         ins, made = found
         for j, (a, used) in enumerate(zip(step.inputs, ins, strict=False)):

@@ -17,16 +17,8 @@ from shardwise._program.moves import shard_bytes
 from shardwise._program.nodes import Step
 
 
-def partial_layout(step: Step, ins: tuple[Spec, ...]) -> Spec | None:
-    """The layout of a dot's partial sums, from the layouts it reads its operands in: where
-    it makes its result scattered, they are a buffer of their own before the scatter (an
-    all-reduce and a slice on CPU, a reduce-scatter elsewhere)."""
-    if step.kind != "dot" or step.op is None or step.read_as_einsum:
-        return None  # (an op read as an einsum keeps its partial sums' layout)
-    return _layout(step.op, ins)
-
-
 def _layout(op: Op, ins: tuple[Spec, ...]) -> Spec:
+    """The layout of a dot's partial sums, from the layouts it reads its operands in."""
     axes: dict[str, tuple[str, ...]] = {}
     for term, spec in zip(op.inputs, ins, strict=True):
         for letter, entry in zip(term, spec.padded(len(term)), strict=True):
@@ -58,13 +50,12 @@ def combined(partials: list[tuple[int, int, int]], points: np.ndarray) -> None:
         points[end] += (copies - 1) * size
 
 
-def summed(step: Step, ins: tuple[Spec, ...]) -> bool:
-    """Whether a dot's contracted letters are split, so that its partial sums are summed over
-    devices after it."""
-    assert step.op is not None
+def _summed(op: Op, ins: tuple[Spec, ...]) -> bool:
+    """Whether a dot read as ``ins`` has contracted letters split, so that its partial sums
+    are summed over devices after it."""
     return any(
-        entry and letter not in step.op.output
-        for term, spec in zip(step.op.inputs, ins, strict=True)
+        entry and letter not in op.output
+        for term, spec in zip(op.inputs, ins, strict=True)
         for letter, entry in zip(term, spec.padded(len(term)), strict=True)
     )
 
@@ -86,7 +77,7 @@ def partial_buffers(
     sliced. Those of a result that goes only to the outputs are summed ``later``
     (:func:`~shardwise._program.sums.combined`)."""
     if step.kind != "dot" or step.op is None or step.read_as_einsum:
-        return  # (:func:`partial_layout`)
+        return  # (an op read as an einsum keeps its partial sums' layout)
     partial, scattered = _buffer(step.op, *found)
     if partial is not None:
         size = shard_bytes(graph.values[step.output], partial, mesh)
@@ -104,10 +95,4 @@ def _buffer(op: Op, ins: tuple[Spec, ...], made: Spec) -> tuple[Spec | None, boo
     the result is scattered: the same for every layer of a stack and every plan alike."""
     partial = _layout(op, ins)
     scattered = partial != made.canonical()
-    if scattered or any(
-        entry and letter not in op.output
-        for term, spec in zip(op.inputs, ins, strict=True)
-        for letter, entry in zip(term, spec.padded(len(term)), strict=True)
-    ):  # (:func:`summed`)
-        return partial, scattered
-    return None, scattered
+    return (partial if scattered or _summed(op, ins) else None), scattered
