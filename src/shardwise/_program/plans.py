@@ -13,9 +13,11 @@ import jax
 from jax.sharding import Mesh
 
 from shardwise._errors import ArgumentError
+from shardwise._model.logical import LogicalRules, rules_for
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
+from shardwise._program.annotations import NO_ANNOTATIONS, Annotations, named_arrays
 from shardwise._program.graph import Graph
 from shardwise._program.problem import MAX_CHOICES
 from shardwise._program.report import ProgramReport, report
@@ -93,6 +95,10 @@ class ProgramPlan:
     devices: Mesh | None = None
     """The JAX mesh the plan was made for, where it was given one (or one was set with
     ``jax.set_mesh``): :meth:`sharded`, :meth:`place` and :meth:`verify` use it by default."""
+    annotations: Annotations = NO_ANNOTATIONS
+    """What the arguments said about their layout (Flax's annotations, arrays' shardings)."""
+    respect: str = "none"
+    """What the plans hold fixed of what the model says (``plan``'s ``respect``)."""
 
     @property
     def stopped_early(self) -> str | None:
@@ -118,6 +124,23 @@ class ProgramPlan:
     def specs_tree(self, plan: PlannedLayout) -> Any:
         leaves = [s.to_partition_spec() for s in plan.in_specs]
         return jax.tree.unflatten(self.graph.tree, leaves)
+
+    def logical_rules(self, name: str | None = None) -> LogicalRules:
+        """The ordered logical axis rules that give the annotated parameters their layouts in
+        the plan called ``name`` (default: the chosen one), checked by resolving each
+        parameter's names again as Flax does; names the plan lays out two ways that no rules
+        reconcile are in ``conflicts``, never resolved silently.
+
+        >>> import flax.linen as nn, shardwise
+        >>> S = jax.ShapeDtypeStruct
+        >>> w = nn.LogicallyPartitioned(S((256, 1024), "float32"), ("embed", "mlp"))
+        >>> p = shardwise.plan(lambda w, x: x @ w.value, w, S((64, 256), "float32"), mesh="model=4",
+        ...          profile="cpu-2core", fixed={"w.value": "-,model"})
+        >>> p.logical_rules().to_flax()
+        (('embed', None), ('mlp', 'model'))
+        """
+        chosen = self.get(name) if name is not None else self.chosen
+        return rules_for(named_arrays(self.annotations, self.graph, chosen.in_specs))
 
     def get(self, name: str) -> PlannedLayout:
         """The plan called ``name`` (``search``, ``search 2``, a baseline's name)."""

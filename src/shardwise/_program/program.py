@@ -24,6 +24,7 @@ from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import parse_bytes
+from shardwise._program.annotations import RESPECT, annotated_pins, read_annotations
 from shardwise._program.fold import prints_kept
 from shardwise._program.graph import Graph, build
 from shardwise._program.plans import PlannedLayout, ProgramPlan
@@ -67,6 +68,8 @@ def plan(
     train: bool = False,
     top: int = 5,
     time_limit: float = TIME_LIMIT_S,
+    rules: Any = None,
+    respect: str = "none",
 ) -> ProgramPlan:
     """Plan a layout for every array of ``fn(*args)`` on ``mesh``.
 
@@ -85,6 +88,14 @@ def plan(
             (``x``, ``params['w1']``).
         top: how many of the search's plans to keep: the best, and runners-up that lay out
             some input another way (each one's inputs differ).
+        rules: Flax's logical axis rules (``[("batch", "data"), ("mlp", "model")]``) for the
+            logical names the arguments are annotated with (``nn.with_logical_partitioning``,
+            ``nnx.with_partitioning``); by default those of the ``nn.logical_axis_rules``
+            context ``plan`` is called in.
+        respect: what the model says that the plans hold fixed: ``"none"`` (the search is
+            free, and a plan named ``"annotations"`` shows what the annotations and the
+            arrays' own shardings give, to compare), ``"annotations"`` (the inputs laid out
+            as annotated; ``fixed`` still wins).
 
     What ``fn`` raises while traced comes back as a :class:`UserCodeError` that says where.
 
@@ -100,12 +111,20 @@ def plan(
     prof = _profile(profile, spec)
     if top < 1:
         raise ArgumentError(f"top is {top}; give 1 or more plans to keep.")
+    if respect not in RESPECT:
+        raise ArgumentError(f"respect is {respect!r}; give one of {', '.join(RESPECT)}.")
+    annotations = read_annotations(args, rules)
     name, graph = _traced(fn, args, train, devices)
     eff = effective_mesh(spec)
     fixed_specs = fixed_pins(graph, fixed, spec)
     role = roles(graph)  # once, for the keys here and every baseline
     for k in role.keys:  # a PRNG key is never split: every device draws the same bits
         fixed_specs.setdefault(k, Spec())
+    annotated = annotated_pins(annotations, graph, spec, fixed_specs)
+    if respect == "annotations":
+        if isinstance(annotated, str):
+            raise ArgumentError(f"respect='annotations', but {annotated}")
+        fixed_specs = annotated
     start = time.perf_counter()
     peaks: list[int] = []  # of the search's plans checked against the budget
     with collection_paused():
@@ -118,7 +137,10 @@ def plan(
 
         with prints_kept():
             searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
-            solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit, role)
+            extra = {} if respect == "annotations" else {"annotations": annotated}
+            solved, skipped = baselines(
+                graph, full, eff, fixed_specs, limit, time_limit, role, extra
+            )
         named = [("search" if k == 0 else f"search {k + 1}", searchable, sol)
                  for k, sol in enumerate(searched)]  # fmt: skip
         plans = _predictions(graph, [*named, *solved], StepCosts(graph, eff, prof), limit)
@@ -130,7 +152,8 @@ def plan(
         considered=searchable.considered, solve_seconds=time.perf_counter() - start,
         optimal=searched[0].optimal, method=searched[0].method, plans=tuple(plans),
         skipped=tuple(skipped), pinned=tuple(sorted(fixed_specs)), budget=limit,
-        complete=not searchable.truncated, devices=devices,
+        complete=not searchable.truncated, devices=devices, annotations=annotations,
+        respect=respect,
     )  # fmt: skip
 
 

@@ -221,14 +221,16 @@ def baselines(
     limit: int | None,
     time_limit: float,
     role: Roles,
+    extra: Mapping[str, dict[int, Spec] | str] | None = None,
 ) -> tuple[list[tuple[str, Problem, Solution]], list[tuple[str, str]]]:
     """Each baseline that applies (name, its pinned problem, its solution), at its cheapest
     within ``limit`` where it fits and else at its cheapest (its predicted peak then says it
-    is over budget); and those that do not apply, with why. ``role``: the inputs' roles."""
+    is over budget); and those that do not apply, with why. ``role``: the inputs' roles;
+    ``extra``: more plans by name, each its pinned inputs (or why it does not apply)."""
     solved: list[tuple[str, Problem, Solution]] = []
     skipped: list[tuple[str, str]] = []
-    for base in NAMES:
-        pins = baseline(base, graph, mesh, fixed, role)
+    named = [(base, baseline(base, graph, mesh, fixed, role)) for base in NAMES]
+    for base, pins in [*named, *(extra or {}).items()]:
         if isinstance(pins, str):
             skipped.append((base, pins))
             continue

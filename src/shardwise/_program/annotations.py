@@ -1,0 +1,213 @@
+"""What a model already says about its layout, read from the arguments it is planned with:
+the logical axis names Flax annotates parameters with (Linen's ``nn.with_logical_partitioning``
+boxes, NNX variables made with ``nnx.with_partitioning``), the mesh axes of Linen's
+``nn.with_partitioning`` boxes, and the shardings that concrete arrays already carry.
+
+The names are read by their pytree path, so the same leaf the plan lays out is the one
+annotated. Resolving logical names to mesh axes needs rules: those given to ``plan``, else
+those in force where ``plan`` is called (``nn.logical_axis_rules``), else a box's own.
+Flax is never imported here: a box is recognised only when its module is already loaded.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from shardwise._errors import SpecError
+from shardwise._model.logical import Named, Rule, Style, check_rules, resolve
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.spec import Spec
+from shardwise._program.graph import Graph
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """What one input leaf says about its layout.
+
+    Attributes:
+        names: each dimension's name: logical names (``logical``) or mesh axes; ``None`` where
+            the annotation leaves the dimension unnamed; empty where only ``carried`` is known.
+        logical: whether ``names`` are logical names that need rules (Linen's
+            ``LogicallyPartitioned``, an NNX variable's ``out_sharding``) rather than mesh axes
+            (Linen's ``Partitioned``).
+        style: how the names resolve (Linen's rules or NNX's).
+        rules: the box's own rules (Linen's ``rules=``, NNX's ``sharding_rules``).
+        carried: the layout a concrete array already has (a ``NamedSharding``'s spec).
+        source: what it was read from, for reports.
+    """
+
+    names: tuple[Any, ...] = ()
+    logical: bool = False
+    style: Style = "linen"
+    rules: tuple[Rule, ...] = ()
+    carried: Spec | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Annotations:
+    """The annotations of a program's inputs (by position) and the rules in force."""
+
+    by_input: Mapping[int, Annotation]
+    rules: tuple[Rule, ...] | None
+
+    def __bool__(self) -> bool:
+        return bool(self.by_input)
+
+    def specs(self, mesh: MeshSpec) -> tuple[dict[int, Spec], list[str]]:
+        """The layout the annotations give each input they cover, on ``mesh``; and why the
+        others have none (logical names with no rules; axes the mesh lacks)."""
+        out: dict[int, Spec] = {}
+        why: list[str] = []
+        for k, a in self.by_input.items():
+            spec, reason = _spec(a, self.rules, mesh)
+            if spec is not None:
+                out[k] = spec
+            elif reason and reason not in why:
+                why.append(reason)
+        return out, why
+
+
+def _spec(a: Annotation, rules: tuple[Rule, ...] | None, mesh: MeshSpec) -> tuple[Spec | None, str]:
+    if a.names and a.logical:
+        given = rules if rules is not None else (a.rules or None)
+        if given is None:
+            return a.carried, "logical names with no rules (pass rules= to plan)"
+        entries = resolve(tuple(_flat(n) for n in a.names), given, a.style)
+        spec: Spec | None = Spec(entries).canonical()
+    elif a.names:
+        spec = Spec.parse(PartitionSpec(*a.names)).canonical()
+    else:
+        spec = a.carried
+    if spec is not None and not set(spec.axes).issubset(mesh.names):
+        return None, f"mesh axes {sorted(set(spec.axes) - set(mesh.names))} not in the mesh"
+    return spec, ""
+
+
+def _flat(name: Any) -> str | None:
+    return name if isinstance(name, str) else None
+
+
+def rules_in_force(rules: Any) -> tuple[Rule, ...] | None:
+    """``rules`` checked; by default, those Flax's ``logical_axis_rules`` context holds."""
+    if rules is not None:
+        return check_rules(rules)
+    spmd = sys.modules.get("flax.core.spmd")
+    context = spmd.get_logical_axis_rules() if spmd is not None else None
+    return check_rules(context, "Flax's logical_axis_rules") if context else None
+
+
+def _box(x: Any) -> Annotation | None:
+    """The annotation of a Flax box or variable, if ``x`` is one."""
+    meta = sys.modules.get("flax.core.meta")
+    if meta is not None and isinstance(x, meta.Partitioned):
+        logical = type(x).__name__ == "LogicallyPartitioned"
+        own = getattr(x, "rules", None)
+        return Annotation(
+            names=tuple(x.names), logical=logical, rules=check_rules(own) if own else (),
+            source=type(x).__name__,
+        )  # fmt: skip
+    variablelib = sys.modules.get("flax.nnx.variablelib")
+    if variablelib is not None and isinstance(x, variablelib.Variable):
+        metadata = x.get_metadata()
+        names = next(
+            (
+                metadata[k]
+                for k in ("out_sharding", "sharding_names", "sharding")
+                if metadata.get(k)
+            ),
+            None,
+        )
+        if names is None:
+            return Annotation(source=type(x).__name__)
+        own = metadata.get("sharding_rules") or ()
+        return Annotation(
+            names=tuple(names), logical=True, style="nnx", rules=check_rules(own),
+            source=f"nnx.{type(x).__name__}",
+        )  # fmt: skip
+    return None
+
+
+def _is_box(x: Any) -> bool:
+    return _box(x) is not None
+
+
+def _carried(leaf: Any) -> Spec | None:
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(leaf, jax.Array) and isinstance(sharding, NamedSharding):
+        return Spec.parse(sharding.spec).canonical()
+    return None
+
+
+def read_annotations(args: Sequence[Any], rules: Any = None) -> Annotations:
+    """The annotations of each leaf of ``args`` (by its position among the leaves).
+
+    >>> import jax.numpy as jnp
+    >>> read_annotations((jnp.ones(3), {"w": jnp.ones(2)})).by_input
+    {}
+    """
+    out: dict[int, Annotation] = {}
+    k = 0
+    for node in jax.tree.leaves(tuple(args), is_leaf=_is_box):
+        box = _box(node)
+        leaves = jax.tree.leaves(node) if box is not None else [node]
+        for leaf in leaves:
+            carried = _carried(leaf)
+            if box is not None and (box.names or carried is not None):
+                if box.names and len(box.names) != getattr(leaf, "ndim", len(box.names)):
+                    box = Annotation(source=box.source)  # names that do not fit: ignored
+                out[k] = Annotation(
+                    box.names, box.logical, box.style, box.rules, carried, box.source
+                )
+            elif carried is not None:
+                out[k] = Annotation(carried=carried, source="the array's sharding")
+            k += 1
+    return Annotations(by_input=out, rules=rules_in_force(rules))
+
+
+RESPECT = ("none", "annotations")
+"""What :func:`~shardwise._program.program.plan` can hold fixed of what the model says."""
+
+
+def annotated_pins(
+    annotations: Annotations, graph: Graph, mesh: MeshSpec, fixed: Mapping[int, Spec]
+) -> dict[int, Spec] | str:
+    """The inputs laid out as the annotations say (``fixed`` wins where both speak), or why
+    they give no plan on ``mesh``."""
+    if not annotations:
+        return (
+            "the arguments carry no annotations (Flax's partitioning boxes, NNX variables' "
+            "out_sharding, or arrays' NamedShardings)"
+        )
+    specs, why = annotations.specs(mesh)
+    if not specs:
+        return f"no annotation gives a layout on {mesh.describe()}: {'; '.join(why)}"
+    for k, spec in specs.items():
+        value = graph.values[graph.inputs[k]]
+        try:
+            spec.validate(mesh, value.shape, f"{graph.names[k]} (shape {value.shape})")
+        except SpecError as e:
+            return f"the annotations' layout does not fit: {e}"
+    return {**specs, **fixed}
+
+
+def named_arrays(annotations: Annotations, graph: Graph, specs: Sequence[Spec]) -> list[Named]:
+    """The inputs annotated with logical names, each with its layout in ``specs`` (one per
+    input)."""
+    out = []
+    for k, a in annotations.by_input.items():
+        if a.logical and a.names:
+            rank = len(graph.values[graph.inputs[k]].shape)
+            out.append(Named(graph.names[k], tuple(_flat(n) for n in a.names),
+                             specs[k].padded(rank), a.style))  # fmt: skip
+    return out
+
+
+NO_ANNOTATIONS = Annotations({}, None)
+"""A program whose arguments say nothing about their layout."""

@@ -1,0 +1,220 @@
+"""What a model already says about its layout (Flax's annotations, arrays' shardings) read,
+planned as the plan named ``annotations`` or held fixed with ``respect="annotations"``, and a
+plan handed back as logical axis rules that Flax's own resolution turns into exactly the
+plan's layouts (Linen's ``nn.logical_to_mesh_axes``, NNX's ``nnx.get_partition_spec``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import NamedSharding, PartitionSpec
+
+import shardwise
+from shardwise._errors import ArgumentError
+from shardwise._model.logical import Named, resolve, rules_for
+from shardwise._model.spec import Spec
+
+nn = pytest.importorskip("flax.linen")
+nnx = pytest.importorskip("flax.nnx")
+
+PROFILE = "cpu-2core"
+MESHES = {
+    "data=2,model=4": (("batch", "data"), ("mlp", "model"), ("embed", None), ("heads", "model")),
+    "data=2,fsdp=2,tensor=2": (
+        ("batch", ("data", "fsdp")), ("mlp", "tensor"), ("heads", "tensor"), ("embed", "fsdp"),
+    ),
+}  # fmt: skip
+
+
+class LinenMLP(nn.Module):
+    """An MLP whose kernels and biases carry logical names, as Flax's guide writes it."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        init = nn.initializers.lecun_normal()
+        up = nn.Dense(256, kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))  # fmt: skip
+        down = nn.Dense(64, kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")))
+        return down(nn.relu(up(x)))
+
+
+class LinenBlock(nn.Module):
+    """A pre-LayerNorm attention block and MLP, every parameter named."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        init = nn.initializers.lecun_normal()
+        norm_scale = nn.with_logical_partitioning(nn.initializers.ones, ("embed",))
+        h = nn.LayerNorm(scale_init=norm_scale, use_bias=False)(x)
+        qkv = nn.with_logical_partitioning(init, ("embed", "heads", None))
+        out = nn.with_logical_partitioning(init, ("heads", None, "embed"))
+        h = nn.MultiHeadDotProductAttention(
+            num_heads=4, qkv_features=64, kernel_init=qkv, out_kernel_init=out, use_bias=False
+        )(h, h)
+        x = x + h
+        return x + LinenMLP()(nn.LayerNorm(scale_init=norm_scale, use_bias=False)(x))
+
+
+def _linen(model: nn.Module, x: jax.Array) -> tuple[Any, Any]:
+    params = model.init(jax.random.key(0), x)
+    return (lambda params, x: model.apply(params, x)), params
+
+
+def _boxes(tree: Any) -> list[Any]:
+    boxed = jax.tree.leaves(tree, is_leaf=lambda b: isinstance(b, nn.LogicallyPartitioned))
+    return [b for b in boxed if isinstance(b, nn.LogicallyPartitioned)]
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize("model", ["mlp", "block"])
+def test_linen_rules_give_every_plan_its_layouts(mesh: str, model: str) -> None:
+    x = jnp.ones((16, 8, 64)) if model == "block" else jnp.ones((32, 64))
+    fn, params = _linen(LinenBlock() if model == "block" else LinenMLP(), x)
+    rules = MESHES[mesh]
+    p = shardwise.plan(fn, params, x, mesh=mesh, profile=PROFILE, rules=rules, top=3)
+    boxes = _boxes(params)
+    assert len(boxes) == len(p.annotations.by_input) > 0
+    assert sum(p.logical_rules(q.name).exact for q in p.plans) > len(p.plans) // 2
+    for q in p.plans:
+        made = p.logical_rules(q.name)
+        if not made.exact:  # then it says which names, with the arrays that disagree
+            assert all((c.wants and len(c.wants) > 1) or c.name is None for c in made.conflicts)
+            continue
+        for box, k in zip(boxes, sorted(p.annotations.by_input), strict=True):
+            flax_spec = nn.logical_to_mesh_axes(box.names, made.to_flax())
+            rank = len(box.value.shape)
+            want = q.in_specs[k].padded(rank)
+            assert Spec.parse(flax_spec).padded(rank) == want, (q.name, box.names)
+    # the annotations under the given rules, as a plan beside the search's
+    annotated = p.get("annotations")
+    for box, k in zip(boxes, sorted(p.annotations.by_input), strict=True):
+        rank = len(box.value.shape)
+        want = Spec.parse(nn.logical_to_mesh_axes(box.names, rules)).padded(rank)
+        assert annotated.in_specs[k].padded(rank) == want
+
+
+def test_respecting_annotations_lays_out_the_inputs_as_annotated() -> None:
+    x = jnp.ones((32, 64))
+    fn, params = _linen(LinenMLP(), x)
+    rules = MESHES["data=2,model=4"]
+    free = shardwise.plan(fn, params, x, mesh="data=2,model=4", profile=PROFILE, rules=rules)
+    held = shardwise.plan(
+        fn, params, x, mesh="data=2,model=4", profile=PROFILE, rules=rules, respect="annotations"
+    )
+    assert "annotations" not in [q.name for q in held.plans]
+    want = free.get("annotations").in_specs
+    for q in (q for q in held.plans if q.name.startswith("search")):  # baselines are theirs
+        for k in held.annotations.by_input:
+            assert q.in_specs[k] == want[k], q.name
+    # a pinned input wins over its annotation
+    name = held.graph.names[min(held.annotations.by_input)]
+    pinned = shardwise.plan(fn, params, x, mesh="data=2,model=4", profile=PROFILE, rules=rules,
+                            respect="annotations", fixed={name: "data"})  # fmt: skip
+    assert pinned.chosen.in_specs[min(held.annotations.by_input)] == Spec.parse("data")
+
+
+def test_nnx_partitioning_round_trips_through_nnx_rules() -> None:
+    init = nnx.initializers.lecun_normal()
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.up = nnx.Linear(64, 256, rngs=rngs,
+                                 kernel_init=nnx.with_partitioning(init, ("embed", "mlp")),
+                                 bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("mlp",)))  # fmt: skip
+            self.down = nnx.Linear(256, 64, rngs=rngs,
+                                   kernel_init=nnx.with_partitioning(init, ("mlp", "embed")))  # fmt: skip
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.down(nnx.relu(self.up(x)))
+
+    with nnx.use_eager_sharding(False):
+        graphdef, state = nnx.split(MLP(nnx.Rngs(0)))
+
+    def forward(state: Any, x: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, state)(x)
+
+    x = jnp.ones((32, 64))
+    p = shardwise.plan(forward, state, x, mesh="data=2,model=4", profile=PROFILE, top=3)
+    assert {a.style for a in p.annotations.by_input.values()} == {"nnx"}
+    for q in p.plans:
+        made = p.logical_rules(q.name)
+        if not made.exact:
+            continue
+        with nnx.logical_axis_rules(made.to_flax()):
+            specs = jax.tree.leaves(
+                nnx.get_partition_spec(state), is_leaf=lambda s: isinstance(s, PartitionSpec)
+            )
+        for k, spec in enumerate(specs):  # the state's leaves are the first inputs
+            if k not in p.annotations.by_input:
+                continue
+            rank = len(p.graph.values[p.graph.inputs[k]].shape)
+            assert Spec.parse(spec).padded(rank) == q.in_specs[k].padded(rank), q.name
+
+
+def test_arrays_already_sharded_are_read_as_annotations() -> None:
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    w = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, PartitionSpec(None, "model")))
+    x = jnp.ones((32, 64))
+    p = shardwise.plan(lambda x, w: jnp.tanh(x @ w), x, w, mesh=mesh, profile=PROFILE)
+    assert p.annotations.by_input[1].carried == Spec.parse("-,model")
+    assert p.get("annotations").in_specs[1] == Spec.parse("-,model")
+
+
+def test_conflicting_layouts_are_reported_not_resolved() -> None:
+    x = jnp.ones((32, 64))
+    fn, params = _linen(LinenMLP(), x)
+    names = shardwise.plan(fn, params, x, mesh="model=4", profile=PROFILE, top=1).graph.names
+    up, down = (n for n in names if "kernel" in n)
+    # embed split on model in the first kernel, whole in the second: no rules give both
+    p = shardwise.plan(fn, params, x, mesh="model=4", profile=PROFILE, top=1,
+                       fixed={up: "model", down: "model"})  # fmt: skip
+    made = p.logical_rules()
+    assert not made.exact
+    (conflict,) = [c for c in made.conflicts if c.name == "embed"]
+    assert {w for _, whats in conflict.wants for w in whats} == {up, down}
+    assert "different logical names" in conflict.describe()
+
+
+def test_bad_rules_and_respect_are_refused() -> None:
+    x = jnp.ones((32, 64))
+    fn, params = _linen(LinenMLP(), x)
+    with pytest.raises(ArgumentError, match="pair"):
+        shardwise.plan(fn, params, x, mesh="model=4", profile=PROFILE, rules=[("mlp",)])
+    with pytest.raises(ArgumentError, match="respect"):
+        shardwise.plan(fn, params, x, mesh="model=4", profile=PROFILE, respect="everything")
+    with pytest.raises(ArgumentError, match="no annotations"):
+        shardwise.plan(lambda x: x * 2, x, mesh="model=4", profile=PROFILE, respect="annotations")
+    p = shardwise.plan(lambda x: x * 2, x, mesh="model=4", profile=PROFILE)
+    assert "annotations" in dict(p.skipped)
+
+
+NAMES = ["batch", "embed", "mlp", "heads", None]
+AXES = st.sampled_from([None, "data", "model", ("data", "model"), ("model", "data")])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(NAMES), min_size=1, max_size=3), min_size=1, max_size=4),
+    st.lists(st.tuples(st.sampled_from(NAMES[:-1]), AXES), max_size=6),
+)
+def test_resolution_is_flax_own(arrays: list[list[str | None]], rules: list[Any]) -> None:
+    """Linen's resolution of any names under any rules, as Flax computes it; and the rules
+    found for the layouts those rules give reproduce them (or say which names conflict)."""
+    named = []
+    for k, names in enumerate(arrays):
+        if len({n for n in names if n}) < len([n for n in names if n]):
+            continue  # Flax refuses a name on two dimensions
+        ours = resolve(tuple(names), tuple(rules))
+        theirs = nn.logical_to_mesh_axes(tuple(names), tuple(rules))
+        assert ours == Spec.parse(theirs).padded(len(names))
+        named.append(Named(f"a{k}", tuple(names), ours))
+    made = rules_for(named)
+    for a in named:
+        got = Spec.parse(nn.logical_to_mesh_axes(a.names, made.to_flax())).padded(len(a.names))
+        assert got == a.layout or any(c.name in a.names for c in made.conflicts)
+    assert made.exact or made.conflicts
