@@ -37,8 +37,12 @@ class LinenMLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         init = nn.initializers.lecun_normal()
-        up = nn.Dense(256, kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")),
-                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))  # fmt: skip
+        zeros = nn.initializers.zeros
+        up = nn.Dense(
+            256,
+            kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")),
+            bias_init=nn.with_logical_partitioning(zeros, ("mlp",)),
+        )
         down = nn.Dense(64, kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")))
         return down(nn.relu(up(x)))
 
@@ -123,11 +127,16 @@ def test_nnx_partitioning_round_trips_through_nnx_rules() -> None:
 
     class MLP(nnx.Module):
         def __init__(self, rngs: nnx.Rngs) -> None:
-            self.up = nnx.Linear(64, 256, rngs=rngs,
-                                 kernel_init=nnx.with_partitioning(init, ("embed", "mlp")),
-                                 bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("mlp",)))  # fmt: skip
-            self.down = nnx.Linear(256, 64, rngs=rngs,
-                                   kernel_init=nnx.with_partitioning(init, ("mlp", "embed")))  # fmt: skip
+            zeros = nnx.initializers.zeros_init()
+            self.up = nnx.Linear(
+                64,
+                256,
+                rngs=rngs,
+                kernel_init=nnx.with_partitioning(init, ("embed", "mlp")),
+                bias_init=nnx.with_partitioning(zeros, ("mlp",)),
+            )
+            down = nnx.with_partitioning(init, ("mlp", "embed"))
+            self.down = nnx.Linear(256, 64, rngs=rngs, kernel_init=down)
 
         def __call__(self, x: jax.Array) -> jax.Array:
             return self.down(nnx.relu(self.up(x)))
