@@ -199,7 +199,10 @@ def test_bad_rules_and_respect_are_refused() -> None:
     with pytest.raises(ArgumentError, match="no annotations"):
         shardwise.plan(lambda x: x * 2, x, mesh="model=4", profile=PROFILE, respect="annotations")
     p = shardwise.plan(lambda x: x * 2, x, mesh="model=4", profile=PROFILE)
-    assert "annotations" in dict(p.skipped)
+    assert "annotations" not in [q.name for q in p.plans] + [n for n, _ in p.skipped]
+    boxed = nn.LogicallyPartitioned(x, ("batch", "embed"))  # logical names, no rules
+    p = shardwise.plan(lambda b: b.value * 2, boxed, mesh="model=4", profile=PROFILE)
+    assert "rules=" in dict(p.skipped)["annotations"]
 
 
 NAMES = ["batch", "embed", "mlp", "heads", None]
@@ -227,3 +230,19 @@ def test_resolution_is_flax_own(arrays: list[list[str | None]], rules: list[Any]
         got = Spec.parse(nn.logical_to_mesh_axes(a.names, made.to_flax())).padded(len(a.names))
         assert got == a.layout or any(c.name in a.names for c in made.conflicts)
     assert made.exact or made.conflicts
+
+
+def test_reports_compare_the_annotations_and_explain_the_rules() -> None:
+    x = jnp.ones((32, 64))
+    fn, params = _linen(LinenMLP(), x)
+    p = shardwise.plan(fn, params, x, mesh="data=2,model=4", profile=PROFILE, top=2,
+                       rules=MESHES["data=2,model=4"])  # fmt: skip
+    text = str(p)
+    annotated, search = p.get("annotations").predicted, p.get("search").predicted
+    assert f"{annotated.seconds / search.seconds:.2f}× the search's predicted time" in text
+    assert "logical axis rules that give the chosen plan" in text
+    for name, _ in p.logical_rules().rules:
+        assert f"  {name} → " in text
+    page = p.to_html()
+    assert "Logical axis rules for the chosen plan" in page
+    assert p.to_json()["logical_rules"]["rules"][0][0] == p.logical_rules().rules[0][0]

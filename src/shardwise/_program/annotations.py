@@ -211,3 +211,16 @@ def named_arrays(annotations: Annotations, graph: Graph, specs: Sequence[Spec]) 
 
 NO_ANNOTATIONS = Annotations({}, None)
 """A program whose arguments say nothing about their layout."""
+
+
+def first_reader(graph: Graph, k: int) -> str:
+    """The op that first reads input ``k`` through a dot (else any op), as the report names
+    it (``dot_general at model.py:13``): the one whose cost decided its layout most often."""
+    root = graph.classes[graph.inputs[k]]
+    readers = [s for s in graph.steps if any(graph.classes[a] == root for a in s.inputs)]
+    dots = [s for s in readers if s.kind == "dot" and not s.backward]
+    if not readers:
+        return ""
+    step = (dots or readers)[0]
+    where = f" at {step.source}" if step.source else ""
+    return f"{step.prim}{where}" + (f" ({step.module})" if step.module else "")

@@ -17,7 +17,12 @@ from shardwise._model.logical import LogicalRules, rules_for
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
-from shardwise._program.annotations import NO_ANNOTATIONS, Annotations, named_arrays
+from shardwise._program.annotations import (
+    NO_ANNOTATIONS,
+    Annotations,
+    first_reader,
+    named_arrays,
+)
 from shardwise._program.graph import Graph
 from shardwise._program.problem import MAX_CHOICES
 from shardwise._program.report import ProgramReport, report
@@ -142,6 +147,17 @@ class ProgramPlan:
         chosen = self.get(name) if name is not None else self.chosen
         return rules_for(named_arrays(self.annotations, self.graph, chosen.in_specs))
 
+    def rule_reasons(self, name: str | None = None) -> list[tuple[str, Any, str, str]]:
+        """Each rule of :meth:`logical_rules` with why: ``(logical name, mesh axes, the first
+        array so named, the op that first reads it)`` — the op whose cost set the layout."""
+        made = self.logical_rules(name)
+        first: dict[str, tuple[str, str]] = {}
+        for k, a in self.annotations.by_input.items():
+            for n in a.names:
+                if isinstance(n, str) and n not in first:
+                    first[n] = (self.graph.names[k], first_reader(self.graph, k))
+        return [(n, axes, *first.get(n, ("", ""))) for n, axes in made.rules]
+
     def get(self, name: str) -> PlannedLayout:
         """The plan called ``name`` (``search``, ``search 2``, a baseline's name)."""
         for p in self.plans:
@@ -262,6 +278,12 @@ class ProgramPlan:
             "budget_bytes": self.budget,
             "complete": self.complete,
         }
+        if any(a.logical for a in self.annotations.by_input.values()):
+            out["logical_rules"] = {
+                "rules": [[n, list(a) if isinstance(a, tuple) else a, array, op]
+                          for n, a, array, op in self.rule_reasons()],
+                "conflicts": [c.describe() for c in self.logical_rules().conflicts],
+            }  # fmt: skip
         if any(p.verified for p in self.plans):
             out["spearman"] = self.spearman
             out["ordered"] = {"share": self.ordered, "pairs": self.ordered_pairs}

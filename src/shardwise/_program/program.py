@@ -137,7 +137,7 @@ def plan(
 
         with prints_kept():
             searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
-            extra = {} if respect == "annotations" else {"annotations": annotated}
+            extra = {"annotations": annotated} if annotations and respect == "none" else {}
             solved, skipped = baselines(
                 graph, full, eff, fixed_specs, limit, time_limit, role, extra
             )

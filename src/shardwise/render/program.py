@@ -65,6 +65,7 @@ def plans_view(report: Any) -> Any:
     if report.stopped_early:
         parts.append(f"[yellow]incomplete:[/] {escape(report.stopped_early)}")
     parts += chosen_lines(report)
+    parts += annotation_lines(report)
     if verified:
         rho = report.spearman
         parts.append(
@@ -108,6 +109,43 @@ def chosen_lines(report: Any) -> list[str]:
             for p in others
         )
     ]
+
+
+def annotation_lines(report: Any) -> list[str]:
+    """What the model's own annotations would cost beside the search's plan, and the logical
+    axis rules that give the chosen plan (each with the op that first reads an array of that
+    name), or the names no rules reconcile."""
+    annotations = getattr(report, "annotations", None)
+    if not annotations:
+        return []
+    lines = []
+    names = [p.name for p in report.plans]
+    if "annotations" in names and "search" in names:
+        mine, search = report.get("annotations").predicted, report.get("search").predicted
+        if search.seconds > 0 and search.memory_bytes > 0:
+            lines.append(
+                f"[bold]your annotations:[/] {mine.seconds / search.seconds:.2f}× the search's "
+                f"predicted time, {mine.memory_bytes / search.memory_bytes:.2f}× its memory "
+                "per device (plan 'annotations')"
+            )
+    elif report.respect == "annotations":
+        lines.append("[bold]respect='annotations':[/] the search laid the inputs out as annotated")
+    if not any(a.logical for a in annotations.by_input.values()):
+        return lines
+    made = report.logical_rules()
+    reasons = report.rule_reasons()
+    if reasons:
+        lines.append("[bold]logical axis rules[/] that give the chosen plan (logical_rules()):")
+    for name, axes, array, op in reasons:
+        to = (
+            "not split"
+            if axes is None
+            else "on " + (axes if isinstance(axes, str) else "×".join(axes))
+        )
+        why = f": {array}" + (f", read by {op}" if op else "") if array else ""
+        lines.append(f"  {escape(name)} → {escape(to)}{escape(why)}")
+    lines += [f"  [red]conflict:[/] {escape(c.describe())}" for c in made.conflicts]
+    return lines
 
 
 FASTER = 0.95

@@ -278,7 +278,22 @@ def _comparison(plan: Mapping[str, Any], shown: str, views: Mapping[str, Any]) -
     return (
         f"<section><h2>The plans compared</h2>"
         f'<div class="row"><div>{table}{skipped}</div>{_bars(plans)}</div></section>'
+        + _logical(plan.get("logical_rules"))
     )
+
+
+def _logical(made: Mapping[str, Any] | None) -> str:
+    """The logical axis rules that give the chosen plan, each with the array and op behind it,
+    and the names no rules reconcile."""
+    if not made:
+        return ""
+    rows = "".join(
+        _cells([name, "not split" if axes is None else spec_text([axes]), array, op])
+        for name, axes, array, op in made.get("rules", [])
+    )
+    conflicts = "".join(f'<div class="muted">conflict: {_e(c)}</div>' for c in made["conflicts"])
+    table = _table(["logical name", "mesh axes", "first array so named", "first read by"], rows)
+    return f"<section><h2>Logical axis rules for the chosen plan</h2>{table}{conflicts}</section>"
 
 
 def _op_row(row: Mapping[str, Any], mesh: Mesh) -> str:
