@@ -11,12 +11,14 @@ Flax is never imported here: a box is recognised only when its module is already
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
+from jax._src import source_info_util
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shardwise._errors import SpecError
@@ -224,3 +226,39 @@ def first_reader(graph: Graph, k: int) -> str:
     step = (dots or readers)[0]
     where = f" at {step.source}" if step.source else ""
     return f"{step.prim}{where}" + (f" ({step.module})" if step.module else "")
+
+
+Call = tuple[str, tuple[str | None, ...]]
+"""A call of Flax's ``nn.with_logical_constraint``: the user's ``file:line`` and the names."""
+
+
+@contextlib.contextmanager
+def logical_constraints_recorded(into: list[Call]) -> Iterator[None]:
+    """Within: each call of Flax's ``nn.with_logical_constraint`` on one array is recorded in
+    ``into`` (the logical names it gives, at the user's line), then made as Flax makes it.
+    Flax resolves the names while tracing, so the traced program keeps only mesh axes: the
+    names are what hands the plan's layouts of activations back as rules."""
+    spmd = sys.modules.get("flax.linen.spmd")
+    if spmd is None:
+        yield
+        return
+    original = spmd.with_logical_constraint
+
+    def recording(x: Any, logical_axis_resources: Any, *args: Any, **kwargs: Any) -> Any:
+        names = logical_axis_resources
+        frame = source_info_util.user_frame(source_info_util.current().traceback)
+        if frame is not None and isinstance(names, tuple | list | PartitionSpec):
+            if all(n is None or isinstance(n, str) for n in names):
+                line = f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"
+                into.append((line, tuple(names)))
+        return original(x, logical_axis_resources, *args, **kwargs)
+
+    homes = [sys.modules.get(m) for m in ("flax.linen.spmd", "flax.linen", "flax.linen.partitioning")]
+    patched = [m for m in homes if getattr(m, "with_logical_constraint", None) is original]
+    for m in patched:
+        m.with_logical_constraint = recording  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        for m in patched:
+            m.with_logical_constraint = original  # type: ignore[union-attr]
