@@ -12,6 +12,7 @@ Flax is never imported here: a box is recognised only when its module is already
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -148,7 +149,9 @@ def _carried(leaf: Any) -> Spec | None:
 
 
 def read_annotations(args: Sequence[Any], rules: Any = None) -> Annotations:
-    """The annotations of each leaf of ``args`` (by its position among the leaves).
+    """The annotations of each leaf of ``args`` (by its position among the leaves). In an
+    argument where some leaves carry logical names, a leaf with none is laid out whole, as
+    Flax lays it out (``nn.get_partition_spec`` gives it ``P()``).
 
     >>> import jax.numpy as jnp
     >>> read_annotations((jnp.ones(3), {"w": jnp.ones(2)})).by_input
@@ -156,17 +159,21 @@ def read_annotations(args: Sequence[Any], rules: Any = None) -> Annotations:
     """
     out: dict[int, Annotation] = {}
     k = 0
-    for node in jax.tree.leaves(tuple(args), is_leaf=_is_box):
-        box = _box(node)
-        leaves = jax.tree.leaves(node) if box is not None else [node]
-        for leaf in leaves:
+    for arg in args:
+        found: list[tuple[Annotation | None, Any]] = []
+        for node in jax.tree.leaves(arg, is_leaf=_is_box):
+            box = _box(node)
+            leaves = jax.tree.leaves(node) if box is not None else [node]
+            found += [(box, leaf) for leaf in leaves]
+        logical = next((b for b, _ in found if b is not None and b.logical and b.names), None)
+        for box, leaf in found:
             carried = _carried(leaf)
-            if box is not None and (box.names or carried is not None):
-                if box.names and len(box.names) != getattr(leaf, "ndim", len(box.names)):
-                    box = Annotation(source=box.source)  # names that do not fit: ignored
-                out[k] = Annotation(
-                    box.names, box.logical, box.style, box.rules, carried, box.source
-                )
+            rank = len(getattr(leaf, "shape", ()))
+            if box is not None and box.names and len(box.names) == rank:
+                out[k] = dataclasses.replace(box, carried=carried)
+            elif logical is not None:
+                out[k] = Annotation((None,) * rank, True, logical.style, logical.rules, carried,
+                                    "not annotated")  # fmt: skip
             elif carried is not None:
                 out[k] = Annotation(carried=carried, source="the array's sharding")
             k += 1
@@ -247,13 +254,16 @@ def logical_constraints_recorded(into: list[Call]) -> Iterator[None]:
     def recording(x: Any, logical_axis_resources: Any, *args: Any, **kwargs: Any) -> Any:
         names = logical_axis_resources
         frame = source_info_util.user_frame(source_info_util.current().traceback)
-        if frame is not None and isinstance(names, tuple | list | PartitionSpec):
-            if all(n is None or isinstance(n, str) for n in names):
-                line = f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"
-                into.append((line, tuple(names)))
+        one = isinstance(names, tuple | list | PartitionSpec) and all(
+            n is None or isinstance(n, str) for n in names
+        )
+        if frame is not None and one:
+            into.append((f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}", tuple(names)))
         return original(x, logical_axis_resources, *args, **kwargs)
 
-    homes = [sys.modules.get(m) for m in ("flax.linen.spmd", "flax.linen", "flax.linen.partitioning")]
+    homes = [
+        sys.modules.get(m) for m in ("flax.linen.spmd", "flax.linen", "flax.linen.partitioning")
+    ]
     patched = [m for m in homes if getattr(m, "with_logical_constraint", None) is original]
     for m in patched:
         m.with_logical_constraint = recording  # type: ignore[union-attr]
