@@ -19,7 +19,7 @@ from shardwise._xla.verified import collectives_match
 
 nn = pytest.importorskip("flax.linen")
 
-from test_annotations import MESHES, LinenBlock, LinenMLP  # noqa: E402
+from test_annotations import MESHES, LinenBlock, LinenMLP, NnxBlock, NnxMLP, nnx_split  # noqa: E402
 
 PROFILE = "cpu-2core"
 
@@ -78,11 +78,52 @@ def round_trip(which: str, mesh: str) -> dict[str, bool | None]:
 @pytest.mark.parametrize("mesh", list(MESHES))
 @pytest.mark.parametrize("which", ["mlp", "block"])
 def test_flax_under_the_plans_rules_compiles_to_the_plan(which: str, mesh: str) -> None:
-    """Every plan of the search whose rules are exact round-trips; the baselines' parameters
-    round-trip too (checked in :func:`round_trip`), but where a baseline's layout of an
-    intermediate array is not the one XLA propagates from the parameters (replicated's
-    partial sums, FSDP's gathers made in two steps), only activation constraints would pin it."""
-    found = round_trip(which, mesh)
-    assert found["search"] is not None, "the search's plan has rules"
-    searched = {name: ok for name, ok in found.items() if name.startswith("search")}
-    assert all(ok for ok in searched.values() if ok is not None), found
+    """Every plan of :data:`ROUND_TRIPS` whose rules are exact round-trips."""
+    _check(round_trip(which, mesh))
+
+
+def nnx_round_trip(cls: type, mesh: str) -> dict[str, bool | None]:
+    """:func:`round_trip` for an NNX module: the state laid out by ``nnx.get_named_sharding``
+    under ``nnx.logical_axis_rules`` of each plan's rules."""
+    nnx = pytest.importorskip("flax.nnx")
+    forward, state = nnx_split(cls)
+    x = jnp.ones((16, 8, 64)) if cls is NnxBlock else jnp.ones((32, 64))
+    p = shardwise.plan(forward, state, x, mesh=mesh, profile=PROFILE, top=3)
+    devices = _jax_mesh(mesh)
+    out: dict[str, bool | None] = {}
+    for q in p.plans:
+        made = p.logical_rules(q.name)
+        if not made.exact:
+            out[q.name] = None
+            continue
+        with nnx.logical_axis_rules(made.to_flax()):
+            shardings = nnx.get_named_sharding(state, devices)
+        k_x = len(jax.tree.leaves(state))
+        x_sharding = NamedSharding(devices, q.in_specs[k_x].to_partition_spec())
+        result = NamedSharding(devices, q.layouts.specs[p.graph.outputs[0]].to_partition_spec())
+        with jax.set_mesh(devices):
+            jitted = jax.jit(forward, in_shardings=(shardings, x_sharding), out_shardings=result)
+            compiled = jitted.lower(state, x).compile()
+        got = collectives(compiled.as_text() or "", p.mesh.shape)
+        out[q.name] = collectives_match(q.predicted.collectives, tuple(got), by_bytes=True)
+    return out
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize("cls", [NnxMLP, NnxBlock])
+def test_nnx_under_the_plans_rules_compiles_to_the_plan(cls: type, mesh: str) -> None:
+    _check(nnx_round_trip(cls, mesh))
+
+
+ROUND_TRIPS = ("search", "search 2", "search 3", "megatron", "data×tensor", "data-parallel")
+"""The plans whose rules, where exact, must compile to the plan's collectives. Every plan's
+parameters round-trip (checked by :func:`round_trip`); the replicated and FSDP baselines
+choose layouts of intermediate arrays that XLA does not propagate from the parameters
+(replicated's partial sums, FSDP's gathers in two steps), which only activation constraints
+would pin."""
+
+
+def _check(found: dict[str, bool | None]) -> None:
+    kept = {name: ok for name, ok in found.items() if name in ROUND_TRIPS and ok is not None}
+    assert len(kept) >= 3, found
+    assert all(kept.values()), found
