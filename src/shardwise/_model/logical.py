@@ -234,7 +234,9 @@ def rules_for(arrays: Sequence[Named]) -> LogicalRules:
     wrong: set[str | None] = set()
     for a in arrays:
         got = resolve(a.names, rules, a.style)
-        wrong.update(n for n, want, have in zip(a.names, a.layout, got, strict=True) if want != have)
+        wrong.update(
+            n for n, want, have in zip(a.names, a.layout, got, strict=True) if want != have
+        )
     conflicts = tuple(
         Conflict(name, tuple((e, tuple(whats)) for e, whats in wants[name].items()))
         for name in wants
