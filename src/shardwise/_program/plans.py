@@ -93,6 +93,9 @@ class ProgramPlan:
     devices: Mesh | None = None
     """The JAX mesh the plan was made for, where it was given one (or one was set with
     ``jax.set_mesh``): :meth:`sharded`, :meth:`place` and :meth:`verify` use it by default."""
+    respect: str = "none"
+    """What the plans keep of the layouts the program's code asks for: ``"none"`` (the
+    search chose them) or ``"constraints"`` (every plan lays those arrays out as asked)."""
 
     @property
     def stopped_early(self) -> str | None:
@@ -238,6 +241,7 @@ class ProgramPlan:
             "skipped": [{"name": n, "why": w} for n, w in self.skipped],
             "budget_bytes": self.budget,
             "complete": self.complete,
+            "respect": self.respect,
         }
         if any(p.verified for p in self.plans):
             out["spearman"] = self.spearman

@@ -24,6 +24,7 @@ from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import parse_bytes
+from shardwise._program.constraints import check_respect, respected, traced_under
 from shardwise._program.fold import prints_kept
 from shardwise._program.graph import Graph, build
 from shardwise._program.plans import PlannedLayout, ProgramPlan
@@ -67,6 +68,7 @@ def plan(
     train: bool = False,
     top: int = 5,
     time_limit: float = TIME_LIMIT_S,
+    respect: str = "none",
 ) -> ProgramPlan:
     """Plan a layout for every array of ``fn(*args)`` on ``mesh``.
 
@@ -85,6 +87,8 @@ def plan(
             (``x``, ``params['w1']``).
         top: how many of the search's plans to keep: the best, and runners-up that lay out
             some input another way (each one's inputs differ).
+        respect: ``"constraints"``: every plan keeps the layouts the code's sharding
+            constraints ask for (:mod:`~shardwise._program.constraints`); ``"none"``: free.
 
     What ``fn`` raises while traced comes back as a :class:`UserCodeError` that says where.
 
@@ -98,9 +102,11 @@ def plan(
     devices, spec = _given_mesh(mesh)
     limit = None if budget is None else parse_bytes(budget, "budget")
     prof = _profile(profile, spec)
+    check_respect(respect)
     if top < 1:
         raise ArgumentError(f"top is {top}; give 1 or more plans to keep.")
-    name, graph = _traced(fn, args, train, devices)
+    with traced_under(respect, devices, spec):
+        name, graph = _traced(fn, args, train, devices)
     eff = effective_mesh(spec)
     fixed_specs = fixed_pins(graph, fixed, spec)
     role = roles(graph)  # once, for the keys here and every baseline
@@ -109,7 +115,7 @@ def plan(
     start = time.perf_counter()
     peaks: list[int] = []  # of the search's plans checked against the budget
     with collection_paused():
-        full = build_problem(graph, eff, prof)
+        full = respected(graph, build_problem(graph, eff, prof), spec, respect)
         searchable = pinned(graph, full, fixed_specs)
 
         def fits(sol: Solution) -> bool:
@@ -130,7 +136,7 @@ def plan(
         considered=searchable.considered, solve_seconds=time.perf_counter() - start,
         optimal=searched[0].optimal, method=searched[0].method, plans=tuple(plans),
         skipped=tuple(skipped), pinned=tuple(sorted(fixed_specs)), budget=limit,
-        complete=not searchable.truncated, devices=devices,
+        complete=not searchable.truncated, devices=devices, respect=respect,
     )  # fmt: skip
 
 
