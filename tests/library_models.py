@@ -264,13 +264,16 @@ def nnx_deep_stack() -> Model:
     return forward, (state, _normal(1, (64, 32)))
 
 
-def linen_logical() -> Model:
+LOGICAL_RULES = (("batch", "data"), ("hidden", "model"), ("embed", None))
+"""The rules of Flax's guide to logical axes, for a mesh of axes ``data`` and ``model``."""
+
+
+def linen_logical(rules: Any = LOGICAL_RULES) -> Model:
     """(10) The ``DotReluDot`` of Flax's guide to logical axes: Linen kernels annotated with
     ``nn.with_logical_partitioning``, an activation with ``nn.with_logical_constraint``,
-    applied under ``nn.logical_axis_rules`` (which asserts on Explicit axes)."""
+    applied under ``nn.logical_axis_rules`` (which asserts on Explicit axes); ``rules`` map
+    the logical axes ``batch``, ``hidden`` and ``embed`` to the mesh's."""
     import flax.linen as nn
-
-    rules = (("batch", "data"), ("hidden", "model"), ("embed", None))
 
     class DotReluDot(nn.Module):
         depth: int
@@ -294,6 +297,77 @@ def linen_logical() -> Model:
             return model.apply(params, x)
 
     return forward, (params, x)
+
+
+def _under_rules(module: Any, rules: Any, x: jax.Array) -> Model:
+    """A Linen module initialised and applied under the logical axis ``rules``."""
+    import flax.linen as nn
+
+    with nn.logical_axis_rules(rules):
+        params = module.init(jax.random.key(0), x)
+
+    def forward(params: Any, x: jax.Array) -> jax.Array:
+        with nn.logical_axis_rules(rules):
+            return module.apply(params, x)
+
+    return forward, (params, x)
+
+
+def linen_constrained_mlp(rules: Any = LOGICAL_RULES) -> Model:
+    """A Linen MLP whose input batch and hidden activation are held with
+    ``nn.with_logical_constraint``, its kernels and biases annotated with logical axes
+    ``embed`` and ``hidden``."""
+    import flax.linen as nn
+
+    class MLP(nn.Module):
+        hidden: int
+
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            init, zeros = nn.initializers.xavier_normal(), nn.initializers.zeros
+            x = nn.with_logical_constraint(x, ("batch", "embed"))
+            h = nn.Dense(
+                self.hidden,
+                kernel_init=nn.with_logical_partitioning(init, ("embed", "hidden")),
+                bias_init=nn.with_logical_partitioning(zeros, ("hidden",)),
+            )(x)
+            h = nn.with_logical_constraint(nn.gelu(h), ("batch", "hidden"))
+            return nn.Dense(
+                x.shape[-1],
+                kernel_init=nn.with_logical_partitioning(init, ("hidden", "embed")),
+                bias_init=nn.with_logical_partitioning(zeros, ("embed",)),
+            )(h)
+
+    return _under_rules(MLP(128), rules, _normal(1, (64, 32)))
+
+
+def linen_constrained_attention(rules: Any = LOGICAL_RULES) -> Model:
+    """A Linen self-attention block of 4 heads with a residual, its activations held with
+    ``nn.with_logical_constraint`` (logical axes ``batch``, ``length``, ``heads``, ``kv``,
+    ``embed``) and its weights annotated."""
+    import flax.linen as nn
+
+    heads, kv, embed = 4, 8, 32
+
+    class Attention(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            init = nn.initializers.normal(0.05)
+            x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+            w_qkv = self.param("qkv", nn.with_logical_partitioning(
+                init, ("embed", None, "heads", "kv")), (embed, 3, heads, kv))  # fmt: skip
+            w_out = self.param("out", nn.with_logical_partitioning(
+                init, ("heads", "kv", "embed")), (heads, kv, embed))  # fmt: skip
+            qkv = jnp.einsum("ble,ethd->blthd", x, w_qkv)
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+            q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
+            weights = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) / kv**0.5, axis=-1)
+            out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+            out = nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))
+            y = jnp.einsum("bqhd,hde->bqe", out, w_out)
+            return nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
+
+    return _under_rules(Attention(), rules, _normal(1, (8, 16, embed)))
 
 
 MODELS: dict[str, Callable[[], Model]] = {

@@ -168,7 +168,7 @@ class NnxBlock(nnx.Module):
         self.norms = nnx.List(
             nnx.LayerNorm(
                 64, scale_init=nnx.with_partitioning(ones, ("embed",)), use_bias=False, rngs=rngs
-            )  # fmt: skip
+            )
             for _ in range(2)
         )
         self.mlp = NnxMLP(rngs)

@@ -59,6 +59,8 @@ class Annotations:
 
     by_input: Mapping[int, Annotation]
     rules: tuple[Rule, ...] | None
+    activations: tuple[tuple[int, tuple[str | None, ...], str], ...] = ()
+    """Arrays inside the program under Flax's logical constraints: (array, names, line)."""
 
     def __bool__(self) -> bool:
         return bool(self.by_input)
@@ -180,10 +182,6 @@ def read_annotations(args: Sequence[Any], rules: Any = None) -> Annotations:
     return Annotations(by_input=out, rules=rules_in_force(rules))
 
 
-RESPECT = ("none", "annotations")
-"""What :func:`~shardwise._program.program.plan` can hold fixed of what the model says."""
-
-
 def annotated_pins(
     annotations: Annotations, graph: Graph, mesh: MeshSpec, fixed: Mapping[int, Spec]
 ) -> dict[int, Spec] | str:
@@ -206,16 +204,46 @@ def annotated_pins(
     return {**specs, **fixed}
 
 
-def named_arrays(annotations: Annotations, graph: Graph, specs: Sequence[Spec]) -> list[Named]:
-    """The inputs annotated with logical names, each with its layout in ``specs`` (one per
-    input)."""
+def named_arrays(
+    annotations: Annotations, graph: Graph, in_specs: Sequence[Spec], specs: Mapping[int, Spec]
+) -> list[Named]:
+    """The inputs annotated with logical names, each with its layout in ``in_specs`` (one per
+    input), and the arrays under logical constraints, each with its layout in ``specs`` (by
+    array)."""
     out = []
     for k, a in annotations.by_input.items():
         if a.logical and a.names:
             rank = len(graph.values[graph.inputs[k]].shape)
             out.append(Named(graph.names[k], tuple(_flat(n) for n in a.names),
-                             specs[k].padded(rank), a.style))  # fmt: skip
+                             in_specs[k].padded(rank), a.style))  # fmt: skip
+    seen = set()
+    for value, names, line in annotations.activations:
+        spec = specs.get(value, specs.get(graph.classes[value]))
+        if spec is None or (value, names) in seen:
+            continue
+        seen.add((value, names))
+        rank = len(graph.values[value].shape)
+        out.append(Named(f"{graph.values[value].name} ({line})", names, spec.padded(rank)))
     return out
+
+
+def with_activations(annotations: Annotations, graph: Graph, calls: Sequence[Call]) -> Annotations:
+    """``annotations`` with the arrays Flax's logical constraints ask layouts of (the
+    constraints of ``graph``, each matched to the call ``calls`` recorded at its line: the
+    one call there, else the calls there in order)."""
+    at: dict[str, list[tuple[str | None, ...]]] = {}
+    for line, names in calls:
+        at.setdefault(line, []).append(names)
+    found = []
+    taken: dict[str, int] = {}
+    for asked in graph.placed:
+        there = at.get(asked.source, [])
+        if len(set(there)) > 1:  # several calls at one line: by their order
+            k = taken[asked.source] = taken.get(asked.source, -1) + 1
+            there = there[k : k + 1]
+        if there and len(there[0]) == len(graph.values[asked.value].shape):
+            found.append((asked.value, there[0], asked.source))
+    return dataclasses.replace(annotations, activations=tuple(found))
 
 
 NO_ANNOTATIONS = Annotations({}, None)

@@ -13,8 +13,9 @@ Walker`), reading each equation by its primitive's rule (:mod:`~shardwise._progr
   marked not modelled).
 
 Calls are inlined. A layout the code asks for (``with_sharding_constraint``) is its operand's
-array. A ``scan``'s body is read once, its steps marked as repeated ``length`` times, so that
-a model of L layers written with ``lax.scan`` plans as fast as one layer.
+array, the layout recorded (:attr:`Graph.placed`). A ``scan``'s body is read once, its steps
+marked as repeated ``length`` times, so that a model of L layers written with ``lax.scan``
+plans as fast as one layer.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from typing import Any
 import jax
 
 from shardwise._errors import ArgumentError
-from shardwise._program.nodes import Role, Step, Value
+from shardwise._program.nodes import Asked, Classes, Role, Step, Value
 from shardwise._program.rules import REDUCTIONS, Rule, rule_of
 from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
+from shardwise._program.walk import asked as layouts_asked
 from shardwise._program.walk import module_of as library_module
 from shardwise._versions import scan_counts
 from shardwise._xla.dtypes import storage_name
@@ -62,6 +64,7 @@ class Graph:
         tree: the arguments' pytree structure; ``out_tree`` the result's.
         elementwise_ops: elementwise ops in the program.
         drawn: each draw of random bits (``random_bits``), its program point and shape.
+        placed: each layout the code asks an array to have, in program order.
     """
 
     values: tuple[Value, ...]
@@ -84,6 +87,7 @@ class Graph:
     out_tree: Any
     elementwise_ops: int
     drawn: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    placed: tuple[Asked, ...] = ()
 
     def find(self, v: int) -> int:
         """The class of array ``v``."""
@@ -155,7 +159,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         names=names,
         data=(),
         outputs=tuple(outputs),
-        classes=tuple(b.find(v) for v in range(len(b.values))),
+        classes=tuple(b.classes.find(v) for v in range(len(b.values))),
         elementwise=types.MappingProxyType(b.elementwise),
         keys=types.MappingProxyType(b.env),
         born=tuple(b.born),
@@ -169,6 +173,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         out_tree=None,
         elementwise_ops=b.elementwise_ops,
         drawn=tuple(b.drawn),
+        placed=tuple(b.placed),
     )
 
 
@@ -179,7 +184,7 @@ class _Builder(Walker[int]):
         super().__init__()
         self.values: list[Value] = []
         self.steps: list[Step] = []
-        self.parent: list[int] = []
+        self.classes = Classes()  # arrays joined by elementwise ops, scans' carries
         self.elementwise: dict[int, int] = {}
         self.born: list[int] = []
         self.last: list[int] = []
@@ -189,27 +194,16 @@ class _Builder(Walker[int]):
         self.clock = 0
         self.elementwise_ops = 0
         self.drawn: list[tuple[int, tuple[int, ...]]] = []
+        self.placed: list[Asked] = []
         self.context = ""  # while a call's body is walked, the user's line the call is on
         self.backward = False  # ... and whether JAX made the call by transposing a forward one
         self.repeat = 1  # how many times the equations walked now run (a scan's length)
-
-    def find(self, v: int) -> int:
-        """The class of array ``v`` (union-find root)."""
-        while self.parent[v] != v:
-            self.parent[v] = self.parent[self.parent[v]]
-            v = self.parent[v]
-        return v
-
-    def join(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
 
     def define(self, key: Key, name: str, source: str) -> int:
         aval = key[1].aval
         value = Value(tuple(int(n) for n in aval.shape), storage_name(aval.dtype), name, source)
         self.values.append(value)
-        self.parent.append(len(self.parent))
+        self.classes.add()
         self.born.append(self.clock)
         self.last.append(self.clock)
         v = len(self.values) - 1
@@ -289,6 +283,9 @@ class _Builder(Walker[int]):
         if prim == "random_bits":
             self.drawn.append((self.clock, tuple(int(n) for n in eqn.params["shape"])))
         if rule.placement:  # one buffer: the plan's layout stands in for the one asked for
+            self.placed += [Asked(a, spec, free, mesh, source)
+                            for k, spec, free, mesh in layouts_asked(eqn)
+                            if (a := operands[k]) is not None]  # fmt: skip
             self.env.update({(path, o): a for o, a in zip(eqn.outvars, operands, strict=False)
                              if a is not None})  # fmt: skip
             return [self.env.get((path, o)) if is_var(o) else None for o in eqn.outvars]
@@ -312,7 +309,7 @@ class _Builder(Walker[int]):
         for a in inputs:
             held = self.values[a].shape
             if held == shape:
-                self.join(a, out)
+                self.classes.join(a, out)
                 self.use(a, False)
             else:  # (4, 8, 1) - (4, 8, 16): the operand is broadcast to the result's layout
                 dim_map = tuple(d if held[d] == n else None for d, n in enumerate(shape))
@@ -387,12 +384,12 @@ class _Builder(Walker[int]):
                 continue
             if k < n_carry:
                 self.looped.add(got)
-                self.join(got, y)
+                self.classes.join(got, y)
                 init = self.array(path, eqn.invars[n_consts + k])
                 carried = self.array(here, body.invars[n_consts + k])
                 for other in (init, carried):
                     if other is not None:
-                        self.join(got, other)
+                        self.classes.join(got, other)
             else:
                 r = len(self.values[got].shape)
                 self.step("map", "scan stack", (got,), y, here, eqn, "scan stack",

@@ -1,5 +1,6 @@
-"""The records a program graph is made of: its arrays (:class:`Value`) and the ops between
-them that decide or change a layout (:class:`Step`)."""
+"""The records a program graph is made of: its arrays (:class:`Value`), the ops between them
+that decide or change a layout (:class:`Step`), the layouts its code asks for (:class:`Asked`),
+and the classes of arrays that share a layout (:class:`Classes`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Literal, TypeAlias
 import numpy as np
 
 from shardwise._model.op import Op
+from shardwise._model.spec import Spec
 
 Kind: TypeAlias = Literal["dot", "map", "opaque"]
 Role: TypeAlias = Literal["op", "broadcast", "scan slice", "scan stack"]
@@ -89,3 +91,48 @@ class Step:
     def implicit(self) -> bool:
         """Whether XLA carries it out inside the op that reads it: costed, not applied."""
         return self.role == "broadcast"
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """A layout the program's code asks an array to have (``with_sharding_constraint``, Flax's
+    ``nn.with_logical_constraint``, ``reshard``, ``device_put``).
+
+    Attributes:
+        value: the array.
+        spec: the layout asked for (a dimension in ``free`` unsharded here).
+        free: the dimensions whose layout the code leaves open (``P.UNCONSTRAINED``).
+        mesh: the axes (name, size) of the mesh the layout is given on.
+        source: ``file:line`` of the user's code.
+    """
+
+    value: int
+    spec: Spec
+    free: frozenset[int]
+    mesh: tuple[tuple[str, int], ...]
+    source: str
+
+
+class Classes:
+    """Arrays joined into classes that share one layout, each class named by its first array
+    (a union-find over array indices)."""
+
+    def __init__(self) -> None:
+        self.parent: list[int] = []
+
+    def add(self) -> None:
+        """The next array, in a class of its own."""
+        self.parent.append(len(self.parent))
+
+    def find(self, v: int) -> int:
+        """The class of array ``v``."""
+        while self.parent[v] != v:
+            self.parent[v] = self.parent[self.parent[v]]
+            v = self.parent[v]
+        return v
+
+    def join(self, a: int, b: int) -> None:
+        """Make the classes of ``a`` and ``b`` one."""
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)

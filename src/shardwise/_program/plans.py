@@ -103,7 +103,9 @@ class ProgramPlan:
     annotations: Annotations = NO_ANNOTATIONS
     """What the arguments said about their layout (Flax's annotations, arrays' shardings)."""
     respect: str = "none"
-    """What the plans hold fixed of what the model says (``plan``'s ``respect``)."""
+    """What the plans hold fixed of what the model says: ``"none"`` (the search chose every
+    layout), ``"annotations"`` (the inputs as annotated) or ``"constraints"`` (every array the
+    code constrains as it asks)."""
 
     @property
     def stopped_early(self) -> str | None:
@@ -145,7 +147,9 @@ class ProgramPlan:
         (('embed', None), ('mlp', 'model'))
         """
         chosen = self.get(name) if name is not None else self.chosen
-        return rules_for(named_arrays(self.annotations, self.graph, chosen.in_specs))
+        return rules_for(
+            named_arrays(self.annotations, self.graph, chosen.in_specs, chosen.layouts.specs)
+        )
 
     def rule_reasons(self, name: str | None = None) -> list[tuple[str, Any, str, str]]:
         """Each rule of :meth:`logical_rules` with why: ``(logical name, mesh axes, the first
@@ -277,6 +281,7 @@ class ProgramPlan:
             "skipped": [{"name": n, "why": w} for n, w in self.skipped],
             "budget_bytes": self.budget,
             "complete": self.complete,
+            "respect": self.respect,
         }
         if any(a.logical for a in self.annotations.by_input.values()):
             out["logical_rules"] = {

@@ -51,6 +51,8 @@ class Problem:
             ``j`` of ``v``.
         considered: choices looked at before the divisibility filter.
         truncated: whether some variable's choices were cut to :data:`MAX_CHOICES`.
+        held: the variables held to the layout the program's code asks for, each with the
+            line that asks (:mod:`~shardwise._program.constraints`).
     """
 
     labels: tuple[tuple[str, int], ...]
@@ -59,6 +61,7 @@ class Problem:
     edges: Mapping[tuple[int, int], np.ndarray]
     considered: int = 0
     truncated: bool = False
+    held: tuple[tuple[int, str], ...] = ()
 
     @staticmethod
     def of(
@@ -88,6 +91,7 @@ class Problem:
             Problem.of(choices, unary, edges, self.labels),
             considered=self.considered,
             truncated=self.truncated,
+            held=self.held,
         )
 
 

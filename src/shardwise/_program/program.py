@@ -24,12 +24,20 @@ from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import parse_bytes
-from shardwise._program.annotations import RESPECT, annotated_pins, read_annotations
+from shardwise._program.annotations import (
+    Annotations,
+    Call,
+    annotated_pins,
+    logical_constraints_recorded,
+    read_annotations,
+    with_activations,
+)
+from shardwise._program.constraints import check_respect, respected, traced_under
 from shardwise._program.fold import prints_kept
 from shardwise._program.graph import Graph, build
 from shardwise._program.plans import PlannedLayout, ProgramPlan
 from shardwise._program.problem import Problem, build_problem, effective_mesh
-from shardwise._program.roles import roles
+from shardwise._program.roles import Roles, roles
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import Predicted, predict
 from shardwise._program.steps import StepCosts
@@ -71,15 +79,15 @@ def plan(
     rules: Any = None,
     respect: str = "none",
 ) -> ProgramPlan:
-    """Plan a layout for every array of ``fn(*args)`` on ``mesh``.
+    """Plan a layout for every array of ``fn(*args)`` on ``mesh``; what ``fn`` raises while
+    traced comes back as a :class:`UserCodeError` that says where.
 
     Args:
         fn: a JAX function; with ``train=True``, a scalar loss whose first argument holds the
             parameters (the plan is for one SGD step: ``value_and_grad`` and the update).
         args: arrays or ``jax.ShapeDtypeStruct`` leaves, in any pytrees.
         mesh: a mesh description (``"data=2,model=4"``; it need not exist here) or a JAX
-            ``Mesh`` (Auto, Explicit or mixed axes); by default the mesh set with
-            ``jax.set_mesh``.
+            ``Mesh`` (Auto, Explicit or mixed axes); default: the one ``jax.set_mesh`` set.
         profile: a device profile name or object; default: the devices at hand.
         budget: memory per device (bytes, or text like ``"16GiB"``): the search's plans fit
             it; a baseline that does not is marked over budget, never chosen. Where no plan
@@ -89,15 +97,10 @@ def plan(
         top: how many of the search's plans to keep: the best, and runners-up that lay out
             some input another way (each one's inputs differ).
         rules: Flax's logical axis rules (``[("batch", "data"), ("mlp", "model")]``) for the
-            logical names the arguments are annotated with (``nn.with_logical_partitioning``,
-            ``nnx.with_partitioning``); by default those of the ``nn.logical_axis_rules``
-            context ``plan`` is called in.
-        respect: what the model says that the plans hold fixed: ``"none"`` (the search is
-            free, and a plan named ``"annotations"`` shows what the annotations and the
-            arrays' own shardings give, to compare), ``"annotations"`` (the inputs laid out
-            as annotated; ``fixed`` still wins).
-
-    What ``fn`` raises while traced comes back as a :class:`UserCodeError` that says where.
+            arguments' logical names; by default, the ``nn.logical_axis_rules`` in force.
+        respect: ``"none"`` (the search is free; the plan ``"annotations"`` shows what the
+            annotations and the arrays' shardings give), ``"annotations"`` (the inputs as
+            annotated; ``fixed`` wins) or ``"constraints"`` (the code's sharding constraints).
 
     >>> import jax.numpy as jnp
     >>> S = jax.ShapeDtypeStruct
@@ -109,26 +112,15 @@ def plan(
     devices, spec = _given_mesh(mesh)
     limit = None if budget is None else parse_bytes(budget, "budget")
     prof = _profile(profile, spec)
-    if top < 1:
-        raise ArgumentError(f"top is {top}; give 1 or more plans to keep.")
-    if respect not in RESPECT:
-        raise ArgumentError(f"respect is {respect!r}; give one of {', '.join(RESPECT)}.")
-    annotations = read_annotations(args, rules)
-    name, graph = _traced(fn, args, train, devices)
+    check_respect(respect, top)
+    name, graph, annotations = _read(fn, args, train, devices, spec, rules)
     eff = effective_mesh(spec)
-    fixed_specs = fixed_pins(graph, fixed, spec)
     role = roles(graph)  # once, for the keys here and every baseline
-    for k in role.keys:  # a PRNG key is never split: every device draws the same bits
-        fixed_specs.setdefault(k, Spec())
-    annotated = annotated_pins(annotations, graph, spec, fixed_specs)
-    if respect == "annotations":
-        if isinstance(annotated, str):
-            raise ArgumentError(f"respect='annotations', but {annotated}")
-        fixed_specs = annotated
+    fixed_specs, extra = _pins(graph, fixed, spec, role, annotations, respect)
     start = time.perf_counter()
     peaks: list[int] = []  # of the search's plans checked against the budget
     with collection_paused():
-        full = build_problem(graph, eff, prof)
+        full = respected(graph, build_problem(graph, eff, prof), spec, respect)
         searchable = pinned(graph, full, fixed_specs)
 
         def fits(sol: Solution) -> bool:
@@ -137,7 +129,6 @@ def plan(
 
         with prints_kept():
             searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
-            extra = {"annotations": annotated} if annotations and respect == "none" else {}
             solved, skipped = baselines(
                 graph, full, eff, fixed_specs, limit, time_limit, role, extra
             )
@@ -185,6 +176,47 @@ def _given_mesh(mesh: Any) -> tuple[Mesh | None, MeshSpec]:
                 "jax Mesh), or set one first with jax.set_mesh(mesh)."
             )
     return (mesh if isinstance(mesh, Mesh) else None), MeshSpec.parse(mesh)
+
+
+def _read(
+    fn: Callable[..., Any],
+    args: Any,
+    train: bool,
+    devices: Mesh | None,
+    spec: MeshSpec,
+    rules: Any,
+) -> tuple[str, Graph, Annotations]:
+    """The program's name and graph, and what its arguments and code say of its layout."""
+    annotations = read_annotations(args, rules)
+    calls: list[Call] = []
+    with traced_under(devices, spec), logical_constraints_recorded(calls):
+        name, graph = _traced(fn, args, train, devices)
+    return name, graph, with_activations(annotations, graph, calls)
+
+
+def _pins(
+    graph: Graph,
+    fixed: Mapping[str, SpecLike] | None,
+    mesh: MeshSpec,
+    role: Roles,
+    annotations: Annotations,
+    respect: str,
+) -> tuple[dict[int, Spec], dict[str, dict[int, Spec] | str]]:
+    """The inputs every plan of the search keeps (``fixed``, PRNG keys, and the annotations'
+    layouts with ``respect="annotations"``), and the plan of the annotations to compare
+    (or why there is none) with ``respect="none"``."""
+    pins = fixed_pins(graph, fixed, mesh)
+    for k in role.keys:  # a PRNG key is never split: every device draws the same bits
+        pins.setdefault(k, Spec())
+    annotated = annotated_pins(annotations, graph, mesh, pins)
+    if respect != "annotations":
+        return pins, ({"annotations": annotated} if annotations and respect == "none" else {})
+    if isinstance(annotated, str):
+        raise ArgumentError(
+            f"respect='annotations', but {annotated}; plan with respect='none', or annotate "
+            "the parameters"
+        )
+    return annotated, {}
 
 
 def _traced(

@@ -252,12 +252,19 @@ def pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem:
     """``problem`` with the inputs in ``pins`` fixed to their specs."""
     keep: dict[int, list[int]] = {}
     variables = input_vars(graph, problem)  # once for all pins, not once per pin
+    held = dict(problem.held)
     for k, spec in pins.items():
         root = graph.find(graph.inputs[k])
         var = variables[k]
         if var in keep:
             continue
         choices = problem.choices[var]
+        if spec not in choices and var in held:
+            raise SpecError(
+                f"{graph.names[k]} cannot be laid out as {spec.describe()}: the program's code "
+                f"asks for its layout at {held[var]}, and the plan respects it. Plan with "
+                "respect='none' to leave it free, or pin it as the code asks."
+            )
         if spec not in choices and problem.truncated:
             raise SpecError(
                 f"{graph.names[k]} as {spec.describe()} is not among the layouts the search "

@@ -19,8 +19,10 @@ from typing import Any, Generic, TypeAlias, TypeVar
 import jax
 import jax.extend.core as jcore
 from jax._src import source_info_util
+from jax.sharding import NamedSharding, PartitionSpec
 
 from shardwise._errors import ArgumentTypeError
+from shardwise._model.spec import Spec
 from shardwise._program.rules import rule_of
 from shardwise._versions import DropVar
 
@@ -127,6 +129,27 @@ def module_of(eqn: Any) -> str:
 
 
 _WRAPPERS = re.compile(r"\w+\(|\)")
+
+
+def asked(eqn: Any) -> list[tuple[int, Spec, frozenset[int], tuple[tuple[str, int], ...]]]:
+    """The layouts a placement equation (``sharding_constraint``, ``reshard``, ``device_put``)
+    asks its operands to have, where it names one as a ``NamedSharding``: each operand's
+    position, the spec, the dimensions it leaves open (``P.UNCONSTRAINED``, unsharded in the
+    spec) and the sharding's mesh axes (name, size)."""
+    p = eqn.params
+    given = p["devices"] if "devices" in p else (p.get("sharding", p.get("dst_sharding")),)
+    out = []
+    for k, sharding in enumerate(given):
+        if not isinstance(sharding, NamedSharding):
+            continue
+        entries = tuple(sharding.spec)
+        free = frozenset(p.get("unconstrained_dims", ())) | {
+            d for d, e in enumerate(entries) if e is PartitionSpec.UNCONSTRAINED
+        }
+        spec = Spec.parse(PartitionSpec(*(None if d in free else e for d, e in enumerate(entries))))
+        mesh = tuple((str(a), int(n)) for a, n in sharding.mesh.shape.items())
+        out.append((k, spec, free, mesh))
+    return out
 
 
 def named(prim: str, source: str) -> str:
