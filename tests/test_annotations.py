@@ -296,3 +296,28 @@ def test_reports_compare_the_annotations_and_explain_the_rules() -> None:
     page = p.to_html()
     assert "Logical axis rules for the chosen plan" in page
     assert p.to_json()["logical_rules"]["rules"][0][0] == p.logical_rules().rules[0][0]
+
+
+def test_constraints_on_other_axes_are_left_out_unless_respected() -> None:
+    """A model whose logical constraints resolve to axes the planned mesh lacks (planned for
+    another mesh than its rules') plans as if they were not there; holding them is an error
+    that says where."""
+    from library_models import linen_logical
+
+    fn, args = linen_logical()  # rules: batch → data, hidden → model
+    p = shardwise.plan(fn, *args, mesh="rows=8", profile=PROFILE, top=1)
+    assert p.graph.placed == ()
+    with pytest.raises(shardwise.UserCodeError, match="model"):
+        shardwise.plan(fn, *args, mesh="rows=8", profile=PROFILE, respect="constraints")
+    held = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=PROFILE, top=1)
+    assert len(held.graph.placed) == 3  # two kernels as Flax unboxes them, one activation
+
+
+def test_the_report_names_the_collectives_the_annotations_cause() -> None:
+    x = jnp.ones((64, 64))
+    fn, params = _linen(LinenMLP(), x)
+    rules = (("embed", "model"), ("mlp", None))  # every weight split on its embed dimension
+    p = shardwise.plan(fn, params, x, mesh="model=8", profile=PROFILE, top=1, rules=rules)
+    mine, search = p.get("annotations").predicted, p.get("search").predicted
+    assert len(mine.collectives) > len(search.collectives)
+    assert "which the search's plan avoids" in str(p)

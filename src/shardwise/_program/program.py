@@ -113,7 +113,7 @@ def plan(
     limit = None if budget is None else parse_bytes(budget, "budget")
     prof = _profile(profile, spec)
     check_respect(respect, top)
-    name, graph, annotations = _read(fn, args, train, devices, spec, rules)
+    name, graph, annotations = _read(fn, args, train, devices, spec, rules, respect)
     eff = effective_mesh(spec)
     role = roles(graph)  # once, for the keys here and every baseline
     fixed_specs, extra = _pins(graph, fixed, spec, role, annotations, respect)
@@ -185,12 +185,24 @@ def _read(
     devices: Mesh | None,
     spec: MeshSpec,
     rules: Any,
+    respect: str,
 ) -> tuple[str, Graph, Annotations]:
-    """The program's name and graph, and what its arguments and code say of its layout."""
+    """The program's name and graph, and what its arguments and code say of its layout.
+    Traced under the mesh's abstract form where no JAX mesh is given, so that the code's
+    constraints are in the trace; where they name axes this mesh lacks (planning a function
+    for another mesh than its constraints'), traced with no mesh, as they were then not
+    asked, unless ``respect="constraints"``."""
     annotations = read_annotations(args, rules)
     calls: list[Call] = []
-    with traced_under(devices, spec), logical_constraints_recorded(calls):
-        name, graph = _traced(fn, args, train, devices)
+    try:
+        with traced_under(devices, spec), logical_constraints_recorded(calls):
+            name, graph = _traced(fn, args, train, devices)
+    except UserCodeError:
+        if respect == "constraints" or devices is not None:
+            raise
+        calls.clear()
+        with logical_constraints_recorded(calls):
+            name, graph = _traced(fn, args, train, devices)
     return name, graph, with_activations(annotations, graph, calls)
 
 

@@ -4,6 +4,8 @@ its memory over the program (``shardwise plan --model/--function``, and ``print`
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group
@@ -128,6 +130,7 @@ def annotation_lines(report: Any) -> list[str]:
                 f"predicted time, {mine.memory_bytes / search.memory_bytes:.2f}× its memory "
                 "per device (plan 'annotations')"
             )
+            lines += _avoided(mine.collectives, search.collectives)
     elif report.respect == "annotations":
         lines.append("[bold]respect='annotations':[/] the search laid the inputs out as annotated")
     if not any(a.logical for a in annotations.by_input.values()):
@@ -146,6 +149,24 @@ def annotation_lines(report: Any) -> list[str]:
         lines.append(f"  {escape(name)} → {escape(to)}{escape(why)}")
     lines += [f"  [red]conflict:[/] {escape(c.describe())}" for c in made.conflicts]
     return lines
+
+
+def _avoided(theirs: Sequence[Any], ours: Sequence[Any]) -> list[str]:
+    """The collectives the annotations' plan causes that the search's does not (by kind, axes
+    and source line), with the bytes each moves."""
+    left = Counter((c.kind, c.mesh_axes, c.source) for c in ours)
+    extra: dict[tuple[str, tuple[str, ...], str], list[int]] = {}
+    for c in theirs:
+        key = (c.kind, c.mesh_axes, c.source)
+        if left[key] > 0:
+            left[key] -= 1
+        else:
+            extra.setdefault(key, []).append(c.bytes)
+    return [
+        f"  they cause {len(b)}× {kind} {'+'.join(axes)} ({format_bytes(sum(b))}) at "
+        f"{escape(source or 'an op')}, which the search's plan avoids"
+        for (kind, axes, source), b in extra.items()
+    ]
 
 
 FASTER = 0.95
