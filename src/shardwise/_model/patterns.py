@@ -15,6 +15,7 @@ rules is given by a last ``.*``. The rules are checked by applying them again. P
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -61,16 +62,25 @@ def _regex(key: Key) -> str:
 
 
 def _cover(leaves: set[int], candidates: dict[Key, set[int]]) -> list[tuple[Key, set[int]]]:
-    """Few candidates that together match every one of ``leaves`` (greedily: the one that
-    matches the most not yet matched, the shorter on a tie)."""
+    """Few candidates that together match every one of ``leaves``, greedily: the one that
+    matches the most not yet matched (the shorter on a tie). What a candidate adds only
+    shrinks as others are taken, so each is re-counted only when it comes to the top."""
+
+    def rank(key: Key, hits: set[int]) -> tuple[int, int, bool, str]:
+        return (-len(hits), key[1], key[0] != "exact", _regex(key))
+
+    heap = [(rank(key, hits), key) for key, hits in candidates.items()]
+    heapq.heapify(heap)
     left, chosen = set(leaves), []
     while left:
-        key, hits = max(
-            ((k, hits & left) for k, hits in candidates.items()),
-            key=lambda kh: (len(kh[1]), -kh[0][1], kh[0][0] == "exact", _regex(kh[0])),
-        )
-        chosen.append((key, hits))
-        left -= hits
+        _, key = heapq.heappop(heap)
+        hits = candidates[key] & left
+        now = rank(key, hits)
+        if hits and (not heap or now <= heap[0][0]):
+            chosen.append((key, hits))
+            left -= hits
+        elif hits:
+            heapq.heappush(heap, (now, key))
     return chosen
 
 
