@@ -22,11 +22,13 @@ that disagree come back as :class:`Conflict` s, never resolved silently. Pure: n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from shardwise._errors import ArgumentError
+from shardwise._model.maxtext import maxtext_config, undefined
+from shardwise._model.mesh import MeshSpec
 
 Axes: TypeAlias = "str | tuple[str, ...] | None"
 """A rule's mesh axes, as Flax writes them: one name, a tuple of names, or ``None``."""
@@ -178,6 +180,33 @@ class LogicalRules:
     def to_flax(self) -> tuple[Rule, ...]:
         """The rules as Flax's ``LogicalRules``, for ``nn.logical_axis_rules(...)``."""
         return self.rules
+
+    @property
+    def not_in_maxtext(self) -> tuple[str, ...]:
+        """The rules' logical names that MaxText's ``base.yml`` does not define."""
+        return undefined([name for name, _ in self.rules])
+
+    def to_maxtext(self, mesh: MeshSpec | str, rename: Mapping[str, str] | None = None) -> str:
+        """The rules and ``mesh`` as a block of MaxText's YAML config: ``logical_axis_rules``
+        (replacing base.yml's: ``override_logical_axis_rules: true``), ``mesh_axes`` and the
+        ``ici_*_parallelism`` sizes; comment lines name the logical names MaxText does not
+        define and each conflict. ``rename`` maps the mesh's axes to MaxText's (``{"model":
+        "tensor"}``); an axis MaxText does not know is an :class:`ArgumentError`.
+
+        >>> made = rules_for([Named("w", ("embed", "mlp"), ((), ("tensor",)))])
+        >>> print(made.to_maxtext("tensor=4").splitlines()[5])
+          ['embed', []],
+        """
+        if not self.arrays:
+            raise ArgumentError(
+                "no array of the plan carries logical names, so there are no rules to write "
+                "for MaxText; annotate the parameters (nn.with_logical_partitioning, "
+                "nnx.with_partitioning), or write the plan as path rules: ProgramPlan.to_regex()."
+            )
+        notes = [f"conflict: {c.describe()}" for c in self.conflicts]
+        spec = mesh if isinstance(mesh, MeshSpec) else MeshSpec.parse(mesh)
+        written = [(name, entry(axes)) for name, axes in self.rules]
+        return maxtext_config(written, spec, notes, rename)
 
 
 def _wanted(arrays: Sequence[Named]) -> dict[str | None, dict[Entry, list[str]]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from shardwise._errors import ArgumentError
 from shardwise._model.logical import LogicalRules, rules_for
@@ -23,6 +23,7 @@ from shardwise._program.annotations import (
     first_reader,
     named_arrays,
 )
+from shardwise._program.emit import plain, regex_rules, shardings
 from shardwise._program.graph import Graph
 from shardwise._program.problem import MAX_CHOICES
 from shardwise._program.report import ProgramReport, report
@@ -161,6 +162,32 @@ class ProgramPlan:
                 if isinstance(n, str) and n not in first:
                     first[n] = (self.graph.names[k], first_reader(self.graph, k))
         return [(n, axes, *first.get(n, ("", ""))) for n, axes in made.rules]
+
+    def to_regex(self, name: str | None = None) -> tuple[tuple[str, PartitionSpec], ...]:
+        """Plan ``name`` (default: the chosen one) as rules by path, as EasyDeL takes them:
+        ordered ``(regex, PartitionSpec)`` pairs where the first regex that ``re.search``
+        finds in an input leaf's path gives that leaf its layout, for every input (annotated
+        or not). A path is the argument's name, then each key of the leaf's pytree path,
+        joined with ``/`` (``params/Dense_0/kernel``, ``opt_state/0/mu/w``; a Flax box's or
+        NNX variable's ``value`` left out). One regex covers the leaves whose last path
+        components (digits generalised) all have its spec; ``.*`` ends the rules.
+
+        >>> import jax.numpy as jnp, shardwise
+        >>> x, w = jnp.ones((64, 8)), {"w": jnp.ones((8, 32))}
+        >>> p = shardwise.plan(lambda x, w: x @ w["w"], x, w, mesh="x=4", profile="cpu-2core",
+        ...                    fixed={"x": "x", "w['w']": "-"})
+        >>> p.to_regex()
+        (('(?:^|/)x$', P('x',)), ('.*', P()))
+        """
+        return regex_rules(self.get(name) if name is not None else self.chosen, self.graph)
+
+    def shardings(self, name: str | None = None, mesh: Any = None) -> dict[str, Any]:
+        """The ``NamedSharding`` of every input leaf in plan ``name`` (default: the chosen
+        one) on ``mesh`` (default: the plan's, as :meth:`place` uses), by argument: ``{name:
+        pytree}``, each pytree mirroring that argument, so parameters and optimizer state
+        come apart (``shardings()["params"]``, ``shardings()["opt_state"]``)."""
+        chosen = self.get(name) if name is not None else self.chosen
+        return shardings(self, chosen, mesh)
 
     def get(self, name: str) -> PlannedLayout:
         """The plan called ``name`` (``search``, ``search 2``, a baseline's name)."""
@@ -308,7 +335,7 @@ class ProgramPlan:
         leaves = [s.to_json(r) for s, r in zip(plan.in_specs, ranks, strict=True)]
         item: dict[str, Any] = {
             "name": plan.name,
-            "in_specs": list(jax.tree.unflatten(self.graph.tree, leaves)),
+            "in_specs": plain(jax.tree.unflatten(self.graph.tree, leaves)),
             "predicted": plan.predicted.to_json(),
             "over_budget": plan.over_budget,
         }

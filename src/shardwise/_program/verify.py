@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from shardwise._program.plans import PlannedLayout, ProgramPlan
 
 
-def _mesh(plan: ProgramPlan, mesh: Any) -> Mesh:
+def mesh_for(plan: ProgramPlan, mesh: Any) -> Mesh:
     """The mesh to run on: ``mesh`` if given, else the JAX mesh the plan was made for, else
     one of the planned shape built on the devices at hand."""
     if mesh is not None:
@@ -51,7 +51,7 @@ def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Calla
     otherwise are moved to the plan's layouts first (:class:`Placing`), and the program is
     checked for a sum XLA left out when it is first compiled for its arguments
     (:func:`~shardwise._program.guard.ensure_summed`)."""
-    m = _mesh(plan, mesh)
+    m = mesh_for(plan, mesh)
     program = constrained(plan.graph, auto_twin(m), chosen.layouts)
     # named after the user's function, so the compiled HLO reads jit(mlp), not jit(program)
     program.__name__ = program.__qualname__ = plan.program
@@ -147,7 +147,7 @@ def place(plan: ProgramPlan, chosen: PlannedLayout, args: Any, mesh: Any = None)
     says on ``mesh``: an array on the devices moves between them (each device receives its
     block), a host array is cut on the host and each block sent to its device, so none is
     ever whole on one device. An array already so laid out is returned as it is."""
-    m = _mesh(plan, mesh)
+    m = mesh_for(plan, mesh)
     leaves, tree = jax.tree.flatten(args)
     if tree != plan.graph.tree:
         raise ArgumentError(
@@ -337,7 +337,7 @@ def verify(
     :data:`TURN_SECONDS` long), so that the machine's drift falls on all alike. A plan made
     with a profile of another platform is refused (``ArgumentError``): it predicts what XLA
     does there, not here."""
-    m = _mesh(plan, mesh)
+    m = mesh_for(plan, mesh)
     check_platform(plan.profile, platform(m), "verifying")
     leaves = _arrays(plan)
     checked = []

@@ -32,6 +32,7 @@ from shardwise.render.formats import show
 
 def _program(given: dict[str, Any]) -> None:
     """``plan --model/--function``: plan a whole program."""
+    from shardwise._program.emit import emitted
     from shardwise.cli.program import show_ops, show_plans
 
     if given["model"] is not None and given["function"] is not None:
@@ -45,15 +46,20 @@ def _program(given: dict[str, Any]) -> None:
     # so that standard output holds only the result (the JSON of --json)
     with contextlib.redirect_stdout(sys.stderr):
         report, name = _planned(given, out)
+    text = None if given["emit"] is None else emitted(report, given["emit"])
     if given["html"] is not None:
         write_file(given["html"], report.to_html())
     if given["json"]:
         doc = report.to_json()
         doc["program"] = name
+        if text is not None:
+            doc["emit"] = {"form": given["emit"], "text": text}
         print_json(doc)
         return
     show_plans(report, out, fmt)
     show_ops(report.report(), out, quiet=given["quiet"], fmt=fmt)
+    if text is not None:
+        out.print("\n" + text, end="", markup=False, highlight=False, soft_wrap=True)
     if given["html"] is not None:
         out.print(f"wrote {given['html']}")
 
@@ -127,7 +133,7 @@ def _sweep(given: dict[str, Any]) -> None:
             "data=16,model=16) and --profile (e.g. tpu-v5p)."
         )
     flags = {"--verify": "verify", "--tune": "tune", "--html": "html", "--fixed": "fixed",
-             "--device-memory": "device_memory"}  # fmt: skip
+             "--device-memory": "device_memory", "--emit": "emit"}  # fmt: skip
     unused = [flag for flag, key in flags.items() if given[key]]
     if unused:
         raise ArgumentError(
@@ -264,9 +270,18 @@ def plan(
         Path | None,
         typer.Option("--plot", help="With --sweep-batch: draw the sweep to this PNG or SVG."),
     ] = None,
+    emit: Annotated[
+        str | None,
+        typer.Option(
+            "--emit",
+            help="For a program: after the plan, print it as flax (logical axis rules), "
+            "maxtext (a config block), regex (rules by path) or specs (each input's spec).",
+        ),
+    ] = None,
 ) -> None:
     """Plan an einsum (every strategy, ranked) or a whole program (--model, --function)."""
     import shardwise
+    from shardwise._program.emit import EMITS
     from shardwise._xla.dtypes import parse_dtype
 
     device_memory = renamed("plan", "--device-memory", device_memory, "--budget", budget)
@@ -274,9 +289,13 @@ def plan(
     dtype = parse_dtype(dtype).name
     if (sweep_batch is not None or plot is not None) and model is None and function is None:
         raise ArgumentError("--sweep-batch and --plot plan a built-in model: give --model.")
+    if emit is not None and emit not in EMITS:
+        raise ArgumentError(f"--emit {emit!r} is not a form; give one of {', '.join(EMITS)}.")
     if model is not None or function is not None:
         _program(locals())
         return
+    if emit is not None:
+        raise ArgumentError("--emit writes a program's plan: give --model or --function.")
     if tune:
         raise ArgumentError(
             "--tune chooses among a program's plans: give --model or --function. For an "

@@ -84,7 +84,11 @@ def parse_batches(text: str) -> list[int]:
 def parse_args(items: list[str], fn: Callable[..., Any] | None = None) -> list[Any]:
     """``--args`` values (``x=f32[8,4]``, ``params.w1=f32[4,2]``, or a JSON file of them) as
     the positional arguments of ``fn``, each bound to the parameter of its name (in order of
-    first appearance where ``fn`` takes ``*args`` or has no signature to read)."""
+    first appearance where ``fn`` takes ``*args`` or has no signature to read); or, given
+    ``module:fn`` (``model.py:example``), the arguments that function returns."""
+    made = [item for item in items if "=" not in item and ":" in item]
+    if made:
+        return _made_args(made[0], len(items))
     named: dict[str, Any] = {}
     for item in items:
         if item.endswith(".json"):
@@ -107,6 +111,29 @@ def parse_args(items: list[str], fn: Callable[..., Any] | None = None) -> list[A
             )
         _put(named, name.split("."), parse_array(shape, f"--args {name}"), f"--args {name}")
     return bind(fn, named) if fn is not None else list(named.values())
+
+
+def _made_args(ref: str, given: int) -> list[Any]:
+    """The arguments the user's function ``ref`` (``model.py:example``) returns: a tuple of
+    them as the planned function takes them (arrays, Flax's boxed parameters, an NNX state,
+    optimizer state), so that what they say about their layout is read."""
+    if given > 1:
+        raise ArgumentError(
+            f"--args {ref} gives every argument (what that function returns), so it comes "
+            "alone: drop the other --args, or return those arguments from it too."
+        )
+    fn = load_function(ref)
+    try:
+        made = fn()
+    except (Exception, SystemExit) as e:
+        fix = "--args module:fn calls fn() for the arguments: fix that function."
+        raise user_code_error(e, f"your function {ref!r}", "called", fix) from e
+    if not isinstance(made, tuple | list):
+        raise ArgumentError(
+            f"--args {ref} returned {type(made).__name__}; it must return a tuple of the "
+            "planned function's arguments, e.g. return params, x."
+        )
+    return list(made)
 
 
 def bind(fn: Callable[..., Any], named: dict[str, Any]) -> list[Any]:
