@@ -269,3 +269,26 @@ def test_cli_says_conflicts_and_what_has_no_logical_names(tmp_path: Any) -> None
     einsum = ["plan", "nd,nd->n", "--shapes", "8x4,8x4", "--mesh", "x=2", "--emit", "regex"]
     refused = CliRunner().invoke(app, einsum)
     assert refused.exit_code == 2 and "--model or --function" in refused.output
+
+
+def test_cli_reads_rules_inline_and_from_maxtext_yaml(tmp_path: Any) -> None:
+    """``--rules`` inline or as the YAML ``--emit maxtext`` writes: the plan of the annotations
+    is in the table, and ``--respect annotations`` makes it the search's."""
+    inline = _cli(tmp_path, "--mesh", MESH, "--rules", "embed=-,mlp=tensor", "--json")
+    assert inline.exit_code == 0, inline.output
+    plans = {p["name"]: p for p in json.loads(inline.stdout)["plans"]}
+    assert "annotations" in plans
+    made = _cli(tmp_path, "--mesh", MESH, "--emit", "maxtext", "--json")
+    rules_file = tmp_path / "rules.yml"
+    rules_file.write_text(json.loads(made.stdout)["emit"]["text"])
+    held = _cli(tmp_path, "--mesh", MESH, "--rules", str(rules_file), "--respect", "annotations",
+                "--json")  # fmt: skip
+    assert held.exit_code == 0, held.output
+    doc = json.loads(held.stdout)
+    assert doc["respect"] == "annotations"
+    assert "annotations" not in {p["name"] for p in doc["plans"]}
+    for bad, said in (("embed", "NAME=AXES"), (str(tmp_path / "none.yml"), "cannot read")):
+        refused = _cli(tmp_path, "--mesh", MESH, "--rules", bad)
+        assert refused.exit_code == 2 and said in " ".join(refused.output.split())
+    refused = _cli(tmp_path, "--mesh", MESH, "--respect", "all")
+    assert refused.exit_code == 2 and "'annotations'" in " ".join(refused.output.split())

@@ -24,6 +24,7 @@ EXTRAS = {
     "distributed": "dask",
     "zarr": "zarr",
     "torch": "bench",
+    "yaml": "yaml",
 }
 """The top-level module of each optional dependency → the extra of shardwise that installs it."""
 

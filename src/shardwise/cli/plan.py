@@ -33,12 +33,12 @@ from shardwise.render.formats import show
 def _program(given: dict[str, Any]) -> None:
     """``plan --model/--function``: plan a whole program."""
     from shardwise._program.emit import emitted
-    from shardwise.cli.program import show_ops, show_plans
+    from shardwise.cli.program import show_ops, show_plans, sweep_batches
 
     if given["model"] is not None and given["function"] is not None:
         raise ArgumentError("give --model or --function, not both.")
     if given["sweep_batch"] is not None or given["plot"] is not None:
-        _sweep(given)
+        sweep_batches(given)
         return
     fmt = table_format(given["format"])
     out = console(stderr=given["json"])
@@ -68,11 +68,11 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str]:
     """The program plan that ``given`` asks for, and the program's name."""
     import shardwise
     from shardwise._program.models import model as built_in
-    from shardwise.cli.program import load_function, parse_args
+    from shardwise.cli.program import dims, load_function, load_rules, parse_args
 
     if given["model"] is not None:
         fn, model_args = built_in(
-            given["model"], batch=given["batch"], train=given["train"], **_dims(given)
+            given["model"], batch=given["batch"], train=given["train"], **dims(given)
         )
         fn_args = list(model_args)
         name = given["model"]
@@ -100,6 +100,8 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str]:
             fixed=fixed,
             train=given["train"],
             top=given["top"],
+            rules=None if given["rules"] is None else load_rules(given["rules"]),
+            respect=given["respect"],
         )
         if given["verify"] or given["tune"]:
             measure = report.tune if given["tune"] else report.verify
@@ -108,57 +110,6 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str]:
                 on_step=lambda k, n: status.update(f"compiling and timing plan {k + 1}/{n}"),
             )
     return report, name
-
-
-def _dims(given: dict[str, Any]) -> dict[str, Any]:
-    """A built-in model's sizes from the command line, all but the batch."""
-    return {k: given[k] for k in ("hidden", "ffn", "seq", "heads", "layers", "dtype")}
-
-
-def _sweep(given: dict[str, Any]) -> None:
-    """``plan --model … --sweep-batch …``: plan the model at each batch size."""
-    from shardwise._program.sweep import sweep
-    from shardwise.cli.program import parse_batches
-    from shardwise.render.sweep import save_sweep, sweep_view
-
-    if given["model"] is None or given["sweep_batch"] is None:
-        raise ArgumentError(
-            "--sweep-batch and --plot plan a built-in model across batch sizes: give --model "
-            "and --sweep-batch (e.g. --sweep-batch 256..16777216), and --plot FILE for the "
-            "picture."
-        )
-    if given["profile"] is None or given["mesh"] == "auto":
-        raise ArgumentError(
-            "a sweep plans for a mesh and a profile you name: give --mesh (e.g. "
-            "data=16,model=16) and --profile (e.g. tpu-v5p)."
-        )
-    flags = {"--verify": "verify", "--tune": "tune", "--html": "html", "--fixed": "fixed",
-             "--device-memory": "device_memory", "--emit": "emit"}  # fmt: skip
-    unused = [flag for flag, key in flags.items() if given[key]]
-    if unused:
-        raise ArgumentError(
-            f"a sweep only plans; it does not take {', '.join(unused)}. Plan one batch size "
-            "without --sweep-batch for those."
-        )
-    out = console(stderr=given["json"])
-    with out.status("planning") as status:
-        result = sweep(
-            given["model"],
-            parse_batches(given["sweep_batch"]),
-            mesh=given["mesh"],
-            profile=given["profile"],
-            train=given["train"],
-            on_step=lambda k, n: status.update(f"planning batch size {k + 1}/{n}"),
-            **_dims(given),
-        )
-    if given["plot"] is not None:
-        save_sweep(result, given["plot"])
-    if given["json"]:
-        print_json(result.to_json())
-        return
-    show(out, sweep_view(result), table_format(given["format"]))
-    if given["plot"] is not None:
-        out.print(f"wrote {given['plot']}")
 
 
 @friendly_errors
@@ -270,6 +221,22 @@ def plan(
         Path | None,
         typer.Option("--plot", help="With --sweep-batch: draw the sweep to this PNG or SVG."),
     ] = None,
+    rules: Annotated[
+        str | None,
+        typer.Option(
+            "--rules",
+            help="For a program: logical axis rules for the names its parameters are annotated "
+            "with: batch=data,embed=-,mlp=model, or a YAML file of MaxText's logical_axis_rules.",
+        ),
+    ] = None,
+    respect: Annotated[
+        str,
+        typer.Option(
+            "--respect",
+            help="For a program: what every plan keeps of what the model says: none, "
+            "annotations (its parameters' layouts) or constraints (its sharding constraints).",
+        ),
+    ] = "none",
     emit: Annotated[
         str | None,
         typer.Option(

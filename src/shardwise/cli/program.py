@@ -15,7 +15,9 @@ from typing import Any
 from rich.console import Console
 
 from shardwise._errors import ArgumentError, user_code_error
+from shardwise._extras import require
 from shardwise._model.op import MAX_DIMENSION
+from shardwise.cli._common import console, print_json, table_format
 from shardwise.render.formats import Format, show
 from shardwise.render.program import ops_view, plans_view
 
@@ -285,3 +287,95 @@ def show_plans(report: Any, console: Console, fmt: Format | None = None) -> None
 def show_ops(report: Any, console: Console, quiet: bool = False, fmt: Format | None = None) -> None:
     """One plan op by op (``quiet``: only the ops that cause collectives), then its memory."""
     show(console, ops_view(report, quiet), fmt)
+
+
+def dims(given: dict[str, Any]) -> dict[str, Any]:
+    """A built-in model's sizes from the command line, all but the batch."""
+    return {k: given[k] for k in ("hidden", "ffn", "seq", "heads", "layers", "dtype")}
+
+
+def sweep_batches(given: dict[str, Any]) -> None:
+    """``plan --model … --sweep-batch …``: plan the model at each batch size."""
+    from shardwise._program.sweep import sweep
+    from shardwise.render.sweep import save_sweep, sweep_view
+
+    if given["model"] is None or given["sweep_batch"] is None:
+        raise ArgumentError(
+            "--sweep-batch and --plot plan a built-in model across batch sizes: give --model "
+            "and --sweep-batch (e.g. --sweep-batch 256..16777216), and --plot FILE for the "
+            "picture."
+        )
+    if given["profile"] is None or given["mesh"] == "auto":
+        raise ArgumentError(
+            "a sweep plans for a mesh and a profile you name: give --mesh (e.g. "
+            "data=16,model=16) and --profile (e.g. tpu-v5p)."
+        )
+    flags = {"--verify": "verify", "--tune": "tune", "--html": "html", "--fixed": "fixed",
+             "--device-memory": "device_memory", "--emit": "emit"}  # fmt: skip
+    unused = [flag for flag, key in flags.items() if given[key]]
+    if unused:
+        raise ArgumentError(
+            f"a sweep only plans; it does not take {', '.join(unused)}. Plan one batch size "
+            "without --sweep-batch for those."
+        )
+    out = console(stderr=given["json"])
+    with out.status("planning") as status:
+        result = sweep(
+            given["model"],
+            parse_batches(given["sweep_batch"]),
+            mesh=given["mesh"],
+            profile=given["profile"],
+            train=given["train"],
+            on_step=lambda k, n: status.update(f"planning batch size {k + 1}/{n}"),
+            **dims(given),
+        )
+    if given["plot"] is not None:
+        save_sweep(result, given["plot"])
+    if given["json"]:
+        print_json(result.to_json())
+        return
+    show(out, sweep_view(result), table_format(given["format"]))
+    if given["plot"] is not None:
+        out.print(f"wrote {given['plot']}")
+
+
+def load_rules(text: str) -> tuple[tuple[str, Any], ...]:
+    """``--rules``: logical axis rules, inline (``batch=data,embed=-,mlp=data+model``: ``-``
+    for not split, ``+`` between the axes of one name) or a YAML file of MaxText's
+    ``logical_axis_rules`` (a list of ``[name, axes]``, alone or under that key)."""
+    from shardwise._model.logical import check_rules
+
+    if text.endswith((".yml", ".yaml")):
+        yaml = require("yaml", "reading a YAML file of rules")
+        try:
+            raw = yaml.safe_load(Path(text).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ArgumentError(f"cannot read the rules file {text!r}: {e}") from None
+        raw = raw.get("logical_axis_rules") if isinstance(raw, dict) else raw
+        if not isinstance(raw, list):
+            raise ArgumentError(
+                f"{text!r} has no logical_axis_rules list: write logical_axis_rules: "
+                "[['batch', ['data']], ['mlp', ['model']]], as MaxText's configs do."
+            )
+        pairs = [(r[0], _axes(r[1])) if isinstance(r, list) and len(r) == 2 else r for r in raw]
+        return check_rules(pairs, f"the rules in {text}")
+    pairs = []
+    for item in text.split(","):
+        name, eq, axes = item.strip().partition("=")
+        if not eq or not name:
+            raise ArgumentError(
+                f"cannot read --rules {item!r}: write NAME=AXES, e.g. --rules "
+                "batch=data,embed=-,mlp=model (- for not split, data+fsdp for two axes), or "
+                "give a YAML file of MaxText's logical_axis_rules."
+            )
+        pairs.append((name, _axes(None if axes in ("-", "None", "none") else axes.split("+"))))
+    return check_rules(pairs, "--rules")
+
+
+def _axes(raw: Any) -> Any:
+    """A rule's axes from YAML or text: ``[]``/``None`` → ``None``, one axis → its name."""
+    if raw is None or raw == []:
+        return None
+    if isinstance(raw, list):
+        return raw[0] if len(raw) == 1 else tuple(raw)
+    return raw
