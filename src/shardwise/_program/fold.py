@@ -81,10 +81,11 @@ def prints_kept() -> Iterator[None]:
         _KEPT.reset(token)
 
 
-def _print(a: np.ndarray) -> Print:
-    kept = _KEPT.get()
-    if kept is not None and id(a) in kept and kept[id(a)][0] is a:
-        return kept[id(a)][1]
+def _print(a: np.ndarray, kept: dict[int, tuple[np.ndarray, Print]] | None) -> Print:
+    """``a``'s print, from ``kept`` (:func:`prints_kept`'s) where it is there."""
+    hit = None if kept is None else kept.get(id(a))
+    if hit is not None and hit[0] is a:
+        return hit[1]
     found = a.shape, xxhash.xxh3_64_intdigest(np.ascontiguousarray(a, dtype=float).data)
     if kept is not None:
         kept[id(a)] = (a, found)  # the array is kept alive with it: its id is not reused
@@ -96,10 +97,11 @@ def fold(problem: Problem, first_apart: bool = False) -> Folding | None:
     where no two parts are alike. ``first_apart``: each group's first part is kept on its own
     and the others fold into the next (what the runners-up need: one layer changed alone)."""
     n = len(problem.labels)
-    prints = [_print(u) for u in problem.unary]
+    known = _KEPT.get()
+    prints = [_print(u, known) for u in problem.unary]
     near: Near = [[] for _ in range(n)]
     for (u, v), m in problem.edges.items():
-        p = _print(m)
+        p = _print(m, known)
         near[u].append((v, (p, 0)))
         near[v].append((u, (p, 1)))
     hubs = {s for s in range(n) if _joins_alike(near[s], prints)}

@@ -345,12 +345,10 @@ def _milp(
     relaxed = _integral_relaxation(objective, a, low, high, nx, time_limit)
     if relaxed is not None:
         return _choices(relaxed, offset), True
-    integrality = np.zeros(col)
-    integrality[:nx] = 1
     result = scipy.optimize.milp(
         objective,
         constraints=scipy.optimize.LinearConstraint(a, rows.lower, rows.upper),
-        integrality=integrality,
+        integrality=(np.arange(col) < nx).astype(float),
         bounds=scipy.optimize.Bounds(0, 1),
         options={"time_limit": time_limit, "mip_rel_gap": 1e-9},
     )
@@ -378,7 +376,8 @@ def _integral_relaxation(
     A relaxation's optimum bounds the integer program's from below, so an integral one is the
     integer program's optimum: proven, without branch and bound. Without budgets or excluded
     solutions it almost always is (the pair variables make the relaxation tight on trees), and
-    HiGHS's dual simplex finds it in a third of the time its MIP solver takes to start.
+    HiGHS's dual simplex finds it in a third of the time its MIP solver takes to start (without
+    presolve: it removes nothing here, and took two thirds of a 24-layer stack's 0.28 s).
     """
     equal = lower == upper
     above = ~equal & np.isfinite(upper)  # Σ ≤ upper
@@ -392,7 +391,7 @@ def _integral_relaxation(
         b_eq=upper[equal],
         bounds=(0, 1),
         method="highs-ds",
-        options={"time_limit": time_limit},
+        options={"time_limit": time_limit, "presolve": False},
     )
     if result.status != 0:
         return None
