@@ -321,3 +321,19 @@ def test_the_report_names_the_collectives_the_annotations_cause() -> None:
     mine, search = p.get("annotations").predicted, p.get("search").predicted
     assert len(mine.collectives) > len(search.collectives)
     assert "which the search's plan avoids" in str(p)
+
+
+def test_an_optimizers_state_is_read_with_its_own_sharding() -> None:
+    """An NNX optimizer's state variables carry the parameter's names, or the names given
+    for the optimizer (``optimizer_sharding``) where the parameter's state is laid out apart."""
+    from flax.nnx.training.optimizer import OptVariable
+
+    w = jnp.ones((64, 256))
+    names = {"out_sharding": ("embed", "mlp"), "optimizer_sharding": (None, "mlp")}
+    with nnx.use_eager_sharding(False):
+        state = {"param": nnx.Param(w, **names), "mu": OptVariable(w, **names)}
+    read = shardwise.plan(
+        lambda s, x: x @ (s["param"][...] + s["mu"][...]), state, jnp.ones((8, 64)),
+        mesh="model=4", profile=PROFILE, top=1,
+    ).annotations.by_input  # fmt: skip
+    assert read[0].names == (None, "mlp") and read[1].names == ("embed", "mlp")  # mu, param

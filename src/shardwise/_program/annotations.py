@@ -121,14 +121,11 @@ def _box(x: Any) -> Annotation | None:
     variablelib = sys.modules.get("flax.nnx.variablelib")
     if variablelib is not None and isinstance(x, variablelib.Variable):
         metadata = x.get_metadata()
-        names = next(
-            (
-                metadata[k]
-                for k in ("out_sharding", "sharding_names", "sharding")
-                if metadata.get(k)
-            ),
-            None,
-        )
+        # an optimizer's state is laid out by the optimizer sharding its variable names
+        # (Flax's ``optimizer_sharding``/``opt_sharding``, kept apart from the parameter's)
+        opt = ("optimizer_sharding", "opt_sharding") if _is_opt_state(x) else ()
+        keys = (*opt, "out_sharding", "sharding_names", "sharding")
+        names = next((metadata[k] for k in keys if metadata.get(k)), None)
         if names is None:
             return Annotation(source=type(x).__name__)
         own = metadata.get("sharding_rules") or ()
@@ -137,6 +134,11 @@ def _box(x: Any) -> Annotation | None:
             source=f"nnx.{type(x).__name__}",
         )  # fmt: skip
     return None
+
+
+def _is_opt_state(x: Any) -> bool:
+    optimizer = sys.modules.get("flax.nnx.training.optimizer")
+    return optimizer is not None and isinstance(x, optimizer.OptState)
 
 
 def _is_box(x: Any) -> bool:
