@@ -321,6 +321,10 @@ def test_the_report_names_the_collectives_the_annotations_cause() -> None:
     mine, search = p.get("annotations").predicted, p.get("search").predicted
     assert len(mine.collectives) > len(search.collectives)
     assert "which the search's plan avoids" in str(p)
+    compared = p.to_json()["annotations"]
+    assert compared["time_ratio"] == pytest.approx(mine.seconds / search.seconds)
+    assert sum(c["count"] for c in compared["avoided"]) >= 1
+    assert "Your annotations against the plan" in p.to_html()
 
 
 def test_an_optimizers_state_is_read_with_its_own_sharding() -> None:

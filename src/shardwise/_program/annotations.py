@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -302,3 +303,20 @@ def logical_constraints_recorded(into: list[Call]) -> Iterator[None]:
     finally:
         for m in patched:
             m.with_logical_constraint = original  # type: ignore[union-attr]
+
+
+def avoided(theirs: Sequence[Any], ours: Sequence[Any]) -> list[dict[str, Any]]:
+    """The collectives in ``theirs`` beyond those in ``ours`` (matched by kind, axes and
+    source line), grouped: kind, axes, source, count and bytes."""
+    left = Counter((c.kind, tuple(c.mesh_axes), c.source) for c in ours)
+    extra: dict[tuple[str, tuple[str, ...], str], list[int]] = {}
+    for c in theirs:
+        key = (c.kind, tuple(c.mesh_axes), c.source)
+        if left[key] > 0:
+            left[key] -= 1
+        else:
+            extra.setdefault(key, []).append(int(c.bytes))
+    return [
+        {"kind": kind, "axes": list(axes), "source": source, "count": len(b), "bytes": sum(b)}
+        for (kind, axes, source), b in extra.items()
+    ]

@@ -20,6 +20,7 @@ from shardwise._model.spec import Spec
 from shardwise._program.annotations import (
     NO_ANNOTATIONS,
     Annotations,
+    avoided,
     first_reader,
     named_arrays,
 )
@@ -189,6 +190,22 @@ class ProgramPlan:
         chosen = self.get(name) if name is not None else self.chosen
         return shardings(self, chosen, mesh)
 
+    def annotations_compared(self) -> dict[str, Any] | None:
+        """The plan of the annotations beside the search's (``None`` without one): its time and
+        memory as ratios of the search's, and the collectives it causes that the search's plan
+        avoids (matched by kind, axes and line), each with its count and bytes."""
+        names = [p.name for p in self.plans]
+        if "annotations" not in names or "search" not in names:
+            return None
+        mine, search = self.get("annotations").predicted, self.get("search").predicted
+        if search.seconds <= 0 or search.memory_bytes <= 0:
+            return None
+        return {
+            "time_ratio": mine.seconds / search.seconds,
+            "memory_ratio": mine.memory_bytes / search.memory_bytes,
+            "avoided": avoided(mine.collectives, search.collectives),
+        }
+
     def get(self, name: str) -> PlannedLayout:
         """The plan called ``name`` (``search``, ``search 2``, a baseline's name)."""
         for p in self.plans:
@@ -310,6 +327,9 @@ class ProgramPlan:
             "complete": self.complete,
             "respect": self.respect,
         }
+        compared = self.annotations_compared()
+        if compared is not None:
+            out["annotations"] = compared
         if any(a.logical for a in self.annotations.by_input.values()):
             out["logical_rules"] = {
                 "rules": [[n, list(a) if isinstance(a, tuple) else a, array, op]

@@ -4,8 +4,6 @@ its memory over the program (``shardwise plan --model/--function``, and ``print`
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group
@@ -114,23 +112,26 @@ def chosen_lines(report: Any) -> list[str]:
 
 
 def annotation_lines(report: Any) -> list[str]:
-    """What the model's own annotations would cost beside the search's plan, and the logical
-    axis rules that give the chosen plan (each with the op that first reads an array of that
-    name), or the names no rules reconcile."""
+    """What the model's own annotations would cost beside the search's plan (and the
+    collectives they cause that it avoids), and the logical axis rules that give the chosen
+    plan (each with the op that first reads an array of that name), or the names no rules
+    reconcile."""
     annotations = getattr(report, "annotations", None)
     if not annotations:
         return []
     lines = []
-    names = [p.name for p in report.plans]
-    if "annotations" in names and "search" in names:
-        mine, search = report.get("annotations").predicted, report.get("search").predicted
-        if search.seconds > 0 and search.memory_bytes > 0:
-            lines.append(
-                f"[bold]your annotations:[/] {mine.seconds / search.seconds:.2f}× the search's "
-                f"predicted time, {mine.memory_bytes / search.memory_bytes:.2f}× its memory "
-                "per device (plan 'annotations')"
-            )
-            lines += _avoided(mine.collectives, search.collectives)
+    compared = report.annotations_compared()
+    if compared is not None:
+        lines.append(
+            f"[bold]your annotations:[/] {compared['time_ratio']:.2f}× the search's predicted "
+            f"time, {compared['memory_ratio']:.2f}× its memory per device (plan 'annotations')"
+        )
+        lines += [
+            f"  they cause {c['count']}× {c['kind']} {'+'.join(c['axes'])} "
+            f"({format_bytes(c['bytes'])}) at {escape(c['source'] or 'an op')}, which the "
+            "search's plan avoids"
+            for c in compared["avoided"]
+        ]
     elif report.respect == "annotations":
         lines.append("[bold]respect='annotations':[/] the search laid the inputs out as annotated")
     if not any(a.logical for a in annotations.by_input.values()):
@@ -149,24 +150,6 @@ def annotation_lines(report: Any) -> list[str]:
         lines.append(f"  {escape(name)} → {escape(to)}{escape(why)}")
     lines += [f"  [red]conflict:[/] {escape(c.describe())}" for c in made.conflicts]
     return lines
-
-
-def _avoided(theirs: Sequence[Any], ours: Sequence[Any]) -> list[str]:
-    """The collectives the annotations' plan causes that the search's does not (by kind, axes
-    and source line), with the bytes each moves."""
-    left = Counter((c.kind, c.mesh_axes, c.source) for c in ours)
-    extra: dict[tuple[str, tuple[str, ...], str], list[int]] = {}
-    for c in theirs:
-        key = (c.kind, c.mesh_axes, c.source)
-        if left[key] > 0:
-            left[key] -= 1
-        else:
-            extra.setdefault(key, []).append(c.bytes)
-    return [
-        f"  they cause {len(b)}× {kind} {'+'.join(axes)} ({format_bytes(sum(b))}) at "
-        f"{escape(source or 'an op')}, which the search's plan avoids"
-        for (kind, axes, source), b in extra.items()
-    ]
 
 
 FASTER = 0.95

@@ -278,7 +278,25 @@ def _comparison(plan: Mapping[str, Any], shown: str, views: Mapping[str, Any]) -
     return (
         f"<section><h2>The plans compared</h2>"
         f'<div class="row"><div>{table}{skipped}</div>{_bars(plans)}</div></section>'
+        + _annotated(plan.get("annotations"))
         + _logical(plan.get("logical_rules"))
+    )
+
+
+def _annotated(compared: Mapping[str, Any] | None) -> str:
+    """The plan of the model's annotations against the search's, and what it causes more."""
+    if not compared:
+        return ""
+    rows = "".join(
+        _cells([f"{c['count']}× {c['kind']}", "+".join(c["axes"]), c["bytes"], c["source"]])
+        for c in compared.get("avoided", [])
+    )
+    table = _table(["collective", "axes", "bytes", "at"], rows) if rows else ""
+    return (
+        "<section><h2>Your annotations against the plan</h2><p>"
+        f"{compared['time_ratio']:.2f}× the search's predicted time, "
+        f"{compared['memory_ratio']:.2f}× its memory per device. "
+        f"{'What they cause that the search avoids:' if rows else ''}</p>{table}</section>"
     )
 
 
