@@ -83,13 +83,13 @@ def test_flax_under_the_plans_rules_compiles_to_the_plan(which: str, mesh: str) 
     _check(round_trip(which, mesh))
 
 
-def nnx_round_trip(cls: type, mesh: str) -> dict[str, bool | None]:
+def nnx_round_trip(cls: type, mesh: str, respect: str = "none") -> dict[str, bool | None]:
     """:func:`round_trip` for an NNX module: the state laid out by ``nnx.get_named_sharding``
     under ``nnx.logical_axis_rules`` of each plan's rules."""
     nnx = pytest.importorskip("flax.nnx")
     forward, state = nnx_split(cls)
     x = jnp.ones((16, 8, 64)) if cls is NnxBlock else jnp.ones((32, 64))
-    p = shardwise.plan(forward, state, x, mesh=mesh, profile=PROFILE, top=3)
+    p = shardwise.plan(forward, state, x, mesh=mesh, profile=PROFILE, top=3, respect=respect)
     devices = _jax_mesh(mesh)
     out: dict[str, bool | None] = {}
     for q in p.plans:
@@ -183,3 +183,17 @@ UNPINNED = pytest.mark.xfail(
 )
 def test_rules_with_activation_names_round_trip(which: str, respect: str) -> None:
     _check(constrained_round_trip(which, "data=2,model=4", respect))
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize("cls", [NnxMLP, NnxBlock])
+def test_plans_rules_can_write_round_trip_in_nnx(cls: type, mesh: str) -> None:
+    """With ``respect="names"`` every plan of the search can be written as rules over the
+    model's names, NNX's included (no fallbacks), and the chosen one compiles under them to
+    its collectives."""
+    found = nnx_round_trip(cls, mesh, respect="names")
+    searched = {name: ok for name, ok in found.items() if name.startswith("search")}
+    assert None not in searched.values(), found  # every one has exact rules
+    # the chosen plan compiles to its collectives; a runner-up may lay out an array the
+    # names do not reach otherwise than XLA propagates
+    assert found["search"] is True, found

@@ -20,11 +20,13 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 from shardwise._errors import ArgumentError, ShardwiseWarning, SpecError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
+from shardwise._program.annotations import Annotations
 from shardwise._program.graph import Graph
 from shardwise._program.nodes import Asked
 from shardwise._program.problem import MAX_CHOICES, Problem, effective_mesh
+from shardwise._program.writable import writable
 
-RESPECT = ("none", "annotations", "constraints")
+RESPECT = ("none", "annotations", "constraints", "names")
 """What ``plan``'s ``respect`` takes: ``"none"`` leaves the layouts the program's code asks
 for to the search; ``"constraints"`` holds every plan, the baselines' too, to them."""
 
@@ -37,8 +39,9 @@ def check_respect(respect: object, top: int = 1) -> None:
         raise ArgumentError(
             f"respect is {respect!r}, which is not one of its values; give 'none' (the search "
             "lays out every array, the code's sharding constraints included), 'annotations' "
-            "(the inputs as the model's annotations say) or 'constraints' (every array the "
-            "code constrains keeps the layout the code asks for)."
+            "(the inputs as the model's annotations say), 'constraints' (every array the "
+            "code constrains keeps the layout the code asks for) or 'names' (every plan can be "
+            "written as rules over the model's logical names)."
         )
 
 
@@ -54,9 +57,14 @@ def traced_under(devices: Mesh | None, mesh: MeshSpec) -> Any:
     return jax.sharding.use_abstract_mesh(abstract)
 
 
-def respected(graph: Graph, problem: Problem, mesh: MeshSpec, respect: str) -> Problem:
+def respected(
+    graph: Graph, problem: Problem, mesh: MeshSpec, respect: str, annotations: Annotations
+) -> Problem:
     """``problem`` (of ``graph`` on ``mesh``) with what ``respect`` holds: :func:`held` for
-    ``"constraints"``; as it is for ``"none"``."""
+    ``"constraints"``, :func:`~shardwise._program.writable.writable` for ``"names"``; as it
+    is otherwise (``"annotations"`` pins inputs, as ``fixed`` does)."""
+    if respect == "names":
+        return writable(graph, problem, annotations)
     return held(graph, problem, mesh) if respect == "constraints" else problem
 
 

@@ -42,6 +42,7 @@ from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import Predicted, predict
 from shardwise._program.steps import StepCosts
 from shardwise._program.top import baselines, best_plans, fixed_pins, nothing_fits, peak, pinned
+from shardwise._program.writable import agrees
 from shardwise._versions import context_mesh, sources_in_users_code
 from shardwise._xla.lower import auto_twin, is_explicit
 
@@ -100,7 +101,8 @@ def plan(
             arguments' logical names; by default, the ``nn.logical_axis_rules`` in force.
         respect: ``"none"`` (the search is free; the plan ``"annotations"`` shows what the
             annotations and the arrays' shardings give), ``"annotations"`` (the inputs as
-            annotated; ``fixed`` wins) or ``"constraints"`` (the code's sharding constraints).
+            annotated; ``fixed`` wins), ``"constraints"`` (the code's sharding constraints)
+            or ``"names"`` (plans that rules over the annotations' logical names can write).
 
     >>> import jax.numpy as jnp
     >>> S = jax.ShapeDtypeStruct
@@ -120,18 +122,17 @@ def plan(
     start = time.perf_counter()
     peaks: list[int] = []  # of the search's plans checked against the budget
     with collection_paused():
-        full = respected(graph, build_problem(graph, eff, prof), spec, respect)
+        full = respected(graph, build_problem(graph, eff, prof), spec, respect, annotations)
         searchable = pinned(graph, full, fixed_specs)
 
-        def fits(sol: Solution) -> bool:
-            peaks.append(peak(graph, searchable, sol, eff, prof))
-            return limit is None or peaks[-1] <= limit
+        def fits(sol: Solution) -> bool:  # within the budget; with "names", writable
+            peaks.append(peak(graph, searchable, sol, eff, prof) if limit is not None else 0)
+            return (limit is None or peaks[-1] <= limit) and (respect != "names" or agrees(sol))
 
         with prints_kept():
             searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
-            solved, skipped = baselines(
-                graph, full, eff, fixed_specs, limit, time_limit, role, extra
-            )
+            solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit,
+                                        role, extra)  # fmt: skip
         named = [("search" if k == 0 else f"search {k + 1}", searchable, sol)
                  for k, sol in enumerate(searched)]  # fmt: skip
         plans = _predictions(graph, [*named, *solved], StepCosts(graph, eff, prof), limit)

@@ -48,15 +48,17 @@ def best_plans(
 ) -> list[Solution]:
     """Up to ``top`` plans of ``problem``, the cheapest first: the search's best, then
     :func:`runners_up`; under a memory ``budget``, each next one by an integer program that
-    excludes the input layouts already found (a local move may break the budget), and only
-    those that ``fits`` (their predicted peak is within the budget): none, where none does.
+    excludes the input layouts already found (a local move may break the budget); only those
+    that ``fits`` (their predicted peak is within the budget; with ``respect="names"``, rules
+    can write them): none, where none does.
 
     A plan set aside leaves the ones after it not proven optimal."""
     inputs = sorted(set(input_vars(graph, problem)))
     if budget is None:
         first = solve(problem, time_limit=time_limit)
         assert first is not None  # only constraints make a problem infeasible
-        return [first, *runners_up(problem, inputs, first, top - 1, time_limit)]
+        return [first, *(s for s in runners_up(problem, inputs, first, top - 1, time_limit)
+                         if fits(s))]  # fmt: skip
     # a local move may break a budget: find each next plan by excluding the ones found, one
     # integer program each
     constraints = memory_constraints(graph, problem, budget, mesh)

@@ -277,41 +277,35 @@ def _comparison(plan: Mapping[str, Any], shown: str, views: Mapping[str, Any]) -
     )
     return (
         f"<section><h2>The plans compared</h2>"
-        f'<div class="row"><div>{table}{skipped}</div>{_bars(plans)}</div></section>'
-        + _annotated(plan.get("annotations"))
-        + _logical(plan.get("logical_rules"))
+        f'<div class="row"><div>{table}{skipped}</div>{_bars(plans)}</div></section>' + _said(plan)
     )
 
 
-def _annotated(compared: Mapping[str, Any] | None) -> str:
-    """The plan of the model's annotations against the search's, and what it causes more."""
-    if not compared:
-        return ""
-    rows = "".join(
-        _cells([f"{c['count']}× {c['kind']}", "+".join(c["axes"]), c["bytes"], c["source"]])
-        for c in compared.get("avoided", [])
-    )
-    table = _table(["collective", "axes", "bytes", "at"], rows) if rows else ""
-    return (
-        "<section><h2>Your annotations against the plan</h2><p>"
-        f"{compared['time_ratio']:.2f}× the search's predicted time, "
-        f"{compared['memory_ratio']:.2f}× its memory per device. "
-        f"{'What they cause that the search avoids:' if rows else ''}</p>{table}</section>"
-    )
-
-
-def _logical(made: Mapping[str, Any] | None) -> str:
-    """The logical axis rules that give the chosen plan, each with the array and op behind it,
-    and the names no rules reconcile."""
-    if not made:
-        return ""
-    rows = "".join(
-        _cells([name, "not split" if axes is None else spec_text([axes]), array, op])
-        for name, axes, array, op in made.get("rules", [])
-    )
-    conflicts = "".join(f'<div class="muted">conflict: {_e(c)}</div>' for c in made["conflicts"])
-    table = _table(["logical name", "mesh axes", "first array so named", "first read by"], rows)
-    return f"<section><h2>Logical axis rules for the chosen plan</h2>{table}{conflicts}</section>"
+def _said(plan: Mapping[str, Any]) -> str:
+    """What the model says of its layout: its annotations' plan against the search's (and the
+    collectives they cause that it avoids); the chosen plan's logical axis rules, each with
+    the array and op behind it, and the names no rules reconcile."""
+    out = ""
+    if compared := plan.get("annotations"):
+        rows = "".join(_cells([f"{c['count']}× {c['kind']}", "+".join(c["axes"]), c["bytes"],
+                               c["source"]]) for c in compared["avoided"])  # fmt: skip
+        out += (
+            f"<section><h2>Your annotations against the plan</h2><p>{compared['time_ratio']:.2f}"
+            f"× the search's predicted time, {compared['memory_ratio']:.2f}× its memory per "
+            f"device.{' What they cause that the search avoids:' if rows else ''}</p>"
+            + (_table(["collective", "axes", "bytes", "at"], rows) if rows else "")
+            + "</section>"
+        )
+    if made := plan.get("logical_rules"):
+        rows = "".join(_cells([name, "not split" if axes is None else spec_text([axes]), array,
+                               op]) for name, axes, array, op in made["rules"])  # fmt: skip
+        heads = ["logical name", "mesh axes", "first array so named", "first read by"]
+        conflicts = "".join(
+            f'<div class="muted">conflict: {_e(c)}</div>' for c in made["conflicts"]
+        )
+        out += f"<section><h2>Logical axis rules for the chosen plan</h2>{_table(heads, rows)}"
+        out += f"{conflicts}</section>"
+    return out
 
 
 def _op_row(row: Mapping[str, Any], mesh: Mesh) -> str:
