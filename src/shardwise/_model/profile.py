@@ -319,6 +319,20 @@ BUILTIN: dict[str, Profile] = {
             "assumed",
         },
     ),
+    "tpu-v6e": Profile(
+        name="tpu-v6e",
+        platform="tpu",
+        flops_per_s={"bfloat16": 918 * TERA, "float32": 918 * TERA},
+        memory_Bps=1638 * GB,
+        memory_bytes=32 * GB,
+        link=Link(latency_s=5e-6, bandwidth_Bps=100 * GB),
+        sources={
+            "flops_per_s": "Cloud TPU v6e (Trillium) docs: peak compute per chip 918 TFLOPs (bf16)",
+            "memory": "Cloud TPU v6e docs: HBM 32 GB, 1638 GBps per chip",
+            "link": "Cloud TPU v6e docs: ICI 800 GBps bidirectional per chip over 4 ports → 100 "
+            "GB/s per link one way (the scaling book, tpus.md: 9e10); latency 5 µs assumed",
+        },
+    ),
     "h100": _HOPPER,
     "h200": dataclasses.replace(
         _HOPPER,

@@ -172,7 +172,7 @@ def plan(
         str | None,
         typer.Option(
             "--profile",
-            help="tpu-v4, tpu-v5e, tpu-v5p, h100, h200, cpu-2core, a "
+            help="tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, h200, cpu-2core, a "
             "calibrated name, or a JSON file; default: the devices at hand.",
         ),
     ] = None,
