@@ -4,17 +4,20 @@ step plan, run sharded as plain ``jit`` runs them, and compile to the collective
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
 import jax
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 import shardwise
 from shardwise._errors import ArgumentError
 from shardwise._program.llama import SIZES, maxtext_size
 from shardwise._program.program import train_step
+from shardwise.cli import app
 
 CPU = "cpu-2core"
 TINY = dict(hidden=32, layers=2, heads=4, kv_heads=2, ffn=64, vocab=64, dtype="float32")
@@ -144,8 +147,8 @@ def test_tiny_llama_matches_an_independent_numpy_llama():
     np.testing.assert_allclose(float(jax.jit(loss)(params, tokens, labels)), nll, rtol=1e-5)
 
 
-def _plans_run_and_match(fn, args, train):
-    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, train=train)
+def _plans_run_and_match(fn, args, train, top=10):
+    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, train=train, top=top)
     real = _real(args, seed=1)
     want = jax.jit(train_step(fn) if train else fn)(*real)
     for p in plan.plans:
@@ -160,7 +163,7 @@ def _plans_run_and_match(fn, args, train):
 
 def test_tiny_llama_forward_plans_run_and_match_compiled_hlo():
     fn, args = shardwise.model("llama", batch=4, seq=8, **TINY)
-    _plans_run_and_match(fn, args, train=False)
+    _plans_run_and_match(fn, args, train=False, top=1)
 
 
 @pytest.mark.slow
@@ -178,3 +181,21 @@ def test_llama3_70b_training_step_plans_for_a_pod_it_does_not_have():
     took = time.perf_counter() - start
     assert plan.chosen.predicted.seconds > 0
     assert took < 30, took  # the budget for a whole mesh search
+
+
+def test_cli_plans_a_named_llama_for_a_mesh_it_does_not_have():
+    r = CliRunner().invoke(app, ["plan", "--model", "llama", "--size", "llama3-8b", "--layers",
+                                 "2", "--batch", "8", "--seq", "512", "--mesh",
+                                 "data=4,model=4", "--profile", "tpu-v5p", "--train", "--json",
+                                 "--top", "1"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["program"] == "llama" and out["train"] is True
+    embed = out["plans"][0]["in_specs"][0]["embed"]
+    assert isinstance(embed, list) and len(embed) == 2  # one entry per dimension
+    r = CliRunner().invoke(app, ["plan", "--model", "mlp", "--size", "llama3-8b", "--mesh",
+                                 "x=8", "--profile", "cpu-2core"])  # fmt: skip
+    assert r.exit_code == 2 and "only model 'llama'" in " ".join(r.output.split()), r.output
+    r = CliRunner().invoke(app, ["plan", "--model", "llama", "--size", "llama5", "--mesh",
+                                 "x=8", "--profile", "cpu-2core"])  # fmt: skip
+    assert r.exit_code == 2 and "llama3-70b" in r.output, r.output
