@@ -86,7 +86,7 @@ def sources_in_users_code() -> Iterator[None]:
     shardwise's built-in models count as the user's code: they are the program planned."""
     info = source_info_util
     excluded = [p for p in _library_paths() if p not in info._exclude_paths]
-    included = [p for p in (_BUILT_IN_MODELS,) if p not in info._include_paths]
+    included = [p for p in _BUILT_IN_MODELS if p not in info._include_paths]
     for path in excluded:
         info.register_exclusion(path)
     for path in included:
@@ -105,7 +105,9 @@ def sources_in_users_code() -> Iterator[None]:
         info.user_frame.cache_clear()
 
 
-_BUILT_IN_MODELS = os.path.join(os.path.dirname(__file__), "_program", "models.py")
+_BUILT_IN_MODELS = tuple(
+    os.path.join(os.path.dirname(__file__), "_program", name) for name in ("models.py", "llama.py")
+)
 
 
 def _library_paths() -> tuple[str, ...]:

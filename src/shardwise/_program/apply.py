@@ -9,7 +9,8 @@ so each array meets the layout the search chose for it under the key the graph g
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -21,7 +22,7 @@ from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
 from shardwise._program.rules import rule_of
 from shardwise._program.solution import Layouts
-from shardwise._program.walk import Key, Path, Walker, is_var
+from shardwise._program.walk import Key, Path, Walker, is_var, source_of
 from shardwise._versions import scan_counts
 from shardwise._xla.lower import Mover
 
@@ -50,6 +51,7 @@ class _Applier(Walker[Any]):
         super().__init__()
         self.graph, self.layouts, self.mover = graph, layouts, mover
         self.arguments = frozenset(graph.closed.jaxpr.invars)
+        self.traceback: Any = None  # while a call's body is walked, the call's user frames
 
     def constant(self, value: Any) -> Any:
         return value
@@ -69,12 +71,23 @@ class _Applier(Walker[Any]):
     def read(self, path: Path, var: Any) -> Any:
         return var.val if not is_var(var) else self.env[(path, var)]
 
-    def scope(self, eqn: Any) -> Any:
+    @contextlib.contextmanager
+    def scope(self, eqn: Any) -> Iterator[None]:
         """Trace under ``eqn``'s source line and name stack, as :func:`jax.core.eval_jaxpr`
         does, so the compiled program's ops, and the collectives XLA makes for them or for the
-        layout changes around them, carry the user's ``file:line`` in their metadata."""
+        layout changes around them, carry the user's ``file:line`` in their metadata; an
+        equation with no line in the user's code (the ``lt`` inside ``jnp.take``, whose
+        derivative JAX traced apart) takes the line of the call it is inlined from, as the
+        graph names it (:meth:`~shardwise._program.graph.Graph.where`)."""
+        outer = self.traceback
+        if source_of(eqn) or outer is None:
+            self.traceback = eqn.source_info.traceback
         stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-        return source_info_util.user_context(eqn.source_info.traceback, name_stack=stack)
+        try:
+            with source_info_util.user_context(self.traceback, name_stack=stack):
+                yield
+        finally:
+            self.traceback = outer
 
     def equation(self, eqn: Any, path: Path, here: Path, ins: list[Any]) -> list[Any]:
         """A step's operands moved to the layouts it reads them in, its result made in its

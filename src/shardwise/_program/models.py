@@ -3,7 +3,8 @@
 - ``mlp``: ``relu(x @ w1) @ w2``;
 - ``transformer``: L pre-LayerNorm blocks (multi-head attention, then an MLP, each with a
   residual), stacked with ``lax.scan`` over parameters that carry a leading layer dimension,
-  as large models are written so that they compile once per block, not once per layer.
+  as large models are written so that they compile once per block, not once per layer;
+- ``llama``: a Llama-style decoder (:mod:`.llama`), sized by name or by dimensions.
 
 Forward functions take ``(x, params)``; losses take ``(params, x, y)`` (the mean squared error
 against ``y``), as :func:`shardwise.plan` with ``train=True`` expects.
@@ -24,9 +25,10 @@ import jax
 import jax.numpy as jnp
 
 from shardwise._errors import ArgumentError
+from shardwise._program.llama import llama, sized
 from shardwise._xla.dtypes import supported
 
-MODELS = ("mlp", "transformer")
+MODELS = ("mlp", "transformer", "llama")
 SEQ = 128
 """The transformer's sequence length where none is given."""
 S = jax.ShapeDtypeStruct
@@ -82,19 +84,36 @@ def model(
     name: str,
     *,
     batch: int,
-    hidden: int,
-    ffn: int,
+    hidden: int | None = None,
+    ffn: int | None = None,
     seq: int = SEQ,
-    heads: int = 8,
-    layers: int = 1,
+    heads: int | None = None,
+    layers: int | None = None,
     train: bool = False,
-    dtype: str = "float32",
+    dtype: str | None = None,
+    size: str | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    vocab: int | None = None,
+    master: bool = False,
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """A built-in model's function and argument shapes: ``(forward, (x, params))``, or with
     ``train=True`` ``(loss, (params, x, y))``: plain JAX functions to plan, run or read.
 
     ``mlp`` is ``relu(x @ w1) @ w2``; ``transformer`` is ``layers`` pre-LayerNorm blocks
-    (multi-head attention, then an MLP) stacked and run by ``lax.scan``.
+    (multi-head attention, then an MLP; 8 heads and 1 layer unless given) stacked and run by
+    ``lax.scan``; both need ``hidden`` and ``ffn`` and default to float32.
+
+    ``llama`` is a Llama-style decoder (:mod:`shardwise._program.llama`: RMSNorm,
+    grouped-query attention with rotary embeddings, a SwiGLU MLP, an untied head) on int32
+    tokens (batch, seq), returning float32 logits; its loss is the cross-entropy against
+    int32 next-token labels. ``size`` names one (``llama2-7b``, ``llama2-13b``,
+    ``llama3-8b``, ``llama3-70b``, or ``maxtext-<global_parameter_scale>``); the dimensions
+    given (``hidden``, ``layers``, ``heads``, ``kv_heads``, ``head_dim``, ``ffn``,
+    ``vocab``) replace the named size's, or without a size describe the model. Weights are
+    bfloat16 unless ``dtype`` says otherwise; ``master=True`` keeps float32 master copies,
+    cast to ``dtype`` where each is used, so that a training step's gradients and update
+    are in float32 (4 bytes a parameter held, not 2).
 
     >>> import shardwise
     >>> fn, (x, params) = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
@@ -102,42 +121,62 @@ def model(
     ((64, 32), ['w1', 'w2'])
     >>> shardwise.plan(fn, x, params, mesh="data=2,model=4", profile="cpu-2core").chosen.name
     'search'
+    >>> loss, (params, tokens, labels) = shardwise.model(
+    ...     "llama", size="llama3-8b", batch=8, seq=2048, train=True)
+    >>> params["layers"]["wk"].shape, params["head"].dtype, tokens.dtype
+    ((32, 4096, 8, 128), dtype(bfloat16), dtype('int32'))
     """
-    for label, n in (
-        ("batch", batch),
-        ("hidden", hidden),
-        ("ffn", ffn),
-        ("seq", seq),
-        ("heads", heads),
-        ("layers", layers),
-    ):
+    for label, n in (("batch", batch), ("seq", seq)):
         if n < 1:
             raise ArgumentError(f"{label} is {n}; model sizes are whole numbers of at least 1.")
-    dtype = supported(dtype, f"model {name!r}").name
-    if name == "mlp":
-        x = S((batch, hidden), dtype)
-        params = {"w1": S((hidden, ffn), dtype), "w2": S((ffn, hidden), dtype)}
-        forward: Callable[..., jax.Array] = mlp
-    elif name == "transformer":
-        if hidden % heads:
-            raise ArgumentError(
-                f"hidden size {hidden} does not divide into {heads} heads; give a hidden size "
-                f"that is a multiple of --heads (e.g. {heads * max(1, hidden // heads)})."
-            )
-        d = hidden // heads
-        x = S((batch, seq, hidden), dtype)
-        qkv = S((layers, hidden, heads, d), dtype)
-        params = {
-            "wq": qkv,
-            "wk": qkv,
-            "wv": qkv,
-            "wo": S((layers, heads, d, hidden), dtype),
-            "w1": S((layers, hidden, ffn), dtype),
-            "w2": S((layers, ffn, hidden), dtype),
-        }
-        forward = transformer
-    else:
+    if name == "llama":
+        dims = dict(hidden=hidden, ffn=ffn, heads=heads, layers=layers, kv_heads=kv_heads,
+                    head_dim=head_dim, vocab=vocab)  # fmt: skip
+        computed = supported(dtype or "bfloat16", f"model {name!r}").name
+        return llama(sized(size, **dims), batch=batch, seq=seq, train=train, dtype=computed,
+                     master=master)  # fmt: skip
+    if name not in MODELS:
         raise ArgumentError(f"no built-in model {name!r}; the models are {', '.join(MODELS)}.")
+    only = {"size": size, "kv_heads": kv_heads, "head_dim": head_dim, "vocab": vocab}
+    given = [k for k, v in only.items() if v is not None] + (["master"] if master else [])
+    if given:
+        raise ArgumentError(
+            f"{', '.join(given)}: only model 'llama' takes these; model {name!r} is sized by "
+            "hidden and ffn (and heads, layers, seq)."
+        )
+    if hidden is None or ffn is None:
+        raise ArgumentError(f"model {name!r} is sized by hidden and ffn: give both.")
+    forward, (x, params) = _simple(name, batch, hidden, ffn, seq, heads or 8, layers or 1, dtype)
     if train:
         return loss_of(forward), (params, x, x)
     return forward, (x, params)
+
+
+def _simple(
+    name: str, batch: int, hidden: int, ffn: int, seq: int, heads: int, layers: int,
+    dtype: str | None,
+) -> tuple[Callable[..., jax.Array], tuple[Any, Any]]:  # fmt: skip
+    """The mlp's or the transformer's forward and ``(x, params)``."""
+    for label, n in (("hidden", hidden), ("ffn", ffn), ("heads", heads), ("layers", layers)):
+        if n < 1:
+            raise ArgumentError(f"{label} is {n}; model sizes are whole numbers of at least 1.")
+    dtype = supported(dtype or "float32", f"model {name!r}").name
+    if name == "mlp":
+        x = S((batch, hidden), dtype)
+        return mlp, (x, {"w1": S((hidden, ffn), dtype), "w2": S((ffn, hidden), dtype)})
+    if hidden % heads:
+        raise ArgumentError(
+            f"hidden size {hidden} does not divide into {heads} heads; give a hidden size "
+            f"that is a multiple of --heads (e.g. {heads * max(1, hidden // heads)})."
+        )
+    d = hidden // heads
+    qkv = S((layers, hidden, heads, d), dtype)
+    params = {
+        "wq": qkv,
+        "wk": qkv,
+        "wv": qkv,
+        "wo": S((layers, heads, d, hidden), dtype),
+        "w1": S((layers, hidden, ffn), dtype),
+        "w2": S((layers, ffn, hidden), dtype),
+    }
+    return transformer, (S((batch, seq, hidden), dtype), params)

@@ -130,7 +130,7 @@ def sweep(
     profile = load_profile(profile) if isinstance(profile, str) else profile
     if any(b < 1 for b in batches):
         raise ArgumentError(f"batch sizes must be 1 or more, got {list(batches)}.")
-    tokens = dims.get("seq", SEQ) if name == "transformer" else 1
+    tokens = dims.get("seq", SEQ) if name in ("transformer", "llama") else 1
     rows = []
     sizes = sorted(set(batches))
     for k, batch in enumerate(sizes):
@@ -153,5 +153,5 @@ def sweep(
                 tensor,
             )
         )
-    limit = threshold(profile, dims.get("dtype", "float32"))
+    limit = threshold(profile, dims.get("dtype") or ("bfloat16" if name == "llama" else "float32"))
     return Sweep(name, mesh, profile.name, train, limit, tuple(rows))

@@ -26,6 +26,18 @@ from shardwise.cli._common import (
     table_format,
     write_file,
 )
+from shardwise.cli._models import (
+    Batch,
+    Ffn,
+    Heads,
+    Hidden,
+    KvHeads,
+    Layers,
+    Master,
+    Seq,
+    Size,
+    Vocab,
+)
 from shardwise.cli.explain import parse_shapes
 from shardwise.render.formats import show
 
@@ -68,7 +80,8 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str]:
     """The program plan that ``given`` asks for, and the program's name."""
     import shardwise
     from shardwise._program.models import model as built_in
-    from shardwise.cli.program import dims, load_function, load_rules, parse_args
+    from shardwise.cli._models import dims
+    from shardwise.cli.program import load_function, load_rules, parse_args
 
     if given["model"] is not None:
         fn, model_args = built_in(
@@ -121,7 +134,8 @@ def plan(
         str | None, typer.Option("--shapes", help="Operand shapes, e.g. 4000x10000,4000x10000.")
     ] = None,
     model: Annotated[
-        str | None, typer.Option("--model", help="Plan a built-in model: mlp or transformer.")
+        str | None,
+        typer.Option("--model", help="Plan a built-in model: mlp, transformer or llama."),
     ] = None,
     function: Annotated[
         str | None,
@@ -135,12 +149,16 @@ def plan(
             "params.w1=f32[1024,4096] (repeat), or a JSON file.",
         ),
     ] = None,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Model batch size.")] = 256,
-    seq: Annotated[int, typer.Option("--seq", min=1, help="Transformer sequence length.")] = 128,
-    hidden: Annotated[int, typer.Option("--hidden", min=1, help="Model width.")] = 1024,
-    ffn: Annotated[int, typer.Option("--ffn", min=1, help="MLP inner width.")] = 4096,
-    heads: Annotated[int, typer.Option("--heads", min=1, help="Attention heads.")] = 8,
-    layers: Annotated[int, typer.Option("--layers", min=1, help="Transformer layers.")] = 1,
+    batch: Batch = 256,
+    seq: Seq = 128,
+    hidden: Hidden = None,
+    ffn: Ffn = None,
+    heads: Heads = None,
+    layers: Layers = None,
+    size: Size = None,
+    kv_heads: KvHeads = None,
+    vocab: Vocab = None,
+    master: Master = False,
     train: Annotated[
         bool, typer.Option("--train", help="Plan one SGD step of the loss, not the forward pass.")
     ] = False,
@@ -155,8 +173,13 @@ def plan(
         str, typer.Option("--mesh", help="Mesh, e.g. x=2,y=4 (need not exist here).")
     ] = "auto",
     dtype: Annotated[
-        str, typer.Option("--dtype", help="Operand dtype: float32, bfloat16, … or f32, bf16, ….")
-    ] = "float32",
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="Operand dtype: float32, bfloat16, … or f32, bf16, … (default float32; "
+            "bfloat16 for llama).",
+        ),
+    ] = None,
     device_memory: Annotated[
         str | None,
         typer.Option(
@@ -253,7 +276,7 @@ def plan(
 
     device_memory = renamed("plan", "--device-memory", device_memory, "--budget", budget)
     table_format(format)  # a bad --format is said before any planning
-    dtype = parse_dtype(dtype).name
+    dtype = None if dtype is None else parse_dtype(dtype).name
     if (sweep_batch is not None or plot is not None) and model is None and function is None:
         raise ArgumentError("--sweep-batch and --plot plan a built-in model: give --model.")
     if emit is not None and emit not in EMITS:
@@ -275,6 +298,7 @@ def plan(
         )
 
     shape_list = parse_shapes(shapes)
+    dtype = dtype or "float32"
     fmt = table_format(format)
     limit = None if device_memory is None else parse_bytes(device_memory, "--device-memory")
     if verify or mesh == "auto" or profile is None:

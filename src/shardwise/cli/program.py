@@ -289,14 +289,10 @@ def show_ops(report: Any, console: Console, quiet: bool = False, fmt: Format | N
     show(console, ops_view(report, quiet), fmt)
 
 
-def dims(given: dict[str, Any]) -> dict[str, Any]:
-    """A built-in model's sizes from the command line, all but the batch."""
-    return {k: given[k] for k in ("hidden", "ffn", "seq", "heads", "layers", "dtype")}
-
-
 def sweep_batches(given: dict[str, Any]) -> None:
     """``plan --model … --sweep-batch …``: plan the model at each batch size."""
     from shardwise._program.sweep import sweep
+    from shardwise.cli._models import dims
     from shardwise.render.sweep import save_sweep, sweep_view
 
     if given["model"] is None or given["sweep_batch"] is None:
