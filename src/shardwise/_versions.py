@@ -19,6 +19,7 @@ import jax
 import jax.extend.core as jcore
 from jax._src import core as jax_core
 from jax._src import source_info_util
+from jax._src import util as _jax_util
 from jax.sharding import Mesh
 
 DropVar: type = getattr(jcore, "DropVar", None) or jax_core.DropVar
@@ -85,6 +86,14 @@ def sources_in_users_code() -> Iterator[None]:
     program planner's names and the compiled program's metadata read it, so they agree.
     shardwise's built-in models count as the user's code: they are the program planned."""
     info = source_info_util
+    # JAX keeps what it traced of a jitted function (softmax, take, a Flax layer) and reuses
+    # it under the same mesh: its ops would keep the lines of the program that traced it
+    # first (planning two models in one process). Its staging caches are emptied so that
+    # every op here is traced anew, with the lines of this program (the executables of the
+    # user's jitted calls, in JAX's C++ caches, are kept).
+    clear_staging = getattr(_jax_util, "clear_all_caches", None)
+    if clear_staging is not None:
+        clear_staging()
     excluded = [p for p in _library_paths() if p not in info._exclude_paths]
     included = [p for p in _BUILT_IN_MODELS if p not in info._include_paths]
     for path in excluded:

@@ -171,7 +171,7 @@ def sized(size: str | None, **dims: int | None) -> LlamaSize:
             raise ArgumentError(f"{label} is {n}; model sizes are whole numbers of at least 1.")
     if size is not None:
         base = named_size(size)
-        return replace(base, name=base.name if not given else f"{base.name}*", **given)
+        return replace(base, name=base.name if not given else f"{base.name}*", **given)  # type: ignore[arg-type]
     missing = [k for k in ("hidden", "layers", "heads", "ffn", "vocab") if k not in given]
     if missing:
         raise ArgumentError(
@@ -180,7 +180,7 @@ def sized(size: str | None, **dims: int | None) -> LlamaSize:
         )
     given.setdefault("kv_heads", given["heads"])
     given.setdefault("head_dim", given["hidden"] // given["heads"])
-    return LlamaSize(name="custom", **given)
+    return LlamaSize(name="custom", **given)  # type: ignore[arg-type]
 
 
 def check(size: LlamaSize) -> None:
@@ -248,10 +248,11 @@ def attention(a: jax.Array, p: Params, theta: float) -> jax.Array:
     q = q.reshape(b, s, kv, n // kv, hd)
     scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32) / math.sqrt(hd)
     causal = jnp.tril(jnp.ones((s, s), dtype=bool))
-    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(causal, scores, -3.4e38)  # float32's lowest: masked out
     weights = jax.nn.softmax(scores, axis=-1).astype(a.dtype)
     o = jnp.einsum("bkgst,btkd->bskgd", weights, v).reshape(b, s, n, hd)
-    return jnp.einsum("bsnd,ndh->bsh", o, p["wo"])
+    out: jax.Array = jnp.einsum("bsnd,ndh->bsh", o, p["wo"])
+    return out
 
 
 def block(h: jax.Array, p: Params, theta: float) -> jax.Array:
@@ -260,7 +261,8 @@ def block(h: jax.Array, p: Params, theta: float) -> jax.Array:
     h = h + attention(rms_norm(h, p["attn_norm"]), p, theta)
     m = rms_norm(h, p["mlp_norm"])
     gated = jax.nn.silu(m @ p["w_gate"]) * (m @ p["w_up"])
-    return h + gated @ p["w_down"]
+    out: jax.Array = h + gated @ p["w_down"]
+    return out
 
 
 def decoder(theta: float, dtype: str) -> Callable[..., jax.Array]:
@@ -278,7 +280,8 @@ def decoder(theta: float, dtype: str) -> Callable[..., jax.Array]:
 
         h, _ = jax.lax.scan(layer, h, params["layers"])
         h = rms_norm(h, cast(params["final_norm"]))
-        return (h @ cast(params["head"])).astype(jnp.float32)
+        logits: jax.Array = (h @ cast(params["head"])).astype(jnp.float32)
+        return logits
 
     return llama
 
