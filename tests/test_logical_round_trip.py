@@ -31,27 +31,22 @@ def _jax_mesh(text: str) -> jax.sharding.Mesh:
                          axis_types=(AxisType.Auto,) * len(axes))  # fmt: skip
 
 
-def _compiled_under_rules(
-    p: Any, name: str, model: Any, params: Any, x: jax.Array, mesh: Any
-) -> Any:
-    """The model jitted as a Flax user would with the plan's rules: parameters laid out by
-    ``nn.logical_to_mesh_sharding``, the batch and the result as the plan says."""
-    rules = p.logical_rules(name).to_flax()
-    chosen = p.get(name)
-    specs = nn.get_partition_spec(params)
-    params_sharding = nn.logical_to_mesh_sharding(specs, mesh, rules)
+def _compiles_to_plan(p: Any, q: Any, forward: Any, params: Any, shardings: Any,
+                     x: jax.Array, devices: Any) -> bool:  # fmt: skip
+    """Whether ``forward`` jitted as a user of the stack would (its parameters laid out by
+    ``shardings``, the stack's own from the plan's rules; the batch and the result as plan
+    ``q`` says) compiles to ``q``'s predicted collectives; every parameter's layout checked."""
+    for k, s in enumerate(jax.tree.leaves(shardings)):
+        rank = len(p.graph.values[p.graph.inputs[k]].shape)
+        assert Spec.parse(s.spec).padded(rank) == q.in_specs[k].padded(rank), q.name
     k_x = len(jax.tree.leaves(params))
-    x_sharding = NamedSharding(mesh, chosen.in_specs[k_x].to_partition_spec())
-    out = chosen.layouts.specs[p.graph.outputs[0]].to_partition_spec()
-
-    def forward(params: Any, x: jax.Array) -> jax.Array:
-        with nn.logical_axis_rules(rules):
-            return model.apply(params, x)
-
-    with jax.set_mesh(mesh):
-        jitted = jax.jit(forward, in_shardings=(params_sharding, x_sharding),
-                         out_shardings=NamedSharding(mesh, out))  # fmt: skip
-        return jitted.lower(params, x).compile(), params_sharding
+    x_sharding = NamedSharding(devices, q.in_specs[k_x].to_partition_spec())
+    result = NamedSharding(devices, q.layouts.specs[p.graph.outputs[0]].to_partition_spec())
+    with jax.set_mesh(devices):
+        jitted = jax.jit(forward, in_shardings=(shardings, x_sharding), out_shardings=result)
+        compiled = jitted.lower(params, x).compile()
+    got = collectives(compiled.as_text() or "", p.mesh.shape)
+    return collectives_match(q.predicted.collectives, tuple(got), by_bytes=True)
 
 
 def round_trip(which: str, mesh: str) -> dict[str, bool | None]:
@@ -62,18 +57,23 @@ def round_trip(which: str, mesh: str) -> dict[str, bool | None]:
     params = model.init(jax.random.key(0), x)
     p = shardwise.plan(lambda params, x: model.apply(params, x), params, x, mesh=mesh,
                        profile=PROFILE, top=3)  # fmt: skip
-    out: dict[str, bool | None] = {}
-    for q in p.plans:
-        if not p.logical_rules(q.name).exact:
-            out[q.name] = None
-            continue
-        compiled, shardings = _compiled_under_rules(p, q.name, model, params, x, _jax_mesh(mesh))
-        for k, s in enumerate(jax.tree.leaves(shardings)):
-            rank = len(p.graph.values[p.graph.inputs[k]].shape)
-            assert Spec.parse(s.spec).padded(rank) == q.in_specs[k].padded(rank), q.name
-        got = collectives(compiled.as_text() or "", p.mesh.shape)
-        out[q.name] = collectives_match(q.predicted.collectives, tuple(got), by_bytes=True)
-    return out
+    devices = _jax_mesh(mesh)
+
+    def trip(q: Any, rules: Any) -> bool:
+        def forward(params: Any, x: jax.Array) -> jax.Array:
+            with nn.logical_axis_rules(rules):
+                return model.apply(params, x)
+
+        shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(params), devices, rules)
+        return _compiles_to_plan(p, q, forward, params, shardings, x, devices)
+
+    return _each_plan(p, trip)
+
+
+def _each_plan(p: Any, trip: Any) -> dict[str, bool | None]:
+    """Each plan of ``p``: ``None`` where its rules are not exact, else ``trip(plan, rules)``."""
+    found = {q.name: (q, p.logical_rules(q.name)) for q in p.plans}
+    return {name: trip(q, made.rules) if made.exact else None for name, (q, made) in found.items()}
 
 
 @pytest.mark.parametrize("mesh", list(MESHES))
@@ -91,23 +91,13 @@ def nnx_round_trip(cls: type, mesh: str, respect: str = "none") -> dict[str, boo
     x = jnp.ones((16, 8, 64)) if cls is NnxBlock else jnp.ones((32, 64))
     p = shardwise.plan(forward, state, x, mesh=mesh, profile=PROFILE, top=3, respect=respect)
     devices = _jax_mesh(mesh)
-    out: dict[str, bool | None] = {}
-    for q in p.plans:
-        made = p.logical_rules(q.name)
-        if not made.exact:
-            out[q.name] = None
-            continue
-        with nnx.logical_axis_rules(made.to_flax()):
+
+    def trip(q: Any, rules: Any) -> bool:
+        with nnx.logical_axis_rules(rules):
             shardings = nnx.get_named_sharding(state, devices)
-        k_x = len(jax.tree.leaves(state))
-        x_sharding = NamedSharding(devices, q.in_specs[k_x].to_partition_spec())
-        result = NamedSharding(devices, q.layouts.specs[p.graph.outputs[0]].to_partition_spec())
-        with jax.set_mesh(devices):
-            jitted = jax.jit(forward, in_shardings=(shardings, x_sharding), out_shardings=result)
-            compiled = jitted.lower(state, x).compile()
-        got = collectives(compiled.as_text() or "", p.mesh.shape)
-        out[q.name] = collectives_match(q.predicted.collectives, tuple(got), by_bytes=True)
-    return out
+        return _compiles_to_plan(p, q, forward, state, shardings, x, devices)
+
+    return _each_plan(p, trip)
 
 
 @pytest.mark.parametrize("mesh", list(MESHES))
@@ -146,23 +136,13 @@ def constrained_round_trip(which: str, mesh: str, respect: str) -> dict[str, boo
     fn, (params, x) = make()
     p = shardwise.plan(fn, params, x, mesh=mesh, profile=PROFILE, top=3, respect=respect)
     devices = _jax_mesh(mesh)
-    out: dict[str, bool | None] = {}
-    for q in p.plans:
-        made = p.logical_rules(q.name)
-        if not made.exact:
-            out[q.name] = None
-            continue
-        forward, (params, x) = make(made.to_flax())
-        shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(params), devices, made.rules)
-        k_x = len(jax.tree.leaves(params))
-        x_sharding = NamedSharding(devices, q.in_specs[k_x].to_partition_spec())
-        result = NamedSharding(devices, q.layouts.specs[p.graph.outputs[0]].to_partition_spec())
-        with jax.set_mesh(devices):
-            jitted = jax.jit(forward, in_shardings=(shardings, x_sharding), out_shardings=result)
-            compiled = jitted.lower(params, x).compile()
-        got = collectives(compiled.as_text() or "", p.mesh.shape)
-        out[q.name] = collectives_match(q.predicted.collectives, tuple(got), by_bytes=True)
-    return out
+
+    def trip(q: Any, rules: Any) -> bool:
+        forward, (params, x) = make(rules)
+        shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(params), devices, rules)
+        return _compiles_to_plan(p, q, forward, params, shardings, x, devices)
+
+    return _each_plan(p, trip)
 
 
 UNPINNED = pytest.mark.xfail(
