@@ -1,7 +1,10 @@
 """What a model already says about its layout, read from the arguments it is planned with:
 the logical axis names Flax annotates parameters with (Linen's ``nn.with_logical_partitioning``
 boxes, NNX variables made with ``nnx.with_partitioning``), the mesh axes of Linen's
-``nn.with_partitioning`` boxes, and the shardings that concrete arrays already carry.
+``nn.with_partitioning`` boxes, and the shardings that concrete arrays already carry; and,
+from the code, the logical names of its ``nn.with_logical_constraint`` calls, recorded while
+the program is traced. :func:`named_arrays` pairs each with its layout in a plan, for the
+rules that hand the plan back (:mod:`~shardwise._model.logical`).
 
 The names are read by their pytree path, so the same leaf the plan lays out is the one
 annotated. Resolving logical names to mesh axes needs rules: those given to ``plan``, else
