@@ -1,0 +1,306 @@
+"""Choose the mesh: split a number of devices over named roles and plan each split.
+
+The roles are mesh axis names (``data``, ``fsdp``, ``tensor``, ...): each candidate is an
+ordered factorisation of the devices, one size per role, and the planner's own search lays
+every array out over those axes. The planner gives a role no meaning of its own: ``data`` and
+``fsdp`` are both just axes, and whether an axis ends up splitting only the batch (data
+parallelism) or the weights too (FSDP) is the search's choice, by cost. The names matter for
+the report, where each becomes MaxText's ``ici_<role>_parallelism``.
+
+Candidates are pruned before planning (too many ways of tensor parallelism, a batch or heads
+that a role's size does not divide) and, past a cap, ranked by the scaling book's closed form
+for mixed FSDP × tensor parallelism (:func:`~shardwise._model.scaling.optimal_fsdp`): the
+ones whose batch-splitting ways are furthest from the book's optimum are left out, and the
+result says which and why.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardwise._errors import ArgumentError, did_you_mean
+from shardwise._model.profile import Profile
+from shardwise._model.profile_files import load_profile
+from shardwise._model.scaling import optimal_fsdp
+from shardwise._program.plans import ProgramPlan
+from shardwise._program.program import plan
+
+ROLES = ("data", "fsdp", "fsdp_transpose", "sequence", "context", "tensor", "expert")
+"""The roles a mesh axis can take: MaxText's ``ici_<role>_parallelism`` settings."""
+BATCH_ROLES = ("data", "fsdp", "fsdp_transpose")
+"""Roles whose sizes together must divide the batch (each splits the batch's rows)."""
+SEQUENCE_ROLES = ("sequence", "context")
+"""Roles whose size must divide the sequence length."""
+MAX_TENSOR = 16
+"""Most ways of tensor parallelism tried by default: past 16 ways the book finds it
+communication-bound on every accelerator profiled (training.md, ``Y < n_axes · F / 2550``)."""
+MAX_PLANNED = 24
+"""Most candidates planned by default (a plan of Llama-3 8B on 256 devices takes 1-3 s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One split of the devices over the roles.
+
+    Attributes:
+        sizes: the ways of each role, in the roles' order.
+        mesh: the mesh text (roles of size 1 left out), e.g. ``"fsdp=64,tensor=4"``.
+        seconds: the best plan's predicted step time on it (``None``: not planned).
+        memory_bytes: that plan's predicted peak memory per device (``None``: not planned).
+        fits: whether ``memory_bytes`` is within the profile's memory (``True`` where the
+            profile gives none).
+        skipped: why it was not planned (``None``: it was).
+    """
+
+    sizes: tuple[int, ...]
+    mesh: str
+    seconds: float | None = None
+    memory_bytes: int | None = None
+    fits: bool = True
+    skipped: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MeshChoice:
+    """The meshes tried for one program, best first, and the best one's plan.
+
+    Attributes:
+        devices: how many devices were split.
+        profile: the device profile's name.
+        roles: the roles, in order (the mesh's axes in that order).
+        candidates: the planned candidates: those that fit first, each group by predicted time.
+        skipped: the candidates not planned, each with why.
+        ranked_by: how candidates past the cap were chosen.
+        best: the plan of the first candidate.
+        wall_seconds: how long the search took here.
+    """
+
+    devices: int
+    profile: str
+    roles: tuple[str, ...]
+    candidates: tuple[Candidate, ...]
+    skipped: tuple[Candidate, ...]
+    ranked_by: str
+    best: ProgramPlan
+    wall_seconds: float
+
+    @property
+    def mesh(self) -> str:
+        """The best candidate's mesh text."""
+        return self.candidates[0].mesh
+
+    def ici(self) -> dict[str, int]:
+        """MaxText's ``ici_<role>_parallelism`` integers for the best mesh (1 where a role is
+        not split)."""
+        best = self.candidates[0].sizes
+        return {f"ici_{r}_parallelism": n for r, n in zip(self.roles, best, strict=True)}
+
+    def to_json(self) -> dict[str, Any]:
+        rows = [*self.candidates, *self.skipped]
+        return {
+            "devices": self.devices,
+            "profile": self.profile,
+            "mesh": self.mesh,
+            "ici": self.ici(),
+            "ranked_by": self.ranked_by,
+            "wall_seconds": self.wall_seconds,
+            "candidates": [
+                {"mesh": c.mesh, "seconds": c.seconds, "memory_bytes": c.memory_bytes,
+                 "fits": c.fits, "skipped": c.skipped}
+                for c in rows
+            ],
+        }  # fmt: skip
+
+
+def factorisations(n: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Every ordered way of writing ``n`` as a product of ``parts`` whole numbers ≥ 1.
+
+    >>> sorted(factorisations(4, 2))
+    [(1, 4), (2, 2), (4, 1)]
+    """
+    if parts == 1:
+        yield (n,)
+        return
+    for d in range(1, n + 1):
+        if n % d == 0:
+            for rest in factorisations(n // d, parts - 1):
+                yield (d, *rest)
+
+
+def mesh_text(roles: Sequence[str], sizes: Sequence[int]) -> str:
+    """The mesh text of a split, roles of size 1 left out (all of size 1: the first role).
+
+    >>> mesh_text(("data", "fsdp", "tensor"), (1, 4, 2))
+    'fsdp=4,tensor=2'
+    """
+    kept = [f"{r}={n}" for r, n in zip(roles, sizes, strict=True) if n > 1]
+    return ",".join(kept) or f"{roles[0]}=1"
+
+
+def _check(devices: int, roles: Sequence[str], max_tensor: int, limit: int) -> None:
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ArgumentError(f"devices is {devices!r}; give a whole number of devices, 1 or more.")
+    if not roles:
+        raise ArgumentError(f"give at least one role to split the devices over: {ROLES}.")
+    for r in roles:
+        if r not in ROLES:
+            raise ArgumentError(
+                f"unknown role {r!r}{did_you_mean(r, ROLES)}; the roles are {', '.join(ROLES)}."
+            )
+    if len(set(roles)) != len(roles):
+        raise ArgumentError(f"roles {tuple(roles)} name a role twice; name each once.")
+    if max_tensor < 1 or limit < 1:
+        raise ArgumentError(f"max_tensor ({max_tensor}) and limit ({limit}) must be 1 or more.")
+
+
+def _why_not(
+    split: dict[str, int], max_tensor: int, batch: int | None, seq: int | None,
+    heads: int | None,
+) -> str | None:  # fmt: skip
+    """Why a split is pruned before planning, or ``None``."""
+    tensor = split.get("tensor", 1)
+    if tensor > max_tensor:
+        return f"tensor={tensor} is over {max_tensor} ways (max_tensor)"
+    if heads is not None and heads % tensor:
+        return f"tensor={tensor} does not divide the {heads} heads"
+    ways = math.prod(split.get(r, 1) for r in BATCH_ROLES)
+    if batch is not None and batch % ways:
+        named = "×".join(f"{r}" for r in BATCH_ROLES if split.get(r, 1) > 1)
+        return f"{named}={ways} does not divide the batch {batch}"
+    cut = math.prod(split.get(r, 1) for r in SEQUENCE_ROLES)
+    if seq is not None and seq % cut:
+        return f"sequence ways {cut} do not divide the sequence length {seq}"
+    return None
+
+
+def _ranking(
+    devices: int, batch: int | None, seq: int | None, ffn: int | None
+) -> tuple[str, Callable[[dict[str, int]], tuple[float, ...]]]:
+    """How to order candidates past the cap: by the book's closed form where the tokens and
+    the MLP width are known, else fewest ways of tensor parallelism first."""
+
+    def simple(split: dict[str, int]) -> tuple[float, ...]:
+        return (split.get("tensor", 1), sum(n > 1 for n in split.values()))
+
+    if batch is None or ffn is None:
+        return "fewest ways of tensor parallelism, then fewest axes", simple
+    tokens = batch * (seq or 1)
+    best = min(max(optimal_fsdp(tokens, ffn, devices), 1.0), float(devices))
+
+    def book(split: dict[str, int]) -> tuple[float, ...]:
+        ways = math.prod(split.get(r, 1) for r in BATCH_ROLES)
+        return (abs(math.log2(ways) - math.log2(best)), *simple(split))
+
+    how = (
+        f"distance from the scaling book's X_opt = sqrt(B/F·2·N) = {best:.0f} ways of "
+        f"batch splitting (B = {tokens} tokens, F = {ffn}, N = {devices})"
+    )
+    return how, book
+
+
+def choose_mesh(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    devices: int,
+    profile: Profile | str,
+    *,
+    train: bool = False,
+    roles: Sequence[str] = ("data", "fsdp", "tensor"),
+    top: int = 5,
+    batch: int | None = None,
+    seq: int | None = None,
+    heads: int | None = None,
+    ffn: int | None = None,
+    max_tensor: int = MAX_TENSOR,
+    limit: int = MAX_PLANNED,
+    on_step: Callable[[int, int], None] | None = None,
+) -> MeshChoice:
+    """Split ``devices`` over ``roles`` every way there is, plan ``fn(*args)`` on each split
+    (the mesh need not exist here), and report them best first.
+
+    The roles are just mesh axis names to the planner: ``data`` and ``fsdp`` differ only in
+    what the search makes of them (it may shard the weights over either), so the report's
+    ``ici_*`` integers are MaxText's reading of the chosen axes.
+
+    Args:
+        fn, args: the program and its argument shapes, as :func:`shardwise.plan` takes them.
+        devices: how many devices to split.
+        profile: the devices' profile; a plan over its memory is marked, not dropped.
+        train: plan a training step of the loss ``fn`` (as :func:`shardwise.plan`).
+        roles: mesh axis names, in the mesh's order (see :data:`ROLES`).
+        top: how many of the planned candidates to keep in :attr:`MeshChoice.candidates`.
+        batch, seq, heads, ffn: the model's batch rows, sequence length, query heads and
+            MLP width, where known: they prune splits that do not divide them and rank the
+            rest by the scaling book's closed form.
+        max_tensor: the most ways of ``tensor`` tried.
+        limit: the most candidates planned.
+        on_step: called as ``on_step(k, n)`` before planning the k-th of n candidates.
+
+    >>> import shardwise
+    >>> fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
+    >>> c = choose_mesh(fn, args, 4, "cpu-2core", batch=64, top=2)
+    >>> len(c.candidates), math.prod(c.ici().values())
+    (2, 4)
+    """
+    _check(devices, roles, max_tensor, limit)
+    start = time.perf_counter()
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    kept: list[dict[str, int]] = []
+    skipped: list[Candidate] = []
+    for sizes in factorisations(devices, len(roles)):
+        split = dict(zip(roles, sizes, strict=True))
+        why = _why_not(split, max_tensor, batch, seq, heads)
+        if why is None:
+            kept.append(split)
+        else:
+            skipped.append(Candidate(sizes, mesh_text(roles, sizes), skipped=why))
+    if not kept:
+        raise ArgumentError(
+            f"no split of {devices} devices over {tuple(roles)} is left to plan: "
+            f"{skipped[0].mesh}: {skipped[0].skipped}; give another device count or roles."
+        )
+    how, key = _ranking(devices, batch, seq, ffn)
+    kept.sort(key=key)
+    for k, split in enumerate(kept[limit:]):
+        sizes = tuple(split.values())
+        why = f"ranked {limit + k + 1} of {len(kept)}, past the {limit} planned (limit)"
+        skipped.append(Candidate(sizes, mesh_text(roles, sizes), skipped=why))
+    planned, best = _plan_each(fn, args, roles, prof, train, kept[:limit], on_step)
+    return MeshChoice(
+        devices, prof.name, tuple(roles), tuple(planned[:top]), tuple(skipped), how, best,
+        time.perf_counter() - start,
+    )  # fmt: skip
+
+
+def _plan_each(
+    fn: Callable[..., Any], args: Sequence[Any], roles: Sequence[str], prof: Profile,
+    train: bool, splits: Sequence[dict[str, int]],
+    on_step: Callable[[int, int], None] | None,
+) -> tuple[list[Candidate], ProgramPlan]:  # fmt: skip
+    """Plan each split: the candidates, those that fit first, each group by predicted time,
+    and the first one's plan (only the best plan is kept, to bound the memory held)."""
+    out: list[Candidate] = []
+    best_plan: ProgramPlan | None = None
+    for k, split in enumerate(splits):
+        if on_step is not None:
+            on_step(k, len(splits))
+        sizes = tuple(split.values())
+        text = mesh_text(roles, sizes)
+        p = plan(fn, *args, mesh=text, profile=prof, train=train, top=1)
+        best = p.chosen.predicted
+        fits = prof.memory_bytes is None or best.memory_bytes <= prof.memory_bytes
+        c = Candidate(sizes, text, best.seconds, best.memory_bytes, fits)
+        if best_plan is None or _order(c) < min(_order(o) for o in out):
+            best_plan = p
+        out.append(c)
+    assert best_plan is not None  # splits is never empty
+    return sorted(out, key=_order), best_plan
+
+
+def _order(c: Candidate) -> tuple[bool, float]:
+    """Those that fit first, then by predicted time."""
+    return (not c.fits, c.seconds if c.seconds is not None else math.inf)

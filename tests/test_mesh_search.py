@@ -1,0 +1,85 @@
+"""Choosing the mesh: every split of the devices over the roles, pruned, planned, best first."""
+
+import math
+import time
+
+import pytest
+
+import shardwise
+from shardwise._program.llama import named_size
+from shardwise._program.mesh_search import MeshChoice, choose_mesh, factorisations
+
+
+@pytest.fixture(scope="module")
+def small() -> MeshChoice:
+    fn, args = shardwise.model("transformer", batch=4, hidden=64, ffn=256, seq=16, heads=8)
+    return choose_mesh(fn, args, 8, "cpu-2core", batch=4, heads=8, max_tensor=4, top=100)
+
+
+def test_every_candidate_is_a_factorisation_of_the_devices(small):
+    assert small.candidates
+    for c in (*small.candidates, *small.skipped):
+        assert math.prod(c.sizes) == 8 and len(c.sizes) == 3
+    every = {c.sizes for c in (*small.candidates, *small.skipped)}
+    assert every == set(factorisations(8, 3))
+
+
+def test_the_best_is_predicted_no_slower_than_any_other(small):
+    fitting = [c for c in small.candidates if c.fits]
+    assert fitting[0] is small.candidates[0]
+    assert all(small.candidates[0].seconds <= c.seconds for c in fitting)
+    assert small.best.mesh.size == 8
+    assert small.best.chosen.predicted.seconds == small.candidates[0].seconds
+
+
+def test_ici_multiplies_to_the_devices(small):
+    ici = small.ici()
+    assert set(ici) == {f"ici_{r}_parallelism" for r in ("data", "fsdp", "tensor")}
+    assert math.prod(ici.values()) == 8
+    assert small.to_json()["mesh"] == small.mesh
+
+
+def test_pruned_candidates_say_why(small):
+    reasons = {c.mesh: c.skipped for c in small.skipped}
+    assert "max_tensor" in reasons["tensor=8"]
+    assert "does not divide the batch 4" in reasons["data=8"]
+    assert all(c.skipped is None and c.seconds is not None for c in small.candidates)
+
+
+def test_past_the_limit_candidates_are_ranked_and_left_out():
+    fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
+    c = choose_mesh(fn, args, 8, "cpu-2core", batch=64, ffn=128, limit=3, top=100)
+    assert len(c.candidates) == 3
+    assert sum("past the 3 planned" in (s.skipped or "") for s in c.skipped) == 10 - 3
+    assert "X_opt" in c.ranked_by
+
+
+@pytest.mark.parametrize(
+    ("devices", "roles", "fragment"),
+    [(0, ("data",), "devices is 0"), (8, ("data", "modle"), "unknown role 'modle'"),
+     (8, ("data", "data"), "twice"), (8, (), "at least one role")],
+)  # fmt: skip
+def test_bad_input_is_an_argument_error(devices, roles, fragment):
+    fn, args = shardwise.model("mlp", batch=8, hidden=8, ffn=8)
+    with pytest.raises(shardwise.ArgumentError, match=fragment):
+        choose_mesh(fn, args, devices, "cpu-2core", roles=roles)
+
+
+def test_nothing_left_to_plan_is_an_argument_error():
+    fn, args = shardwise.model("mlp", batch=3, hidden=8, ffn=8)
+    with pytest.raises(shardwise.ArgumentError, match="no split of 4 devices"):
+        choose_mesh(fn, args, 4, "cpu-2core", roles=("data",), batch=3)
+
+
+@pytest.mark.slow
+def test_llama3_8b_on_256_v5p_chips_what_if():
+    size, batch, seq = named_size("llama3-8b"), 256, 2048
+    fn, args = shardwise.model("llama", size="llama3-8b", batch=batch, seq=seq, train=True)
+    start = time.perf_counter()
+    c = choose_mesh(fn, args, 256, "tpu-v5p", train=True, batch=batch, seq=seq,
+                    heads=size.heads, ffn=size.ffn, roles=("fsdp", "tensor"))  # fmt: skip
+    wall = time.perf_counter() - start
+    print(f"\nllama3-8b, 256 × tpu-v5p: {c.mesh} {c.ici()} "
+          f"{c.candidates[0].seconds:.3f} s/step, searched in {wall:.1f} s")  # fmt: skip
+    assert math.prod(c.ici().values()) == 256 and c.candidates[0].fits
+    assert wall < 300
