@@ -287,16 +287,7 @@ def linen_logical(rules: Any = LOGICAL_RULES) -> Model:
             y = nn.with_logical_constraint(nn.relu(y), ("batch", "hidden"))
             return nn.Dense(x.shape[-1], use_bias=False, kernel_init=down)(y)
 
-    model = DotReluDot(128)
-    x = _normal(1, (64, 32))
-    with nn.logical_axis_rules(rules):
-        params = model.init(jax.random.key(0), x)
-
-    def forward(params: Any, x: jax.Array) -> jax.Array:
-        with nn.logical_axis_rules(rules):
-            return model.apply(params, x)
-
-    return forward, (params, x)
+    return _under_rules(DotReluDot(128), rules, _normal(1, (64, 32)))
 
 
 def _under_rules(module: Any, rules: Any, x: jax.Array) -> Model:
