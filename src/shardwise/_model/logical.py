@@ -138,7 +138,7 @@ class Conflict:
     def describe(self) -> str:
         """In words, with what to do."""
         ways = "; ".join(
-            f"{_axes_text(e)} in {', '.join(whats[:3])}{' …' if len(whats) > 3 else ''}"
+            f"{axes_text(e)} in {', '.join(whats[:3])}{' …' if len(whats) > 3 else ''}"
             for e, whats in self.wants
         )
         if self.name is None:
@@ -153,7 +153,8 @@ class Conflict:
         )
 
 
-def _axes_text(e: Entry) -> str:
+def axes_text(e: Entry) -> str:
+    """An entry in words: ``"not split"``, or ``"on data×model"``."""
     return "not split" if not e else f"on {'×'.join(e)}"
 
 

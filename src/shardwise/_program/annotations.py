@@ -31,6 +31,7 @@ from shardwise._model.logical import Named, Rule, Style, check_rules, resolve
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
+from shardwise._program.walk import user_line
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,11 @@ class Annotation:
     rules: tuple[Rule, ...] = ()
     carried: Spec | None = None
     source: str = ""
+
+    @property
+    def dims(self) -> tuple[str | None, ...]:
+        """Each dimension's name, ``None`` where it has none (an unnamed or open entry)."""
+        return tuple(n if isinstance(n, str) else None for n in self.names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +94,7 @@ def _spec(a: Annotation, rules: tuple[Rule, ...] | None, mesh: MeshSpec) -> tupl
         given = rules if rules is not None else (a.rules or None)
         if given is None:
             return a.carried, "logical names with no rules (pass rules= to plan)"
-        entries = resolve(tuple(_flat(n) for n in a.names), given, a.style)
+        entries = resolve(a.dims, given, a.style)
         spec: Spec | None = Spec(entries).canonical()
     elif a.names:
         spec = Spec.parse(PartitionSpec(*a.names)).canonical()
@@ -97,10 +103,6 @@ def _spec(a: Annotation, rules: tuple[Rule, ...] | None, mesh: MeshSpec) -> tupl
     if spec is not None and not set(spec.axes).issubset(mesh.names):
         return None, f"mesh axes {sorted(set(spec.axes) - set(mesh.names))} not in the mesh"
     return spec, ""
-
-
-def _flat(name: Any) -> str | None:
-    return name if isinstance(name, str) else None
 
 
 def rules_in_force(rules: Any) -> tuple[Rule, ...] | None:
@@ -220,8 +222,7 @@ def named_arrays(
     for k, a in annotations.by_input.items():
         if a.logical and a.names:
             rank = len(graph.values[graph.inputs[k]].shape)
-            out.append(Named(graph.names[k], tuple(_flat(n) for n in a.names),
-                             in_specs[k].padded(rank), a.style))  # fmt: skip
+            out.append(Named(graph.names[k], a.dims, in_specs[k].padded(rank), a.style))
     seen = set()
     for value, names, line in annotations.activations:
         spec = specs.get(value, specs.get(graph.classes[value]))
@@ -287,12 +288,12 @@ def logical_constraints_recorded(into: list[Call]) -> Iterator[None]:
 
     def recording(x: Any, logical_axis_resources: Any, *args: Any, **kwargs: Any) -> Any:
         names = logical_axis_resources
-        frame = source_info_util.user_frame(source_info_util.current().traceback)
+        line = user_line(source_info_util.current().traceback)
         one = isinstance(names, tuple | list | PartitionSpec) and all(
             n is None or isinstance(n, str) for n in names
         )
-        if frame is not None and one:
-            into.append((f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}", tuple(names)))
+        if line and one:
+            into.append((line, tuple(names)))
         return original(x, logical_axis_resources, *args, **kwargs)
 
     homes = [

@@ -28,7 +28,9 @@ from shardwise._program.writable import writable
 
 RESPECT = ("none", "annotations", "constraints", "names")
 """What ``plan``'s ``respect`` takes: ``"none"`` leaves the layouts the program's code asks
-for to the search; ``"constraints"`` holds every plan, the baselines' too, to them."""
+for to the search; ``"annotations"`` pins the inputs as annotated; ``"constraints"`` holds
+every plan, the baselines' too, to the code's constraints; ``"names"`` keeps the search to
+plans that rules over the model's logical names write."""
 
 
 def check_respect(respect: object, top: int = 1) -> None:

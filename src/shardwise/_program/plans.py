@@ -106,8 +106,8 @@ class ProgramPlan:
     """What the arguments said about their layout (Flax's annotations, arrays' shardings)."""
     respect: str = "none"
     """What the plans hold fixed of what the model says: ``"none"`` (the search chose every
-    layout), ``"annotations"`` (the inputs as annotated) or ``"constraints"`` (every array the
-    code constrains as it asks)."""
+    layout), ``"annotations"`` (the inputs as annotated), ``"constraints"`` (every array the
+    code constrains as it asks) or ``"names"`` (plans rules over the model's names write)."""
 
     @property
     def stopped_early(self) -> str | None:

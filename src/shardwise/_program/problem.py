@@ -95,6 +95,15 @@ class Problem:
         )
 
 
+def add_edge(edges: dict[tuple[int, int], np.ndarray], u: int, v: int, matrix: np.ndarray) -> None:
+    """Add ``matrix`` (rows: ``u``'s choices) to the edge between variables ``u`` and ``v``
+    (two of them), kept under whichever order it already has."""
+    if (v, u) in edges:
+        edges[(v, u)] = edges[(v, u)] + matrix.T
+    else:
+        edges[(u, v)] = edges.get((u, v), 0) + matrix
+
+
 class _Draft:
     """A :class:`Problem` while :func:`build_problem` fills it in from ``costs``."""
 
@@ -132,10 +141,8 @@ class _Draft:
     def add_edge(self, u: int, v: int, matrix: np.ndarray) -> None:
         if u == v:
             self.unary[u] = self.unary[u] + np.diag(matrix)
-        elif (v, u) in self.edges:
-            self.edges[(v, u)] = self.edges[(v, u)] + matrix.T
         else:
-            self.edges[(u, v)] = self.edges.get((u, v), 0) + matrix
+            add_edge(self.edges, u, v, matrix)
 
     def freeze(self) -> Problem:
         problem = Problem.of(self.choices, self.unary, self.edges, self.labels)

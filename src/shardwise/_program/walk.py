@@ -114,7 +114,12 @@ def rank(var: Any) -> int:
 
 def source_of(eqn: Any) -> str:
     """``file:line`` of the user's code that made ``eqn`` (``""`` where none is known)."""
-    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    return user_line(eqn.source_info.traceback)
+
+
+def user_line(traceback: Any) -> str:
+    """``file:line`` of the first frame of ``traceback`` in the user's code (``""``: none)."""
+    frame = source_info_util.user_frame(traceback)
     if frame is None:
         return ""
     return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"

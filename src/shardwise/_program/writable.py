@@ -17,13 +17,17 @@ The costs the plans are ranked and reported by are the step costs; this edge cos
 
 from __future__ import annotations
 
+import dataclasses
+import types
+
 import numpy as np
 
 from shardwise._model.spec import Spec
 from shardwise._program.annotations import Annotations
 from shardwise._program.graph import Graph
-from shardwise._program.problem import Problem
+from shardwise._program.problem import Problem, add_edge
 from shardwise._program.search import Solution
+from shardwise._program.top import input_vars
 
 Names = tuple[str | None, ...]
 """Each dimension's logical name (``None``: unnamed)."""
@@ -35,12 +39,11 @@ cost, so the search takes it only where nothing agrees (never: whole always does
 
 def writable(graph: Graph, problem: Problem, annotations: Annotations) -> Problem:
     """``problem`` restricted to plans that rules over the annotations' logical names write."""
-    var_of = {label: v for v, label in enumerate(problem.labels)}
+    variables = input_vars(graph, problem)
     named: dict[int, Names] = {}  # variable → its names
     for k, a in annotations.by_input.items():
         if a.logical and a.names:
-            v = var_of[("class", graph.find(graph.inputs[k]))]
-            named.setdefault(v, tuple(n if isinstance(n, str) else None for n in a.names))
+            named.setdefault(variables[k], a.dims)
     keep = {
         v: [i for i, spec in enumerate(problem.choices[v]) if _unnamed_whole(spec, names)]
         for v, names in named.items()
@@ -52,14 +55,9 @@ def writable(graph: Graph, problem: Problem, annotations: Annotations) -> Proble
         for n in dict.fromkeys(n for n in names if n is not None):
             if n in last and last[n] != v:
                 u = last[n]
-                link = _disagreement(narrowed, u, named[u], v, names)
-                if (v, u) in edges:
-                    edges[(v, u)] = edges[(v, u)] + link.T
-                else:
-                    edges[(u, v)] = edges.get((u, v), 0) + link
+                add_edge(edges, u, v, _disagreement(narrowed, u, named[u], v, names))
             last[n] = v
-    return Problem(narrowed.labels, narrowed.choices, narrowed.unary, edges,
-                   narrowed.considered, narrowed.truncated, narrowed.held)  # fmt: skip
+    return dataclasses.replace(narrowed, edges=types.MappingProxyType(edges))
 
 
 def agrees(solution: Solution) -> bool:
@@ -71,13 +69,7 @@ def _unnamed_whole(spec: Spec, names: Names) -> bool:
     return all(n is not None or not e for n, e in zip(names, spec.padded(len(names)), strict=True))
 
 
-def _disagreement(
-    problem: Problem,
-    u: int,
-    u_names: tuple[str | None, ...],
-    v: int,
-    v_names: tuple[str | None, ...],
-) -> np.ndarray:
+def _disagreement(problem: Problem, u: int, u_names: Names, v: int, v_names: Names) -> np.ndarray:
     """``DISAGREE`` where choice ``i`` of ``u`` and ``j`` of ``v`` lay a shared name out apart."""
     shared = [n for n in dict.fromkeys(u_names) if n is not None and n in v_names]
 

@@ -369,9 +369,8 @@ def load_rules(text: str) -> tuple[tuple[str, Any], ...]:
 
 
 def _axes(raw: Any) -> Any:
-    """A rule's axes from YAML or text: ``[]``/``None`` → ``None``, one axis → its name."""
-    if raw is None or raw == []:
-        return None
-    if isinstance(raw, list):
-        return raw[0] if len(raw) == 1 else tuple(raw)
-    return raw
+    """A rule's axes from YAML or text: a list of axes as Flax writes them (``[]`` → ``None``,
+    one axis → its name); anything else as it is, for :func:`check_rules` to judge."""
+    from shardwise._model.logical import axes_of
+
+    return axes_of(tuple(raw)) if isinstance(raw, list) else raw

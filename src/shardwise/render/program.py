@@ -10,6 +10,7 @@ from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
+from shardwise._model.logical import axes_text, entry
 from shardwise._model.units import format_bytes, format_seconds
 
 
@@ -141,11 +142,7 @@ def annotation_lines(report: Any) -> list[str]:
     if reasons:
         lines.append("[bold]logical axis rules[/] that give the chosen plan (logical_rules()):")
     for name, axes, array, op in reasons:
-        to = (
-            "not split"
-            if axes is None
-            else "on " + (axes if isinstance(axes, str) else "×".join(axes))
-        )
+        to = axes_text(entry(axes))
         why = f": {array}" + (f", read by {op}" if op else "") if array else ""
         lines.append(f"  {escape(name)} → {escape(to)}{escape(why)}")
     lines += [f"  [red]conflict:[/] {escape(c.describe())}" for c in made.conflicts]
