@@ -4,12 +4,14 @@ into one, and leaves a chain of layers (which it cannot fold) alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 import pytest
 
 from helpers import brute_force
+from shardwise._program import top
 from shardwise._program.fold import fold
 from shardwise._program.problem import Problem
 from shardwise._program.search import solve, total
@@ -90,3 +92,25 @@ def test_a_chain_of_layers_does_not_fold():
     problem = Problem.of([[0, 1]] * 5, [np.array([0.0, 0.5])] * 5,
                          {(v, v + 1): layer for v in range(4)})  # fmt: skip
     assert fold(problem) is None
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_local_search_runners_up_are_searched_once_per_layer(seed, monkeypatch):
+    """Where local search finds the runners-up (an integer program solved the problem), a
+    layer's variable takes its twin's searches mirrored, and the shared variable is searched
+    in the folded problem: the same runners-up as searching each in the whole problem."""
+    problem = _stack(seed, layers=3)
+    best = solve(problem)
+    assert best is not None
+    best = dataclasses.replace(best, method="integer program (HiGHS)")
+    size = (len(problem.labels) - 1) // 4
+    inputs = [0, *(1 + k * size for k in range(4))]  # the shared variable, each part's first
+    searches = top._Searches(problem, best)
+    assert 0 in searches.index and {1 + size, 1 + 2 * size} <= searches.twins.keys()
+    folded = runners_up(problem, inputs, best, 6, 10.0)
+    monkeypatch.setattr(top, "fold", lambda problem: None)
+    whole = runners_up(problem, inputs, best, 6, 10.0)
+    assert [s.choice for s in folded] == [s.choice for s in whole]
+    for sol in folded:
+        assert sol.seconds == pytest.approx(total(problem, sol.choice))
+        assert any(sol.choice[v] != best.choice[v] for v in inputs)

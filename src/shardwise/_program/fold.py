@@ -68,17 +68,22 @@ Near = list[list[tuple[int, tuple[Print, int]]]]
 _KEPT: contextvars.ContextVar[dict[int, tuple[np.ndarray, Print]] | None] = contextvars.ContextVar(
     "shardwise_fold_prints", default=None
 )
+_FOLDED: contextvars.ContextVar[dict[tuple[int, bool], tuple[Problem, Folding | None]] | None] = (
+    contextvars.ContextVar("shardwise_foldings", default=None)
+)
 
 
 @contextlib.contextmanager
 def prints_kept() -> Iterator[None]:
     """Within it, each array's print is computed once: the problems one program's search and
-    baselines solve share most of their arrays (a pinned problem keeps the others' costs)."""
-    token = _KEPT.set({})
+    baselines solve share most of their arrays (a pinned problem keeps the others' costs);
+    and each problem is folded once (the search's runners-up use the best plan's folding)."""
+    token, folded = _KEPT.set({}), _FOLDED.set({})
     try:
         yield
     finally:
         _KEPT.reset(token)
+        _FOLDED.reset(folded)
 
 
 def _print(a: np.ndarray, kept: dict[int, tuple[np.ndarray, Print]] | None) -> Print:
@@ -96,6 +101,17 @@ def fold(problem: Problem, first_apart: bool = False) -> Folding | None:
     """``problem`` with each group of identical parts kept once (:class:`Folding`), or ``None``
     where no two parts are alike. ``first_apart``: each group's first part is kept on its own
     and the others fold into the next (what the runners-up need: one layer changed alone)."""
+    known = _FOLDED.get()
+    hit = None if known is None else known.get((id(problem), first_apart))
+    if hit is not None and hit[0] is problem:
+        return hit[1]
+    found = _fold(problem, first_apart)
+    if known is not None:
+        known[(id(problem), first_apart)] = (problem, found)  # kept alive: its id is not reused
+    return found
+
+
+def _fold(problem: Problem, first_apart: bool) -> Folding | None:
     n = len(problem.labels)
     known = _KEPT.get()
     prints = [_print(u, known) for u in problem.unary]

@@ -9,12 +9,15 @@ import math
 import time
 from collections.abc import Callable, Mapping
 
+import numpy as np
+
 from shardwise._errors import ArgumentError, SpecError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import format_bytes
 from shardwise._program.baselines import NAMES, baseline
+from shardwise._program.fold import fold
 from shardwise._program.graph import Graph
 from shardwise._program.marginals import Alternatives, alternatives
 from shardwise._program.memory import memory_constraints, peak_bytes
@@ -116,39 +119,122 @@ def runners_up(
     found = alternatives(problem, best.choice, best.seconds) if exact else None
     if found is not None:
         return _held(problem, inputs, best, count, found)
-    near = neighbours(problem)
-    stacks, base = Stacks(near), list(best.choice)  # each search runs in base, then undone
     position = {u: k for k, u in enumerate(inputs)}
     layouts = [best.choice[v] for v in inputs]  # the inputs' choices
     seen = {tuple(layouts)}
+    searches = _Searches(problem, best)
     out: list[tuple[int, float, dict[int, int], float]] = []
     for v in inputs:
         others = []
-        for c in range(len(problem.choices[v])):
-            if c == best.choice[v]:
-                continue
-            begin = time.perf_counter()
-            cost = best.seconds + moved(problem, best.choice, v, c, near)
-            base[v] = c
-            queue = [u for u, _ in near[v]] if best.optimal else list(range(len(base)))
-            saved, was = settle(problem, base, v, queue, near, stacks)
-            changes = {u: base[u] for u in (v, *was)}
-            base[v] = best.choice[v]
-            for u, old in was.items():
-                base[u] = old
+        for cost, changes, seconds in searches.of(v):
             key = _with(list(layouts), position, changes)
             if key not in seen:
                 seen.add(key)
-                others.append((cost - saved, changes, time.perf_counter() - begin))
+                others.append((cost, changes, seconds))
         others.sort(key=lambda found: found[0])
         out += [(rank, *found) for rank, found in enumerate(others)]
     # each input's best alternative first, then each one's second best, ...
     kept = sorted(out, key=lambda r: r[:2])[:count]
-    chosen = [_with(list(best.choice), range(len(base)), changes) for *_, changes, _ in kept]
+    chosen = [_with(list(best.choice), range(len(best.choice)), changes) for *_, changes, _ in kept]
     return [
         Solution(x, total(problem, x), False, "local search", seconds)
         for x, (*_, seconds) in zip(chosen, kept, strict=True)
     ]
+
+
+_Near = list[list[tuple[int, np.ndarray]]]
+Found = list[tuple[float, dict[int, int], float]]
+"""Plans near the best: each one's cost, its changes to the best plan (variable → choice)
+and how long its search took."""
+
+
+class _Searches:
+    """:func:`runners_up`'s local searches from the best plan, each variable held at each of
+    its other choices, made once per layer of a stack:
+
+    - a variable of an identical part (:func:`~shardwise._program.fold.fold`) whose twin in
+      its group's first part was searched already: the twin's searches, mirrored (swapping two
+      identical parts changes no cost);
+    - a variable outside the identical parts (the residual stream every block reads): searched
+      in the folded problem, where the parts settle as one, each change then made in every
+      part it stands for.
+
+    Both only where the best plan lays the parts of each group out alike (as a folded solve
+    does); otherwise each search runs in the whole problem."""
+
+    def __init__(self, problem: Problem, best: Solution) -> None:
+        self.problem, self.best = problem, best
+        self.twins: dict[int, tuple[int, dict[int, int]]] = {}
+        self.found: dict[int, Found] = {}
+        self.near = neighbours(problem)
+        self.stacks = Stacks(self.near)
+        self.folded: tuple[Problem, Solution, _Near, Stacks, dict[int, list[int]]] | None = None
+        self.index: dict[int, int] = {}  # a variable outside the parts: its folded variable
+        folding = fold(problem)
+        if folding is None:
+            return
+        small = tuple(best.choice[v] for v in folding.kept)
+        if folding.expand(small) != best.choice:
+            return
+        parted: set[int] = set()
+        for parts in folding.groups:
+            for part in parts[1:]:
+                swap = {**dict(zip(parts[0], part, strict=True)),
+                        **dict(zip(part, parts[0], strict=True))}  # fmt: skip
+                self.twins.update((b, (a, swap)) for a, b in zip(parts[0], part, strict=True))
+            parted.update(u for part in parts for u in part)
+        members: dict[int, list[int]] = {}
+        for u, f in enumerate(folding.of):
+            members.setdefault(f, []).append(u)
+        self.index = {v: f for f, v in enumerate(folding.kept) if v not in parted}
+        near = neighbours(folding.problem)
+        self.folded = (folding.problem, dataclasses.replace(best, choice=small), near,
+                       Stacks(near), members)  # fmt: skip
+
+    def of(self, v: int) -> Found:
+        """The searches with variable ``v`` held at each of its other choices."""
+        twin, swap = self.twins.get(v, (-1, {}))
+        if twin in self.found:
+            self.found[v] = [
+                (cost, {swap.get(u, u): c for u, c in changes.items()}, seconds)
+                for cost, changes, seconds in self.found[twin]
+            ]
+        elif self.folded is not None and v in self.index:
+            small, best, near, stacks, members = self.folded
+            found = _alternatives(small, best, self.index[v], near, stacks)
+            self.found[v] = [
+                (cost, {u: c for f, c in changes.items() for u in members[f]}, seconds)
+                for cost, changes, seconds in found
+            ]
+        else:
+            self.found[v] = _alternatives(self.problem, self.best, v, self.near, self.stacks)
+        return self.found[v]
+
+
+def _alternatives(
+    problem: Problem,
+    best: Solution,
+    v: int,
+    near: _Near,
+    stacks: Stacks,
+) -> Found:
+    """For each other choice of variable ``v``, the best plan local search finds from
+    ``best`` with ``v`` held there."""
+    found, base = [], list(best.choice)
+    for c in range(len(problem.choices[v])):
+        if c == best.choice[v]:
+            continue
+        begin = time.perf_counter()
+        cost = best.seconds + moved(problem, best.choice, v, c, near)
+        base[v] = c
+        queue = [u for u, _ in near[v]] if best.optimal else list(range(len(base)))
+        saved, was = settle(problem, base, v, queue, near, stacks)
+        changes = {u: base[u] for u in (v, *was)}
+        base[v] = best.choice[v]
+        for u, old in was.items():
+            base[u] = old
+        found.append((cost - saved, changes, time.perf_counter() - begin))
+    return found
 
 
 def _with(
