@@ -12,7 +12,7 @@ import pytest
 
 from helpers import brute_force
 from shardwise._program import top
-from shardwise._program.fold import fold
+from shardwise._program.fold import fold, prints_kept, restricted
 from shardwise._program.problem import Problem
 from shardwise._program.search import solve, total
 from shardwise._program.top import runners_up
@@ -114,3 +114,26 @@ def test_local_search_runners_up_are_searched_once_per_layer(seed, monkeypatch):
     for sol in folded:
         assert sol.seconds == pytest.approx(total(problem, sol.choice))
         assert any(sol.choice[v] != best.choice[v] for v in inputs)
+
+
+@pytest.mark.parametrize(
+    "seed", [s for s in range(20) if any(len(c) > 1 for c in _stack(s, 3).choices[1:])][:10]
+)
+def test_a_problem_pinned_alike_in_every_layer_folds_as_its_whole(seed):
+    """A baseline pins every layer alike: its problem takes the whole problem's folding (not
+    looked for again) and solves to its own optimum; pinned in one layer only, it is folded
+    anew, that layer apart."""
+    problem = _stack(seed, layers=3)
+    size = (len(problem.labels) - 1) // 4
+    j = next(j for j in range(size) if len(problem.choices[1 + j]) > 1)  # (choices to pin)
+    alike = {1 + k * size + j: [0] for k in range(4)}  # in each part, at choice 0
+    with prints_kept():
+        for keep, same in ((alike, True), ({1 + size + j: [0]}, False)):
+            pinned = problem.restrict(keep)
+            restricted(pinned, keep, problem)
+            folding, whole = fold(pinned), fold(problem)
+            assert folding is not None and whole is not None
+            assert (folding.groups == whole.groups) is same
+            best = solve(pinned)
+            assert best is not None
+            assert best.seconds == pytest.approx(brute_force(pinned)[1])

@@ -135,6 +135,33 @@ def _fold(problem: Problem, first_apart: bool) -> Folding | None:
     folded = [parts for parts in groups.values() if len(parts) > (2 if first_apart else 1)]
     if not folded:
         return None
+    return _folded(problem, [[tuple(p) for p in parts] for parts in folded], first_apart)
+
+
+def restricted(problem: Problem, keep: dict[int, list[int]], within: Problem) -> None:
+    """Within :func:`prints_kept`, where ``problem`` is ``within`` restricted to the choices
+    ``keep`` (:meth:`Problem.restrict`) alike in every identical part of ``within``, the
+    folding of ``within`` made the folding of ``problem``, so that it is not looked for again:
+    the baselines pin every layer of a stack alike, and the layers still fold as they did.
+    (The parts stay identical; ``problem`` might fold further, and then folds less.)"""
+    known = _FOLDED.get()
+    if known is None:
+        return
+    folding = fold(within)
+    if folding is None:
+        return
+    for parts in folding.groups:
+        first = [keep.get(v) for v in parts[0]]
+        if any([keep.get(v) for v in part] != first for part in parts[1:]):
+            return
+    known[(id(problem), False)] = (problem, _folded(problem, folding.groups, False))
+
+
+def _folded(
+    problem: Problem, folded: Sequence[Sequence[tuple[int, ...]]], first_apart: bool
+) -> Folding:
+    """``problem`` with each group of identical parts in ``folded`` kept once."""
+    n = len(problem.labels)
     into, weight = list(range(n)), [1] * n
     for parts in folded:
         rest = parts[1:] if first_apart else parts

@@ -121,7 +121,7 @@ def plan(
     fixed_specs, extra = _pins(graph, fixed, spec, role, annotations, respect)
     start = time.perf_counter()
     peaks: list[int] = []  # of the search's plans checked against the budget
-    with collection_paused():
+    with collection_paused(), prints_kept():
         full = respected(graph, build_problem(graph, eff, prof), spec, respect, annotations)
         searchable = pinned(graph, full, fixed_specs)
 
@@ -129,10 +129,9 @@ def plan(
             peaks.append(peak(graph, searchable, sol, eff, prof) if limit is not None else 0)
             return (limit is None or peaks[-1] <= limit) and (respect != "names" or agrees(sol))
 
-        with prints_kept():
-            searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
-            solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit,
-                                        role, extra)  # fmt: skip
+        searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
+        solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit,
+                                    role, extra)  # fmt: skip
         named = [("search" if k == 0 else f"search {k + 1}", searchable, sol)
                  for k, sol in enumerate(searched)]  # fmt: skip
         plans = _predictions(graph, [*named, *solved], StepCosts(graph, eff, prof), limit)

@@ -17,7 +17,7 @@ from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec, SpecLike
 from shardwise._model.units import format_bytes
 from shardwise._program.baselines import NAMES, baseline
-from shardwise._program.fold import fold
+from shardwise._program.fold import fold, restricted
 from shardwise._program.graph import Graph
 from shardwise._program.marginals import Alternatives, alternatives
 from shardwise._program.memory import memory_constraints, peak_bytes
@@ -365,7 +365,9 @@ def pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem:
                 f"shape {graph.values[root].shape} does not divide."
             )
         keep[var] = [choices.index(spec)]
-    return problem.restrict(keep)
+    out = problem.restrict(keep)
+    restricted(out, keep, problem)
+    return out
 
 
 def fixed_pins(
