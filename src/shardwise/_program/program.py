@@ -295,14 +295,17 @@ def _predictions(
 ) -> list[PlannedLayout]:
     """Each solution's plan (by name, with its problem), each after the first costed from
     the first one's prediction: only what it lays out otherwise is costed anew
-    (:func:`predict`; the runners-up differ from the best plan in a layer or two). A
+    (:func:`predict`; the runners-up differ from the best plan in a layer or two), and a plan
+    that chooses what an earlier one did is its prediction again. A
     plan over ``limit`` is marked over budget (a baseline: the search keeps only plans whose
     peak is within it)."""
     out: list[PlannedLayout] = []
     first: Predicted | None = None
+    seen: dict[tuple[Any, ...], Predicted] = {}  # a baseline may be the search's plan
     for name, problem, sol in named:
-        found = predict(graph, problem, sol.choice, costs, near=first)
-        first = first or found
+        key = tuple(choices[c] for choices, c in zip(problem.choices, sol.choice, strict=True))
+        found = seen.get(key) or predict(graph, problem, sol.choice, costs, near=first)
+        first, seen[key] = first or found, found
         layouts, pred = found.lay, found.prediction
         in_specs = tuple(layouts.specs[v] for v in graph.inputs)
         over = limit is not None and pred.memory_bytes > limit
