@@ -105,7 +105,7 @@ class _Recipe:
     relayout: tuple[tuple[int, ...], ...]
 
 
-@cached(maxsize=1 << 14)
+@cached(maxsize=1 << 18)
 def _recipe(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> _Recipe:
     def ways(spec: Spec) -> tuple[int, ...]:
         return tuple(entry_ways(e, mesh) for e in spec.padded(rank))
@@ -125,7 +125,7 @@ def _blocks(shape: tuple[int, ...], ways: tuple[int, ...]) -> int:
     return math.prod(n // w for n, w in zip(shape, ways, strict=True))
 
 
-@cached(maxsize=1 << 16)
+@cached(maxsize=1 << 19)
 def _reshard_seconds(
     shape: tuple[int, ...],
     dtype: str,

@@ -230,6 +230,13 @@ def moved(
     return delta + sum(float(m[c, choice[u]] - m[was, choice[u]]) for u, m in near[v])
 
 
+DOMINANCE_WORK = 4_000_000
+"""Most comparisons :func:`_dominant` makes for one variable (its choices squared times its
+neighbours' choices): past it, the variable keeps every choice. A dot's strategies on a
+three-axis mesh number hundreds, and comparing them all took longer than the integer program
+they were pruned for."""
+
+
 def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
     """Each unprotected variable's choices that no other choice dominates. Choice ``i``
     dominates ``j`` when it costs no more whatever the neighbours choose:
@@ -241,6 +248,8 @@ def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
     for v, unary in enumerate(problem.unary):
         if v in protected or len(unary) < 2:
             continue
+        if len(unary) ** 2 * sum(m.shape[1] for _, m in near[v]) > DOMINANCE_WORK:
+            continue  # (the comparisons would cost more than the choices they might drop)
         worst = unary[:, None] - unary[None, :]  # worst[i, j]: i's cost over j's, at most
         for a, m in near[v]:
             m = m[:, kept[a]] if a in kept else m
