@@ -23,10 +23,11 @@ from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import Strategy
 from shardwise._planner.calibrate import MATMULS, fit_matmul
 from shardwise._program.graph import build
+from shardwise._program.integer import milp as _milp
 from shardwise._program.moves import COPY_BYTES, reshard, reshard_seconds
 from shardwise._program.nodes import Value
 from shardwise._program.problem import Problem, build_problem, effective_mesh
-from shardwise._program.search import _milp, descend, solve, total
+from shardwise._program.search import descend, solve, total
 from shardwise._program.steps import StepCosts, a2a_copies, made_by_ops
 from shardwise._program.top import runners_up
 from shardwise._runtime.timing import alternate

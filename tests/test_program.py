@@ -20,10 +20,11 @@ from helpers import brute_force
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import BUILTIN
 from shardwise._program.graph import build
+from shardwise._program.integer import milp as _milp
 from shardwise._program.models import loss_of, mlp, model
 from shardwise._program.problem import build_problem, effective_mesh
 from shardwise._program.program import train_step
-from shardwise._program.search import _milp, solve, total
+from shardwise._program.search import solve, total
 from shardwise._xla.verified import by_kind
 from shardwise.cli import app
 

@@ -18,12 +18,12 @@ from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
+from shardwise._program.integer import Constraint
 from shardwise._program.loops import carry_copies, conv_copies, hoist, threefry_loops
 from shardwise._program.moves import relayout_bytes, shard_bytes
 from shardwise._program.nodes import Step, Value
 from shardwise._program.problem import Problem
 from shardwise._program.remat import Schedule, bodies, last_reads, schedule
-from shardwise._program.search import Constraint
 from shardwise._program.sums import combined, partial_buffers, to_outputs
 
 if TYPE_CHECKING:

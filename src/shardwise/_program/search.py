@@ -8,39 +8,28 @@
   by HiGHS (its linear relaxation first, with the dual simplex: where that is integral it is
   the optimum; else :func:`scipy.optimize.milp`): one binary per choice, and per edge one
   continuous variable per pair of choices whose marginals are the two ends' choices (exact when
-  the binaries are integral). HiGHS proves optimality or says it stopped at its time limit.
+  the binaries are integral; :mod:`~shardwise._program.integer`). HiGHS proves optimality or
+  says it stopped at its time limit.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import highspy
 import numpy as np
-import scipy.optimize
-import scipy.sparse
-from highspy._core import _Highs
 
 from shardwise._program.eliminate import eliminate
 from shardwise._program.fold import fold
+from shardwise._program.integer import Constraint, milp
 from shardwise._program.problem import Problem
 
 TIME_LIMIT_S = 60.0
 """How long one integer program may run; past it the best solution found is used and the plan
 says it is not proven optimal."""
-
-
-@dataclass(frozen=True, slots=True)
-class Constraint:
-    """``Σ bytes[(variable, choice)] · chosen ≤ limit`` (one device's memory at one point)."""
-
-    terms: tuple[tuple[int, int, float], ...]
-    limit: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +94,7 @@ def _solve(
         index = {label: k for k, label in enumerate(core.labels)}
         at = {label: k for k, label in enumerate(problem.labels)}
         kept = _dominant(core, {index[problem.labels[v]] for v in protected})
-        found = _milp(
+        found = milp(
             core.restrict(kept),
             [
                 Constraint(tuple((index[problem.labels[v]], c, b) for v, c, b in x.terms), x.limit)
@@ -271,152 +260,3 @@ def neighbours(problem: Problem) -> list[list[tuple[int, np.ndarray]]]:
         near[u].append((v, m))
         near[v].append((u, m.T))
     return near
-
-
-@dataclass(slots=True)
-class _Rows:
-    """The constraint rows of an integer program, built up one row at a time."""
-
-    rows: list[int] = field(default_factory=list)
-    cols: list[int] = field(default_factory=list)
-    vals: list[float] = field(default_factory=list)
-    lower: list[float] = field(default_factory=list)
-    upper: list[float] = field(default_factory=list)
-
-    def add(self, cols: Sequence[int], vals: Sequence[float], low: float, high: float) -> None:
-        """``low ≤ Σ vals · x[cols] ≤ high``."""
-        self.rows += [len(self.lower)] * len(cols)
-        self.cols += [int(c) for c in cols]
-        self.vals += list(vals)
-        self.lower.append(low)
-        self.upper.append(high)
-
-
-def _edge(
-    m: np.ndarray, u: int, v: int, offset: np.ndarray, cost: list[np.ndarray], rows: _Rows, col: int
-) -> int:
-    """Edge ``(u, v)`` with cost matrix ``m``: one continuous variable per pair of groups of
-    choices whose rows (columns) are equal, with the two ends' choices as its marginals; an
-    edge whose cost depends on one end only is that end's own cost. Returns the next column."""
-    rows_m, row_of = np.unique(m, axis=0, return_inverse=True)
-    reduced, col_of = np.unique(rows_m, axis=1, return_inverse=True)
-    row_of, col_of = row_of.ravel(), col_of.ravel()
-    if reduced.shape[0] == 1:
-        cost[0][offset[v] : offset[v + 1]] += reduced[0, col_of]
-        return col
-    if reduced.shape[1] == 1:
-        cost[0][offset[u] : offset[u + 1]] += reduced[row_of, 0]
-        return col
-    nr, nc = reduced.shape
-    cost.append(reduced.ravel().astype(float))
-    block = np.arange(nr * nc).reshape(nr, nc) + col
-    for groups, of, start, pairs in (
-        (nr, row_of, offset[u], block),
-        (nc, col_of, offset[v], block.T),
-    ):  # a row per group g: Σ pairs of group g = Σ choices in group g
-        first = len(rows.lower)
-        rows.rows += np.repeat(np.arange(first, first + groups), pairs.shape[1]).tolist()
-        rows.cols += pairs.ravel().tolist()
-        rows.vals += [1.0] * pairs.size
-        rows.rows += (of + first).tolist()
-        rows.cols += (np.arange(len(of)) + start).tolist()
-        rows.vals += [-1.0] * len(of)
-        rows.lower += [0] * groups
-        rows.upper += [0] * groups
-    return col + int(nr * nc)
-
-
-def _milp(
-    problem: Problem,
-    constraints: Sequence[Constraint],
-    exclude: Sequence[dict[int, int]],
-    time_limit: float,
-) -> tuple[tuple[int, ...], bool] | None:
-    sizes = [len(c) for c in problem.choices]
-    offset = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-    cost = [np.concatenate(problem.unary)]
-    rows = _Rows()
-    for v, n in enumerate(sizes):  # one choice per variable
-        rows.add(range(offset[v], offset[v] + n), [1.0] * n, 1, 1)
-    nx = int(offset[-1])
-    col = nx
-    for (u, v), m in problem.edges.items():
-        col = _edge(m, u, v, offset, cost, rows, col)
-    for c in constraints:
-        rows.add(
-            [offset[v] + k for v, k, _ in c.terms], [b for _, _, b in c.terms], -np.inf, c.limit
-        )
-    for ex in exclude:  # not this combination again
-        rows.add([offset[v] + k for v, k in ex.items()], [1.0] * len(ex), -np.inf, len(ex) - 1.0)
-    a = scipy.sparse.csr_array((rows.vals, (rows.rows, rows.cols)), shape=(len(rows.lower), col))
-    objective = np.concatenate(cost)
-    # scaled: HiGHS's absolute gap (1e-6) would call any plan of seconds optimal
-    objective = objective * (1e6 / max(float(np.abs(objective).max()), 1e-30))
-    low, high = np.array(rows.lower), np.array(rows.upper)
-    relaxed = _integral_relaxation(objective, a, low, high, nx, time_limit)
-    if relaxed is not None:
-        return _choices(relaxed, offset), True
-    result = scipy.optimize.milp(
-        objective,
-        constraints=scipy.optimize.LinearConstraint(a, rows.lower, rows.upper),
-        integrality=(np.arange(col) < nx).astype(float),
-        bounds=scipy.optimize.Bounds(0, 1),
-        options={"time_limit": time_limit, "mip_rel_gap": 1e-9},
-    )
-    if result.x is None:
-        return None
-    optimal = bool(result.status == 0 and math.isfinite(result.fun))
-    return _choices(result.x[:nx], offset), optimal
-
-
-def _choices(x: np.ndarray, offset: np.ndarray) -> tuple[int, ...]:
-    """Each variable's choice from the binaries ``x``."""
-    return tuple(int(np.argmax(x[offset[v] : offset[v + 1]])) for v in range(len(offset) - 1))
-
-
-def _integral_relaxation(
-    objective: np.ndarray,
-    a: scipy.sparse.csr_array,
-    lower: np.ndarray,
-    upper: np.ndarray,
-    nx: int,
-    time_limit: float,
-) -> np.ndarray | None:
-    """The binaries of the linear relaxation's optimum where they are all 0 or 1, else ``None``.
-
-    A relaxation's optimum bounds the integer program's from below, so an integral one is the
-    integer program's optimum: proven, without branch and bound. Without budgets or excluded
-    solutions it almost always is (the pair variables make the relaxation tight on trees), and
-    HiGHS's dual simplex finds it in a third of the time its MIP solver takes to start (without
-    presolve: it removes nothing here, and took two thirds of a 24-layer stack's 0.28 s). The
-    model goes to HiGHS through its own bindings (highspy): ``scipy.optimize.linprog`` loops
-    in Python over every column of its answer, which took more than HiGHS's own solve of the
-    46,000 columns of a 24-layer stack's training step (0.12 s against 0.05 s).
-    """
-    csc = a.tocsc()
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = csc.shape[1], csc.shape[0]
-    lp.col_cost_ = objective
-    lp.col_lower_, lp.col_upper_ = np.zeros(csc.shape[1]), np.ones(csc.shape[1])
-    inf = highspy.kHighsInf
-    lp.row_lower_ = np.where(np.isfinite(lower), lower, -inf)
-    lp.row_upper_ = np.where(np.isfinite(upper), upper, inf)
-    matrix = lp.a_matrix_
-    matrix.format_ = highspy.MatrixFormat.kColwise
-    matrix.num_col_, matrix.num_row_ = csc.shape[1], csc.shape[0]
-    matrix.start_, matrix.index_, matrix.value_ = csc.indptr, csc.indices, csc.data
-    highs = _Highs()  # (highspy.Highs prints a banner to the process's stdout)
-    for option, value in (
-        ("output_flag", False),
-        ("presolve", "off"),
-        ("solver", "simplex"),
-        ("simplex_strategy", 1),  # dual
-        ("time_limit", float(time_limit)),
-    ):
-        highs.setOptionValue(option, value)
-    highs.passModel(lp)
-    highs.run()
-    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        return None
-    x = np.asarray(highs.getSolution().col_value[:nx])
-    return x if float(np.abs(x - np.round(x)).max(initial=0.0)) < 1e-9 else None
