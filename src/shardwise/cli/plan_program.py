@@ -1,0 +1,186 @@
+"""``shardwise plan --model/--function``: plan a whole program, on a mesh given or on the best
+split of a number of devices (``--choose-mesh``)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shardwise._errors import ArgumentError
+from shardwise._model.units import format_bytes, format_seconds, parse_bytes
+from shardwise.cli._common import console, print_json, setup_devices, table_format, write_file
+from shardwise.render.formats import Format, show
+
+
+def program(given: dict[str, Any]) -> None:
+    """``plan --model/--function``: plan a whole program."""
+    from shardwise._program.emit import emitted
+    from shardwise.cli.program import show_ops, show_plans, sweep_batches
+
+    if given["model"] is not None and given["function"] is not None:
+        raise ArgumentError("give --model or --function, not both.")
+    if given["sweep_batch"] is not None or given["plot"] is not None:
+        sweep_batches(given)
+        return
+    fmt = table_format(given["format"])
+    out = console(stderr=given["json"])
+    # the user's module and function may print: that goes to standard error while they run,
+    # so that standard output holds only the result (the JSON of --json)
+    with contextlib.redirect_stdout(sys.stderr):
+        report, name, choice = _planned(given, out)
+    text = None if given["emit"] is None else emitted(report, given["emit"])
+    if given["html"] is not None:
+        write_file(given["html"], report.to_html())
+    if given["json"]:
+        doc = report.to_json()
+        doc["program"] = name
+        if choice is not None:
+            doc["mesh_choice"] = choice.to_json()
+        if text is not None:
+            doc["emit"] = {"form": given["emit"], "text": text}
+        print_json(doc)
+        return
+    if choice is not None:
+        show_choice(choice, out, fmt)
+    show_plans(report, out, fmt)
+    show_ops(report.report(), out, quiet=given["quiet"], fmt=fmt)
+    if text is not None:
+        out.print("\n" + text, end="", markup=False, highlight=False, soft_wrap=True)
+    if given["html"] is not None:
+        out.print(f"wrote {given['html']}")
+
+
+def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
+    """The program plan that ``given`` asks for, the program's name, and the mesh choice
+    (``None`` unless ``--choose-mesh``)."""
+    import shardwise
+    from shardwise._program.models import model as built_in
+    from shardwise.cli._models import dims
+    from shardwise.cli.program import load_function, load_rules, parse_args
+
+    if given["model"] is not None:
+        fn, model_args = built_in(
+            given["model"], batch=given["batch"], train=given["train"], **dims(given)
+        )
+        fn_args = list(model_args)
+        name = given["model"]
+    else:
+        fn = load_function(given["function"])
+        fn_args = parse_args(given["args"] or [], fn)
+        name = given["function"]
+    if given["choose_mesh"] is not None:
+        choice = _choose(given, fn, fn_args, out)
+        return choice.best, name, choice
+    fixed = {}
+    for item in given["fixed"] or []:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ArgumentError(f"cannot read --fixed {item!r}: write NAME=SPEC, e.g. x=data.")
+        fixed[key] = value
+    memory = given["device_memory"]
+    limit = None if memory is None else parse_bytes(memory, "--device-memory")
+    if given["verify"] or given["tune"] or given["mesh"] == "auto" or given["profile"] is None:
+        setup_devices(given["devices"])
+    with out.status("planning") as status:
+        report = shardwise.plan(
+            fn,
+            *fn_args,
+            mesh=given["mesh"],
+            profile=given["profile"],
+            budget=limit,
+            fixed=fixed,
+            train=given["train"],
+            top=given["top"],
+            rules=None if given["rules"] is None else load_rules(given["rules"]),
+            respect=given["respect"],
+        )
+        if given["verify"] or given["tune"]:
+            measure = report.tune if given["tune"] else report.verify
+            report = measure(
+                repeat=given["repeat"],
+                on_step=lambda k, n: status.update(f"compiling and timing plan {k + 1}/{n}"),
+            )
+    return report, name, None
+
+
+def _choose(given: dict[str, Any], fn: Any, fn_args: list[Any], out: Console) -> Any:
+    """``--choose-mesh N``: the best split of N devices over ``--roles``
+    (:func:`shardwise.choose_mesh`), with the model's batch, sequence, heads and MLP width
+    where a built-in model gives them."""
+    import shardwise
+
+    asked = [k for k in ("verify", "tune", "fixed", "device_memory", "rules") if given[k]]
+    if given["mesh"] != "auto" or asked:
+        clash = "--mesh" if given["mesh"] != "auto" else "--" + asked[0].replace("_", "-")
+        raise ArgumentError(
+            f"--choose-mesh chooses the mesh for devices that need not exist here; {clash} "
+            "does not go with it. Plan the mesh it chooses with --mesh to use that."
+        )
+    if given["profile"] is None:
+        raise ArgumentError(
+            "--choose-mesh plans for devices you may not have: give their --profile "
+            "(tpu-v5p, h100, … or a calibrated one)."
+        )
+    roles = tuple(r.strip() for r in given["roles"].split(",") if r.strip())
+    known = hints(given)
+    with out.status("choosing the mesh") as status:
+        return shardwise.choose_mesh(
+            fn, fn_args, given["choose_mesh"], given["profile"], train=given["train"],
+            roles=roles, top=given["top"], batch=known.get("batch"), seq=known.get("seq"),
+            heads=known.get("heads"), ffn=known.get("ffn"),
+            on_step=lambda k, n: status.update(f"planning mesh {k + 1}/{n}"),
+        )  # fmt: skip
+
+
+def hints(given: dict[str, Any]) -> dict[str, int | None]:
+    """What a built-in model tells the mesh search: its batch, sequence, query heads and MLP
+    width (a split that does not divide them is not planned); nothing for ``--function``."""
+    from shardwise._program.llama import sized
+    from shardwise.cli._models import WIDTHS
+
+    model = given["model"]
+    if model is None:
+        return {}
+    if model == "llama":
+        keys = ("hidden", "ffn", "heads", "layers", "kv_heads", "vocab")
+        size = sized(given["size"], **{k: given[k] for k in keys})
+        return {"batch": given["batch"], "seq": given["seq"], "heads": size.heads,
+                "ffn": size.ffn}  # fmt: skip
+    ffn = given["ffn"] or WIDTHS["ffn"]
+    if model == "transformer":
+        heads = given["heads"] or 8
+        return {"batch": given["batch"], "seq": given["seq"], "heads": heads, "ffn": ffn}
+    return {"batch": given["batch"], "ffn": ffn}
+
+
+def show_choice(choice: Any, out: Console, fmt: Format | None) -> None:
+    """The meshes planned, best first, then why the others were not."""
+    table = Table(
+        title=f"{choice.devices} devices ({choice.profile}) over {', '.join(choice.roles)}: "
+        f"{len(choice.candidates)} best of those planned, in {choice.wall_seconds:.1f} s",
+        title_justify="left",
+    )
+    for col in ("#", "mesh", "MaxText", "predicted step", "memory/device", "fits"):
+        table.add_column(col)
+    for k, c in enumerate(choice.candidates):
+        split = zip(choice.roles, c.sizes, strict=True)
+        ici = " ".join(f"ici_{r}_parallelism={n}" for r, n in split if n > 1)
+        table.add_row(
+            str(k + 1), c.mesh, ici or "-",
+            format_seconds(c.seconds) if c.seconds is not None else "-",
+            format_bytes(c.memory_bytes) if c.memory_bytes is not None else "-",
+            "yes" if c.fits else "[red]no[/]",
+        )  # fmt: skip
+    show(out, table, fmt)
+    if any("(limit)" in (c.skipped or "") for c in choice.skipped):
+        out.print(f"past the cap, ranked by {choice.ranked_by}")
+    if choice.skipped:
+        reasons = "; ".join(f"{c.mesh}: {c.skipped}" for c in choice.skipped[:3])
+        more = len(choice.skipped) - 3
+        out.print(f"not planned: {reasons}" + (f"; and {more} more" if more > 0 else ""))
+    ici = ", ".join(f"{k}: {v}" for k, v in choice.ici().items())
+    out.print(f"[bold]chosen mesh:[/] {choice.mesh} ({ici})\n")
