@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from shardwise._errors import ArgumentError
 from shardwise._program.llama import llama, sized
+from shardwise._program.optimizers import OPTIMIZERS, adamw, adamw_state
 from shardwise._xla.dtypes import supported
 
 MODELS = ("mlp", "transformer", "llama")
@@ -96,9 +97,13 @@ def model(
     head_dim: int | None = None,
     vocab: int | None = None,
     master: bool = False,
+    optimizer: str | None = None,
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """A built-in model's function and argument shapes: ``(forward, (x, params))``, or with
     ``train=True`` ``(loss, (params, x, y))``: plain JAX functions to plan, run or read.
+    With ``train=True`` and ``optimizer="adamw"``, the whole training step instead,
+    ``(step, (params, opt_state, x, y))`` (:func:`~shardwise._program.optimizers.adamw`):
+    plan it as it is (without ``train=True``), its optimizer state in the plan.
 
     ``mlp`` is ``relu(x @ w1) @ w2``; ``transformer`` is ``layers`` pre-LayerNorm blocks
     (multi-head attention, then an MLP; 8 heads and 1 layer unless given) stacked and run by
@@ -126,6 +131,10 @@ def model(
     >>> params["layers"]["wk"].shape, params["head"].dtype, tokens.dtype
     ((32, 4096, 8, 128), dtype(bfloat16), dtype('int32'))
     """
+    if optimizer is not None:
+        return _stepped(name, optimizer, train, batch=batch, hidden=hidden, ffn=ffn, seq=seq,
+                        heads=heads, layers=layers, dtype=dtype, size=size, kv_heads=kv_heads,
+                        head_dim=head_dim, vocab=vocab, master=master)  # fmt: skip
     for label, n in (("batch", batch), ("seq", seq)):
         if n < 1:
             raise ArgumentError(f"{label} is {n}; model sizes are whole numbers of at least 1.")
@@ -150,6 +159,21 @@ def model(
     if train:
         return loss_of(forward), (params, x, x)
     return forward, (x, params)
+
+
+def _stepped(
+    name: str, optimizer: str, train: bool, **sizes: Any
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """:func:`model`'s training step with ``optimizer``'s state."""
+    if optimizer not in OPTIMIZERS:
+        raise ArgumentError(
+            f"no optimizer {optimizer!r}; the optimizers are {', '.join(OPTIMIZERS)} (plain "
+            "SGD: plan the loss with train=True)."
+        )
+    if not train:
+        raise ArgumentError(f"optimizer={optimizer!r} makes a training step: give train=True.")
+    loss, (params, *batch) = model(name, train=True, **sizes)
+    return adamw(loss), (params, adamw_state(params), *batch)
 
 
 def _simple(

@@ -75,6 +75,14 @@ def plan(
     train: Annotated[
         bool, typer.Option("--train", help="Plan one SGD step of the loss, not the forward pass.")
     ] = False,
+    optimizer: Annotated[
+        str | None,
+        typer.Option(
+            "--optimizer",
+            help="With --model and --train: plan the whole training step with this "
+            "optimizer's state (adamw: two float32 moments a parameter); default plain SGD.",
+        ),
+    ] = None,
     fixed: Annotated[
         list[str] | None,
         typer.Option(

@@ -62,18 +62,20 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
     from shardwise.cli._models import dims
     from shardwise.cli.program import load_function, load_rules, parse_args
 
+    train = given["train"] and given["optimizer"] is None  # (a step with its optimizer: as is)
     if given["model"] is not None:
-        fn, model_args = built_in(
-            given["model"], batch=given["batch"], train=given["train"], **dims(given)
-        )
+        fn, model_args = built_in(given["model"], batch=given["batch"], train=given["train"],
+                                  optimizer=given["optimizer"], **dims(given))  # fmt: skip
         fn_args = list(model_args)
         name = given["model"]
+    elif given["optimizer"] is not None:
+        raise ArgumentError("--optimizer builds a built-in model's training step: give --model.")
     else:
         fn = load_function(given["function"])
         fn_args = parse_args(given["args"] or [], fn)
         name = given["function"]
     if given["choose_mesh"] is not None:
-        choice = _choose(given, fn, fn_args, out)
+        choice = _choose(given, fn, fn_args, train, out)
         return choice.best, name, choice
     fixed = {}
     for item in given["fixed"] or []:
@@ -93,7 +95,7 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
             profile=given["profile"],
             budget=limit,
             fixed=fixed,
-            train=given["train"],
+            train=train,
             top=given["top"],
             rules=None if given["rules"] is None else load_rules(given["rules"]),
             respect=given["respect"],
@@ -107,7 +109,7 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
     return report, name, None
 
 
-def _choose(given: dict[str, Any], fn: Any, fn_args: list[Any], out: Console) -> Any:
+def _choose(given: dict[str, Any], fn: Any, fn_args: list[Any], train: bool, out: Console) -> Any:
     """``--choose-mesh N``: the best split of N devices over ``--roles``
     (:func:`shardwise.choose_mesh`), with the model's batch, sequence, heads and MLP width
     where a built-in model gives them."""
@@ -129,7 +131,7 @@ def _choose(given: dict[str, Any], fn: Any, fn_args: list[Any], out: Console) ->
     known = hints(given)
     with out.status("choosing the mesh") as status:
         return shardwise.choose_mesh(
-            fn, fn_args, given["choose_mesh"], given["profile"], train=given["train"],
+            fn, fn_args, given["choose_mesh"], given["profile"], train=train,
             roles=roles, top=given["top"], batch=known.get("batch"), seq=known.get("seq"),
             heads=known.get("heads"), ffn=known.get("ffn"),
             on_step=lambda k, n: status.update(f"planning mesh {k + 1}/{n}"),
