@@ -11,7 +11,7 @@ The mesh's axes are laid onto that slice from the last to the first, as
 each takes factors of the physical dimensions in order, and what does not fit in the slice
 goes over DCN. A mesh axis is then a set of :class:`Segment` s, rings along one physical
 dimension each (a collective runs over all of them at once, as the scaling book's
-``tpus.md`` prices an axis spanning several torus axes) and perhaps one over DCN.
+``sharding.md`` prices an axis spanning several torus axes) and perhaps one over DCN.
 
 This is a model of the placement, not JAX's own algorithm: ``create_device_mesh`` may pick
 other physical axes for a logical one; what it keeps is the order (inner axes nearest).
