@@ -8,6 +8,11 @@ Time is a roofline term plus an alpha-beta term per collective:
   ``(p-1)·α + (p-1)/p · n/β`` (the standard ring factors; Thakur, Rabenseifner and Gropp,
   "Optimization of Collective Communication Operations in MPICH", 2005). A collective over
   several axes is costed as one ring per axis, one after the other.
+- on a built-in TPU or GPU profile, a mesh axis is not one flat ring but rings along the
+  physical dimensions it spans (:mod:`shardwise._model.placement`), all at once, and a
+  step over the network past the slice or node where it leaves it (the scaling book's
+  ``tpus.md`` and ``gpus.md``; :func:`ring_seconds`). A calibrated link is a measurement
+  and takes precedence.
 
 Where XLA on a platform does something other than the textbook, the model predicts what XLA
 does: on CPU a scattered partial sum is an all-reduce (followed by a local slice), not a
@@ -24,13 +29,16 @@ from dataclasses import dataclass, field
 
 import jax.numpy as jnp
 
+from shardwise._caches import cached
 from shardwise._model.collective import Collective
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
+from shardwise._model.placement import placement
 from shardwise._model.profile import Profile
 from shardwise._model.scatter import Hop, scatter_hops
 from shardwise._model.spec import Layout
 from shardwise._model.strategy import Strategy, reduce_axes
+from shardwise._model.topology import TOPOLOGIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +118,32 @@ def ring_seconds(
     """Alpha-beta time of a ring collective over ``axes``, one ring per axis; on CPUs, one
     step over the group (``nbytes``: the block each device holds, after an all-gather).
 
+    On a profile with a topology (the built-in TPUs and GPUs), an axis not calibrated is
+    priced where it lies (:func:`placed_terms`); elsewhere as a flat ring of its devices:
+
     >>> from shardwise._model.profile import BUILTIN
     >>> t = ring_seconds("all-reduce", ["x"], 10**6, MeshSpec.parse("x=4"), BUILTIN["h100"])
     >>> round(t * 1e6, 2)  # 6 × 10 µs + 1.5 × 1 MB / 450 GB/s
     63.33
+
+    A 2240-way FSDP axis beside 4-way tensor parallelism on a full v5p pod (16x20x28) spans
+    4 chips of the first torus axis (no wrap-around: 90 GB/s) and the whole of the other two
+    (wrapped: W_ici = 180 GB/s each), so an all-gather of 1 GB takes about ``B / (2.5 W_ici)``
+    rather than the book's ``B / (3 W_ici)`` for three wrapped axes, and 27 steps of 5 µs,
+    not 2239:
+
+    >>> v5p, W = BUILTIN["tpu-v5p"], 180e9
+    >>> t = ring_seconds("all-gather", ["fsdp"], 10**9, MeshSpec.parse("fsdp=2240,tensor=4"), v5p)
+    >>> round(t * 1e3, 2), round(1e9 / (3 * W) * 1e3, 2)  # ms: predicted; B / (3 W_ici)
+    (2.36, 1.85)
+
+    On an H100, 8-way tensor parallelism stays on the node's NVLink; 16 ways cross
+    InfiniBand, whose step (each GPU sends its 1/8 of the block at 50 GB/s) adds to it:
+
+    >>> h100, n = BUILTIN["h100"], 10**8
+    >>> [round(ring_seconds("all-gather", ["tp"], n, MeshSpec.parse(f"tp={p}"), h100) * 1e6, 1)
+    ...  for p in (8, 16)]  # µs: 7 × 10 µs + 7/8 · n / 450 GB/s; + 10 µs + 1/2 · n/8 / 50 GB/s
+    [264.4, 399.4]
     """
     axes = [a for a in axes if mesh.shape[a] > 1]  # an axis of size 1 moves nothing
     if not axes:
@@ -126,11 +156,72 @@ def ring_seconds(
         return max(lk.latency_s for lk in links) + nbytes / min(lk.bandwidth_Bps for lk in links)
     total = 0.0
     factor = 2.0 if kind == "all-reduce" else 1.0
+    wired = profile.name in TOPOLOGIES
     for axis in axes:
+        terms = placed_terms(kind, axis, mesh, profile) if wired else None
+        if terms is not None:
+            total += factor * (terms[0] + terms[1] * nbytes)
+            continue
         p = mesh.shape[axis]
         link = profile.link_for(axis, kind)
         total += factor * ((p - 1) * link.latency_s + (p - 1) / p * nbytes / link.bandwidth_Bps)
     return total
+
+
+_GATHERS = ("all-gather", "all-to-all")
+"""Kinds :meth:`Profile.link_for` prices with a profile's gather links where it has them."""
+
+
+@cached(maxsize=1 << 12)
+def placed_terms(
+    kind: str, axis: str, mesh: MeshSpec, profile: Profile
+) -> tuple[float, float] | None:
+    """``(seconds, seconds per byte)`` of one pass of a ``kind`` collective over mesh axis
+    ``axis`` where it lies on the profile's topology, or ``None`` where the flat ring applies:
+    no topology, or a link calibrated for the axis (a measurement wins over the data sheet).
+
+    After the scaling book (``sharding.md``, "What happens when we AllGather over multiple
+    axes?", and ``tpus.md`` on wrap-around): an axis spanning several torus axes runs over all
+    of them at once, ``bytes / Σ W``, each ``W`` both directions of a link (``2 × link_Bps``,
+    the book's ``W_ici``) on a ring that wraps around, one direction (``link_Bps``) on one
+    that does not (its v5e quiz: "3 * 8.4e6 / 4.5e10 = 560us" on an axis of 4 with no
+    wrap-around); a wrapped, bidirectional ring of ``g`` chips takes ``g // 2`` steps (the
+    book's ``Σ |X_i| / 2``), an open one ``g - 1``. On a GPU
+    node (``gpus.md``) every device sends at its egress into the switch, ``link_Bps``, in
+    ``g - 1`` steps (NCCL's ring). Past the slice or node, the book's hierarchical reduction:
+    within the slice first, so each device sends ``1 / p_ici`` of the block over the network,
+    ``(g_d - 1) / g_d · n / p_ici / dcn_Bps`` in ``g_d - 1`` steps of
+    :attr:`~shardwise._model.topology.Topology.dcn_latency_s` (assumed 10 µs).
+
+    >>> from shardwise._model.profile import BUILTIN
+    >>> lat, per_byte = placed_terms("all-gather", "x", MeshSpec.parse("x=8960"),
+    ...                              BUILTIN["tpu-v5p"])
+    >>> round(lat * 1e6), round(1 / per_byte / 1e9)  # 8 + 10 + 14 steps of 5 µs; 3 × 180 GB/s
+    (160, 540)
+    """
+    if axis in profile.axis_links or (kind in _GATHERS and axis in profile.gather_links):
+        return None
+    placed = placement(mesh, profile)
+    if placed is None:
+        return None
+    topo = TOPOLOGIES[profile.name]
+    segments = placed.segments(axis)
+    ici = [s for s in segments if not s.over_dcn]
+    p_ici = math.prod(s.devices for s in ici)
+    latency = per_byte = 0.0
+    if p_ici > 1:
+        torus = topo.fabric == "torus"
+        both = [torus and s.wraps for s in ici]
+        bandwidth = sum(topo.link_Bps * (2 if w else 1) for w in both)
+        latency += profile.link_for(axis, kind).latency_s * sum(
+            s.devices // 2 if w else s.devices - 1 for s, w in zip(ici, both, strict=True)
+        )
+        per_byte += (p_ici - 1) / p_ici / bandwidth
+    for s in segments:
+        if s.over_dcn:
+            latency += (s.devices - 1) * topo.dcn_latency_s
+            per_byte += (s.devices - 1) / s.devices / p_ici / topo.dcn_Bps
+    return latency, per_byte
 
 
 def local_sizes(sizes: Mapping[str, int], layout: Layout, mesh: MeshSpec) -> dict[str, int]:

@@ -40,6 +40,9 @@ class Topology:
         dcn_Bps: bytes per second one device sends over the network past the fast domain (its
             share of its host's NICs): between TPU slices, or between GPU nodes.
         devices_per_host: chips per host (TPU); GPUs per node (GPU).
+        dcn_latency_s: seconds per step of a ring over the network past the fast domain:
+            assumed, 10 µs (none of the sources gives a figure; an InfiniBand or DCN round
+            trip through a NIC and a switch or two).
         wrap_multiple: on a torus, an axis of a slice wraps around when its length is a
             multiple of this (and, with ``wrap_whole_slice``, only when every axis's is).
         wrap_whole_slice: wrap-around links come from the optical switches joining whole
@@ -55,6 +58,7 @@ class Topology:
     devices_per_host: int
     wrap_multiple: int = 0
     wrap_whole_slice: bool = False
+    dcn_latency_s: float = 10e-6
     sources: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -120,6 +124,11 @@ _IB = (
     "tree (the scaling book's W_node, gpus.md)"
 )
 
+_DCN_LATENCY = (
+    "assumed, 10 µs per step of a ring between slices or nodes: none of the sources above "
+    "gives a latency for DCN or InfiniBand"
+)
+
 TOPOLOGIES: dict[str, Topology] = {
     "tpu-v4": Topology(
         name="tpu-v4",
@@ -135,6 +144,7 @@ TOPOLOGIES: dict[str, Topology] = {
             "3-D torus of 4x4x4 cubes with optical wrap-around links",
             "link_Bps": f"{_BOOK_TPUS}: TPU v4p 4.5e10 B/s one way per link (9e10 both ways)",
             "dcn_Bps": _BOOK_DCN,
+            "dcn_latency_s": _DCN_LATENCY,
         },
     ),
     "tpu-v5p": Topology(
@@ -154,6 +164,7 @@ TOPOLOGIES: dict[str, Topology] = {
             "(W_ici); Cloud TPU v5p docs: ICI 1200 GBps bidirectional per chip over 6 links",
             "dcn_Bps": "Cloud TPU v5p docs: DCN 50 Gbps per chip = 6.25 GB/s (the scaling "
             "book's 2.5e10 B/s per host of 4 chips)",
+            "dcn_latency_s": _DCN_LATENCY,
         },
     ),
     "tpu-v5e": Topology(
@@ -172,6 +183,7 @@ TOPOLOGIES: dict[str, Topology] = {
             "Cloud TPU v5e docs: ICI 400 GBps bidirectional per chip over 4 ports",
             "dcn_Bps": "Cloud TPU v5e docs: 2 x 100 Gbps NICs per host of 8 chips (6.4 Tbps "
             "per 256-chip pod) = 3.125 GB/s per chip",
+            "dcn_latency_s": _DCN_LATENCY,
         },
     ),
     "tpu-v6e": Topology(
@@ -188,6 +200,7 @@ TOPOLOGIES: dict[str, Topology] = {
             "link_Bps": f"{_BOOK_TPUS}: TPU v6e 9e10 B/s one way per link (1.8e11 both "
             "ways); Cloud TPU v6e docs: ICI 800 GBps bidirectional per chip over 4 ports",
             "dcn_Bps": _BOOK_DCN,
+            "dcn_latency_s": _DCN_LATENCY,
         },
     ),
     "h100": Topology(
@@ -197,7 +210,12 @@ TOPOLOGIES: dict[str, Topology] = {
         link_Bps=450 * GB,
         dcn_Bps=50 * GB,
         devices_per_host=8,
-        sources={"pod_shape": _NODE, "link_Bps": _NODE, "dcn_Bps": _IB},
+        sources={
+            "pod_shape": _NODE,
+            "link_Bps": _NODE,
+            "dcn_Bps": _IB,
+            "dcn_latency_s": _DCN_LATENCY,
+        },
     ),
     "h200": Topology(
         name="h200",
@@ -210,6 +228,7 @@ TOPOLOGIES: dict[str, Topology] = {
             "pod_shape": f"NVIDIA DGX H200: 8 H200 GPUs on NVLink 4, as the H100's; {_NODE}",
             "link_Bps": _NODE,
             "dcn_Bps": _IB,
+            "dcn_latency_s": _DCN_LATENCY,
         },
     ),
 }
