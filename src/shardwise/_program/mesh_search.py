@@ -28,6 +28,7 @@ from shardwise._model.profile_files import load_profile
 from shardwise._model.scaling import optimal_fsdp
 from shardwise._program.plans import ProgramPlan
 from shardwise._program.program import plan
+from shardwise._program.top import NothingFits
 
 ROLES = ("data", "fsdp", "fsdp_transpose", "sequence", "context", "tensor", "expert")
 """The roles a mesh axis can take: MaxText's ``ici_<role>_parallelism`` settings."""
@@ -229,7 +230,8 @@ def choose_mesh(
     Args:
         fn, args: the program and its argument shapes, as :func:`shardwise.plan` takes them.
         devices: how many devices to split.
-        profile: the devices' profile; a plan over its memory is marked, not dropped.
+        profile: the devices' profile: each split's plan is the fastest within its memory
+            (where none fits, the fastest, marked as not fitting).
         train: plan a training step of the loss ``fn`` (as :func:`shardwise.plan`).
         roles: mesh axis names, in the mesh's order (see :data:`ROLES`); by default the
             scaling book's mixed FSDP × tensor parallelism. A third role multiplies the
@@ -293,7 +295,7 @@ def _plan_each(
             on_step(k, len(splits))
         sizes = tuple(split.values())
         text = mesh_text(roles, sizes)
-        p = plan(fn, *args, mesh=text, profile=prof, train=train, top=1)
+        p = _fastest(fn, args, text, prof, train)
         best = p.chosen.predicted
         fits = prof.memory_bytes is None or best.memory_bytes <= prof.memory_bytes
         c = Candidate(sizes, text, best.seconds, best.memory_bytes, fits)
@@ -302,6 +304,21 @@ def _plan_each(
         out.append(c)
     assert best_plan is not None  # splits is never empty
     return sorted(out, key=_order), best_plan
+
+
+def _fastest(
+    fn: Callable[..., Any], args: Sequence[Any], mesh: str, prof: Profile, train: bool
+) -> ProgramPlan:
+    """The fastest plan on ``mesh`` within the profile's memory (a slower one that fits beats
+    a faster one that does not: FSDP where data parallelism runs out of memory); where none
+    fits, the fastest (it is marked as not fitting)."""
+    if prof.memory_bytes is not None:
+        try:
+            return plan(fn, *args, mesh=mesh, profile=prof, train=train, top=1,
+                        budget=int(prof.memory_bytes))  # fmt: skip
+        except NothingFits:
+            pass
+    return plan(fn, *args, mesh=mesh, profile=prof, train=train, top=1)
 
 
 def _order(c: Candidate) -> tuple[bool, float]:

@@ -80,13 +80,17 @@ def best_plans(
     return found
 
 
+class NothingFits(ArgumentError):
+    """No plan of a program fits the memory budget (the message names the smallest found)."""
+
+
 def nothing_fits(
     name: str, mesh: MeshSpec, limit: int, found: list[tuple[int, str]]
 ) -> ArgumentError:
     """The error for a budget no plan fits, naming the smallest of the plans ``found``
     (peak bytes, and a baseline's name or ``""`` for one of the search's)."""
     need, which = min(found)
-    return ArgumentError(
+    return NothingFits(
         f"no plan of {name} fits in {format_bytes(limit)} ({limit:,} bytes) per device on "
         f"mesh {mesh.describe()}: the smallest plan found"
         + (f", {which}," if which else "")
