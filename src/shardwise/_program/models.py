@@ -32,6 +32,8 @@ from shardwise._xla.dtypes import supported
 MODELS = ("mlp", "transformer", "llama")
 SEQ = 128
 """The transformer's sequence length where none is given."""
+HEADS = 8
+"""The transformer's attention heads where none are given."""
 S = jax.ShapeDtypeStruct
 
 
@@ -155,7 +157,9 @@ def model(
         )
     if hidden is None or ffn is None:
         raise ArgumentError(f"model {name!r} is sized by hidden and ffn: give both.")
-    forward, (x, params) = _simple(name, batch, hidden, ffn, seq, heads or 8, layers or 1, dtype)
+    forward, (x, params) = _simple(
+        name, batch, hidden, ffn, seq, heads or HEADS, layers or 1, dtype
+    )
     if train:
         return loss_of(forward), (params, x, x)
     return forward, (x, params)

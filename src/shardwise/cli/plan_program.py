@@ -142,7 +142,8 @@ def hints(given: dict[str, Any]) -> dict[str, int | None]:
     """What a built-in model tells the mesh search: its batch, sequence, query heads and MLP
     width (a split that does not divide them is not planned); nothing for ``--function``."""
     from shardwise._program.llama import sized
-    from shardwise.cli._models import WIDTHS
+    from shardwise._program.models import HEADS
+    from shardwise.cli._models import dims
 
     model = given["model"]
     if model is None:
@@ -152,9 +153,9 @@ def hints(given: dict[str, Any]) -> dict[str, int | None]:
         size = sized(given["size"], **{k: given[k] for k in keys})
         return {"batch": given["batch"], "seq": given["seq"], "heads": size.heads,
                 "ffn": size.ffn}  # fmt: skip
-    ffn = given["ffn"] or WIDTHS["ffn"]
+    ffn = dims(given)["ffn"]  # (the width the model is built with)
     if model == "transformer":
-        heads = given["heads"] or 8
+        heads = given["heads"] or HEADS
         return {"batch": given["batch"], "seq": given["seq"], "heads": heads, "ffn": ffn}
     return {"batch": given["batch"], "ffn": ffn}
 
