@@ -212,6 +212,30 @@ def test_a_split_contraction_must_be_summed_before_a_nonlinear_op_or_the_result(
     assert dot_problems(text, [DotTerms("m.py:4", 8, axes)], {"x": 2, "y": 2}) == ()
 
 
+@pytest.mark.parametrize(
+    ("body", "wrong"),
+    [
+        (f"ROOT %s = f32[4,4]{{1,0}} {_sum('dot', _Y)}", None),
+        (f"ROOT %s = f32[4,4]{{1,0}} {_sum('dot', _X)}", None),
+        ("ROOT %r = f32[4,4]{1,0} negate(%dot)", "the program returns it before any sum"),
+    ],
+)  # fmt: skip
+def test_a_contraction_that_may_be_either_of_two_dots_of_its_line_is_refused_only_if_neither(
+    body, wrong
+):
+    """Two dots of one line and pass (a backward pass's two products) each leave 4 of their 8
+    terms on a device, one split over `x`, the other over `y`: the compiled contraction is
+    right if summed over either axis (it may be either dot), wrong if over neither."""
+    text = _HLO.replace("BODY", _ZEROS + "  " + body).replace("OP", "add")
+    dots = [DotTerms("m.py:3", 8, ("x",)), DotTerms("m.py:3", 8, ("y",))]
+    found = dot_problems(text, dots, {"x": 2, "y": 2})
+    assert found == () if wrong is None else len(found) == 1 and wrong in found[0], found
+    # either dot alone is held to its own axis
+    for alone, other in ((dots[0], _Y), (dots[1], _X)):
+        if f"replica_groups={other}" in body:
+            assert "only" in dot_problems(text, [alone], {"x": 2, "y": 2})[0]
+
+
 @pytest.mark.parametrize(("op", "ok"), [("add", True), ("maximum", False)])
 def test_a_partial_sum_carried_round_a_loop_is_followed_to_its_sum(op, ok):
     """The dot's result is the loop's carry (a tuple's second element): linear steps inside

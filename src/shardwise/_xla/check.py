@@ -224,8 +224,10 @@ def dot_problems(
 
     ``dots`` say what the program's source asks (:func:`jaxpr_dots`, or a plan's steps with the
     axes each splits); each compiled contraction is matched with those of its source line (and
-    pass, forward or backward), and checked as the one split as a plan says, else as split the
-    fewest ways any of them allows. A contraction without a source line, or none to match, is
+    pass, forward or backward), and checked as each of them split as a plan says (it is wrong
+    only where it is summed as none of them needs: a backward pass's two products of one
+    line can leave as many terms on a device), else as split the fewest ways any of them
+    allows. A contraction without a source line, or none to match, is
     not checked, and off CPU any collective counts as a sum (as for
     :func:`contraction_problems`): the check never refuses what it cannot read. ``()`` when
     nothing is wrong.
@@ -237,32 +239,45 @@ def dot_problems(
         by_line.setdefault(said.source, []).append(said)
     problems = []
     for local in flow.contractions(module):
-        dot = _match(local, by_line.get(local.source, ()), mesh)
-        if dot is None:
-            continue
-        ways = dot.terms // local.terms
-        if ways == 1 or math.prod(mesh.values()) % ways:
-            continue  # not split across devices (or not as a mesh splits)
-        named = dot.axes if dot.axes and math.prod(mesh[a] for a in dot.axes) == ways else ()
-        enough = functools.partial(_enough, mesh=mesh, ways=ways, named=frozenset(named))
-        found = flow.unsummed_use(module, local.name, sums, enough)
-        if found is not None:
-            use, summed = found
-            if use.root and use.computation == module.entry:
-                how = "the program returns it"
-            else:
-                at = f" at {module.source(use)}" if module.source(use) else ""
-                how = f"`{use.opcode}` ({use.op_name or use.name}{at}) uses it"
-            problems.append(_unsummed(dot, ways, named, how, summed))
-    return tuple(dict.fromkeys(problems))
+        found = [
+            _problem(module, local, dot, sums, mesh)
+            for dot in _match(local, by_line.get(local.source, ()), mesh)
+        ]
+        if found and all(found):  # (refused only where it is none of its dots' sum)
+            problems.append(found[0])
+    return tuple(dict.fromkeys(p for p in problems if p))
+
+
+def _problem(
+    module: flow.Module, local: flow.Contraction, dot: DotTerms,
+    sums: Mapping[str, frozenset[str]], mesh: Mapping[str, int],
+) -> str:  # fmt: skip
+    """What is wrong with compiled contraction ``local`` as (part of) ``dot``; ``""`` where
+    nothing is."""
+    ways = dot.terms // local.terms
+    if ways == 1 or math.prod(mesh.values()) % ways:
+        return ""  # not split across devices (or not as a mesh splits)
+    named = dot.axes if dot.axes and math.prod(mesh[a] for a in dot.axes) == ways else ()
+    enough = functools.partial(_enough, mesh=mesh, ways=ways, named=frozenset(named))
+    found = flow.unsummed_use(module, local.name, sums, enough)
+    if found is None:
+        return ""
+    use, summed = found
+    if use.root and use.computation == module.entry:
+        how = "the program returns it"
+    else:
+        at = f" at {module.source(use)}" if module.source(use) else ""
+        how = f"`{use.opcode}` ({use.op_name or use.name}{at}) uses it"
+    return _unsummed(dot, ways, named, how, summed)
 
 
 def _match(
     local: flow.Contraction, dots: Sequence[DotTerms], mesh: Mapping[str, int]
-) -> DotTerms | None:
-    """The dot of the source that compiled contraction ``local`` computes (some of the terms
-    of), of ``dots`` at its line: one split as its plan says, else the one that leaves it
-    split the fewest ways; ``None`` if none can be."""
+) -> list[DotTerms]:
+    """The dots of the source that compiled contraction ``local`` may compute (some of the
+    terms of), of ``dots`` at its line: those split as their plan says (two dots of one line
+    and pass, a backward pass's two products, can both leave ``local``'s terms on a device),
+    else the one that leaves it split the fewest ways; ``[]`` if none can be."""
     matched = [
         d for d in dots
         if d.terms > 0 and d.terms % local.terms == 0 and d.backward in (None, local.backward)
@@ -271,7 +286,9 @@ def _match(
         d for d in matched
         if d.axes is not None and d.terms // local.terms == math.prod(mesh[a] for a in d.axes)
     ]  # fmt: skip
-    return min(planned or matched, key=lambda d: d.terms, default=None)
+    if planned:
+        return sorted(dict.fromkeys(planned), key=lambda d: d.terms)
+    return sorted(matched, key=lambda d: d.terms)[:1]
 
 
 def _enough(
