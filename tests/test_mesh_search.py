@@ -142,3 +142,25 @@ def test_llama3_70b_on_8192_v5p_chips_the_books_split_fits_and_is_near_the_best(
     assert book.seconds <= 1.1 * c.candidates[0].seconds
     # every split is predicted slower than its matmuls at peak (6 FLOPs a parameter a token)
     assert c.candidates[0].seconds > 6 * size.parameters * batch * seq / (8192 * 4.59e14)
+
+
+def test_variants_are_planned_on_each_split_and_the_fastest_that_fits_kept():
+    """Remat policies as variants: where the profile's memory is too small for keeping every
+    activation, a split's best is a policy that recomputes; each candidate names its policy."""
+    import dataclasses
+
+    from shardwise._model.profile import BUILTIN
+
+    def step(remat):
+        return shardwise.model("llama", size="llama3-8b", batch=256, seq=2048, train=True,
+                               layers=2, remat=remat)  # fmt: skip
+
+    variants = {r: step(r) for r in ("none", "full")}
+    roomy = choose_mesh(*step("none"), 256, "tpu-v5p", limit=2, variants=variants, train=True)
+    assert roomy.variant == "none" and {c.variant for c in roomy.candidates} == {"none"}
+    least = min(c.memory_bytes for c in roomy.candidates)
+    tight = dataclasses.replace(BUILTIN["tpu-v5p"], memory_bytes=0.9 * least)
+    chosen = choose_mesh(*step("none"), 256, tight, limit=2, variants=variants, train=True)
+    assert chosen.variant == "full" and chosen.candidates[0].fits
+    assert chosen.to_json()["variant"] == "full"
+    assert chosen.candidates[0].seconds > roomy.candidates[0].seconds

@@ -265,19 +265,35 @@ def block(h: jax.Array, p: Params, theta: float) -> jax.Array:
     return out
 
 
-def decoder(theta: float, dtype: str) -> Callable[..., jax.Array]:
+REMAT: dict[str, Callable[..., bool] | None] = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "minimal": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    "save_dots": jax.checkpoint_policies.checkpoint_dots,
+}
+"""Remat policies of a layer, by MaxText's ``remat_policy`` names: ``none`` keeps every
+activation for the backward pass; ``full`` keeps only each layer's input and recomputes the
+layer (``nothing_saveable``); ``minimal`` keeps the results of the weight matrix products and
+recomputes the rest (``checkpoint_dots_with_no_batch_dims``, MaxText's ``minimal``);
+``save_dots`` keeps every matrix product's result, attention's too (``checkpoint_dots``)."""
+
+
+def decoder(theta: float, dtype: str, remat: str = "none") -> Callable[..., jax.Array]:
     """The forward pass ``llama(tokens, params)`` → logits (batch, seq, vocab) in float32,
-    computing in ``dtype`` (weights stored in another dtype are cast to it where used)."""
+    computing in ``dtype`` (weights stored in another dtype are cast to it where used), each
+    layer under the :data:`REMAT` policy ``remat``."""
 
     def cast(tree: Any) -> Any:
         return jax.tree.map(lambda w: w.astype(dtype), tree)
 
+    def layer(h: jax.Array, p: Params) -> tuple[jax.Array, None]:
+        return block(h, cast(p), theta), None
+
+    if remat != "none":
+        layer = jax.checkpoint(layer, policy=REMAT[remat], prevent_cse=False)
+
     def llama(tokens: jax.Array, params: Params) -> jax.Array:
         h = jnp.take(cast(params["embed"]), tokens, axis=0)
-
-        def layer(h: jax.Array, p: Params) -> tuple[jax.Array, None]:
-            return block(h, cast(p), theta), None
-
         h, _ = jax.lax.scan(layer, h, params["layers"])
         h = rms_norm(h, cast(params["final_norm"]))
         logits: jax.Array = (h @ cast(params["head"])).astype(jnp.float32)
@@ -300,19 +316,25 @@ def cross_entropy(forward: Callable[..., jax.Array]) -> Callable[..., jax.Array]
 
 
 def llama(
-    size: LlamaSize, *, batch: int, seq: int, train: bool, dtype: str, master: bool
-) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    size: LlamaSize, *, batch: int, seq: int, train: bool, dtype: str, master: bool,
+    remat: str = "none",
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:  # fmt: skip
     """The decoder of ``size`` and its arguments' shapes: ``(forward, (tokens, params))``, or
     with ``train`` ``(loss, (params, tokens, labels))``; tokens and labels are int32
     (batch, seq). Weights are ``dtype``; with ``master`` they are float32 master copies,
     cast to ``dtype`` where each is used, so a training step's gradients and update are in
     float32 (4 bytes a parameter held, and a ``dtype`` copy of each layer's weights while
-    it computes)."""
+    it computes). ``remat`` names the layers' :data:`REMAT` policy."""
     check(size)
+    if remat not in REMAT:
+        raise ArgumentError(
+            f"no remat policy {remat!r}; the policies are {', '.join(REMAT)} (MaxText's "
+            "remat_policy names)."
+        )
     stored = "float32" if master else dtype
     params = parameter_shapes(size, stored)
     tokens = S((batch, seq), "int32")
-    forward = decoder(size.rope_theta, dtype)
+    forward = decoder(size.rope_theta, dtype, remat)
     if train:
         return cross_entropy(forward), (params, tokens, tokens)
     return forward, (tokens, params)

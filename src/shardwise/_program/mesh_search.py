@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,8 @@ class Candidate:
         fits: whether ``memory_bytes`` is within the profile's memory (``True`` where the
             profile gives none).
         skipped: why it was not planned (``None``: it was).
+        variant: which of the programs given as variants the best plan is of (a remat
+            policy's name; ``None``: the program itself, where no variants are given).
     """
 
     sizes: tuple[int, ...]
@@ -63,6 +65,7 @@ class Candidate:
     memory_bytes: int | None = None
     fits: bool = True
     skipped: str | None = None
+    variant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +97,11 @@ class MeshChoice:
         """The best candidate's mesh text."""
         return self.candidates[0].mesh
 
+    @property
+    def variant(self) -> str | None:
+        """The best candidate's variant (``None`` where no variants were given)."""
+        return self.candidates[0].variant
+
     def ici(self) -> dict[str, int]:
         """MaxText's ``ici_<role>_parallelism`` integers for the best mesh (1 where a role is
         not split)."""
@@ -106,12 +114,13 @@ class MeshChoice:
             "devices": self.devices,
             "profile": self.profile,
             "mesh": self.mesh,
+            "variant": self.variant,
             "ici": self.ici(),
             "ranked_by": self.ranked_by,
             "wall_seconds": self.wall_seconds,
             "candidates": [
-                {"mesh": c.mesh, "seconds": c.seconds, "memory_bytes": c.memory_bytes,
-                 "fits": c.fits, "skipped": c.skipped}
+                {"mesh": c.mesh, "variant": c.variant, "seconds": c.seconds,
+                 "memory_bytes": c.memory_bytes, "fits": c.fits, "skipped": c.skipped}
                 for c in rows
             ],
         }  # fmt: skip
@@ -218,6 +227,7 @@ def choose_mesh(
     ffn: int | None = None,
     max_tensor: int = MAX_TENSOR,
     limit: int = MAX_PLANNED,
+    variants: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]] | None = None,
     on_step: Callable[[int, int], None] | None = None,
 ) -> MeshChoice:
     """Split ``devices`` over ``roles`` every way there is, plan ``fn(*args)`` on each split
@@ -243,6 +253,8 @@ def choose_mesh(
             rest by the scaling book's closed form.
         max_tensor: the most ways of ``tensor`` tried.
         limit: the most candidates planned.
+        variants: other ways to write the same step, by name, each ``(fn, args)`` (the
+            model under each remat policy), planned instead of ``fn``: the fastest that fits.
         on_step: called as ``on_step(k, n)`` before planning the k-th of n candidates.
 
     >>> import shardwise
@@ -274,7 +286,8 @@ def choose_mesh(
         sizes = tuple(split.values())
         why = f"ranked {limit + k + 1} of {len(kept)}, past the {limit} planned (limit)"
         skipped.append(Candidate(sizes, mesh_text(roles, sizes), skipped=why))
-    planned, best = _plan_each(fn, args, roles, prof, train, kept[:limit], on_step)
+    programs = dict(variants) if variants else {"": (fn, args)}
+    planned, best = _plan_each(programs, roles, prof, train, kept[:limit], on_step)
     return MeshChoice(
         devices, prof.name, tuple(roles), tuple(planned[:top]), tuple(skipped), how, best,
         time.perf_counter() - start,
@@ -282,23 +295,32 @@ def choose_mesh(
 
 
 def _plan_each(
-    fn: Callable[..., Any], args: Sequence[Any], roles: Sequence[str], prof: Profile,
-    train: bool, splits: Sequence[dict[str, int]],
+    programs: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]],
+    roles: Sequence[str], prof: Profile, train: bool, splits: Sequence[dict[str, int]],
     on_step: Callable[[int, int], None] | None,
 ) -> tuple[list[Candidate], ProgramPlan]:  # fmt: skip
-    """Plan each split: the candidates, those that fit first, each group by predicted time,
-    and the first one's plan (only the best plan is kept, to bound the memory held)."""
+    """Plan each split with each program (named ``""`` where no variants are given): the
+    candidates (each split's best program), those
+    that fit first, each group by predicted time, and the first one's plan (only the best
+    plan is kept, to bound the memory held)."""
     out: list[Candidate] = []
     best_plan: ProgramPlan | None = None
+    steps = len(splits) * len(programs)
     for k, split in enumerate(splits):
-        if on_step is not None:
-            on_step(k, len(splits))
         sizes = tuple(split.values())
         text = mesh_text(roles, sizes)
-        p = _fastest(fn, args, text, prof, train)
-        best = p.chosen.predicted
-        fits = prof.memory_bytes is None or best.memory_bytes <= prof.memory_bytes
-        c = Candidate(sizes, text, best.seconds, best.memory_bytes, fits)
+        tried: list[tuple[Candidate, ProgramPlan]] = []
+        for j, (variant, (fn, args)) in enumerate(programs.items()):
+            if on_step is not None:
+                on_step(k * len(programs) + j, steps)
+            p = _fastest(fn, args, text, prof, train)
+            best = p.chosen.predicted
+            fits = prof.memory_bytes is None or best.memory_bytes <= prof.memory_bytes
+            c = Candidate(
+                sizes, text, best.seconds, best.memory_bytes, fits, variant=variant or None
+            )
+            tried.append((c, p))
+        c, p = min(tried, key=lambda t: _order(t[0]))
         if best_plan is None or _order(c) < min(_order(o) for o in out):
             best_plan = p
         out.append(c)

@@ -100,6 +100,7 @@ def model(
     vocab: int | None = None,
     master: bool = False,
     optimizer: str | None = None,
+    remat: str = "none",
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """A built-in model's function and argument shapes: ``(forward, (x, params))``, or with
     ``train=True`` ``(loss, (params, x, y))``: plain JAX functions to plan, run or read.
@@ -108,19 +109,18 @@ def model(
     plan it as it is (without ``train=True``), its optimizer state in the plan.
 
     ``mlp`` is ``relu(x @ w1) @ w2``; ``transformer`` is ``layers`` pre-LayerNorm blocks
-    (multi-head attention, then an MLP; 8 heads and 1 layer unless given) stacked and run by
-    ``lax.scan``; both need ``hidden`` and ``ffn`` and default to float32.
+    (attention, then an MLP; 8 heads, 1 layer unless given) under ``lax.scan``; both need
+    ``hidden`` and ``ffn`` (float32 by default).
 
-    ``llama`` is a Llama-style decoder (:mod:`shardwise._program.llama`: RMSNorm,
-    grouped-query attention with rotary embeddings, a SwiGLU MLP, an untied head) on int32
-    tokens (batch, seq), returning float32 logits; its loss is the cross-entropy against
-    int32 next-token labels. ``size`` names one (``llama2-7b``, ``llama2-13b``,
+    ``llama`` is a Llama-style decoder (:mod:`shardwise._program.llama`) on int32 tokens
+    (batch, seq), returning float32 logits; its loss is the cross-entropy against int32
+    next-token labels. ``size`` names one (``llama2-7b``, ``llama2-13b``,
     ``llama3-8b``, ``llama3-70b``, or ``maxtext-<global_parameter_scale>``); the dimensions
     given (``hidden``, ``layers``, ``heads``, ``kv_heads``, ``head_dim``, ``ffn``,
     ``vocab``) replace the named size's, or without a size describe the model. Weights are
-    bfloat16 unless ``dtype`` says otherwise; ``master=True`` keeps float32 master copies,
-    cast to ``dtype`` where each is used, so that a training step's gradients and update
-    are in float32 (4 bytes a parameter held, not 2).
+    bfloat16 unless ``dtype`` says otherwise; ``master=True`` keeps float32 master copies
+    (a step's gradients and update in float32). ``remat``: the layers' remat policy
+    (:data:`~shardwise._program.llama.REMAT`: ``none``, ``full``, ``minimal``, ``save_dots``).
 
     >>> import shardwise
     >>> fn, (x, params) = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
@@ -136,25 +136,21 @@ def model(
     if optimizer is not None:
         return _stepped(name, optimizer, train, batch=batch, hidden=hidden, ffn=ffn, seq=seq,
                         heads=heads, layers=layers, dtype=dtype, size=size, kv_heads=kv_heads,
-                        head_dim=head_dim, vocab=vocab, master=master)  # fmt: skip
-    for label, n in (("batch", batch), ("seq", seq)):
-        if n < 1:
-            raise ArgumentError(f"{label} is {n}; model sizes are whole numbers of at least 1.")
+                        head_dim=head_dim, vocab=vocab, master=master, remat=remat)  # fmt: skip
+    if min(batch, seq) < 1:
+        raise ArgumentError(
+            f"batch {batch}, seq {seq}: model sizes are whole numbers of at least 1."
+        )
     if name == "llama":
         dims = dict(hidden=hidden, ffn=ffn, heads=heads, layers=layers, kv_heads=kv_heads,
                     head_dim=head_dim, vocab=vocab)  # fmt: skip
         computed = supported(dtype or "bfloat16", f"model {name!r}").name
         return llama(sized(size, **dims), batch=batch, seq=seq, train=train, dtype=computed,
-                     master=master)  # fmt: skip
+                     master=master, remat=remat)  # fmt: skip
     if name not in MODELS:
         raise ArgumentError(f"no built-in model {name!r}; the models are {', '.join(MODELS)}.")
-    only = {"size": size, "kv_heads": kv_heads, "head_dim": head_dim, "vocab": vocab}
-    given = [k for k, v in only.items() if v is not None] + (["master"] if master else [])
-    if given:
-        raise ArgumentError(
-            f"{', '.join(given)}: only model 'llama' takes these; model {name!r} is sized by "
-            "hidden and ffn (and heads, layers, seq)."
-        )
+    _only_llama(name, size=size, kv_heads=kv_heads, head_dim=head_dim, vocab=vocab,
+                master=master or None, remat=None if remat == "none" else remat)  # fmt: skip
     if hidden is None or ffn is None:
         raise ArgumentError(f"model {name!r} is sized by hidden and ffn: give both.")
     forward, (x, params) = _simple(
@@ -163,6 +159,16 @@ def model(
     if train:
         return loss_of(forward), (params, x, x)
     return forward, (x, params)
+
+
+def _only_llama(name: str, **only: Any) -> None:
+    """Refuse the settings ``only`` the Llama takes (``None``: not given) for model ``name``."""
+    given = [k for k, v in only.items() if v is not None]
+    if given:
+        raise ArgumentError(
+            f"{', '.join(given)}: only model 'llama' takes these; model {name!r} is sized by "
+            "hidden and ffn (and heads, layers, seq)."
+        )
 
 
 def _stepped(

@@ -50,6 +50,16 @@ Master = Annotated[
     ),
 ]
 
+Remat = Annotated[
+    str,
+    typer.Option(
+        "--remat",
+        help="For --model llama: the layers' remat policy (none, full, minimal, save_dots: "
+        "MaxText's names), or auto with --choose-mesh: plan each and keep the fastest that "
+        "fits each split.",
+    ),
+]
+
 
 def dims(given: dict[str, Any]) -> dict[str, Any]:
     """A built-in model's sizes from the command line, all but the batch: the ones given, and
@@ -60,4 +70,6 @@ def dims(given: dict[str, Any]) -> dict[str, Any]:
         out = WIDTHS | out
     if given["master"]:
         out["master"] = True
+    if given["remat"] not in ("none", "auto"):
+        out["remat"] = given["remat"]
     return out

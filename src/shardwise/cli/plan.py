@@ -30,6 +30,7 @@ from shardwise.cli._models import (
     KvHeads,
     Layers,
     Master,
+    Remat,
     Seq,
     Size,
     Vocab,
@@ -72,6 +73,7 @@ def plan(
     kv_heads: KvHeads = None,
     vocab: Vocab = None,
     master: Master = False,
+    remat: Remat = "none",
     train: Annotated[
         bool, typer.Option("--train", help="Plan one SGD step of the loss, not the forward pass.")
     ] = False,

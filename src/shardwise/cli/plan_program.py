@@ -77,6 +77,11 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
     if given["choose_mesh"] is not None:
         choice = _choose(given, fn, fn_args, train, out)
         return choice.best, name, choice
+    if given["remat"] == "auto":
+        raise ArgumentError(
+            "--remat auto chooses a remat policy with the mesh: give --choose-mesh N, or "
+            "name a policy (none, full, minimal, save_dots) for --mesh."
+        )
     fixed = {}
     for item in given["fixed"] or []:
         key, eq, value = item.partition("=")
@@ -133,9 +138,27 @@ def _choose(given: dict[str, Any], fn: Any, fn_args: list[Any], train: bool, out
         return shardwise.choose_mesh(
             fn, fn_args, given["choose_mesh"], given["profile"], train=train,
             roles=roles, top=given["top"], batch=known.get("batch"), seq=known.get("seq"),
-            heads=known.get("heads"), ffn=known.get("ffn"),
+            heads=known.get("heads"), ffn=known.get("ffn"), variants=_remats(given),
             on_step=lambda k, n: status.update(f"planning mesh {k + 1}/{n}"),
         )  # fmt: skip
+
+
+def _remats(given: dict[str, Any]) -> dict[str, Any] | None:
+    """``--remat auto``: the built-in Llama under each remat policy, by name; ``None`` for
+    one policy."""
+    from shardwise._program.llama import REMAT
+    from shardwise._program.models import model as built_in
+    from shardwise.cli._models import dims
+
+    if given["remat"] != "auto":
+        return None
+    if given["model"] != "llama":
+        raise ArgumentError("--remat auto chooses the layers' remat policy of --model llama.")
+    return {
+        policy: built_in("llama", batch=given["batch"], train=given["train"],
+                         optimizer=given["optimizer"], remat=policy, **dims(given))
+        for policy in REMAT
+    }  # fmt: skip
 
 
 def hints(given: dict[str, Any]) -> dict[str, int | None]:
@@ -167,13 +190,15 @@ def show_choice(choice: Any, out: Console, fmt: Format | None) -> None:
         f"{len(choice.candidates)} best of those planned, in {choice.wall_seconds:.1f} s",
         title_justify="left",
     )
-    for col in ("#", "mesh", "MaxText", "predicted step", "memory/device", "fits"):
+    remat = choice.variant is not None
+    for col in ("#", "mesh", "MaxText", *(["remat_policy"] if remat else []), "predicted step",
+                "memory/device", "fits"):  # fmt: skip
         table.add_column(col)
     for k, c in enumerate(choice.candidates):
         split = zip(choice.roles, c.sizes, strict=True)
         ici = " ".join(f"ici_{r}_parallelism={n}" for r, n in split if n > 1)
         table.add_row(
-            str(k + 1), c.mesh, ici or "-",
+            str(k + 1), c.mesh, ici or "-", *([c.variant or "-"] if remat else []),
             format_seconds(c.seconds) if c.seconds is not None else "-",
             format_bytes(c.memory_bytes) if c.memory_bytes is not None else "-",
             "yes" if c.fits else "[red]no[/]",
@@ -186,4 +211,5 @@ def show_choice(choice: Any, out: Console, fmt: Format | None) -> None:
         more = len(choice.skipped) - 3
         out.print(f"not planned: {reasons}" + (f"; and {more} more" if more > 0 else ""))
     ici = ", ".join(f"{k}: {v}" for k, v in choice.ici().items())
-    out.print(f"[bold]chosen mesh:[/] {choice.mesh} ({ici})\n")
+    policy = f", remat_policy: {choice.variant}" if remat else ""
+    out.print(f"[bold]chosen mesh:[/] {choice.mesh} ({ici}{policy})\n")
