@@ -50,3 +50,24 @@ def test_the_plan_snapshot_names_every_difference(monkeypatch: pytest.MonkeyPatc
     after[0]["plans"].pop()
     found = plan_snapshot.compare(before, after)
     assert any("seconds" in line for line in found) and any("gone" in line for line in found)
+
+
+def test_maxtext_runs_count_model_flops_as_maxtext_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every published row: MaxText's count of a step's model FLOPs for the decoder its
+    script builds today equals the count worked out when the rows were transcribed, the
+    published TFLOP/s over MFU is the chip's peak, and the mesh covers every chip."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import maxtext_published
+    import maxtext_runs
+
+    assert len(maxtext_published.RUNS) == 46
+    for run in maxtext_published.RUNS:
+        tflops = maxtext_runs.maxtext_tflops(run, run.per_device_batch_size,
+                                             run.max_target_length)  # fmt: skip
+        assert math.isclose(tflops, run.head_model_tflops_per_device_step, rel_tol=1e-3), run
+        peak = run.published_tflops_per_chip / run.published_mfu
+        assert math.isclose(peak, run.peak_tflops_per_chip, rel_tol=0.02), run
+        for which in ("head", "published"):
+            mesh = maxtext_runs.maxtext_mesh(maxtext_runs.config(run, which))
+            sizes = [int(part.split("=")[1]) for part in mesh.split(",")]
+            assert math.prod(sizes) == run.num_chips, (run, which, mesh)
