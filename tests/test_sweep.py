@@ -4,6 +4,7 @@ plans against the scaling book's point, its table, its plot, and the CLI around 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from typer.testing import CliRunner
@@ -14,7 +15,7 @@ from shardwise._model.profile import BUILTIN
 from shardwise._program.sweep import sweep
 from shardwise.cli import app
 from shardwise.cli.program import parse_batches
-from shardwise.render.sweep import save_sweep, sweep_view
+from shardwise.render.sweep import device_sweep_view, save_sweep, sweep_view
 from shardwise.render.terminal import plain_text
 
 runner = CliRunner()
@@ -107,3 +108,68 @@ def test_cli_sweep_needs_a_built_in_model():
         ],
     )
     assert out.exit_code == 2 and "--model" in out.output
+
+
+def test_the_device_sweep_chooses_a_mesh_at_each_count_and_counts_model_flops():
+    """Each device count gets a mesh of exactly that many devices; MFU is the model's FLOPs
+    (an MLP training step: two products forward, three backward, as the input needs no
+    gradient: 5 × 2·B·h·f, up to its elementwise work) over
+    devices × step time × peak; a count the batch cannot be split over is said, not planned."""
+    from shardwise._program.device_sweep import sweep_devices
+
+    batch, hidden, ffn = 4096, 1024, 4096
+    result = sweep_devices("mlp", [16, 4, 2**20], profile=V5P, batch=batch, hidden=hidden,
+                           ffn=ffn, dtype="bfloat16", train=True)  # fmt: skip
+    assert [p.devices for p in result.points] == [4, 16, 2**20]
+    assert result.model_flops == pytest.approx(10 * batch * hidden * ffn, rel=0.01)
+    for p in result.points[:2]:
+        assert math.prod(int(a.split("=")[1]) for a in p.mesh.split(",")) == p.devices
+        assert p.mfu == pytest.approx(result.model_flops / (p.devices * p.seconds * 459e12))
+        assert 0 < p.mfu <= 1 and p.fits and p.remat is None
+    assert (
+        result.points[2].mfu is None and "no split of 1048576 devices" in result.points[2].skipped
+    )
+    doc = result.to_json()
+    assert doc["points"][0]["mesh"] == result.points[0].mesh and len(doc["points"]) == 3
+    text = plain_text(device_sweep_view(result), width=200)
+    assert "not planned" in text and "MFU" in text
+
+
+def test_cli_device_sweep_json_table_and_plot(tmp_path):
+    """``--sweep-devices`` with a Llama and ``--remat auto``: each point names its mesh and
+    remat policy; the plot is written; a mesh or a missing profile is refused."""
+    tiny = [
+        "--model",
+        "llama",
+        "--batch",
+        "16",
+        "--seq",
+        "16",
+        "--hidden",
+        "64",
+        "--layers",
+        "2",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--ffn",
+        "128",
+        "--vocab",
+        "64",
+        "--train",
+    ]
+    png = tmp_path / "devices.png"
+    sweep = ["--sweep-devices", "2,8", "--roles", "fsdp", "--remat", "auto"]
+    out = runner.invoke(app, ["plan", *tiny, "--profile", "tpu-v5p", *sweep, "--plot", str(png),
+                              "--json"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    points = json.loads(out.stdout)["points"]
+    assert [p["devices"] for p in points] == [2, 8]
+    assert all(p["remat"] in ("none", "full", "minimal", "save_dots") for p in points)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    out = runner.invoke(app, ["plan", *tiny, "--sweep-devices", "2,8"])
+    assert out.exit_code == 2 and "--profile" in out.output
+    out = runner.invoke(app, ["plan", *tiny, "--profile", "tpu-v5p", "--sweep-devices", "2",
+                              "--mesh", "data=2"])  # fmt: skip
+    assert out.exit_code == 2 and "does not take --mesh" in out.output

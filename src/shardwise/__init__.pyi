@@ -30,6 +30,8 @@ from ._model.plan import Plan as Plan
 from ._model.spec import Layout as Layout
 from ._model.spec import Spec as Spec
 from ._planner.einsum import PlanReport as PlanReport
+from ._program.device_sweep import DeviceSweep as DeviceSweep
+from ._program.device_sweep import sweep_devices as sweep_devices
 from ._program.mesh_search import MeshChoice as MeshChoice
 from ._program.mesh_search import choose_mesh as choose_mesh
 from ._program.models import model as model

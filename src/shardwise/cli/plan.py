@@ -163,9 +163,19 @@ def plan(
             "powers of two) and compare tensor- and data-parallel plans.",
         ),
     ] = None,
+    sweep_devices: Annotated[
+        str | None,
+        typer.Option(
+            "--sweep-devices",
+            help="For --model with --profile: choose the mesh over --roles (and with --remat "
+            "auto the remat policy) at each of these device counts (64,256 or 64..8192).",
+        ),
+    ] = None,
     plot: Annotated[
         Path | None,
-        typer.Option("--plot", help="With --sweep-batch: draw the sweep to this PNG or SVG."),
+        typer.Option(
+            "--plot", help="With --sweep-batch or --sweep-devices: draw the sweep (PNG or SVG)."
+        ),
     ] = None,
     rules: Annotated[
         str | None,
@@ -217,8 +227,10 @@ def plan(
     device_memory = renamed("plan", "--device-memory", device_memory, "--budget", budget)
     table_format(format)  # a bad --format is said before any planning
     dtype = None if dtype is None else parse_dtype(dtype).name
-    if (sweep_batch is not None or plot is not None) and model is None and function is None:
-        raise ArgumentError("--sweep-batch and --plot plan a built-in model: give --model.")
+    swept = sweep_batch is not None or sweep_devices is not None or plot is not None
+    if swept and model is None and function is None:
+        raise ArgumentError("--sweep-batch, --sweep-devices and --plot plan a built-in model: "
+                            "give --model.")  # fmt: skip
     if emit is not None and emit not in EMITS:
         raise ArgumentError(f"--emit {emit!r} is not a form; give one of {', '.join(EMITS)}.")
     if model is not None or function is not None:

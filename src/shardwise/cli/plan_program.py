@@ -23,6 +23,9 @@ def program(given: dict[str, Any]) -> None:
 
     if given["model"] is not None and given["function"] is not None:
         raise ArgumentError("give --model or --function, not both.")
+    if given["sweep_devices"] is not None:
+        sweep_device_counts(given)
+        return
     if given["sweep_batch"] is not None or given["plot"] is not None:
         sweep_batches(given)
         return
@@ -213,3 +216,45 @@ def show_choice(choice: Any, out: Console, fmt: Format | None) -> None:
     ici = ", ".join(f"{k}: {v}" for k, v in choice.ici().items())
     policy = f", remat_policy: {choice.variant}" if remat else ""
     out.print(f"[bold]chosen mesh:[/] {choice.mesh} ({ici}{policy})\n")
+
+
+def sweep_device_counts(given: dict[str, Any]) -> None:
+    """``plan --model … --sweep-devices …``: choose the mesh at each device count."""
+    from shardwise._program.device_sweep import sweep_devices
+    from shardwise.cli._models import dims
+    from shardwise.cli.program import parse_batches
+    from shardwise.render.sweep import device_sweep_view, save_device_sweep
+
+    if given["model"] is None or given["profile"] is None:
+        raise ArgumentError(
+            "--sweep-devices chooses a built-in model's mesh at each device count of a "
+            "profile: give --model and --profile (e.g. --model llama --profile tpu-v5p)."
+        )
+    flags = {"--mesh": given["mesh"] != "auto", "--sweep-batch": given["sweep_batch"],
+             "--choose-mesh": given["choose_mesh"], "--verify": given["verify"],
+             "--tune": given["tune"], "--html": given["html"], "--fixed": given["fixed"],
+             "--emit": given["emit"]}  # fmt: skip
+    unused = [flag for flag, value in flags.items() if value]
+    if unused:
+        raise ArgumentError(
+            f"--sweep-devices chooses the mesh at each device count; it does not take "
+            f"{', '.join(unused)}."
+        )
+    out = console(stderr=given["json"])
+    roles = tuple(r.strip() for r in given["roles"].split(",") if r.strip())
+    with out.status("planning") as status:
+        result = sweep_devices(
+            given["model"], parse_batches(given["sweep_devices"], "--sweep-devices"),
+            profile=given["profile"], batch=given["batch"], train=given["train"],
+            optimizer=given["optimizer"], roles=roles, remat=given["remat"],
+            on_step=lambda k, n: status.update(f"choosing the mesh of device count {k + 1}/{n}"),
+            **{k: v for k, v in dims(given).items() if k != "remat"},
+        )  # fmt: skip
+    if given["plot"] is not None:
+        save_device_sweep(result, given["plot"])
+    if given["json"]:
+        print_json(result.to_json())
+        return
+    show(out, device_sweep_view(result), table_format(given["format"]))
+    if given["plot"] is not None:
+        out.print(f"wrote {given['plot']}")

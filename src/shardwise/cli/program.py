@@ -62,9 +62,9 @@ def _tree(raw: Any, where: str, depth: int = 1) -> Any:
     raise ArgumentError(f"cannot read {where}: {raw!r} is not a shape like f32[256,1024].")
 
 
-def parse_batches(text: str) -> list[int]:
-    """``--sweep-batch``: ``"256,1024"``, or ``"256..65536"`` for the powers of two from one to
-    the other (each times the first)."""
+def parse_batches(text: str, flag: str = "--sweep-batch") -> list[int]:
+    """``--sweep-batch`` (or ``flag``): ``"256,1024"``, or ``"256..65536"`` for the powers of
+    two from one to the other (each times the first)."""
     low, dots, high = text.partition("..")
     try:
         if dots:
@@ -78,8 +78,8 @@ def parse_batches(text: str) -> list[int]:
         return [int(b) for b in text.split(",")]
     except ValueError:
         raise ArgumentError(
-            f"cannot read --sweep-batch {text!r}: give batch sizes (256,1024,4096) or a range "
-            "of powers of two (256..65536)."
+            f"cannot read {flag} {text!r}: give sizes (256,1024,4096) or a range of powers "
+            "of two (256..65536)."
         ) from None
 
 

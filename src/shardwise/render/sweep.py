@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardwise._extras import require
-from shardwise._model.units import format_seconds
+from shardwise._model.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from shardwise._program.device_sweep import DeviceSweep
     from shardwise._program.sweep import Sweep
 
 
@@ -94,3 +95,55 @@ def _ratio(value: float | None, best: bool) -> str:
         return "n/a"
     text = f"{value:.2f}×"
     return f"[bold]{text}[/bold]" if best else text
+
+
+def save_device_sweep(data: DeviceSweep, path: str | Path) -> Path:
+    """Write the device sweep's plot to ``path`` (PNG or SVG): predicted MFU against the
+    device count, each point labelled with its chosen mesh (and remat policy)."""
+    figure = require("matplotlib.figure", "drawing the sweep").Figure(figsize=(7, 3.8))
+    ax = figure.subplots()
+    planned = [p for p in data.points if p.mfu is not None]
+    for fits, marker, label in ((True, "o", "fits"), (False, "x", "over the device's memory")):
+        shown = [p for p in planned if bool(p.fits) == fits]
+        if shown:
+            ax.plot([p.devices for p in shown], [p.mfu for p in shown], marker, label=label)
+    ax.plot([p.devices for p in planned], [p.mfu for p in planned], "-", color="grey", lw=0.8)
+    for p in planned:
+        text = (p.mesh or "") + (f"\nremat={p.remat}" if p.remat else "")
+        ax.annotate(text, (p.devices, p.mfu), textcoords="offset points", xytext=(0, 6),
+                    ha="center", fontsize=6)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, min(1.0, max((p.mfu or 0 for p in planned), default=1) * 1.3))
+    ax.set_xlabel(f"devices ({data.profile})")
+    ax.set_ylabel("predicted MFU")
+    ax.set_title(f"{data.program}, batch {data.batch}: the mesh chosen at each device count "
+                 "(planned)", fontsize=9)  # fmt: skip
+    ax.legend(fontsize=8)
+    figure.tight_layout()
+    out = Path(path)
+    figure.savefig(out, dpi=110)
+    return out
+
+
+def device_sweep_view(data: DeviceSweep) -> Table:
+    """The device sweep as a table: per device count, the chosen mesh, its MaxText settings'
+    remat policy, predicted step time, MFU and memory per device."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"{data.program}, batch {data.batch}, on {data.profile}: the mesh chosen over "
+        f"{', '.join(data.roles)} at each device count",
+        title_justify="left",
+    )
+    for column in ("devices", "mesh", "remat", "predicted step", "MFU", "memory/device", "fits"):
+        table.add_column(column, justify="left" if column in ("mesh", "remat") else "right")
+    for p in data.points:
+        if p.skipped is not None:
+            table.add_row(str(p.devices), f"not planned: {p.skipped}", "", "", "", "", "")
+            continue
+        assert p.seconds is not None and p.mfu is not None and p.memory_bytes is not None
+        table.add_row(
+            str(p.devices), p.mesh or "-", p.remat or "-", format_seconds(p.seconds),
+            f"{p.mfu:.1%}", format_bytes(p.memory_bytes), "yes" if p.fits else "[red]no[/]",
+        )  # fmt: skip
+    return table
