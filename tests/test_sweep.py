@@ -43,6 +43,11 @@ def test_the_sweep_moves_to_data_parallel_plans_past_the_scaling_book_point():
     assert [r.tokens_per_device for r in result.rows] == [1, 16, 256, 16384, 65536]
     assert [r.family for r in result.rows] == ["tensor"] * 3 + ["data"] * 2
     assert result.switch == 16384
+    # MFU: an MLP step's 10·B·h·f FLOPs (the input needs no gradient) over 256 chips' time
+    for r in result.rows:
+        flops = 10 * r.batch * 8192 * 32768
+        assert r.mfu == pytest.approx(flops / (256 * r.seconds * 459e12), rel=0.02)
+    assert result.rows[-1].mfu > result.rows[0].mfu
     data = result.to_json()
     assert data["switch_tokens_per_device"] == 16384 and len(data["rows"]) == 5
     text = plain_text(sweep_view(result), width=200)

@@ -29,7 +29,9 @@ TENSOR = tuple(n for n in NAMES if n in ("megatron", "data×tensor"))
 @dataclass(frozen=True, slots=True)
 class SweepRow:
     """One batch size: the search's plan and how the best baseline of each family compares
-    (its predicted time over the search's; ``None`` where no such baseline applies)."""
+    (its predicted time over the search's; ``None`` where no such baseline applies), and the
+    search's plan's model FLOP utilisation (the step's FLOPs planned on one device, over
+    devices × its predicted time × the profile's peak)."""
 
     batch: int
     tokens_per_device: float
@@ -37,6 +39,7 @@ class SweepRow:
     in_specs: tuple[str, ...]
     data_parallel: float | None
     tensor_parallel: float | None
+    mfu: float | None = None
 
     @property
     def family(self) -> str:
@@ -86,6 +89,7 @@ class Sweep:
                     "best_data_parallel": r.data_parallel,
                     "best_tensor_parallel": r.tensor_parallel,
                     "family": r.family,
+                    "mfu": r.mfu,
                 }
                 for r in self.rows
             ],
@@ -131,6 +135,7 @@ def sweep(
     if any(b < 1 for b in batches):
         raise ArgumentError(f"batch sizes must be 1 or more, got {list(batches)}.")
     tokens = dims.get("seq", SEQ) if name in ("transformer", "llama") else 1
+    dtype = dims.get("dtype") or ("bfloat16" if name == "llama" else "float32")
     rows = []
     sizes = sorted(set(batches))
     for k, batch in enumerate(sizes):
@@ -138,7 +143,9 @@ def sweep(
             on_step(k, len(sizes))
         fn, args = model(name, batch=batch, train=train, **dims)
         report = plan(fn, *args, mesh=mesh, profile=profile, train=train, top=1)
+        one = plan(fn, *args, mesh="x=1", profile=profile, train=train, top=1)
         seconds = {p.name: p.predicted.seconds for p in report.plans}
+        mfu = one.chosen.predicted.flops / (mesh.size * seconds["search"] * profile.flops(dtype))
         data, tensor = (
             min((seconds[n] / seconds["search"] for n in names if n in seconds), default=None)
             for names in (DATA, TENSOR)
@@ -151,7 +158,8 @@ def sweep(
                 tuple(s.describe() for s in report.chosen.in_specs),
                 data,
                 tensor,
+                mfu,
             )
         )
-    limit = threshold(profile, dims.get("dtype") or ("bfloat16" if name == "llama" else "float32"))
+    limit = threshold(profile, dtype)
     return Sweep(name, mesh, profile.name, train, limit, tuple(rows))

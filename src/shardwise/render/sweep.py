@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 def save_sweep(data: Sweep, path: str | Path, title: str | None = None) -> Path:
     """Write the sweep's plot to ``path`` (PNG or SVG, by its suffix)."""
-    figure = require("matplotlib.figure", "drawing the sweep").Figure(figsize=(7, 3.6))
-    ax = figure.subplots()
+    figure = require("matplotlib.figure", "drawing the sweep").Figure(figsize=(7, 5.4))
+    ax, below = figure.subplots(2, 1, sharex=True, height_ratios=(2, 1))
     x = [r.tokens_per_device for r in data.rows]
     for attr, marker, label in (
         ("tensor_parallel", "o-", "best of Megatron, data×tensor"),
@@ -38,8 +38,11 @@ def save_sweep(data: Sweep, path: str | Path, title: str | None = None) -> Path:
     )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel(f"tokens per device ({data.mesh.size} devices)")
     ax.set_ylabel("predicted time / search's plan")
+    below.plot(x, [r.mfu for r in data.rows], "d-", color="black", label="search's plan")
+    below.set_ylim(0, 1)
+    below.set_ylabel("predicted MFU")
+    below.set_xlabel(f"tokens per device ({data.mesh.size} devices)")
     ax.set_title(
         title or f"{data.program} {_step(data)}, {data.profile} {data.mesh.describe()} (planned)",
         fontsize=9,
@@ -62,8 +65,8 @@ def sweep_view(data: Sweep) -> Table:
         f"data-parallel plans lead from {_tokens(data.switch)}",
         title_justify="left",
     )
-    for column in ("batch", "tokens/device", "search", "its inputs", "best data-parallel",
-                   "best tensor-parallel"):  # fmt: skip
+    for column in ("batch", "tokens/device", "search", "MFU", "its inputs",
+                   "best data-parallel", "best tensor-parallel"):  # fmt: skip
         # the headers of numbers wrap at spaces; "tokens/device" has none, so keep it whole
         table.add_column(
             column,
@@ -75,6 +78,7 @@ def sweep_view(data: Sweep) -> Table:
             str(r.batch),
             _tokens(r.tokens_per_device),
             format_seconds(r.seconds),
+            "-" if r.mfu is None else f"{r.mfu:.1%}",
             " · ".join(r.in_specs),
             _ratio(r.data_parallel, r.family == "data"),
             _ratio(r.tensor_parallel, r.family == "tensor"),
