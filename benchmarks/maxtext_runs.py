@@ -11,7 +11,8 @@ grouped-query attention, head_dim 128, untied head), sized by the row's
 the row's script today (``--config head``, the default: the scripts have since cut the batch
 where today's model needs more memory than 2023's), or those the row was measured with
 (``--config published``; its model was 2023's, so its memory is not this model's).
-``qkv_proj_offloaded`` (activations offloaded to the host) is planned as ``full``. MFU is
+``qkv_proj_offloaded`` (activations offloaded to the host) is planned as ``full``; flash
+attention (``attention: flash``) as blockwise attention in plain JAX, which has its memory. MFU is
 MaxText's: its own count of a
 training step's model FLOPs (``calculate_tflops_training_per_device``: 6 × the matrix FLOPs
 of the layers and the vocabulary head, causal attention halved, remat not counted) over
@@ -70,11 +71,13 @@ def config(run: Any, which: str) -> dict[str, Any]:
         "dcn": run.dcn,
         "max_target_length": run.max_target_length,
         "remat_policy": run.remat_policy,
+        "attention": run.attention,
     }
 
 
 def program(run: Any, remat: str, published: dict[str, Any]) -> tuple[Any, Any]:
-    """The row's AdamW training step and its arguments under ``remat``."""
+    """The row's AdamW training step and its arguments under ``remat``, its attention flash
+    attention where the row's is (every row but 2023's v4 ones)."""
     size = sized(None, hidden=run.emb_dim, layers=run.num_decoder_layers,
                  heads=run.num_query_heads, kv_heads=run.num_kv_heads, head_dim=run.head_dim,
                  ffn=run.mlp_dim, vocab=run.vocab_size)  # fmt: skip
@@ -87,6 +90,7 @@ def program(run: Any, remat: str, published: dict[str, Any]) -> tuple[Any, Any]:
         dtype="bfloat16",
         master=True,
         remat=remat,
+        attention="flash" if published.get("attention") == "flash" else "dot_product",
     )
     return adamw(loss), (params, adamw_state(params), *data)
 
@@ -98,8 +102,7 @@ def maxtext_mesh(published: dict[str, Any]) -> str:
     return ",".join(f"{a}={n}" for a, n in sizes.items() if n > 1)
 
 
-def predict(run: Any, choose: bool, which: str) -> dict[str, Any]:
-    published = config(run, which)
+def predict(run: Any, choose: bool, published: dict[str, Any]) -> dict[str, Any]:
     profile = load_profile(PROFILES[run.tpu])
     peak = run.peak_tflops_per_chip
     tflops = maxtext_tflops(run, published["per_device_batch_size"],
@@ -114,6 +117,7 @@ def predict(run: Any, choose: bool, which: str) -> dict[str, Any]:
         "tpu": run.tpu, "topology": run.topology, "slices": run.slices, "model": run.model,
         "chips": run.num_chips, "per_device_batch": published["per_device_batch_size"],
         "seq": published["max_target_length"], "remat": remat, "mesh": mesh,
+        "attention": published.get("attention"),
         "published_mfu": run.published_mfu, "model_tflops_per_device": tflops,
         "predicted_seconds": best.seconds, "predicted_mfu": tflops / (best.seconds * peak),
         "memory_gib": best.memory_bytes / 2**30,
@@ -142,13 +146,22 @@ def main() -> None:
     parser.add_argument("--tpu", choices=sorted(PROFILES), help="only this TPU's rows")
     parser.add_argument("--slices", type=int, help="only rows of this many slices")
     parser.add_argument("--config", choices=("head", "published"), default="head")
+    parser.add_argument(
+        "--attention",
+        choices=("row", "dot_product"),
+        default="row",
+        help="the row's attention (flash, blockwise) or dot-product attention everywhere",
+    )
     given = parser.parse_args()
     runs = runpy.run_path(str(Path(__file__).with_name("maxtext_published.py")))["RUNS"]
     rows = []
     for run in runs:
         if (given.tpu and run.tpu != given.tpu) or (given.slices and run.slices != given.slices):
             continue
-        row = predict(run, given.choose, given.config)
+        settings = config(run, given.config)
+        if given.attention == "dot_product":
+            settings["attention"] = "dot_product"
+        row = predict(run, given.choose, settings)
         rows.append(row)
         ratio = row["predicted_mfu"] / row["published_mfu"]
         extra = ""
@@ -159,7 +172,8 @@ def main() -> None:
               f"published {row['published_mfu']:.1%} predicted {row['predicted_mfu']:.1%} "
               f"({ratio:.2f}x) {row['memory_gib']:.1f} GiB{extra}", flush=True)  # fmt: skip
     within = sum(0.75 <= r["predicted_mfu"] / r["published_mfu"] <= 1.25 for r in rows)
-    summary = {"config": given.config, "rows": len(rows), "within_25_percent": within,
+    summary = {"config": given.config, "attention": given.attention, "rows": len(rows),
+               "within_25_percent": within,
                "fit": sum(r["fits"] for r in rows)}  # fmt: skip
     print(summary)
     given.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from shardwise._errors import ArgumentError
+from shardwise._program.flash import flash_attention
 
 S = jax.ShapeDtypeStruct
 Params = dict[str, Any]
@@ -237,15 +238,20 @@ def rope(x: jax.Array, theta: float) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def attention(a: jax.Array, p: Params, theta: float) -> jax.Array:
+def attention(a: jax.Array, p: Params, theta: float, flash: bool = False) -> jax.Array:
     """Grouped-query causal self-attention of ``a`` (batch, seq, hidden): each of the
-    ``kv_heads`` key/value heads serves ``heads // kv_heads`` consecutive query heads."""
+    ``kv_heads`` key/value heads serves ``heads // kv_heads`` consecutive query heads; with
+    ``flash``, a block of keys at a time (:func:`~shardwise._program.flash.flash_attention`,
+    blocks of :func:`flash_block` keys)."""
     b, s, _ = a.shape
     n, kv, hd = p["wq"].shape[-2], p["wk"].shape[-2], p["wq"].shape[-1]
     q = rope(jnp.einsum("bsh,hnd->bsnd", a, p["wq"]), theta)
     k = rope(jnp.einsum("bsh,hkd->bskd", a, p["wk"]), theta)
     v = jnp.einsum("bsh,hkd->bskd", a, p["wv"])
     q = q.reshape(b, s, kv, n // kv, hd)
+    if flash:
+        blocked = flash_attention(q, k, v, flash_block(s)).reshape(b, s, n, hd)
+        return jnp.einsum("bsnd,ndh->bsh", blocked, p["wo"])
     scores = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32) / math.sqrt(hd)
     causal = jnp.tril(jnp.ones((s, s), dtype=bool))
     scores = jnp.where(causal, scores, -3.4e38)  # float32's lowest: masked out
@@ -255,10 +261,21 @@ def attention(a: jax.Array, p: Params, theta: float) -> jax.Array:
     return out
 
 
-def block(h: jax.Array, p: Params, theta: float) -> jax.Array:
+def flash_block(seq: int) -> int:
+    """Keys per block of flash attention: ``gcd(seq, 512)``, halved where that is all of an
+    even ``seq`` (at least two blocks).
+
+    >>> flash_block(2048), flash_block(16), flash_block(96)
+    (512, 8, 32)
+    """
+    found = math.gcd(seq, 512)
+    return found // 2 if found == seq and seq % 2 == 0 else found
+
+
+def block(h: jax.Array, p: Params, theta: float, flash: bool = False) -> jax.Array:
     """One Llama block on ``h`` (batch, seq, hidden): attention, then the SwiGLU MLP, each
     after an RMSNorm and with a residual."""
-    h = h + attention(rms_norm(h, p["attn_norm"]), p, theta)
+    h = h + attention(rms_norm(h, p["attn_norm"]), p, theta, flash)
     m = rms_norm(h, p["mlp_norm"])
     gated = jax.nn.silu(m @ p["w_gate"]) * (m @ p["w_up"])
     out: jax.Array = h + gated @ p["w_down"]
@@ -277,17 +294,25 @@ layer (``nothing_saveable``); ``minimal`` keeps the results of the weight matrix
 recomputes the rest (``checkpoint_dots_with_no_batch_dims``, MaxText's ``minimal``);
 ``save_dots`` keeps every matrix product's result, attention's too (``checkpoint_dots``)."""
 
+ATTENTION = ("dot_product", "flash")
+"""How attention is computed, by MaxText's ``attention`` names: ``dot_product`` makes every
+query's scores against every key at once (a ``seq × seq`` matrix per head); ``flash`` a block
+of keys at a time, keeping a running softmax, recomputing each block in the backward pass
+(:mod:`~shardwise._program.flash`): the same numbers, without the matrix."""
 
-def decoder(theta: float, dtype: str, remat: str = "none") -> Callable[..., jax.Array]:
+
+def decoder(
+    theta: float, dtype: str, remat: str = "none", attention: str = "dot_product"
+) -> Callable[..., jax.Array]:
     """The forward pass ``llama(tokens, params)`` → logits (batch, seq, vocab) in float32,
     computing in ``dtype`` (weights stored in another dtype are cast to it where used), each
-    layer under the :data:`REMAT` policy ``remat``."""
+    layer under the :data:`REMAT` policy ``remat``, its attention as :data:`ATTENTION` says."""
 
     def cast(tree: Any) -> Any:
         return jax.tree.map(lambda w: w.astype(dtype), tree)
 
     def layer(h: jax.Array, p: Params) -> tuple[jax.Array, None]:
-        return block(h, cast(p), theta), None
+        return block(h, cast(p), theta, attention == "flash"), None
 
     if remat != "none":
         layer = jax.checkpoint(layer, policy=REMAT[remat], prevent_cse=False)
@@ -317,24 +342,29 @@ def cross_entropy(forward: Callable[..., jax.Array]) -> Callable[..., jax.Array]
 
 def llama(
     size: LlamaSize, *, batch: int, seq: int, train: bool, dtype: str, master: bool,
-    remat: str = "none",
+    remat: str = "none", attention: str = "dot_product",
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:  # fmt: skip
     """The decoder of ``size`` and its arguments' shapes: ``(forward, (tokens, params))``, or
     with ``train`` ``(loss, (params, tokens, labels))``; tokens and labels are int32
     (batch, seq). Weights are ``dtype``; with ``master`` they are float32 master copies,
     cast to ``dtype`` where each is used, so a training step's gradients and update are in
     float32 (4 bytes a parameter held, and a ``dtype`` copy of each layer's weights while
-    it computes). ``remat`` names the layers' :data:`REMAT` policy."""
+    it computes). ``remat`` names the layers' :data:`REMAT` policy, ``attention`` one of
+    :data:`ATTENTION`."""
     check(size)
     if remat not in REMAT:
         raise ArgumentError(
             f"no remat policy {remat!r}; the policies are {', '.join(REMAT)} (MaxText's "
             "remat_policy names)."
         )
+    if attention not in ATTENTION:
+        raise ArgumentError(
+            f"no attention {attention!r}; give one of {', '.join(ATTENTION)} (MaxText's names)."
+        )
     stored = "float32" if master else dtype
     params = parameter_shapes(size, stored)
     tokens = S((batch, seq), "int32")
-    forward = decoder(size.rope_theta, dtype, remat)
+    forward = decoder(size.rope_theta, dtype, remat, attention)
     if train:
         return cross_entropy(forward), (params, tokens, tokens)
     return forward, (tokens, params)

@@ -101,6 +101,7 @@ def model(
     master: bool = False,
     optimizer: str | None = None,
     remat: str = "none",
+    attention: str = "dot_product",
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """A built-in model's function and argument shapes: ``(forward, (x, params))``, or with
     ``train=True`` ``(loss, (params, x, y))``: plain JAX functions to plan, run or read.
@@ -120,7 +121,7 @@ def model(
     ``vocab``) replace the named size's, or without a size describe the model. Weights are
     bfloat16 unless ``dtype`` says otherwise; ``master=True`` keeps float32 master copies
     (a step's gradients and update in float32). ``remat``: the layers' remat policy
-    (:data:`~shardwise._program.llama.REMAT`: ``none``, ``full``, ``minimal``, ``save_dots``).
+    (:data:`~shardwise._program.llama.REMAT`); ``attention``: ``dot_product`` or ``flash``.
 
     >>> import shardwise
     >>> fn, (x, params) = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
@@ -136,7 +137,8 @@ def model(
     if optimizer is not None:
         return _stepped(name, optimizer, train, batch=batch, hidden=hidden, ffn=ffn, seq=seq,
                         heads=heads, layers=layers, dtype=dtype, size=size, kv_heads=kv_heads,
-                        head_dim=head_dim, vocab=vocab, master=master, remat=remat)  # fmt: skip
+                        head_dim=head_dim, vocab=vocab, master=master, remat=remat,
+                        attention=attention)  # fmt: skip
     if min(batch, seq) < 1:
         raise ArgumentError(
             f"batch {batch}, seq {seq}: model sizes are whole numbers of at least 1."
@@ -146,11 +148,12 @@ def model(
                     head_dim=head_dim, vocab=vocab)  # fmt: skip
         computed = supported(dtype or "bfloat16", f"model {name!r}").name
         return llama(sized(size, **dims), batch=batch, seq=seq, train=train, dtype=computed,
-                     master=master, remat=remat)  # fmt: skip
+                     master=master, remat=remat, attention=attention)  # fmt: skip
     if name not in MODELS:
         raise ArgumentError(f"no built-in model {name!r}; the models are {', '.join(MODELS)}.")
     _only_llama(name, size=size, kv_heads=kv_heads, head_dim=head_dim, vocab=vocab,
-                master=master or None, remat=None if remat == "none" else remat)  # fmt: skip
+                master=master or None, remat=None if remat == "none" else remat,
+                attention=None if attention == "dot_product" else attention)  # fmt: skip
     if hidden is None or ffn is None:
         raise ArgumentError(f"model {name!r} is sized by hidden and ffn: give both.")
     forward, (x, params) = _simple(

@@ -60,6 +60,15 @@ Remat = Annotated[
     ),
 ]
 
+Attention = Annotated[
+    str,
+    typer.Option(
+        "--attention",
+        help="For --model llama: dot_product (every score at once) or flash (a block of keys "
+        "at a time: the memory of flash attention).",
+    ),
+]
+
 
 def dims(given: dict[str, Any]) -> dict[str, Any]:
     """A built-in model's sizes from the command line, all but the batch: the ones given, and
@@ -72,4 +81,6 @@ def dims(given: dict[str, Any]) -> dict[str, Any]:
         out["master"] = True
     if given["remat"] not in ("none", "auto"):
         out["remat"] = given["remat"]
+    if given["attention"] != "dot_product":
+        out["attention"] = given["attention"]
     return out

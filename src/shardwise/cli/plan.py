@@ -23,6 +23,7 @@ from shardwise.cli._common import (
     table_format,
 )
 from shardwise.cli._models import (
+    Attention,
     Batch,
     Ffn,
     Heads,
@@ -74,6 +75,7 @@ def plan(
     vocab: Vocab = None,
     master: Master = False,
     remat: Remat = "none",
+    attention: Attention = "dot_product",
     train: Annotated[
         bool, typer.Option("--train", help="Plan one SGD step of the loss, not the forward pass.")
     ] = False,
