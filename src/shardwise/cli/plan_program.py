@@ -222,7 +222,7 @@ def sweep_device_counts(given: dict[str, Any]) -> None:
     """``plan --model … --sweep-devices …``: choose the mesh at each device count."""
     from shardwise._program.device_sweep import sweep_devices
     from shardwise.cli._models import dims
-    from shardwise.cli.program import parse_batches
+    from shardwise.cli.program import parse_batches, show_sweep
     from shardwise.render.sweep import device_sweep_view, save_device_sweep
 
     if given["model"] is None or given["profile"] is None:
@@ -250,11 +250,4 @@ def sweep_device_counts(given: dict[str, Any]) -> None:
             on_step=lambda k, n: status.update(f"choosing the mesh of device count {k + 1}/{n}"),
             **{k: v for k, v in dims(given).items() if k != "remat"},
         )  # fmt: skip
-    if given["plot"] is not None:
-        save_device_sweep(result, given["plot"])
-    if given["json"]:
-        print_json(result.to_json())
-        return
-    show(out, device_sweep_view(result), table_format(given["format"]))
-    if given["plot"] is not None:
-        out.print(f"wrote {given['plot']}")
+    show_sweep(result, given, out, device_sweep_view, save_device_sweep)

@@ -325,12 +325,20 @@ def sweep_batches(given: dict[str, Any]) -> None:
             on_step=lambda k, n: status.update(f"planning batch size {k + 1}/{n}"),
             **dims(given),
         )
+    show_sweep(result, given, out, sweep_view, save_sweep)
+
+
+def show_sweep(
+    result: Any, given: dict[str, Any], out: Console, view: Callable[[Any], Any],
+    save: Callable[[Any, Any], Any],
+) -> None:  # fmt: skip
+    """A sweep's ``--plot`` (drawn by ``save``), then its ``--json`` or its table (``view``)."""
     if given["plot"] is not None:
-        save_sweep(result, given["plot"])
+        save(result, given["plot"])
     if given["json"]:
         print_json(result.to_json())
         return
-    show(out, sweep_view(result), table_format(given["format"]))
+    show(out, view(result), table_format(given["format"]))
     if given["plot"] is not None:
         out.print(f"wrote {given['plot']}")
 

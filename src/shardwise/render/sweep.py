@@ -5,7 +5,7 @@ switch point (``C / W_ici``) marked. Drawn with matplotlib (the ``pictures`` ext
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shardwise._extras import require
 from shardwise._model.units import format_bytes, format_seconds
@@ -47,6 +47,11 @@ def save_sweep(data: Sweep, path: str | Path, title: str | None = None) -> Path:
         title or f"{data.program} {_step(data)}, {data.profile} {data.mesh.describe()} (planned)",
         fontsize=9,
     )
+    return _saved(figure, ax, path)
+
+
+def _saved(figure: Any, ax: Any, path: str | Path) -> Path:
+    """``figure`` with ``ax``'s legend, laid out and written to ``path``."""
     ax.legend(fontsize=8)
     figure.tight_layout()
     out = Path(path)
@@ -122,11 +127,7 @@ def save_device_sweep(data: DeviceSweep, path: str | Path) -> Path:
     ax.set_ylabel("predicted MFU")
     ax.set_title(f"{data.program}, batch {data.batch}: the mesh chosen at each device count "
                  "(planned)", fontsize=9)  # fmt: skip
-    ax.legend(fontsize=8)
-    figure.tight_layout()
-    out = Path(path)
-    figure.savefig(out, dpi=110)
-    return out
+    return _saved(figure, ax, path)
 
 
 def device_sweep_view(data: DeviceSweep) -> Table:
