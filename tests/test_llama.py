@@ -364,3 +364,24 @@ def test_flash_attention_computes_the_same_step_without_the_matrix_of_scores():
     assert 0.6 < held["flash"][0] / held["flash"][1] < 1.3, held
     with pytest.raises(ArgumentError, match="no attention 'ring'"):
         shardwise.model("llama", batch=8, seq=256, attention="ring", **dims)
+
+
+def test_a_mask_made_from_nothing_stays_free_under_remat():
+    """Under remat JAX passes what a checkpoint computes from constants (the causal mask,
+    ``jnp.tril`` of ones, broadcast to every head) into the backward pass as an argument;
+    XLA makes it inside the ops that read it. The planner holds no such array and charges it
+    no traffic: recomputing the forward pass costs at most about a third more, not several
+    times (it was 3.2x for LLaMA-3 70B's step before)."""
+    seconds, held = {}, {}
+    for remat in ("none", "full"):
+        loss, args = shardwise.model("llama", batch=16, seq=1024, train=True, remat=remat,
+                                     hidden=512, layers=2, heads=8, kv_heads=8, ffn=2048,
+                                     vocab=512)  # fmt: skip
+        plan = shardwise.plan(loss, *args, mesh="data=4,model=4", profile="tpu-v5p", train=True,
+                              top=1)  # fmt: skip
+        seconds[remat] = plan.chosen.predicted.seconds
+        held[remat] = [
+            v.shape for v in plan.graph.values if v.dtype == "bool" and len(v.shape) == 5
+        ]
+    assert held == {"none": [], "full": []}
+    assert seconds["full"] < 1.5 * seconds["none"], seconds

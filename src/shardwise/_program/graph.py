@@ -243,14 +243,9 @@ class _Builder(Walker[int]):
     def call(
         self, eqn: Any, here: Path, body: Any, consts: Sequence[Any], ins: list[int | None]
     ) -> list[int | None]:
-        outs = self.run(body, [None] * len(body.constvars), here, ins)
-        where = self.where(eqn)
-        return [
-            self.define((here[:-1], o), named(eqn.primitive.name, where), where)
-            if x is None and is_var(o) and rank(o)
-            else x
-            for o, x in zip(eqn.outvars, outs, strict=True)
-        ]
+        # a result the body makes from nothing (a mask by jnp.tril, or a checkpoint's mask
+        # computed ahead for the backward pass) stays free to follow, as an iota
+        return self.run(body, [None] * len(body.constvars), here, ins)
 
     def step(self, kind: Any, prim: str, inputs: Sequence[int], out: int, key: Path,
              eqn: Any, role: Role = "op", **more: Any) -> None:  # fmt: skip
