@@ -300,9 +300,8 @@ def _plan_each(
     on_step: Callable[[int, int], None] | None,
 ) -> tuple[list[Candidate], ProgramPlan]:  # fmt: skip
     """Plan each split with each program (named ``""`` where no variants are given): the
-    candidates (each split's best program), those
-    that fit first, each group by predicted time, and the first one's plan (only the best
-    plan is kept, to bound the memory held)."""
+    candidates (each split's best program), those that fit first, each group by predicted
+    time, and the first one's plan (only the best plan is kept, to bound the memory held)."""
     out: list[Candidate] = []
     best_plan: ProgramPlan | None = None
     steps = len(splits) * len(programs)

@@ -131,7 +131,7 @@ def save_device_sweep(data: DeviceSweep, path: str | Path) -> Path:
 
 
 def device_sweep_view(data: DeviceSweep) -> Table:
-    """The device sweep as a table: per device count, the chosen mesh, its MaxText settings'
+    """The device sweep as a table: per device count, the chosen mesh, its
     remat policy, predicted step time, MFU and memory per device."""
     from rich.table import Table
 
