@@ -68,8 +68,9 @@ def test_enumeration_hand_counts():
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_text", ["devices=8", "x=2,y=4", "x=4,y=2"])
 def test_predicted_collectives_match_compiled_hlo_for_every_strategy(mesh_text):
-    """Every strategy of every equation of the suite on one axis and on 2×4; on 4×2, its
-    mirror, every other strategy (the two meshes' layouts differ only in the axes' sizes)."""
+    """Every strategy of every equation of the suite on one axis; on 2×4 and its mirror 4×2
+    (their layouts differ only in the axes' sizes) every other one, each mesh the half the
+    other leaves."""
     mesh = MeshSpec.parse(mesh_text)
     jmesh = build_mesh(mesh)
     checked = 0
@@ -77,7 +78,8 @@ def test_predicted_collectives_match_compiled_hlo_for_every_strategy(mesh_text):
         op = Op.parse(equation)
         _, valid = strategies(op, op.sizes(shapes), mesh)
         assert valid
-        for s in valid[k % 2 :: 2] if mesh_text == "x=4,y=2" else valid:
+        half = valid[(k + (mesh_text == "x=4,y=2")) % 2 :: 2]
+        for s in valid if mesh_text == "devices=8" else half:
             plan = Plan.make(
                 op, shapes, mesh=mesh, in_specs=list(s.in_specs(op)), out_specs=s.out_spec
             )
@@ -86,7 +88,7 @@ def test_predicted_collectives_match_compiled_hlo_for_every_strategy(mesh_text):
             want = kinds(predict(op, shapes, "float32", mesh, s, CPU).collectives)
             assert got == want, (equation, s.describe(op))
             checked += 1
-    assert checked >= (25 if mesh_text == "x=4,y=2" else 50)
+    assert checked >= (50 if mesh_text == "devices=8" else 25)
 
 
 @pytest.mark.parametrize("layout", ["a=x,b=y", "a=y,b=x", "a=(x,y)"])
