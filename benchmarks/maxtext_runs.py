@@ -35,9 +35,7 @@ from typing import Any
 
 import shardwise
 from shardwise._model.profile_files import load_profile
-from shardwise._program.llama import llama, sized
 from shardwise._program.mesh_search import choose_mesh
-from shardwise._program.optimizers import adamw, adamw_state
 
 PROFILES = {"v5p": "tpu-v5p", "v5e": "tpu-v5e", "v4": "tpu-v4"}
 REMAT = {"minimal": "minimal", "full": "full", "qkv_proj_offloaded": "full"}
@@ -78,21 +76,24 @@ def config(run: Any, which: str) -> dict[str, Any]:
 def program(run: Any, remat: str, published: dict[str, Any]) -> tuple[Any, Any]:
     """The row's AdamW training step and its arguments under ``remat``, its attention flash
     attention where the row's is (every row but 2023's v4 ones)."""
-    size = sized(None, hidden=run.emb_dim, layers=run.num_decoder_layers,
-                 heads=run.num_query_heads, kv_heads=run.num_kv_heads, head_dim=run.head_dim,
-                 ffn=run.mlp_dim, vocab=run.vocab_size)  # fmt: skip
-    batch = int(published["per_device_batch_size"] * run.num_chips)
-    loss, (params, *data) = llama(
-        size,
-        batch=batch,
+    return shardwise.model(
+        "llama",
+        batch=int(published["per_device_batch_size"] * run.num_chips),
         seq=published["max_target_length"],
+        hidden=run.emb_dim,
+        layers=run.num_decoder_layers,
+        heads=run.num_query_heads,
+        kv_heads=run.num_kv_heads,
+        head_dim=run.head_dim,
+        ffn=run.mlp_dim,
+        vocab=run.vocab_size,
         train=True,
+        optimizer="adamw",
         dtype="bfloat16",
         master=True,
         remat=remat,
         attention="flash" if published.get("attention") == "flash" else "dot_product",
     )
-    return adamw(loss), (params, adamw_state(params), *data)
 
 
 def maxtext_mesh(published: dict[str, Any]) -> str:

@@ -18,8 +18,8 @@ from shardwise._model.profile import Profile
 from shardwise._model.profile_files import load_profile
 from shardwise._program.llama import REMAT
 from shardwise._program.mesh_search import choose_mesh
-from shardwise._program.models import SEQ, model
-from shardwise._program.program import plan
+from shardwise._program.models import SEQ, remat_variants
+from shardwise._program.sweep import model_dtype, model_flops
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +98,11 @@ def sweep_devices(
         raise ArgumentError(f"remat {remat!r}: only model 'llama' takes a remat policy.")
     prof = load_profile(profile) if isinstance(profile, str) else profile
     settings = {"batch": batch, "train": train, "optimizer": optimizer, **dims}
-    policies = tuple(REMAT) if remat == "auto" else (remat,)
-    variants = {r: _built(name, settings, r) for r in policies}
-    fn, args = base = _built(name, settings, "none")
+    variants = remat_variants(name, tuple(REMAT) if remat == "auto" else (remat,), **settings)
+    fn, args = base = remat_variants(name, ("none",), **settings)["none"]
     trains = train and optimizer is None  # (a step with its optimizer is planned as it is)
-    one = plan(fn, *args, mesh="x=1", profile=prof, train=trains, top=1)
-    total = one.chosen.predicted.flops
-    peak = prof.flops(dims.get("dtype") or ("bfloat16" if name == "llama" else "float32"))
+    total = model_flops(fn, args, prof, trains)
+    peak = prof.flops(model_dtype(name, dims))
     seq = dims.get("seq", SEQ) if name in ("transformer", "llama") else None
     points = []
     for k, n in enumerate(sorted(set(devices))):
@@ -123,9 +121,3 @@ def sweep_devices(
         points.append(DevicePoint(n, best.mesh, best.variant if remat != "none" else None,
                                   best.seconds, mfu, best.memory_bytes, best.fits))  # fmt: skip
     return DeviceSweep(name, prof.name, batch, tuple(roles), total, tuple(points))
-
-
-def _built(name: str, settings: dict[str, Any], remat: str) -> tuple[Any, Any]:
-    """The built-in model under ``remat`` (the Llama's; other models take none)."""
-    extra: dict[str, Any] = {"remat": remat} if name == "llama" else {}
-    return model(name, **settings, **extra)

@@ -18,7 +18,7 @@ against ``y``), as :func:`shardwise.plan` with ``train=True`` expects.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -162,6 +162,19 @@ def model(
     if train:
         return loss_of(forward), (params, x, x)
     return forward, (x, params)
+
+
+def remat_variants(
+    name: str, policies: Sequence[str], **settings: Any
+) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...]]]:
+    """The built-in model ``name`` (:func:`model`'s ``settings``) under each remat policy of
+    ``policies``, by policy: the programs :func:`~shardwise.choose_mesh` takes as
+    ``variants`` (a model other than the Llama takes no policy: give it ``("none",)``)."""
+    out = {}
+    for r in policies:
+        extra: dict[str, Any] = {"remat": r} if name == "llama" else {}
+        out[r] = model(name, **settings, **extra)
+    return out
 
 
 def _only_llama(name: str, **only: Any) -> None:

@@ -107,6 +107,20 @@ def threshold(profile: Profile, dtype: str) -> float:
     return profile.flops(dtype) / (2 * profile.link.bandwidth_Bps)
 
 
+def model_dtype(name: str, dims: dict[str, Any]) -> str:
+    """The dtype built-in model ``name`` computes in (its ``dims``' or its default)."""
+    return str(dims.get("dtype") or ("bfloat16" if name == "llama" else "float32"))
+
+
+def model_flops(
+    fn: Callable[..., Any], args: Sequence[Any], profile: Profile, train: bool
+) -> float:
+    """The model's FLOPs for MFU: the step ``fn(*args)`` planned on one device (no remat in
+    ``fn``: recomputation is not the model's work)."""
+    one = plan(fn, *args, mesh="x=1", profile=profile, train=train, top=1)
+    return float(one.chosen.predicted.flops)
+
+
 def sweep(
     name: str,
     batches: Sequence[int],
@@ -135,7 +149,7 @@ def sweep(
     if any(b < 1 for b in batches):
         raise ArgumentError(f"batch sizes must be 1 or more, got {list(batches)}.")
     tokens = dims.get("seq", SEQ) if name in ("transformer", "llama") else 1
-    dtype = dims.get("dtype") or ("bfloat16" if name == "llama" else "float32")
+    dtype = model_dtype(name, dims)
     rows = []
     sizes = sorted(set(batches))
     for k, batch in enumerate(sizes):
@@ -143,9 +157,9 @@ def sweep(
             on_step(k, len(sizes))
         fn, args = model(name, batch=batch, train=train, **dims)
         report = plan(fn, *args, mesh=mesh, profile=profile, train=train, top=1)
-        one = plan(fn, *args, mesh="x=1", profile=profile, train=train, top=1)
         seconds = {p.name: p.predicted.seconds for p in report.plans}
-        mfu = one.chosen.predicted.flops / (mesh.size * seconds["search"] * profile.flops(dtype))
+        flops = model_flops(fn, args, profile, train)
+        mfu = flops / (mesh.size * seconds["search"] * profile.flops(dtype))
         data, tensor = (
             min((seconds[n] / seconds["search"] for n in names if n in seconds), default=None)
             for names in (DATA, TENSOR)

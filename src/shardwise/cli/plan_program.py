@@ -135,7 +135,7 @@ def _choose(given: dict[str, Any], fn: Any, fn_args: list[Any], train: bool, out
             "--choose-mesh plans for devices you may not have: give their --profile "
             "(tpu-v5p, h100, … or a calibrated one)."
         )
-    roles = tuple(r.strip() for r in given["roles"].split(",") if r.strip())
+    roles = _roles(given)
     known = hints(given)
     with out.status("choosing the mesh") as status:
         return shardwise.choose_mesh(
@@ -150,18 +150,15 @@ def _remats(given: dict[str, Any]) -> dict[str, Any] | None:
     """``--remat auto``: the built-in Llama under each remat policy, by name; ``None`` for
     one policy."""
     from shardwise._program.llama import REMAT
-    from shardwise._program.models import model as built_in
+    from shardwise._program.models import remat_variants
     from shardwise.cli._models import dims
 
     if given["remat"] != "auto":
         return None
     if given["model"] != "llama":
         raise ArgumentError("--remat auto chooses the layers' remat policy of --model llama.")
-    return {
-        policy: built_in("llama", batch=given["batch"], train=given["train"],
-                         optimizer=given["optimizer"], remat=policy, **dims(given))
-        for policy in REMAT
-    }  # fmt: skip
+    return remat_variants("llama", tuple(REMAT), batch=given["batch"], train=given["train"],
+                          optimizer=given["optimizer"], **dims(given))  # fmt: skip
 
 
 def hints(given: dict[str, Any]) -> dict[str, int | None]:
@@ -241,7 +238,7 @@ def sweep_device_counts(given: dict[str, Any]) -> None:
             f"{', '.join(unused)}."
         )
     out = console(stderr=given["json"])
-    roles = tuple(r.strip() for r in given["roles"].split(",") if r.strip())
+    roles = _roles(given)
     with out.status("planning") as status:
         result = sweep_devices(
             given["model"], parse_batches(given["sweep_devices"], "--sweep-devices"),
@@ -251,3 +248,8 @@ def sweep_device_counts(given: dict[str, Any]) -> None:
             **{k: v for k, v in dims(given).items() if k != "remat"},
         )  # fmt: skip
     show_sweep(result, given, out, device_sweep_view, save_device_sweep)
+
+
+def _roles(given: dict[str, Any]) -> tuple[str, ...]:
+    """``--roles``: the mesh axes' names, in order."""
+    return tuple(r.strip() for r in given["roles"].split(",") if r.strip())
