@@ -31,7 +31,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --durations=25
+	$(BIN)/python -m pytest -n 2 --dist worksteal --durations=25
 
 ## The edit-test loop: every test but those marked slow (`make test` and `make check` run all).
 test-fast: $(STAMP)
