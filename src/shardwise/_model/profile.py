@@ -86,6 +86,12 @@ class Profile:
     gather: Link | None = None
     gather_links: Mapping[str, Link] = field(default_factory=dict)
 
+    @property
+    def overlaps_collectives(self) -> bool:
+        """Whether XLA runs collectives beside compute here (asynchronously, on GPUs and
+        TPUs); on CPUs it runs them one after the other with the compute."""
+        return self.platform in ("gpu", "tpu")
+
     def __post_init__(self) -> None:
         fact = _invalid(self)
         if fact is not None:

@@ -16,7 +16,8 @@ One pipeline, a module per stage, in the order a plan is made:
    baselines and the runners-up, these from the min-marginals of :mod:`.marginals` where
    dynamic programming solved the problem.
 4. **solution** — :mod:`.solution` reads a solution back as layouts and its prediction;
-   :mod:`.memory` counts the bytes held per device at each program point.
+   :mod:`.memory` counts the bytes held per device at each program point; :mod:`.overlap`
+   replays the plan with collectives beside compute (GPUs, TPUs).
 5. **explain** — :mod:`.explain` attributes every collective and every second to the step
    that causes it (from the same step costs); :mod:`.report` reads a plan op by op.
 6. **run** — :mod:`.apply` runs the program under a plan's layouts; :mod:`.verify` compiles

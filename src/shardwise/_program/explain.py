@@ -73,6 +73,9 @@ class Tally:
         self.graph, self.lay, self.costs, self.shared = graph, lay, costs, shared
         self.mesh = costs.mesh
         self.found: list[tuple[Any, int, str]] = []
+        self.sides: list[int] = []
+        """Per collective found, the operand it moves before its step runs, or ``-1``: after
+        (a dot's partial sums, a result moved to the layout it is kept in)."""
         self.seconds = [0.0] * len(graph.steps)
         self.flops = 0.0
         self.moved: set[tuple[int, Spec, Spec, tuple[int, ...]]] = set()
@@ -88,13 +91,15 @@ class Tally:
         self.own_flops = [0.0] * len(graph.steps)
         """Each step's FLOPs."""
 
-    def add(self, k: int, cost: Cost, why: Callable[[], str]) -> None:
+    def add(self, k: int, cost: Cost, why: Callable[[], str], side: int = -1) -> None:
         """Step ``k``'s ``cost``, each of its collectives for the reason ``why()`` says (put
-        in words only where there are any: most moves of most plans have none)."""
+        in words only where there are any: most moves of most plans have none); ``side``:
+        the operand they move before the step, or ``-1``: they come after it."""
         self.seconds[k] += cost.seconds
         if cost.collectives:
             text = why()
             self.found.extend((c, k, text) for c, _ in cost.collectives)
+            self.sides.extend([side] * len(cost.collectives))
 
     def step(self, k: int, strategy: Strategy | None) -> None:
         """Step ``k``'s cost under the plan (``strategy``: a dot's)."""
@@ -116,7 +121,7 @@ class Tally:
         if self.prior is not None and a not in self.dirty:
             done = self.prior.fed[(k, position)]  # the same move, after the same ones
             if done is not None:
-                self.add(k, *done)
+                self.add(k, *done, side=a)
             return
         src = self.lay.specs[a]
         shared = None if src == dst else self._shared(a, src, dst, step.key[:-1])
@@ -133,7 +138,7 @@ class Tally:
             )
 
         self.fed[(k, position)] = (cost, why)
-        self.add(k, cost, why)
+        self.add(k, cost, why, side=a)
 
     def _shared(self, a: int, src: Spec, dst: Spec, scope: tuple[int, ...]) -> int | None:
         """How many of the collectives that move ``a`` from ``src`` to ``dst`` an earlier move
@@ -197,6 +202,7 @@ class Tally:
                 need = ", ".join(f"d{d}" for d in step.local) or "its split dimensions"
                 why = f"{step.prim} needs {need} of [{self._text(src, step, 0, a)}] whole"
             self.found.append((c, k, why))
+            self.sides.append(-1 if c.kind == "all-reduce" else a)
         self.seconds[k] += head.seconds
         self._result(k, step, mapped, step.prim)
 
@@ -250,6 +256,7 @@ def retally(
             continue
         tally.starts.append(len(tally.found))
         tally.found.extend(prior.found[prior.starts[k] : ends[k]])
+        tally.sides.extend(prior.sides[prior.starts[k] : ends[k]])
         tally.seconds[k] = prior.seconds[k]
         tally.own_flops[k] = prior.own_flops[k]
     tally.flops = 0.0

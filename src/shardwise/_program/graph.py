@@ -30,7 +30,7 @@ from typing import Any
 import jax
 
 from shardwise._errors import ArgumentError
-from shardwise._program.nodes import Asked, Classes, Role, Step, Value
+from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value
 from shardwise._program.rules import REDUCTIONS, Rule, rule_of
 from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
 from shardwise._program.walk import asked as layouts_asked
@@ -65,6 +65,7 @@ class Graph:
         elementwise_ops: elementwise ops in the program.
         drawn: each draw of random bits (``random_bits``), its program point and shape.
         placed: each layout the code asks an array to have, in program order.
+        loops: each scan, nested ones too, in the order their bodies end.
     """
 
     values: tuple[Value, ...]
@@ -88,6 +89,7 @@ class Graph:
     elementwise_ops: int
     drawn: tuple[tuple[int, tuple[int, ...]], ...] = ()
     placed: tuple[Asked, ...] = ()
+    loops: tuple[Loop, ...] = ()
 
     def find(self, v: int) -> int:
         """The class of array ``v``."""
@@ -174,6 +176,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         elementwise_ops=b.elementwise_ops,
         drawn=tuple(b.drawn),
         placed=tuple(b.placed),
+        loops=tuple(b.loops),
     )
 
 
@@ -195,6 +198,7 @@ class _Builder(Walker[int]):
         self.elementwise_ops = 0
         self.drawn: list[tuple[int, tuple[int, ...]]] = []
         self.placed: list[Asked] = []
+        self.loops: list[Loop] = []
         self.context = ""  # while a call's body is walked, the user's line the call is on
         self.backward = False  # ... and whether JAX made the call by transposing a forward one
         self.repeat = 1  # how many times the equations walked now run (a scan's length)
@@ -352,7 +356,10 @@ class _Builder(Walker[int]):
                 self.step("map", "scan slice", (src,), x, here, eqn, "scan slice",
                           dim_map=tuple(range(1, r + 1)), local=(0,))  # fmt: skip
         repeat, self.repeat = self.repeat, self.repeat * p["length"]
+        start, n_consts = self.clock, scan_counts(p)[0]
         self.run(body, [None] * len(body.constvars), here, [*ins[:n_in], *slices])
+        carried = frozenset(a for a in ins[n_consts:n_in] if a is not None)
+        self.loops.append(Loop(start, self.clock, p["length"], carried))
         self.repeat = repeat
         return self._scan_results(eqn, path, here)
 

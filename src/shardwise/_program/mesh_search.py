@@ -50,7 +50,8 @@ class Candidate:
     Attributes:
         sizes: the ways of each role, in the roles' order.
         mesh: the mesh text (roles of size 1 left out), e.g. ``"fsdp=64,tensor=4"``.
-        seconds: the best plan's predicted step time on it (``None``: not planned).
+        seconds: the best plan's predicted step time on it, its collectives overlapping
+            compute where the platform runs them so (``None``: not planned).
         memory_bytes: that plan's predicted peak memory per device (``None``: not planned).
         fits: whether ``memory_bytes`` is within the profile's memory (``True`` where the
             profile gives none).
@@ -315,9 +316,8 @@ def _plan_each(
             p = _fastest(fn, args, text, prof, train)
             best = p.chosen.predicted
             fits = prof.memory_bytes is None or best.memory_bytes <= prof.memory_bytes
-            c = Candidate(
-                sizes, text, best.seconds, best.memory_bytes, fits, variant=variant or None
-            )
+            c = Candidate(sizes, text, best.overlapped_seconds, best.memory_bytes, fits,
+                          variant=variant or None)  # fmt: skip
             tried.append((c, p))
         c, p = min(tried, key=lambda t: _order(t[0]))
         if best_plan is None or _order(c) < min(_order(o) for o in out):

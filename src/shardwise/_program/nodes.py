@@ -35,6 +35,18 @@ class Value:
 
 
 @dataclass(frozen=True, slots=True)
+class Loop:
+    """A scan: the program points its body spans (``start`` < point ≤ ``end``), how many
+    times the body runs, and the arrays it carries round, as the body reads them (their
+    initial values')."""
+
+    start: int
+    end: int
+    length: int
+    carried: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """One op between arrays that needs a decision (a dot) or maps layouts (everything else).
 

@@ -5,6 +5,7 @@ FLOPs, and per-device memory at its peak, from :mod:`~shardwise._program.memory`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ from shardwise._model.strategy import Strategy
 from shardwise._program.explain import Tally, retally
 from shardwise._program.graph import Graph
 from shardwise._program.memory import peak_bytes
+from shardwise._program.overlap import overlapped_seconds
 from shardwise._program.problem import Problem
 from shardwise._program.steps import StepCosts, map_specs
 
@@ -33,10 +35,14 @@ class ProgramPrediction:
     """Each step's time (all its repeats): its own work and the moves it makes."""
     elementwise_seconds: float = 0.0
     """The elementwise ops' time: :attr:`seconds` is this plus every step's."""
+    overlapped_seconds: float = math.nan
+    """The step time where collectives run beside compute, as XLA runs them on GPUs and TPUs
+    (:mod:`~shardwise._program.overlap`); on a CPU, :attr:`seconds`."""
 
     def to_json(self) -> dict[str, object]:
         return {
             "seconds": self.seconds,
+            "overlapped_seconds": self.overlapped_seconds,
             "memory_bytes": self.memory_bytes,
             "flops": self.flops,
             "collectives": [c.to_json() for c in self.collectives],
@@ -153,7 +159,11 @@ def predict(
     memory = peak_bytes(graph, lay, mesh, costs.profile.platform)
     total = sum(elementwise)
     seconds = sum(tally.seconds) + total
-    prediction = ProgramPrediction(
-        seconds, memory, tally.flops, tally.collectives(), tuple(tally.seconds), total
+    overlapped = (
+        overlapped_seconds(graph, tally, total) if costs.profile.overlaps_collectives else seconds
     )
+    prediction = ProgramPrediction(
+        seconds, memory, tally.flops, tally.collectives(), tuple(tally.seconds), total,
+        overlapped,
+    )  # fmt: skip
     return Predicted(lay, prediction, tally, strategies, elementwise)

@@ -29,7 +29,8 @@ TENSOR = tuple(n for n in NAMES if n in ("megatron", "data×tensor"))
 @dataclass(frozen=True, slots=True)
 class SweepRow:
     """One batch size: the search's plan and how the best baseline of each family compares
-    (its predicted time over the search's; ``None`` where no such baseline applies), and the
+    (its predicted time over the search's; ``None`` where no such baseline applies; times with
+    collectives overlapping compute where the platform runs them so), and the
     search's plan's model FLOP utilisation (the step's FLOPs planned on one device, over
     devices × its predicted time × the profile's peak)."""
 
@@ -157,7 +158,7 @@ def sweep(
             on_step(k, len(sizes))
         fn, args = model(name, batch=batch, train=train, **dims)
         report = plan(fn, *args, mesh=mesh, profile=profile, train=train, top=1)
-        seconds = {p.name: p.predicted.seconds for p in report.plans}
+        seconds = {p.name: p.predicted.overlapped_seconds for p in report.plans}
         flops = model_flops(fn, args, profile, train)
         mfu = flops / (mesh.size * seconds["search"] * profile.flops(dtype))
         data, tensor = (

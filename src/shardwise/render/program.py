@@ -40,7 +40,7 @@ def plans_view(report: Any) -> Any:
             escape(
                 "\n".join(f"{n}: {s.describe()}" for n, s in zip(names, p.in_specs, strict=True))
             ),
-            format_seconds(p.predicted.seconds),
+            format_seconds(p.predicted.seconds) + _overlapped(p.predicted),
             format_bytes(p.predicted.memory_bytes)
             + ("\n[red]over budget[/]" if p.over_budget else ""),
             "\n".join(f"{n}× {k} {','.join(a)}" for (k, a), n in kinds.items()) or "none",
@@ -54,6 +54,11 @@ def plans_view(report: Any) -> Any:
             ]
         table.add_row(*row)
     parts.append(table)
+    if any(_overlapped(p.predicted) for p in report.plans):
+        parts.append(
+            "[dim]overlapped: the step time where collectives run beside compute, as XLA runs "
+            "them on GPUs and TPUs (the search minimises the time without overlap)[/]"
+        )
     for name, why in report.skipped:
         parts.append(f"[yellow]skipped[/] {name}: {escape(why)}")
     over = [p.name for p in report.plans if p.over_budget]
@@ -265,3 +270,10 @@ def ops_view(report: Any, quiet: bool = False) -> Any:
     more = f" and {len(mem.alive) - 8} more" if len(mem.alive) > 8 else ""
     parts.append(f"held at the peak: {held}{more}")
     return Group(*parts)
+
+
+def _overlapped(predicted: Any) -> str:
+    """The time with collectives overlapping compute, where it is less, as a second line."""
+    if predicted.overlapped_seconds >= 0.995 * predicted.seconds:
+        return ""
+    return f"\n{format_seconds(predicted.overlapped_seconds)} overlapped"
