@@ -115,7 +115,8 @@ def sources_in_users_code() -> Iterator[None]:
 
 
 _BUILT_IN_MODELS = tuple(
-    os.path.join(os.path.dirname(__file__), "_program", name) for name in ("models.py", "llama.py")
+    os.path.join(os.path.dirname(__file__), "_program", name)
+    for name in ("models.py", "llama.py", "flash.py", "optimizers.py")
 )
 
 

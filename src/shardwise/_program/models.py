@@ -102,12 +102,13 @@ def model(
     optimizer: str | None = None,
     remat: str = "none",
     attention: str = "dot_product",
+    microbatches: int = 1,
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """A built-in model's function and argument shapes: ``(forward, (x, params))``, or with
     ``train=True`` ``(loss, (params, x, y))``: plain JAX functions to plan, run or read.
     With ``train=True`` and ``optimizer="adamw"``, the whole training step instead,
-    ``(step, (params, opt_state, x, y))`` (:func:`~shardwise._program.optimizers.adamw`):
-    plan it as it is (without ``train=True``), its optimizer state in the plan.
+    ``(step, (params, opt_state, x, y))`` (:func:`~shardwise._program.optimizers.adamw`, its
+    gradient accumulated over ``microbatches`` parts of the batch): plan it as it is.
 
     ``mlp`` is ``relu(x @ w1) @ w2``; ``transformer`` is ``layers`` pre-LayerNorm blocks
     (attention, then an MLP; 8 heads, 1 layer unless given) under ``lax.scan``; both need
@@ -134,11 +135,11 @@ def model(
     >>> params["layers"]["wk"].shape, params["head"].dtype, tokens.dtype
     ((32, 4096, 8, 128), dtype(bfloat16), dtype('int32'))
     """
-    if optimizer is not None:
-        return _stepped(name, optimizer, train, batch=batch, hidden=hidden, ffn=ffn, seq=seq,
-                        heads=heads, layers=layers, dtype=dtype, size=size, kv_heads=kv_heads,
-                        head_dim=head_dim, vocab=vocab, master=master, remat=remat,
-                        attention=attention)  # fmt: skip
+    if optimizer is not None or microbatches != 1:
+        return _stepped(name, optimizer, train, microbatches, batch=batch, hidden=hidden,
+                        ffn=ffn, seq=seq, heads=heads, layers=layers, dtype=dtype, size=size,
+                        kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, master=master,
+                        remat=remat, attention=attention)  # fmt: skip
     if min(batch, seq) < 1:
         raise ArgumentError(
             f"batch {batch}, seq {seq}: model sizes are whole numbers of at least 1."
@@ -188,9 +189,14 @@ def _only_llama(name: str, **only: Any) -> None:
 
 
 def _stepped(
-    name: str, optimizer: str, train: bool, **sizes: Any
+    name: str, optimizer: str | None, train: bool, microbatches: int, **sizes: Any
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """:func:`model`'s training step with ``optimizer``'s state."""
+    if optimizer is None:
+        raise ArgumentError(
+            f"microbatches={microbatches} accumulates a training step's gradient: give "
+            "optimizer='adamw' and train=True (--optimizer adamw --train)."
+        )
     if optimizer not in OPTIMIZERS:
         raise ArgumentError(
             f"no optimizer {optimizer!r}; the optimizers are {', '.join(OPTIMIZERS)} (plain "
@@ -198,8 +204,14 @@ def _stepped(
         )
     if not train:
         raise ArgumentError(f"optimizer={optimizer!r} makes a training step: give train=True.")
-    loss, (params, *batch) = model(name, train=True, **sizes)
-    return adamw(loss), (params, adamw_state(params), *batch)
+    batch = sizes["batch"]
+    if microbatches < 1 or batch % microbatches:
+        raise ArgumentError(
+            f"microbatches={microbatches} must be a whole number of at least 1 that divides "
+            f"the batch of {batch} (each microbatch the same size)."
+        )
+    loss, (params, *data) = model(name, train=True, **sizes)
+    return adamw(loss, microbatches=microbatches), (params, adamw_state(params), *data)
 
 
 def _simple(

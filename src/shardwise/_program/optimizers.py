@@ -35,14 +35,20 @@ def adamw(
     b2: float = 0.95,
     eps: float = 1e-8,
     weight_decay: float = 0.1,
+    microbatches: int = 1,
 ) -> Callable[..., Any]:
     """One AdamW step of ``loss(params, *batch)``, as ``optax.adamw`` computes it (bias-corrected
     moments, decoupled weight decay; MaxText's defaults): ``step(params, opt_state, *batch)``
     returns the loss, the updated parameters (in their own dtype) and the new state. The
-    moments are float32 whatever the parameters' dtype."""
+    moments are float32 whatever the parameters' dtype.
+
+    ``microbatches`` > 1 accumulates the gradient over that many equal parts of the batch
+    (every batch array's first dimension), one after another under ``lax.scan``, in float32,
+    and steps on their mean (as MaxText's ``gradient_accumulation_steps``): for a loss that is
+    a mean over the batch, the same step, holding one part's activations at a time."""
 
     def step(params: Any, opt_state: Any, *batch: Any) -> Any:
-        value, grads = jax.value_and_grad(loss)(params, *batch)
+        value, grads = _value_and_grad(loss, microbatches, params, batch)
         count = opt_state["count"] + 1
         mu = jax.tree.map(
             lambda m, g: b1 * m + (1 - b1) * g.astype(jnp.float32), opt_state["mu"], grads
@@ -65,6 +71,28 @@ def adamw(
 
     step.__name__ = f"adamw_step({getattr(loss, '__name__', 'loss')})"
     return step
+
+
+def _value_and_grad(
+    loss: Callable[..., Any], microbatches: int, params: Any, batch: tuple[Any, ...]
+) -> tuple[Any, Any]:
+    """``loss``'s value and gradient on ``batch``, or their means over ``microbatches``
+    parts of it, accumulated in float32."""
+    if microbatches == 1:
+        return jax.value_and_grad(loss)(params, *batch)
+
+    def split(b: jax.Array) -> jax.Array:
+        return b.reshape(microbatches, b.shape[0] // microbatches, *b.shape[1:])
+
+    def accumulate(acc: Any, part: tuple[Any, ...]) -> tuple[Any, None]:
+        value, grads = jax.value_and_grad(loss)(params, *part)
+        summed = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc[1], grads)
+        return (acc[0] + value.astype(jnp.float32), summed), None
+
+    zero = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    start = (jnp.zeros((), jnp.float32), zero)
+    (total, summed), _ = jax.lax.scan(accumulate, start, jax.tree.map(split, batch))
+    return total / microbatches, jax.tree.map(lambda g: g / microbatches, summed)
 
 
 def adamw_state(params: Any) -> dict[str, Any]:

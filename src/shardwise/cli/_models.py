@@ -69,6 +69,16 @@ Attention = Annotated[
     ),
 ]
 
+Microbatches = Annotated[
+    int,
+    typer.Option(
+        "--microbatches",
+        min=1,
+        help="With --optimizer: accumulate the gradient over this many equal parts of the "
+        "batch, one after another (MaxText's gradient_accumulation_steps).",
+    ),
+]
+
 
 def dims(given: dict[str, Any]) -> dict[str, Any]:
     """A built-in model's sizes from the command line, all but the batch: the ones given, and
@@ -83,4 +93,6 @@ def dims(given: dict[str, Any]) -> dict[str, Any]:
         out["remat"] = given["remat"]
     if given["attention"] != "dot_product":
         out["attention"] = given["attention"]
+    if given["microbatches"] != 1:
+        out["microbatches"] = given["microbatches"]
     return out

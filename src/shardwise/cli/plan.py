@@ -31,6 +31,7 @@ from shardwise.cli._models import (
     KvHeads,
     Layers,
     Master,
+    Microbatches,
     Remat,
     Seq,
     Size,
@@ -76,6 +77,7 @@ def plan(
     master: Master = False,
     remat: Remat = "none",
     attention: Attention = "dot_product",
+    microbatches: Microbatches = 1,
     train: Annotated[
         bool, typer.Option("--train", help="Plan one SGD step of the loss, not the forward pass.")
     ] = False,
