@@ -75,7 +75,7 @@ def test_microbatches_hold_less_as_xla_does():
 
 
 def test_microbatches_that_do_not_divide_the_batch_or_have_no_optimizer_are_refused():
-    with pytest.raises(ArgumentError, match="divides the batch of 8"):
+    with pytest.raises(ArgumentError, match="does not divide the batch of 8"):
         shardwise.model("llama", batch=8, seq=8, train=True, optimizer="adamw", microbatches=3,
                         **TINY)  # fmt: skip
     with pytest.raises(ArgumentError, match="give optimizer='adamw'"):
@@ -86,3 +86,8 @@ def test_microbatches_that_do_not_divide_the_batch_or_have_no_optimizer_are_refu
     result = CliRunner().invoke(app, given)
     assert result.exit_code == 2, result.output
     assert "--optimizer adamw --train" in result.output
+    swept = given[:-2] + ["--optimizer", "adamw", "--mesh", "data=2", "--profile", "tpu-v5p",
+                          "--sweep-batch", "8,16"]  # fmt: skip
+    result = CliRunner().invoke(app, swept)
+    assert result.exit_code == 2, result.output
+    assert "takes no --optimizer or --microbatches" in " ".join(result.output.split())

@@ -345,6 +345,7 @@ class _Builder(Walker[int]):
         n_in = sum(scan_counts(p))
         source = self.where(eqn)
         taken = [self.array(path, v) for v in eqn.invars[:n_in]]
+        first = len(self.steps)
         self.looped |= {a for a in taken if a is not None}
         slices: list[int | None] = []
         for outer, inner in zip(eqn.invars[n_in:], body.invars[n_in:], strict=True):
@@ -359,7 +360,7 @@ class _Builder(Walker[int]):
         start, n_consts = self.clock, scan_counts(p)[0]
         self.run(body, [None] * len(body.constvars), here, [*ins[:n_in], *slices])
         carried = frozenset(a for a in ins[n_consts:n_in] if a is not None)
-        self.loops.append(Loop(start, self.clock, p["length"], carried))
+        self.loops.append(Loop(start, self.clock, p["length"], carried, (first, len(self.steps))))
         self.repeat = repeat
         return self._scan_results(eqn, path, here)
 

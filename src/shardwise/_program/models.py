@@ -192,6 +192,8 @@ def _stepped(
     name: str, optimizer: str | None, train: bool, microbatches: int, **sizes: Any
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """:func:`model`'s training step with ``optimizer``'s state."""
+    if microbatches < 1:
+        raise ArgumentError(f"microbatches={microbatches}: give a whole number of at least 1.")
     if optimizer is None:
         raise ArgumentError(
             f"microbatches={microbatches} accumulates a training step's gradient: give "
@@ -205,10 +207,10 @@ def _stepped(
     if not train:
         raise ArgumentError(f"optimizer={optimizer!r} makes a training step: give train=True.")
     batch = sizes["batch"]
-    if microbatches < 1 or batch % microbatches:
+    if batch % microbatches:
         raise ArgumentError(
-            f"microbatches={microbatches} must be a whole number of at least 1 that divides "
-            f"the batch of {batch} (each microbatch the same size)."
+            f"microbatches={microbatches} does not divide the batch of {batch}: give a "
+            "number of equal parts of it."
         )
     loss, (params, *data) = model(name, train=True, **sizes)
     return adamw(loss, microbatches=microbatches), (params, adamw_state(params), *data)

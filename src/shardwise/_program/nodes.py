@@ -37,13 +37,15 @@ class Value:
 @dataclass(frozen=True, slots=True)
 class Loop:
     """A scan: the program points its body spans (``start`` < point ≤ ``end``), how many
-    times the body runs, and the arrays it carries round, as the body reads them (their
-    initial values')."""
+    times the body runs, the arrays it carries round, as the body reads them (their initial
+    values'), and its steps, ``steps[0] ≤ k < steps[1]``: its slicing and its body's (nested
+    scans' included), not its stacking."""
 
     start: int
     end: int
     length: int
     carried: frozenset[int]
+    steps: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)

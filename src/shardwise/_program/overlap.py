@@ -9,11 +9,13 @@ The model replays the plan's steps in program order on two streams, compute and 
   (a layer's slice of a stacked weight, a constant, elementwise ops of those) is
   *prefetched*: it fills the links' idle time anywhere in the iteration, as XLA gathers the
   next layer's weights during this one;
-- inside a scan, a collective whose result nothing in the iteration reads (a weight's
-  gradient, stacked after the scan), or only what the next iteration does not need, is
-  *deferred* the same way, or waited for by nothing;
+- inside a scan, a collective whose result the next iteration does not need (a weight's
+  gradient, stacked after the scan) is *deferred*: it fills the links' idle time the same
+  way, spilling into the next iteration as XLA's pipeliner lets it;
 - every other collective starts once its operand is made and the links are free, and the step
-  that reads its result waits for it (outside scans, each step that reads it).
+  that reads its result waits for it: outside scans, each step that reads it; inside a scan,
+  each step on the path to the next iteration (one off it, a weight's gradient, is taken to
+  be scheduled around the wait, as XLA's scheduler moves it).
 
 A scope (the program outside scans, or one iteration of an outermost scan, its nested scans
 inside it) then takes the longer of its compute with those waits and its links' time, and the
@@ -25,7 +27,6 @@ synchronously, the two are equal.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shardwise._program.explain import Tally
@@ -37,13 +38,13 @@ from shardwise._program.nodes import Loop
 class _Streams:
     """One scope's replay: the compute clock, the links' clock, and what the links did."""
 
-    start: int
     loop: Loop | None
     moving: frozenset[int] = frozenset()
     """The classes of arrays made in the iteration (a scan's carries, its steps' results)."""
     critical: frozenset[int] = frozenset()
     """The classes of arrays the next iteration needs (a scan's carries, and what they are
-    made from): only steps that make them wait for a collective."""
+    made from): only steps that make them wait for a collective, and only collectives that
+    make them are not deferred."""
     compute: float = 0.0
     links: float = 0.0
     busy: float = 0.0
@@ -64,81 +65,83 @@ def overlapped_seconds(graph: Graph, tally: Tally, elementwise: float) -> float:
     """The step time of the plan ``tally`` costs when collectives overlap compute (see the
     module's docstring), never more than its serial time (the sum of ``tally.seconds`` and
     ``elementwise``)."""
-    outermost = _outermost(graph.loops)
+    assert len(tally.sides) == len(tally.found)
+    owner = _owners(graph)
     ends = [*tally.starts[1:], len(tally.found)]
-    total, scope, loop = 0.0, None, None
-    for k, step in enumerate(graph.steps):
-        here = _loop_of(graph, k, outermost)
-        if scope is None or here is not loop:
-            total += _close(scope, loop)
-            loop = here
-            scope = _Streams(loop.start if loop else graph.born[step.output] - 1, loop,
-                             *_classes(graph, loop, outermost))  # fmt: skip
-        per = loop.length if loop else 1
-        _replay(graph, tally, k, range(tally.starts[k], ends[k]), scope, per)
-    total += _close(scope, loop) + elementwise
+    total, scope = 0.0, None
+    for k in range(len(graph.steps)):
+        if scope is None or owner[k] is not scope.loop:
+            total += _close(scope)
+            scope = _Streams(owner[k], *_classes(graph, owner[k]))
+        _replay(graph, tally, k, range(tally.starts[k], ends[k]), scope)
+    total += _close(scope) + elementwise
     return min(total, sum(tally.seconds) + elementwise)
 
 
-def _outermost(loops: Sequence[Loop]) -> list[Loop]:
-    return [x for x in loops if not any(o.start <= x.start and x.end <= o.end and o is not x
-                                        for o in loops)]  # fmt: skip
+def _owners(graph: Graph) -> list[Loop | None]:
+    """Each step's outermost scan (``None``: outside scans). A scan is recorded after the
+    scans nested in it, so the later of two with the same steps is the outer one."""
+    owner: list[Loop | None] = [None] * len(graph.steps)
+    taken: list[tuple[int, int]] = []
+    for loop in reversed(graph.loops):
+        first, stop = loop.steps
+        if any(a <= first and stop <= b for a, b in taken):
+            continue
+        taken.append(loop.steps)
+        owner[first:stop] = [loop] * (stop - first)
+    return owner
 
 
-def _classes(
-    graph: Graph, loop: Loop | None, outermost: Sequence[Loop]
-) -> tuple[frozenset[int], frozenset[int]]:
+def _classes(graph: Graph, loop: Loop | None) -> tuple[frozenset[int], frozenset[int]]:
     """A scan's moving and critical classes (:class:`_Streams`)."""
     if loop is None:
         return frozenset(), frozenset()
     cls = graph.classes
     carried = {cls[a] for a in loop.carried}
-    inside = [s for k, s in enumerate(graph.steps) if _loop_of(graph, k, outermost) is loop]
-    made = carried | {cls[s.output] for s in inside if s.role != "scan slice"}
-    critical = set(carried)
-    for step in reversed(inside):
-        if cls[step.output] in critical:
-            critical |= {cls[a] for a in step.inputs}
+    inside = graph.steps[loop.steps[0] : loop.steps[1]]
+    made = set(carried)
+    for step in inside:  # a slice is made in the iteration where its stack is
+        if step.role != "scan slice" or cls[step.inputs[0]] in made:
+            made.add(cls[step.output])
+    critical, grown = set(carried), True
+    while grown:
+        before = len(critical)
+        for step in reversed(inside):
+            if cls[step.output] in critical:
+                critical |= {cls[a] for a in step.inputs}
+        grown = len(critical) > before
     return frozenset(made), frozenset(critical)
 
 
-def _loop_of(graph: Graph, k: int, outermost: Sequence[Loop]) -> Loop | None:
-    """The outermost scan step ``k`` runs in: its slicing runs in it (a slice's array is
-    made where the scan begins), its stacking after it (where it ends)."""
-    step = graph.steps[k]
-    point = graph.born[step.output]
-    for x in outermost:
-        if x.start < point < x.end or (point == x.start and step.role == "scan slice"):
-            return x
-        if point == x.end and step.role != "scan stack":
-            return x
-    return None
-
-
-def _close(scope: _Streams | None, loop: Loop | None) -> float:
+def _close(scope: _Streams | None) -> float:
     if scope is None:
         return 0.0
-    return scope.seconds() * (loop.length if loop else 1)
+    return scope.seconds() * (scope.loop.length if scope.loop else 1)
 
 
-def _replay(graph: Graph, tally: Tally, k: int, found: range, scope: _Streams, per: int) -> None:
-    """Step ``k`` on ``scope``'s streams, its times per run of the scope (``per`` runs)."""
+def _replay(graph: Graph, tally: Tally, k: int, found: range, scope: _Streams) -> None:
+    """Step ``k`` on ``scope``'s streams, its times per run of the scope. Inside a scan, only
+    a step on the path to the next iteration waits for a result on its way; one off it (a
+    weight's gradient) is taken to be scheduled around the wait, as XLA's scheduler moves
+    it."""
     step = graph.steps[k]
-    cls = graph.classes
+    cls, loop = graph.classes, scope.loop
+    per = loop.length if loop else 1
     start = scope.compute
-    waits = scope.loop is None or cls[step.output] in scope.critical
+    waits = loop is None or cls[step.output] in scope.critical
     for a in step.inputs if waits else ():  # a result on its way, or an array made from it
         for point, arrives in scope.ready.get(cls[a], ()):
             if point <= graph.born[a]:
                 start = max(start, arrives)
     own = tally.seconds[k]
     after: list[float] = []
+    sliced = step.role == "scan slice" and loop is not None
     for i in found:
         c, side = tally.found[i][0], tally.sides[i]
         own -= c.seconds * step.repeat
         seconds = c.seconds * step.repeat / per
-        if step.role == "scan slice" and scope.loop is not None:
-            scope.free += seconds  # the stack is there before the scan: prefetched
+        if sliced and cls[step.inputs[0]] not in scope.moving:
+            scope.free += seconds  # the stack is there before the iteration: prefetched
         elif side < 0:
             after.append(seconds)
         elif _prefetched(graph, scope, side):
@@ -150,8 +153,9 @@ def _replay(graph: Graph, tally: Tally, k: int, found: range, scope: _Streams, p
     scope.compute = start + max(own, 0.0) / per
     out = step.output
     scope.made[cls[out]] = scope.compute
-    loop = scope.loop
-    read_here = graph.last[out] > graph.born[out] and (loop is None or graph.last[out] <= loop.end)
+    read_here = graph.last[out] > graph.born[out] and (
+        loop is None or (graph.last[out] <= loop.end and cls[out] in scope.critical)
+    )
     for seconds in after:
         if not read_here:
             scope.free += seconds  # deferred
@@ -162,8 +166,12 @@ def _replay(graph: Graph, tally: Tally, k: int, found: range, scope: _Streams, p
 
 
 def _prefetched(graph: Graph, scope: _Streams, a: int) -> bool:
-    """Whether a scan's body can make operand ``a`` before its iteration begins (a constant, a
-    slice of a stacked array, elementwise ops of those: not from a carry or a step of the
-    iteration), so that its moves can run during the iteration before (outside scans nothing
-    runs before: such moves start first and are waited for)."""
-    return scope.loop is not None and graph.classes[a] not in scope.moving
+    """Whether a scan's body has operand ``a`` before its iteration begins (a constant or a
+    slice of a stacked array, not a carry; or made by elementwise ops of those alone), so
+    that its moves can run during the iteration before (outside scans nothing runs before:
+    such moves start first and are waited for)."""
+    loop = scope.loop
+    if loop is None:
+        return False
+    before = graph.born[a] <= loop.start and a not in loop.carried
+    return before or graph.classes[a] not in scope.moving

@@ -171,16 +171,16 @@ def hints(given: dict[str, Any]) -> dict[str, int | None]:
     model = given["model"]
     if model is None:
         return {}
+    batch = given["batch"] // given["microbatches"]  # (what each part splits)
     if model == "llama":
         keys = ("hidden", "ffn", "heads", "layers", "kv_heads", "vocab")
         size = sized(given["size"], **{k: given[k] for k in keys})
-        return {"batch": given["batch"], "seq": given["seq"], "heads": size.heads,
-                "ffn": size.ffn}  # fmt: skip
+        return {"batch": batch, "seq": given["seq"], "heads": size.heads, "ffn": size.ffn}
     ffn = dims(given)["ffn"]  # (the width the model is built with)
     if model == "transformer":
         heads = given["heads"] or HEADS
-        return {"batch": given["batch"], "seq": given["seq"], "heads": heads, "ffn": ffn}
-    return {"batch": given["batch"], "ffn": ffn}
+        return {"batch": batch, "seq": given["seq"], "heads": heads, "ffn": ffn}
+    return {"batch": batch, "ffn": ffn}
 
 
 def show_choice(choice: Any, out: Console, fmt: Format | None) -> None:
@@ -189,6 +189,9 @@ def show_choice(choice: Any, out: Console, fmt: Format | None) -> None:
         title=f"{choice.devices} devices ({choice.profile}) over {', '.join(choice.roles)}: "
         f"{len(choice.candidates)} best of those planned, in {choice.wall_seconds:.1f} s",
         title_justify="left",
+        caption="predicted step: with collectives beside compute where XLA runs them so "
+        "(GPUs, TPUs)",
+        caption_justify="left",
     )
     remat = choice.variant is not None
     for col in ("#", "mesh", "MaxText", *(["remat_policy"] if remat else []), "predicted step",

@@ -314,6 +314,12 @@ def sweep_batches(given: dict[str, Any]) -> None:
             f"a sweep only plans; it does not take {', '.join(unused)}. Plan one batch size "
             "without --sweep-batch for those."
         )
+    if given["optimizer"] is not None or given["microbatches"] != 1:
+        raise ArgumentError(
+            "--sweep-batch plans the loss's SGD step at each batch size; it takes no "
+            "--optimizer or --microbatches. Plan one batch size without --sweep-batch for "
+            "those, or sweep the device count (--sweep-devices)."
+        )
     out = console(stderr=given["json"])
     with out.status("planning") as status:
         result = sweep(
