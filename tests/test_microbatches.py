@@ -86,8 +86,8 @@ def test_microbatches_that_do_not_divide_the_batch_or_have_no_optimizer_are_refu
     result = CliRunner().invoke(app, given)
     assert result.exit_code == 2, result.output
     assert "--optimizer adamw --train" in result.output
-    swept = given[:-2] + ["--optimizer", "adamw", "--mesh", "data=2", "--profile", "tpu-v5p",
-                          "--sweep-batch", "8,16"]  # fmt: skip
+    swept = [*given[:-2], "--optimizer", "adamw", "--mesh", "data=2", "--profile", "tpu-v5p",
+             "--sweep-batch", "8,16"]  # fmt: skip
     result = CliRunner().invoke(app, swept)
     assert result.exit_code == 2, result.output
     assert "takes no --optimizer or --microbatches" in " ".join(result.output.split())
