@@ -23,7 +23,6 @@ from shardwise._runtime.distributed import process_index, to_host
 CASES = [
     ("nd,nd->n", [(16, 6)] * 2, "devices=8"),
     ("mk,kn->mn", [(8, 4), (4, 8)], "x=2,y=4"),
-    ("bmk,bkn->bmn", [(4, 2, 4), (4, 4, 2)], "x=4,y=2"),
     ("i,j->ij", [(8,), (4,)], "x=2,y=4"),
     ("ij->i", [(8, 8)], "x=2,y=4"),
 ]

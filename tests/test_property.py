@@ -84,7 +84,7 @@ def _check_collectives(case: Case, expl: Any, raw: Raw | None) -> None:
 
 @pytest.mark.slow
 @settings(
-    max_examples=150,
+    max_examples=110,
     deadline=None,
     derandomize=True,
     suppress_health_check=[
