@@ -72,10 +72,10 @@ class Tally:
     ) -> None:
         self.graph, self.lay, self.costs, self.shared = graph, lay, costs, shared
         self.mesh = costs.mesh
-        self.found: list[tuple[Any, int, str]] = []
-        self.sides: list[int] = []
-        """Per collective found, the operand it moves before its step runs, or ``-1``: after
-        (a dot's partial sums, a result moved to the layout it is kept in)."""
+        self.found: list[tuple[Any, int, str, int]] = []
+        """Each collective found: the collective, its step, why, and the operand it moves
+        before the step runs, or ``-1``: after (a dot's partial sums, a result moved to the
+        layout it is kept in)."""
         self.seconds = [0.0] * len(graph.steps)
         self.flops = 0.0
         self.moved: set[tuple[int, Spec, Spec, tuple[int, ...]]] = set()
@@ -98,8 +98,7 @@ class Tally:
         self.seconds[k] += cost.seconds
         if cost.collectives:
             text = why()
-            self.found.extend((c, k, text) for c, _ in cost.collectives)
-            self.sides.extend([side] * len(cost.collectives))
+            self.found.extend((c, k, text, side) for c, _ in cost.collectives)
 
     def step(self, k: int, strategy: Strategy | None) -> None:
         """Step ``k``'s cost under the plan (``strategy``: a dot's)."""
@@ -201,8 +200,7 @@ class Tally:
             else:
                 need = ", ".join(f"d{d}" for d in step.local) or "its split dimensions"
                 why = f"{step.prim} needs {need} of [{self._text(src, step, 0, a)}] whole"
-            self.found.append((c, k, why))
-            self.sides.append(-1 if c.kind == "all-reduce" else a)
+            self.found.append((c, k, why, -1 if c.kind == "all-reduce" else a))
         self.seconds[k] += head.seconds
         self._result(k, step, mapped, step.prim)
 
@@ -228,7 +226,7 @@ class Tally:
                 step=k,
                 why=why,
             )
-            for c, k, why in self.found
+            for c, k, why, _ in self.found
             if c.bytes
         )
 
@@ -256,7 +254,6 @@ def retally(
             continue
         tally.starts.append(len(tally.found))
         tally.found.extend(prior.found[prior.starts[k] : ends[k]])
-        tally.sides.extend(prior.sides[prior.starts[k] : ends[k]])
         tally.seconds[k] = prior.seconds[k]
         tally.own_flops[k] = prior.own_flops[k]
     tally.flops = 0.0

@@ -65,7 +65,6 @@ def overlapped_seconds(graph: Graph, tally: Tally, elementwise: float) -> float:
     """The step time of the plan ``tally`` costs when collectives overlap compute (see the
     module's docstring), never more than its serial time (the sum of ``tally.seconds`` and
     ``elementwise``)."""
-    assert len(tally.sides) == len(tally.found)
     owner = _owners(graph)
     ends = [*tally.starts[1:], len(tally.found)]
     total, scope = 0.0, None
@@ -137,7 +136,7 @@ def _replay(graph: Graph, tally: Tally, k: int, found: range, scope: _Streams) -
     after: list[float] = []
     sliced = step.role == "scan slice" and loop is not None
     for i in found:
-        c, side = tally.found[i][0], tally.sides[i]
+        c, _, _, side = tally.found[i]
         own -= c.seconds * step.repeat
         seconds = c.seconds * step.repeat / per
         if sliced and cls[step.inputs[0]] not in scope.moving:
