@@ -168,4 +168,6 @@ def test_variants_are_planned_on_each_split_and_the_fastest_that_fits_kept():
     chosen = choose_mesh(*step("none"), 256, tight, limit=1, variants=variants, train=True)
     assert chosen.variant == "full" and chosen.candidates[0].fits
     assert chosen.to_json()["variant"] == "full"
-    assert chosen.candidates[0].seconds > roomy.candidates[0].seconds
+    # (not compared by time: the search minimises the serial time, and the plan it finds
+    # under the budget can overlap its collectives better than the one it finds without)
+    assert chosen.candidates[0].memory_bytes < least

@@ -54,6 +54,37 @@ def _less(cost: Cost, skip: int, repeat: int) -> Cost:
     return Cost(cost.seconds - gone, cost.collectives[skip:], cost.flops)
 
 
+HOISTED = -2
+"""A collective's ``side`` where it moves a whole stack before its scan's loop
+(:meth:`StepCosts.hoisted`)."""
+
+
+def runs(step: Step, side: int) -> int:
+    """How many times a collective that ``step``'s tally found on ``side`` runs."""
+    return step.repeat if side == HOISTED else step.runs(side < 0)
+
+
+def _stacked_as_read(graph: Graph, lay: Layouts, step: Step) -> bool:
+    """Whether a scan's stacked result is made in the layout it is kept in from a copy of
+    its slice that an op in the loop already reads moved (each slice kept as a local slice
+    of that copy): XLA stacks the moved copy instead of moving the stack after the loop (seen
+    in the compiled HLO: no all-to-all of the stacked activations where the loop's dot reads
+    each of them resharded)."""
+    a, entries = step.inputs[0], lay.specs[step.output].entries
+    if not entries or entries[0]:
+        return False
+    kept, rank, held = Spec(entries[1:]), len(graph.values[a].shape), lay.specs[a].canonical()
+    for r in graph.steps:
+        found = lay.steps.get(r.key) if a in r.inputs else None
+        if found is None:
+            continue
+        for b, used in zip(r.inputs, found[0], strict=False):
+            moves = reshard_moves(used, kept, rank) if b == a else [None]
+            if used.canonical() != held and all(m and m.kind == "slice" for m in moves):
+                return True
+    return False
+
+
 class Tally:
     """The collectives and time of one plan, op by op, each collective with its reason, from
     the same step costs the solver's matrices hold (:class:`StepCosts`). An operand moved the
@@ -128,7 +159,7 @@ class Tally:
             self.fed[(k, position)] = None
             return
         value = self.graph.values[a]
-        cost = _less(self.costs.move(step, a, src, dst, True), shared, step.repeat)
+        cost = _less(self.costs.move(step, a, src, dst, True), shared, step.runs(False))
 
         def why() -> str:
             return (
@@ -171,6 +202,20 @@ class Tally:
     def _result(self, k: int, step: Step, made: Spec, who: str) -> None:
         out = self.graph.values[step.output]
         kept = self.lay.specs[step.output]
+        mid = self.costs.hoisted(step, step.output, made, kept)
+        if mid is not None:
+            stack = self.graph.values[step.inputs[0]]
+            self.add(
+                k,
+                self.costs.stack_move(step, made, mid),
+                lambda: (
+                    f"{who} slices {out.name} from {stack.name}: the whole stack moves before "
+                    f"the loop, as XLA moves it, to [{self._text(mid, step, -1, step.output)}] "
+                    "per layer"
+                ),
+                HOISTED,
+            )
+            made = mid
         self.add(
             k,
             self.costs.move(step, step.output, made, kept, False),
@@ -193,7 +238,7 @@ class Tally:
             shared = self._shared(a, src, whole, step.key[:-1]) if src != whole else 0
         self.heads[k] = shared
         gathers = sum(c.kind != "all-reduce" for c, _ in head.collectives)
-        head = _less(head, gathers if shared is None else shared, step.repeat)
+        head = _less(head, gathers if shared is None else shared, step.runs(False))
         for c, _ in head.collectives:
             if c.kind == "all-reduce":
                 why = f"{step.prim} sums over split dimensions: each device holds a partial sum"
@@ -202,6 +247,12 @@ class Tally:
                 why = f"{step.prim} needs {need} of [{self._text(src, step, 0, a)}] whole"
             self.found.append((c, k, why, -1 if c.kind == "all-reduce" else a))
         self.seconds[k] += head.seconds
+        if (
+            step.role == "scan stack"
+            and self.shared
+            and _stacked_as_read(self.graph, self.lay, step)
+        ):
+            return  # (made as kept: nothing moves after the loop; the matrices count the move)
         self._result(k, step, mapped, step.prim)
 
     def opaque(self, k: int, step: Step) -> None:
@@ -222,11 +273,11 @@ class Tally:
                 c,
                 op_name=steps[k].prim,
                 source=steps[k].source,
-                repeat=steps[k].repeat,
+                repeat=runs(steps[k], side),
                 step=k,
                 why=why,
             )
-            for c, k, why, _ in self.found
+            for c, k, why, side in self.found
             if c.bytes
         )
 

@@ -101,8 +101,7 @@ class Graph:
         return len(self.steps) + self.elementwise_ops
 
     @property
-    def not_modelled(self) -> tuple[str, ...]:
-        """The primitives with no rule (planned whole, costed by their bytes), once each."""
+    def not_modelled(self) -> tuple[str, ...]:  # (planned whole, costed by their bytes)
         return tuple(dict.fromkeys(s.prim for s in self.steps if not s.modelled))
 
 
@@ -355,7 +354,7 @@ class _Builder(Walker[int]):
             if src is not None and self.values[x].shape:
                 r = len(self.values[x].shape)
                 self.step("map", "scan slice", (src,), x, here, eqn, "scan slice",
-                          dim_map=tuple(range(1, r + 1)), local=(0,))  # fmt: skip
+                          dim_map=(*range(1, r + 1),), local=(0,), length=p["length"])  # fmt: skip
         repeat, self.repeat = self.repeat, self.repeat * p["length"]
         start, n_consts = self.clock, scan_counts(p)[0]
         self.run(body, [None] * len(body.constvars), here, [*ins[:n_in], *slices])
@@ -393,8 +392,9 @@ class _Builder(Walker[int]):
                 for other in (init, carried):
                     if other is not None:
                         self.classes.join(got, other)
-            else:
-                r = len(self.values[got].shape)
+            else:  # (stacked as it is made: its reads end where they did)
+                r, read = len(self.values[got].shape), self.last[got]
                 self.step("map", "scan stack", (got,), y, here, eqn, "scan stack",
-                          dim_map=(None, *range(r)))  # fmt: skip
+                          dim_map=(None, *range(r)), length=p["length"])  # fmt: skip
+                self.last[got] = read
         return outs

@@ -17,9 +17,9 @@ import numpy as np
 from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
+from shardwise._program import loops
 from shardwise._program.graph import Graph
 from shardwise._program.integer import Constraint
-from shardwise._program.loops import carry_copies, conv_copies, hoist, threefry_loops
 from shardwise._program.moves import relayout_bytes, shard_bytes
 from shardwise._program.nodes import Step, Value
 from shardwise._program.problem import Problem
@@ -87,6 +87,7 @@ def _live(graph: Graph, plan: Schedule | None = None) -> Lives:
     born = list(graph.born)
     for k, at in plan.at.items():
         born[graph.steps[k].output] = at
+    loops.loop_lives(graph, born)
     reads = last_reads(graph, plan)
     for v, a in sorted(folded.items(), reverse=True):  # (a later transpose of a transpose)
         reads[a] = max(reads[a], reads[v])
@@ -289,7 +290,10 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             if cpu:
                 points[at] += relayout_bytes(slice_, mapped, spec, mesh)
             if step.inputs[0] in arguments:
-                hoist(graph, step, lay, mapped, mesh, points)
+                loops.hoist(graph, step, lay, mapped, mesh, points)
+            if loops.fused_slice(graph, step, lay, mapped):
+                k = arrays.index(step.output)
+                points[lives.first[k] : lives.last[k] + 1] -= sizes[k]
             continue
         found = lay.steps.get(step.key)
         if found is None:
@@ -309,7 +313,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         if made is not kept and made.canonical() != kept.canonical():
             points[at] += shard_bytes(graph.values[step.output], made, mesh)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
-            conv_copies(graph, step, ins, made, mesh, points)
+            loops.conv_copies(graph, step, ins, made, mesh, points)
         if step.prim in UPDATES and step.inputs[0] in arguments and _updates(graph, step):
             # XLA may not write an argument: it updates a copy (seen: ``copy(param)`` then
             # the update fused into a new buffer)
@@ -322,9 +326,9 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     # all-gather of an FSDP weight first)
     for copy, until in early.values():
         points[: until + 1] += copy
-    carry_copies(graph, lay, mesh, points)
+    loops.carry_copies(graph, lay, mesh, points)
     if cpu:
-        threefry_loops(graph, lay, mesh, points)
+        loops.threefry_loops(graph, lay, mesh, points)
     return Held(arrays, lives, sizes, points)
 
 

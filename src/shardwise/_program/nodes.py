@@ -75,6 +75,7 @@ class Step:
             the same source line).
         module: the library module that made it (``MLP/Dense_0``), where the library names
             its modules in the trace (Flax Linen, Haiku); else ``""``.
+        length: a scan slice's or stack's scan length (``1`` for every other step).
     """
 
     kind: Kind
@@ -94,6 +95,14 @@ class Step:
     whole: str = ""
     flops: float = 0.0
     module: str = ""
+    length: int = 1
+
+    def runs(self, result: bool) -> int:
+        """How many times a move of its result (``result``) or of an operand runs: a scan
+        slice's result and a scan stack's operand are moved inside the loop, once per
+        iteration, as XLA moves them; the stack itself outside it."""
+        inside = self.role == ("scan slice" if result else "scan stack")
+        return self.repeat * self.length if inside else self.repeat
 
     @property
     def read_as_einsum(self) -> bool:

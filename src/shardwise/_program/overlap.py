@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shardwise._program.explain import Tally
+from shardwise._program.explain import Tally, runs
 from shardwise._program.graph import Graph
 from shardwise._program.nodes import Loop
 
@@ -137,8 +137,8 @@ def _replay(graph: Graph, tally: Tally, k: int, found: range, scope: _Streams) -
     sliced = step.role == "scan slice" and loop is not None
     for i in found:
         c, _, _, side = tally.found[i]
-        own -= c.seconds * step.repeat
-        seconds = c.seconds * step.repeat / per
+        own -= c.seconds * runs(step, side)
+        seconds = c.seconds * runs(step, side) / per
         if sliced and cls[step.inputs[0]] not in scope.moving:
             scope.free += seconds  # the stack is there before the iteration: prefetched
         elif side < 0:

@@ -227,8 +227,8 @@ def _add_map(problem: _Draft, step: Step) -> None:
     layout, the move once per layout the map makes; once for all maps alike."""
     a, b = problem.var(step.inputs[0]), problem.var(step.output)
     key = ("map", problem.value(step.inputs[0]), problem.value(step.output), step.dim_map,
-           step.local, step.reduced, step.repeat, step.implicit, problem.menus[a],
-           problem.menus[b])  # fmt: skip
+           step.local, step.reduced, step.runs(False), step.runs(True), step.implicit,
+           problem.menus[a], problem.menus[b])  # fmt: skip
     matrix = problem.once(key, _map_matrix, step, problem.choices[a], problem.choices[b],
                           problem.costs)  # fmt: skip
     problem.add_edge(a, b, matrix)
