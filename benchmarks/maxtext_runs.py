@@ -112,7 +112,11 @@ def predict(run: Any, choose: bool, published: dict[str, Any]) -> dict[str, Any]
     fn, args = program(run, remat, published)
     start = time.perf_counter()
     mesh = maxtext_mesh(published)
-    plan = shardwise.plan(fn, *args, mesh=mesh, profile=profile, top=1)
+    try:  # the plan that fits the chip's memory, as MaxText's runs did; else the fastest
+        plan = shardwise.plan(fn, *args, mesh=mesh, profile=profile, top=1,
+                              budget=profile.memory_bytes)  # fmt: skip
+    except shardwise.ArgumentError:
+        plan = shardwise.plan(fn, *args, mesh=mesh, profile=profile, top=1)
     best = plan.chosen.predicted
     row: dict[str, Any] = {
         "tpu": run.tpu, "topology": run.topology, "slices": run.slices, "model": run.model,
