@@ -211,8 +211,12 @@ def test_tiny_llama_adamw_step_is_optax_adamw_and_its_chosen_plan_runs_as_jit():
     tx = optax.adamw(3e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
     opt = tx.init(params)
     opt = (opt[0]._replace(count=state["count"], mu=state["mu"], nu=state["nu"]), *opt[1:])
-    updates, _ = tx.update(jax.grad(loss)(params, tokens, labels), opt, params)
-    want = optax.apply_updates(params, updates)
+
+    def optax_step(params):  # (compiled once, not dispatched op by op)
+        updates, _ = tx.update(jax.grad(loss)(params, tokens, labels), opt, params)
+        return optax.apply_updates(params, updates)
+
+    want = jax.jit(optax_step)(params)
     stepped = jax.jit(step)(params, state, tokens, labels)
     _, got, new = stepped
     assert int(new["count"]) == 4
