@@ -161,11 +161,11 @@ class StepCosts:
     def move(self, step: Step, a: int, src: Spec, dst: Spec, into_op: bool) -> Cost:
         """Array ``a`` moved from ``src`` to ``dst`` for ``step`` (into an op that reads it,
         ``into_op``, or from the layout the step makes it in)."""
-        copies = a2a_copies(a, self.made, into_op)
         mid = self.hoisted(step, a, src, dst)
         if mid is not None:
             first, rest = self.stack_move(step, src, mid), self.move(step, a, mid, dst, into_op)
             return Cost(first.seconds + rest.seconds, (*first.collectives, *rest.collectives))
+        copies = a2a_copies(a, self.made, into_op)
         return reshard(self.graph.values[a], src, dst, self.mesh, self.profile, step,
                        step.runs(a == step.output), copies)  # fmt: skip
 
