@@ -68,10 +68,29 @@ def test_bad_input_is_an_argument_error(devices, roles, fragment):
         choose_mesh(fn, args, devices, "cpu-2core", roles=roles)
 
 
-def test_nothing_left_to_plan_is_an_argument_error():
+def test_a_count_no_split_divides_uses_the_most_devices_one_can_and_says_so():
+    """A batch of 3 rows splits over no 4 devices: 3 are used, 1 idle, and the report says
+    why; a count that splits uses them all."""
     fn, args = shardwise.model("mlp", batch=3, hidden=8, ffn=8)
-    with pytest.raises(shardwise.ArgumentError, match="no split of 4 devices"):
-        choose_mesh(fn, args, 4, "cpu-2core", roles=("data",), batch=3)
+    c = choose_mesh(fn, args, 4, "cpu-2core", roles=("data",), batch=3)
+    assert (c.devices, c.used, c.mesh, c.best.mesh.size) == (4, 3, "data=3", 3)
+    assert c.idle_why is not None and "3 of them are used, 1 idle" in c.idle_why
+    assert "the batch 3" in c.idle_why
+    assert c.to_json()["used"] == 3
+    whole = choose_mesh(fn, args, 3, "cpu-2core", roles=("data",), batch=3)
+    assert (whole.used, whole.idle_why) == (3, None)
+
+
+def test_the_most_usable_count_is_the_largest_product_of_splits_the_model_takes():
+    from shardwise._program.mesh_search import _most_usable
+
+    # the scaling book's LLaMA-3 70B pod: 2048 rows and 64 heads split no finer than 8192
+    assert _most_usable(8960, ("fsdp", "tensor"), 16, 2048, 2048, 64) == 8192
+    # three roles: the batch roles share the batch's divisors, sequence its own
+    assert _most_usable(100, ("data", "fsdp", "sequence"), 16, 6, 8, None) == 48
+    assert _most_usable(100, ("data", "tensor"), 16, 6, None, 12) == 72
+    # a role the model does not bound splits any count: nothing to fall back to
+    assert _most_usable(100, ("data", "expert"), 16, 6, None, None) is None
 
 
 @pytest.mark.slow
@@ -124,9 +143,10 @@ def test_the_cli_says_what_does_not_go_with_choose_mesh(extra, fragment):
     assert r.exit_code == 2 and fragment in r.output, r.output
 
 
-def test_llama3_70b_on_8192_v5p_chips_the_books_split_fits_and_is_near_the_best():
+def test_llama3_70b_on_a_v5p_pod_the_books_split_fits_and_is_near_the_best():
     """The scaling book's LLaMA-3 70B (applied-training.md): a 4M-token batch on a v5p pod
-    wants about 2048-way FSDP × 4-way tensor parallelism. With AdamW's state every split the
+    of 8960 chips wants about 2048-way FSDP × 4-way tensor parallelism. 2048 rows and 64
+    heads split no finer than 8192 ways, so 8192 chips are used. With AdamW's state every split the
     batch allows fits in a v5p's 95 GiB; the book's is planned and predicted within 10% of
     the best, and the best (collectives overlapping compute, as the book assumes) is within
     a factor 2 of the book's X and Y (the planner prices a 16-way tensor axis on a whole
@@ -134,8 +154,9 @@ def test_llama3_70b_on_8192_v5p_chips_the_books_split_fits_and_is_near_the_best(
     size, batch, seq = named_size("llama3-70b"), 2048, 2048
     step, args = shardwise.model("llama", size="llama3-70b", batch=batch, seq=seq, train=True,
                                  optimizer="adamw")  # fmt: skip
-    c = choose_mesh(step, args, 8192, "tpu-v5p", batch=batch, seq=seq, heads=size.heads,
+    c = choose_mesh(step, args, 8960, "tpu-v5p", batch=batch, seq=seq, heads=size.heads,
                     ffn=size.ffn, top=10)  # fmt: skip
+    assert (c.used, c.best.mesh.size) == (8192, 8192) and "768 idle" in (c.idle_why or "")
     meshes = {x.mesh: x for x in c.candidates}
     assert set(meshes) == {"fsdp=2048,tensor=4", "fsdp=1024,tensor=8", "fsdp=512,tensor=16"}
     assert all(x.fits for x in c.candidates)

@@ -16,6 +16,7 @@ result says which and why.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -82,6 +83,9 @@ class MeshChoice:
         ranked_by: how candidates past the cap were chosen.
         best: the plan of the first candidate.
         wall_seconds: how long the search took here.
+        used: how many of the devices the candidates use: ``devices``, or the most that some
+            split can use where no split of them all divides the model (the rest idle).
+        idle_why: why not all the devices are used (``None``: all are).
     """
 
     devices: int
@@ -92,6 +96,8 @@ class MeshChoice:
     ranked_by: str
     best: ProgramPlan
     wall_seconds: float
+    used: int
+    idle_why: str | None = None
 
     @property
     def mesh(self) -> str:
@@ -113,6 +119,8 @@ class MeshChoice:
         rows = [*self.candidates, *self.skipped]
         return {
             "devices": self.devices,
+            "used": self.used,
+            "idle_why": self.idle_why,
             "profile": self.profile,
             "mesh": self.mesh,
             "variant": self.variant,
@@ -136,10 +144,19 @@ def factorisations(n: int, parts: int) -> Iterator[tuple[int, ...]]:
     if parts == 1:
         yield (n,)
         return
-    for d in range(1, n + 1):
-        if n % d == 0:
-            for rest in factorisations(n // d, parts - 1):
-                yield (d, *rest)
+    for d in divisors(n):
+        for rest in factorisations(n // d, parts - 1):
+            yield (d, *rest)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending.
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def mesh_text(roles: Sequence[str], sizes: Sequence[int]) -> str:
@@ -240,7 +257,10 @@ def choose_mesh(
 
     Args:
         fn, args: the program and its argument shapes, as :func:`shardwise.plan` takes them.
-        devices: how many devices to split.
+        devices: how many devices to split. Where no split of them all divides the model
+            (the scaling book's 2048 rows and 64 heads on a v5p pod of 8960 chips), the
+            most that some split can use are split and the rest left idle, as
+            :attr:`MeshChoice.used` and :attr:`MeshChoice.idle_why` say.
         profile: the devices' profile: each split's plan is the fastest within its memory
             (where none fits, the fastest, marked as not fitting).
         train: plan a training step of the loss ``fn`` (as :func:`shardwise.plan`).
@@ -267,21 +287,27 @@ def choose_mesh(
     _check(devices, roles, max_tensor, limit)
     start = time.perf_counter()
     prof = load_profile(profile) if isinstance(profile, str) else profile
-    kept: list[dict[str, int]] = []
-    skipped: list[Candidate] = []
-    for sizes in factorisations(devices, len(roles)):
-        split = dict(zip(roles, sizes, strict=True))
-        why = _why_not(split, max_tensor, batch, seq, heads)
-        if why is None:
-            kept.append(split)
-        else:
-            skipped.append(Candidate(sizes, mesh_text(roles, sizes), skipped=why))
+    used, idle_why = devices, None
+    kept, skipped = _splits(used, roles, max_tensor, batch, seq, heads)
     if not kept:
-        raise ArgumentError(
-            f"no split of {devices} devices over {tuple(roles)} is left to plan: "
-            f"{skipped[0].mesh}: {skipped[0].skipped}; give another device count or roles."
+        fewer = _most_usable(devices, roles, max_tensor, batch, seq, heads)
+        if fewer is None:
+            raise ArgumentError(
+                f"no split of {devices} devices over {tuple(roles)} is left to plan: "
+                f"{skipped[0].mesh}: {skipped[0].skipped}; give another device count or roles."
+            )
+        bounds = [f"the batch {batch}" if batch is not None else "",
+                  f"the sequence length {seq}" if seq is not None else "",
+                  f"{heads} heads" if heads is not None else "",
+                  f"at most {max_tensor} ways of tensor" if "tensor" in roles else ""]  # fmt: skip
+        idle_why = (
+            f"no split of {devices} devices over {', '.join(roles)} divides the model "
+            f"({', '.join(b for b in bounds if b)}): {fewer} of them are used, "
+            f"{devices - fewer} idle"
         )
-    how, key = _ranking(devices, batch, seq, ffn)
+        used = fewer
+        kept, skipped = _splits(used, roles, max_tensor, batch, seq, heads)
+    how, key = _ranking(used, batch, seq, ffn)
     kept.sort(key=key)
     for k, split in enumerate(kept[limit:]):
         sizes = tuple(split.values())
@@ -291,8 +317,57 @@ def choose_mesh(
     planned, best = _plan_each(programs, roles, prof, train, kept[:limit], on_step)
     return MeshChoice(
         devices, prof.name, tuple(roles), tuple(planned[:top]), tuple(skipped), how, best,
-        time.perf_counter() - start,
+        time.perf_counter() - start, used, idle_why,
     )  # fmt: skip
+
+
+def _splits(
+    devices: int, roles: Sequence[str], max_tensor: int, batch: int | None, seq: int | None,
+    heads: int | None,
+) -> tuple[list[dict[str, int]], list[Candidate]]:  # fmt: skip
+    """Every split of ``devices`` over ``roles``: those left to plan, and those pruned (why)."""
+    kept: list[dict[str, int]] = []
+    skipped: list[Candidate] = []
+    for sizes in factorisations(devices, len(roles)):
+        split = dict(zip(roles, sizes, strict=True))
+        why = _why_not(split, max_tensor, batch, seq, heads)
+        if why is None:
+            kept.append(split)
+        else:
+            skipped.append(Candidate(sizes, mesh_text(roles, sizes), skipped=why))
+    return kept, skipped
+
+
+def _most_usable(
+    devices: int, roles: Sequence[str], max_tensor: int, batch: int | None, seq: int | None,
+    heads: int | None,
+) -> int | None:  # fmt: skip
+    """The most devices, fewer than ``devices``, that some split over ``roles`` can use where
+    every role is bounded by the model (a batch role by the batch, a sequence role by the
+    sequence length, ``tensor`` by ``max_tensor``); ``None`` where none is (a role bounded by
+    nothing splits any count) or no split can use any.
+
+    >>> _most_usable(8960, ("fsdp", "tensor"), 16, 2048, 2048, 64)
+    8192
+    """
+    options: list[list[int]] = []
+    for r in roles:
+        if r in BATCH_ROLES and batch is not None:
+            options.append(divisors(batch))
+        elif r in SEQUENCE_ROLES and seq is not None:
+            options.append(divisors(seq))
+        elif r == "tensor":
+            options.append(list(range(1, max_tensor + 1)))
+        else:
+            return None
+    best = 0
+    for sizes in itertools.product(*options):
+        n = math.prod(sizes)
+        if best < n < devices:
+            split = dict(zip(roles, sizes, strict=True))
+            if _why_not(split, max_tensor, batch, seq, heads) is None:
+                best = n
+    return best or None
 
 
 def _plan_each(

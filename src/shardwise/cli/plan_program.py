@@ -207,6 +207,8 @@ def show_choice(choice: Any, out: Console, fmt: Format | None) -> None:
             "yes" if c.fits else "[red]no[/]",
         )  # fmt: skip
     show(out, table, fmt)
+    if choice.idle_why is not None:
+        out.print(f"[yellow]{choice.idle_why}[/]")
     if any("(limit)" in (c.skipped or "") for c in choice.skipped):
         out.print(f"past the cap, ranked by {choice.ranked_by}")
     if choice.skipped:
