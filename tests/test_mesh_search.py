@@ -8,7 +8,8 @@ import pytest
 
 import shardwise
 from shardwise._program.llama import named_size
-from shardwise._program.mesh_search import MeshChoice, choose_mesh, factorisations
+from shardwise._program.mesh_search import MeshChoice, choose_mesh
+from shardwise._program.splits import factorisations
 
 
 @pytest.fixture(scope="module")
@@ -82,15 +83,15 @@ def test_a_count_no_split_divides_uses_the_most_devices_one_can_and_says_so():
 
 
 def test_the_most_usable_count_is_the_largest_product_of_splits_the_model_takes():
-    from shardwise._program.mesh_search import _most_usable
+    from shardwise._program.splits import most_usable
 
     # the scaling book's LLaMA-3 70B pod: 2048 rows and 64 heads split no finer than 8192
-    assert _most_usable(8960, ("fsdp", "tensor"), 16, 2048, 2048, 64) == 8192
+    assert most_usable(8960, ("fsdp", "tensor"), 16, 2048, 2048, 64) == 8192
     # three roles: the batch roles share the batch's divisors, sequence its own
-    assert _most_usable(100, ("data", "fsdp", "sequence"), 16, 6, 8, None) == 48
-    assert _most_usable(100, ("data", "tensor"), 16, 6, None, 12) == 72
+    assert most_usable(100, ("data", "fsdp", "sequence"), 16, 6, 8, None) == 48
+    assert most_usable(100, ("data", "tensor"), 16, 6, None, 12) == 72
     # a role the model does not bound splits any count: nothing to fall back to
-    assert _most_usable(100, ("data", "expert"), 16, 6, None, None) is None
+    assert most_usable(100, ("data", "expert"), 16, 6, None, None) is None
 
 
 @pytest.mark.slow

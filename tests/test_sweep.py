@@ -119,7 +119,8 @@ def test_the_device_sweep_chooses_a_mesh_at_each_count_and_counts_model_flops():
     """Each device count gets a mesh of exactly that many devices; MFU is the model's FLOPs
     (an MLP training step: two products forward, three backward, as the input needs no
     gradient: 5 × 2·B·h·f, up to its elementwise work) over
-    devices × step time × peak; a count the batch cannot be split over is said, not planned."""
+    devices × step time × peak; on a count no split divides the batch over, the most devices
+    a split can use (4096 rows × 16 ways of tensor), MFU still counting every device."""
     from shardwise._program.device_sweep import sweep_devices
 
     batch, hidden, ffn = 4096, 1024, 4096
@@ -131,13 +132,14 @@ def test_the_device_sweep_chooses_a_mesh_at_each_count_and_counts_model_flops():
         assert math.prod(int(a.split("=")[1]) for a in p.mesh.split(",")) == p.devices
         assert p.mfu == pytest.approx(result.model_flops / (p.devices * p.seconds * 459e12))
         assert 0 < p.mfu <= 1 and p.fits and p.remat is None
-    assert (
-        result.points[2].mfu is None and "no split of 1048576 devices" in result.points[2].skipped
-    )
+    many = result.points[2]
+    assert (many.used, many.mesh, many.skipped) == (4096 * 16, "fsdp=4096,tensor=16", None)
+    assert many.mfu == pytest.approx(result.model_flops / (2**20 * many.seconds * 459e12))
+    assert result.to_json()["points"][2]["used"] == 4096 * 16
     doc = result.to_json()
     assert doc["points"][0]["mesh"] == result.points[0].mesh and len(doc["points"]) == 3
     text = plain_text(device_sweep_view(result), width=200)
-    assert "not planned" in text and "MFU" in text
+    assert "fsdp=4096,tensor=16 (983,040 idle)" in text and "MFU" in text
 
 
 def test_cli_device_sweep_json_table_and_plot(tmp_path):

@@ -26,7 +26,8 @@ from shardwise._program.sweep import model_dtype, model_flops
 class DevicePoint:
     """One device count: the chosen mesh and remat policy, predicted step time and MFU, its
     memory per device and whether it fits (``skipped``: why no mesh was planned, the rest
-    ``None``)."""
+    ``None``). ``used``: how many of the devices the mesh uses, fewer where no split of them
+    all divides the model (the rest idle; MFU counts every device)."""
 
     devices: int
     mesh: str | None = None
@@ -36,6 +37,7 @@ class DevicePoint:
     memory_bytes: int | None = None
     fits: bool | None = None
     skipped: str | None = None
+    used: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +61,7 @@ class DeviceSweep:
             "points": [
                 {"devices": p.devices, "mesh": p.mesh, "remat": p.remat, "seconds": p.seconds,
                  "mfu": p.mfu, "memory_bytes": p.memory_bytes, "fits": p.fits,
-                 "skipped": p.skipped}
+                 "skipped": p.skipped, "used": p.used}
                 for p in self.points
             ],
         }  # fmt: skip
@@ -119,5 +121,6 @@ def sweep_devices(
         assert best.seconds is not None and best.memory_bytes is not None
         mfu = total / (n * best.seconds * peak)
         points.append(DevicePoint(n, best.mesh, best.variant if remat != "none" else None,
-                                  best.seconds, mfu, best.memory_bytes, best.fits))  # fmt: skip
+                                  best.seconds, mfu, best.memory_bytes, best.fits,
+                                  used=choice.used))  # fmt: skip
     return DeviceSweep(name, prof.name, batch, tuple(roles), total, tuple(points))

@@ -147,8 +147,10 @@ def device_sweep_view(data: DeviceSweep) -> Table:
             table.add_row(str(p.devices), f"not planned: {p.skipped}", "", "", "", "", "")
             continue
         assert p.seconds is not None and p.mfu is not None and p.memory_bytes is not None
+        idle = p.devices - p.used if p.used is not None else 0
+        mesh = (p.mesh or "-") + (f" ({idle:,} idle)" if idle else "")
         table.add_row(
-            str(p.devices), p.mesh or "-", p.remat or "-", format_seconds(p.seconds),
+            str(p.devices), mesh, p.remat or "-", format_seconds(p.seconds),
             f"{p.mfu:.1%}", format_bytes(p.memory_bytes), "yes" if p.fits else "[red]no[/]",
         )  # fmt: skip
     return table
