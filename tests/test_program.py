@@ -243,6 +243,37 @@ def test_every_plan_returned_fits_the_budget_or_is_a_baseline_marked_over_it():
     assert free.to_json()["budget_bytes"] is None
 
 
+def test_the_profiles_memory_is_the_default_budget_and_none_fitting_is_said():
+    """With no budget given, a profile's memory per device bounds the plan: the fastest plan
+    where it fits, else the fastest that fits; where none does, the fastest, with
+    ``over_memory`` saying so (never an error: the budget was not asked for)."""
+    loss, args = model("mlp", batch=512, hidden=256, ffn=1024, train=True)
+    kw = {"mesh": "data=8", "train": True, "top": 1}
+    free = shardwise.plan(loss, *args, profile=CPU, **kw)  # cpu-2core gives no memory
+    assert free.budget is None and free.over_memory is None
+    fastest = free.chosen.predicted.memory_bytes
+    smallest = min(p.predicted.memory_bytes for p in free.plans)  # FSDP's
+    assert smallest < fastest, [(p.name, p.predicted.memory_bytes) for p in free.plans]
+    memory = (smallest + fastest) // 2  # binds the fastest plan; a smaller one fits
+    small = dataclasses.replace(BUILTIN["cpu-2core"], memory_bytes=memory)
+    within = shardwise.plan(loss, *args, profile=small, **kw)
+    assert within.budget == memory and within.over_memory is None
+    assert within.chosen.predicted.memory_bytes <= memory
+    asked = shardwise.plan(loss, *args, profile=small, budget=memory, **kw)
+    assert within.chosen.in_specs == asked.chosen.in_specs
+    roomy = dataclasses.replace(small, memory_bytes=2**40)
+    assert shardwise.plan(loss, *args, profile=roomy, **kw).chosen.in_specs == free.chosen.in_specs
+    tiny = dataclasses.replace(small, memory_bytes=1024)
+    over = shardwise.plan(loss, *args, profile=tiny, **kw)
+    assert over.chosen.in_specs == free.chosen.in_specs and over.budget is None
+    assert over.over_memory is not None and "fits in 1.0 KiB" in over.over_memory
+    assert "cpu-2core profile's memory" in over.over_memory
+    assert "over memory:" in " ".join(str(over).split())
+    assert over.to_json()["over_memory"] == over.over_memory
+    unbounded = shardwise.plan(loss, *args, profile=tiny, budget=None, **kw)
+    assert unbounded.over_memory is None and unbounded.budget is None
+
+
 @pytest.mark.parametrize("budget", [0, -1, float("nan"), float("inf"), True, "garbage", 2**63])
 def test_plan_reads_its_budget_as_plan_einsum_does(budget):
     fn, args = _mlp_args()

@@ -16,10 +16,9 @@ result says which and why.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,17 +28,17 @@ from shardwise._model.profile_files import load_profile
 from shardwise._model.scaling import optimal_fsdp
 from shardwise._program.plans import ProgramPlan
 from shardwise._program.program import plan
-from shardwise._program.top import NothingFits
+from shardwise._program.splits import (
+    BATCH_ROLES,
+    MAX_TENSOR,
+    ROLES,
+    factorisations,
+    idle,
+    mesh_text,
+    most_usable,
+    why_not,
+)
 
-ROLES = ("data", "fsdp", "fsdp_transpose", "sequence", "context", "tensor", "expert")
-"""The roles a mesh axis can take: MaxText's ``ici_<role>_parallelism`` settings."""
-BATCH_ROLES = ("data", "fsdp", "fsdp_transpose")
-"""Roles whose sizes together must divide the batch (each splits the batch's rows)."""
-SEQUENCE_ROLES = ("sequence", "context")
-"""Roles whose size must divide the sequence length."""
-MAX_TENSOR = 16
-"""Most ways of tensor parallelism tried by default: past 16 ways the book finds it
-communication-bound on every accelerator profiled (training.md, ``Y < n_axes · F / 2550``)."""
 MAX_PLANNED = 24
 """Most candidates planned by default (a plan of Llama-3 8B on 256 devices takes 1-3 s)."""
 
@@ -135,40 +134,6 @@ class MeshChoice:
         }  # fmt: skip
 
 
-def factorisations(n: int, parts: int) -> Iterator[tuple[int, ...]]:
-    """Every ordered way of writing ``n`` as a product of ``parts`` whole numbers ≥ 1.
-
-    >>> sorted(factorisations(4, 2))
-    [(1, 4), (2, 2), (4, 1)]
-    """
-    if parts == 1:
-        yield (n,)
-        return
-    for d in divisors(n):
-        for rest in factorisations(n // d, parts - 1):
-            yield (d, *rest)
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n``, ascending.
-
-    >>> divisors(12)
-    [1, 2, 3, 4, 6, 12]
-    """
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
-
-
-def mesh_text(roles: Sequence[str], sizes: Sequence[int]) -> str:
-    """The mesh text of a split, roles of size 1 left out (all of size 1: the first role).
-
-    >>> mesh_text(("data", "fsdp", "tensor"), (1, 4, 2))
-    'fsdp=4,tensor=2'
-    """
-    kept = [f"{r}={n}" for r, n in zip(roles, sizes, strict=True) if n > 1]
-    return ",".join(kept) or f"{roles[0]}=1"
-
-
 def _check(devices: int, roles: Sequence[str], max_tensor: int, limit: int) -> None:
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ArgumentError(f"devices is {devices!r}; give a whole number of devices, 1 or more.")
@@ -183,26 +148,6 @@ def _check(devices: int, roles: Sequence[str], max_tensor: int, limit: int) -> N
         raise ArgumentError(f"roles {tuple(roles)} name a role twice; name each once.")
     if max_tensor < 1 or limit < 1:
         raise ArgumentError(f"max_tensor ({max_tensor}) and limit ({limit}) must be 1 or more.")
-
-
-def _why_not(
-    split: dict[str, int], max_tensor: int, batch: int | None, seq: int | None,
-    heads: int | None,
-) -> str | None:  # fmt: skip
-    """Why a split is pruned before planning, or ``None``."""
-    tensor = split.get("tensor", 1)
-    if tensor > max_tensor:
-        return f"tensor={tensor} is over {max_tensor} ways (max_tensor)"
-    if heads is not None and heads % tensor:
-        return f"tensor={tensor} does not divide the {heads} heads"
-    ways = math.prod(split.get(r, 1) for r in BATCH_ROLES)
-    if batch is not None and batch % ways:
-        named = "×".join(f"{r}" for r in BATCH_ROLES if split.get(r, 1) > 1)
-        return f"{named}={ways} does not divide the batch {batch}"
-    cut = math.prod(split.get(r, 1) for r in SEQUENCE_ROLES)
-    if seq is not None and seq % cut:
-        return f"sequence ways {cut} do not divide the sequence length {seq}"
-    return None
 
 
 def _ranking(
@@ -290,21 +235,9 @@ def choose_mesh(
     used, idle_why = devices, None
     kept, skipped = _splits(used, roles, max_tensor, batch, seq, heads)
     if not kept:
-        fewer = _most_usable(devices, roles, max_tensor, batch, seq, heads)
-        if fewer is None:
-            raise ArgumentError(
-                f"no split of {devices} devices over {tuple(roles)} is left to plan: "
-                f"{skipped[0].mesh}: {skipped[0].skipped}; give another device count or roles."
-            )
-        bounds = [f"the batch {batch}" if batch is not None else "",
-                  f"the sequence length {seq}" if seq is not None else "",
-                  f"{heads} heads" if heads is not None else "",
-                  f"at most {max_tensor} ways of tensor" if "tensor" in roles else ""]  # fmt: skip
-        idle_why = (
-            f"no split of {devices} devices over {', '.join(roles)} divides the model "
-            f"({', '.join(b for b in bounds if b)}): {fewer} of them are used, "
-            f"{devices - fewer} idle"
-        )
+        fewer = most_usable(devices, roles, max_tensor, batch, seq, heads)
+        assert fewer is not None  # only where a role bounded by nothing splits every count
+        idle_why = idle(devices, fewer, roles, max_tensor, batch, seq, heads)
         used = fewer
         kept, skipped = _splits(used, roles, max_tensor, batch, seq, heads)
     how, key = _ranking(used, batch, seq, ffn)
@@ -330,44 +263,12 @@ def _splits(
     skipped: list[Candidate] = []
     for sizes in factorisations(devices, len(roles)):
         split = dict(zip(roles, sizes, strict=True))
-        why = _why_not(split, max_tensor, batch, seq, heads)
+        why = why_not(split, max_tensor, batch, seq, heads)
         if why is None:
             kept.append(split)
         else:
             skipped.append(Candidate(sizes, mesh_text(roles, sizes), skipped=why))
     return kept, skipped
-
-
-def _most_usable(
-    devices: int, roles: Sequence[str], max_tensor: int, batch: int | None, seq: int | None,
-    heads: int | None,
-) -> int | None:  # fmt: skip
-    """The most devices, fewer than ``devices``, that some split over ``roles`` can use where
-    every role is bounded by the model (a batch role by the batch, a sequence role by the
-    sequence length, ``tensor`` by ``max_tensor``); ``None`` where none is (a role bounded by
-    nothing splits any count) or no split can use any.
-
-    >>> _most_usable(8960, ("fsdp", "tensor"), 16, 2048, 2048, 64)
-    8192
-    """
-    options: list[list[int]] = []
-    for r in roles:
-        if r in BATCH_ROLES and batch is not None:
-            options.append(divisors(batch))
-        elif r in SEQUENCE_ROLES and seq is not None:
-            options.append(divisors(seq))
-        elif r == "tensor":
-            options.append(list(range(1, max_tensor + 1)))
-        else:
-            return None
-    best = 0
-    for sizes in itertools.product(*options):
-        n = math.prod(sizes)
-        if best < n < devices:
-            split = dict(zip(roles, sizes, strict=True))
-            if _why_not(split, max_tensor, batch, seq, heads) is None:
-                best = n
-    return best or None
 
 
 def _plan_each(
@@ -408,12 +309,6 @@ def _fastest(
     """The fastest plan on ``mesh`` within the profile's memory (a slower one that fits beats
     a faster one that does not: FSDP where data parallelism runs out of memory); where none
     fits, the fastest (it is marked as not fitting)."""
-    if prof.memory_bytes is not None:
-        try:
-            return plan(fn, *args, mesh=mesh, profile=prof, train=train, top=1,
-                        budget=int(prof.memory_bytes))  # fmt: skip
-        except NothingFits:
-            pass
     return plan(fn, *args, mesh=mesh, profile=prof, train=train, top=1)
 
 

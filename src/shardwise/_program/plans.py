@@ -108,6 +108,11 @@ class ProgramPlan:
     """What the plans hold fixed of what the model says: ``"none"`` (the search chose every
     layout), ``"annotations"`` (the inputs as annotated), ``"constraints"`` (every array the
     code constrains as it asks) or ``"names"`` (plans rules over the model's names write)."""
+    over_memory: str | None = None
+    """Why no plan fits a device's memory, where the plan was made within the profile's
+    memory by default (``budget="device"``) and none fit: the plans are then the search's
+    without a bound, the chosen one the fastest. ``None``: the chosen plan fits, or the
+    profile gives no memory."""
 
     @property
     def stopped_early(self) -> str | None:
@@ -324,6 +329,7 @@ class ProgramPlan:
             "plans": [self._plan_json(p) for p in self.plans],
             "skipped": [{"name": n, "why": w} for n, w in self.skipped],
             "budget_bytes": self.budget,
+            "over_memory": self.over_memory,
             "complete": self.complete,
             "respect": self.respect,
         }

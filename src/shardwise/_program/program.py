@@ -9,6 +9,8 @@ and puts the named baselines (:mod:`~shardwise._program.baselines`) beside it. T
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import gc
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -41,10 +43,21 @@ from shardwise._program.roles import Roles, roles
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import Predicted, predict
 from shardwise._program.steps import StepCosts
-from shardwise._program.top import baselines, best_plans, fixed_pins, nothing_fits, peak, pinned
+from shardwise._program.top import (
+    NothingFits,
+    baselines,
+    best_plans,
+    fixed_pins,
+    nothing_fits,
+    peak,
+    pinned,
+)
 from shardwise._program.writable import agrees
 from shardwise._versions import context_mesh, sources_in_users_code
 from shardwise._xla.lower import auto_twin, is_explicit
+
+DEVICE = "device"
+"""``plan``'s default budget: the profile's memory per device, where it gives one."""
 
 
 def _profile(profile: Profile | str | None, mesh: MeshSpec) -> Profile:
@@ -72,7 +85,7 @@ def plan(
     *args: Any,
     mesh: Any = None,
     profile: Profile | str | None = None,
-    budget: int | str | None = None,
+    budget: int | str | None = DEVICE,
     fixed: Mapping[str, SpecLike] | None = None,
     train: bool = False,
     top: int = 5,
@@ -92,7 +105,10 @@ def plan(
         profile: a device profile name or object; default: the devices at hand.
         budget: memory per device (bytes, or text like ``"16GiB"``): the search's plans fit
             it; a baseline that does not is marked over budget, never chosen. Where no plan
-            fits, an :class:`ArgumentError` names the smallest one found.
+            fits, an :class:`ArgumentError` names the smallest one found. By default
+            (``"device"``) the profile's memory per device, where it gives one: the
+            fastest plan if it fits, else the fastest that fits, else the fastest, with
+            :attr:`ProgramPlan.over_memory` saying that none fits. ``None``: no limit.
         fixed: input name → spec, pinned (e.g. ``{"x": "data"}``); names as in the report
             (``x``, ``params['w1']``).
         top: how many of the search's plans to keep: the best, and runners-up that lay out
@@ -112,9 +128,22 @@ def plan(
     ('search', True, True)
     """
     devices, spec = _given_mesh(mesh)
-    limit = None if budget is None else parse_bytes(budget, "budget")
     prof = _profile(profile, spec)
     check_respect(respect, top)
+    within = functools.partial(_plan, fn, args, devices, spec, prof, fixed, train, top,
+                               time_limit, rules, respect)  # fmt: skip
+    if budget == DEVICE and prof.memory_bytes is not None:
+        return _within_device(within, prof)
+    return within(None if budget == DEVICE else budget)
+
+
+def _plan(
+    fn: Callable[..., Any], args: tuple[Any, ...], devices: Mesh | None, spec: MeshSpec,
+    prof: Profile, fixed: Mapping[str, SpecLike] | None, train: bool, top: int,
+    time_limit: float, rules: Any, respect: str, budget: int | str | None,
+) -> ProgramPlan:  # fmt: skip
+    """:func:`plan` under ``budget`` (``None``: no limit)."""
+    limit = None if budget is None else parse_bytes(budget, "budget")
     name, graph, annotations = _read(fn, args, train, devices, spec, rules, respect)
     eff = effective_mesh(spec)
     role = roles(graph)  # once, for the keys here and every baseline
@@ -146,6 +175,21 @@ def plan(
         complete=not searchable.truncated, devices=devices, annotations=annotations,
         respect=respect,
     )  # fmt: skip
+
+
+def _within_device(plan_with: Callable[..., ProgramPlan], prof: Profile) -> ProgramPlan:
+    """``plan_with(budget)`` within the profile's memory per device: the plan without a
+    bound where its choice fits (no plan is faster, and no peak is computed in the search),
+    else the plan within the memory, else the one without a bound, saying that none fits."""
+    assert prof.memory_bytes is not None
+    free = plan_with(None)
+    if free.chosen.predicted.memory_bytes <= prof.memory_bytes:
+        return free
+    try:
+        return plan_with(int(prof.memory_bytes))
+    except NothingFits as e:
+        why = f"{e} (the {prof.name} profile's memory; the fastest plan is shown)"
+        return dataclasses.replace(free, over_memory=why)
 
 
 @contextlib.contextmanager

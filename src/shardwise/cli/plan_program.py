@@ -92,7 +92,8 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
             raise ArgumentError(f"cannot read --fixed {item!r}: write NAME=SPEC, e.g. x=data.")
         fixed[key] = value
     memory = given["device_memory"]
-    limit = None if memory is None else parse_bytes(memory, "--device-memory")
+    # by default the profile's memory: the fastest plan that fits, or said that none does
+    limit = "device" if memory is None else parse_bytes(memory, "--device-memory")
     if given["verify"] or given["tune"] or given["mesh"] == "auto" or given["profile"] is None:
         setup_devices(given["devices"])
     with out.status("planning") as status:

@@ -68,6 +68,8 @@ def plans_view(report: Any) -> Any:
             f"budget of {format_bytes(report.budget)} per device; shown to compare, never "
             "chosen or run"
         )
+    if report.over_memory is not None:
+        parts.append(f"[red]over memory:[/] {escape(report.over_memory)}")
     if report.stopped_early:
         parts.append(f"[yellow]incomplete:[/] {escape(report.stopped_early)}")
     parts += chosen_lines(report)
