@@ -422,3 +422,23 @@ def test_transformer_training_step_plans_match_compiled_hlo():
     checked = some.verify(repeat=1)
     assert [p.name for p in checked.plans if not p.verified.collectives_match] == []
     assert [p.name for p in checked.plans if not p.verified.sources_match] == []
+
+
+def test_what_native_code_prints_while_solving_goes_to_stderr(capfd):
+    """SciPy's HiGHS can print from branch and bound whatever its options say; a command's
+    ``--json`` on stdout must stay JSON, so the solve's stdout, C's buffer included, goes to
+    stderr."""
+    import ctypes
+    import os
+
+    from shardwise._program.integer import stdout_to_stderr
+
+    libc = ctypes.CDLL(None)
+    print("before", flush=True)
+    with stdout_to_stderr():
+        libc.printf(b"tmpSolver.run();\n")  # buffered by C: a file is not a terminal
+        os.write(1, b"raw\n")
+    print("after", flush=True)
+    out, err = capfd.readouterr()
+    assert out == "before\nafter\n", out
+    assert "tmpSolver.run();" in err and "raw" in err, err

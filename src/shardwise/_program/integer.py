@@ -7,8 +7,12 @@ always, without budgets), it is the optimum, proven without branch and bound.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import highspy
@@ -111,17 +115,42 @@ def milp(
     relaxed = _integral_relaxation(objective, a, low, high, nx, time_limit)
     if relaxed is not None:
         return _choices(relaxed, offset), True
-    result = scipy.optimize.milp(
-        objective,
-        constraints=scipy.optimize.LinearConstraint(a, rows.lower, rows.upper),
-        integrality=(np.arange(col) < nx).astype(float),
-        bounds=scipy.optimize.Bounds(0, 1),
-        options={"time_limit": time_limit, "mip_rel_gap": 1e-9},
-    )
+    with stdout_to_stderr():  # SciPy's HiGHS can print, with its output off
+        result = scipy.optimize.milp(
+            objective,
+            constraints=scipy.optimize.LinearConstraint(a, rows.lower, rows.upper),
+            integrality=(np.arange(col) < nx).astype(float),
+            bounds=scipy.optimize.Bounds(0, 1),
+            options={"time_limit": time_limit, "mip_rel_gap": 1e-9},
+        )
     if result.x is None:
         return None
     optimal = bool(result.status == 0 and math.isfinite(result.fun))
     return _choices(result.x[:nx], offset), optimal
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """What native code writes to the process's stdout goes to its stderr within: SciPy's
+    HiGHS prints a line now and then from branch and bound (``HighsMipSolverData::
+    transformNewIntegerFeasibleSolution tmpSolver.run();``) whatever its options say, and a
+    command's ``--json`` on stdout must stay JSON. C's buffered stdout is flushed before fd 1
+    is given back, so nothing written within comes out after."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout to guard
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        with contextlib.suppress(Exception):  # C's stdio, where ctypes can reach it
+            ctypes.CDLL(None).fflush(None)
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _choices(x: np.ndarray, offset: np.ndarray) -> tuple[int, ...]:
