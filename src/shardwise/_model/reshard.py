@@ -113,6 +113,25 @@ def reshard_moves(src: Spec, dst: Spec, rank: int) -> tuple[Move, ...]:
     return tuple(moves)
 
 
+def all_to_alls_first(src: Spec, dst: Spec, rank: int) -> Spec | None:
+    """The layout the all-to-alls that open a move from ``src`` to ``dst`` leave an array
+    in, before any all-gather (``None``: the move opens with none). XLA makes these moves of
+    a scan's layer on the whole stack, once, before the loop.
+
+    >>> all_to_alls_first(Spec.parse("x"), Spec.parse("-,x"), 2).describe()
+    '-,x'
+    >>> all_to_alls_first(Spec.parse("x"), Spec.parse("replicated"), 2) is None
+    True
+    """
+    mid = None
+    for m in reshard_moves(src, dst, rank):
+        if m.kind == "all-gather":
+            break
+        if m.kind == "all-to-all":
+            mid = m.spec
+    return mid
+
+
 def _next(axis: str, have: list[str], want: list[str]) -> bool:
     """Whether ``axis`` is the next axis a dimension laid out ``have`` takes towards ``want``."""
     return axis in want and have == want[: want.index(axis)]

@@ -35,7 +35,7 @@ from shardwise._model.cost import PredictedCollective, predict, ring_seconds, su
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.profile import Profile
-from shardwise._model.reshard import reshard_moves
+from shardwise._model.reshard import all_to_alls_first
 from shardwise._model.spec import Entry, Spec
 from shardwise._model.strategy import Strategy, reduce_axes, strategies
 from shardwise._program.graph import Graph
@@ -188,13 +188,7 @@ class StepCosts:
         that follows in the loop); else ``None``: the slice moves in each iteration."""
         if step.role != "scan slice" or a != step.output or step.inputs[0] not in self.arguments:
             return None
-        mid = None
-        for m in reshard_moves(src, dst, len(self.graph.values[a].shape)):
-            if m.kind == "all-gather":
-                break
-            if m.kind == "all-to-all":
-                mid = m.spec
-        return mid
+        return all_to_alls_first(src, dst, len(self.graph.values[a].shape))
 
     def stack_move(self, step: Step, src: Spec, dst: Spec) -> Cost:
         """Scan slice ``step``'s stack moved before the loop from the layout its slices are
