@@ -274,6 +274,40 @@ def test_the_profiles_memory_is_the_default_budget_and_none_fitting_is_said():
     assert unbounded.over_memory is None and unbounded.budget is None
 
 
+def test_where_the_search_finds_no_plan_within_the_budget_a_baseline_that_fits_is_chosen(
+    monkeypatch,
+):
+    """The integer program's memory rows count the fullest points' arrays, not every buffer:
+    a plan within them can be over the budget by its peak and is set aside. Where the search
+    then finds none (here: allowed no second try) but a baseline fits, that baseline's plan is
+    the search's, not an error (FSDP fit in half the budget where a Llama's AdamW step on a
+    TPU was refused)."""
+    from shardwise._program import top
+
+    loss, args = model("mlp", batch=512, hidden=256, ffn=1024, train=True)
+    kw = {"mesh": "data=8", "profile": CPU, "train": True, "top": 1}
+    free = shardwise.plan(loss, *args, **kw)
+    fsdp = free.get("fsdp").predicted.memory_bytes
+    assert fsdp < free.chosen.predicted.memory_bytes
+    monkeypatch.setattr(top, "TRIES_PAST_TOP", 0)
+    plan = shardwise.plan(loss, *args, budget=fsdp, **kw)
+    assert plan.chosen.name == "search" and not plan.optimal
+    assert plan.chosen.in_specs == plan.get("fsdp").in_specs
+    assert plan.chosen.predicted.memory_bytes <= fsdp and "fsdp's plan" in plan.method
+
+
+def test_memory_rows_no_plan_can_keep_are_infeasible_without_a_search():
+    from shardwise._program.integer import Constraint
+    from shardwise._program.within import least, solve_within
+
+    row = Constraint(((0, 0, 8.0), (0, 1, 2.0), (1, 0, 5.0)), 6.0)
+    assert least(row) == 7.0  # 2 (variable 0's smallest) + 5
+    args = (S((8, 4), "float32"), {"w1": S((4, 4), "float32"), "w2": S((4, 4), "float32")})
+    problem = build_problem(build(mlp, args), effective_mesh(MeshSpec.parse("x=2")), CPU)
+    assert solve_within(problem, [row], [], 1.0) is None
+    assert solve_within(problem, [dataclasses.replace(row, limit=7.0)], [], 1.0) is not None
+
+
 @pytest.mark.parametrize("budget", [0, -1, float("nan"), float("inf"), True, "garbage", 2**63])
 def test_plan_reads_its_budget_as_plan_einsum_does(budget):
     fn, args = _mlp_args()

@@ -44,14 +44,13 @@ from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import Predicted, predict
 from shardwise._program.steps import StepCosts
 from shardwise._program.top import (
-    NothingFits,
     baselines,
     best_plans,
     fixed_pins,
-    nothing_fits,
     peak,
     pinned,
 )
+from shardwise._program.within import NothingFits, nothing_fits
 from shardwise._program.writable import agrees
 from shardwise._versions import context_mesh, sources_in_users_code
 from shardwise._xla.lower import auto_twin, is_explicit
@@ -141,8 +140,11 @@ def _plan(
     fn: Callable[..., Any], args: tuple[Any, ...], devices: Mesh | None, spec: MeshSpec,
     prof: Profile, fixed: Mapping[str, SpecLike] | None, train: bool, top: int,
     time_limit: float, rules: Any, respect: str, budget: int | str | None,
+    bound_baselines: bool = True,
 ) -> ProgramPlan:  # fmt: skip
-    """:func:`plan` under ``budget`` (``None``: no limit)."""
+    """:func:`plan` under ``budget`` (``None``: no limit); the baselines each at their
+    cheapest within it, or with ``bound_baselines=False`` at their cheapest (marked where
+    over it)."""
     limit = None if budget is None else parse_bytes(budget, "budget")
     name, graph, annotations = _read(fn, args, train, devices, spec, rules, respect)
     eff = effective_mesh(spec)
@@ -154,26 +156,38 @@ def _plan(
         full = respected(graph, build_problem(graph, eff, prof), spec, respect, annotations)
         searchable = pinned(graph, full, fixed_specs)
 
-        def fits(sol: Solution) -> bool:  # within the budget; with "names", writable
-            peaks.append(peak(graph, searchable, sol, eff, prof) if limit is not None else 0)
-            return (limit is None or peaks[-1] <= limit) and (respect != "names" or agrees(sol))
+        def peak_of(sol: Solution) -> int:
+            peaks.append(peak(graph, searchable, sol, eff, prof))
+            return peaks[-1]
 
-        searched = best_plans(graph, searchable, eff, limit, top, time_limit, fits)
-        solved, skipped = baselines(graph, full, eff, fixed_specs, limit, time_limit,
+        def writable(sol: Solution) -> bool:  # with "names", rules can write it
+            return respect != "names" or agrees(sol)
+
+        searched = best_plans(graph, searchable, eff, limit, top, time_limit, writable,
+                              peak_of)  # fmt: skip
+        within = limit if bound_baselines else None
+        solved, skipped = baselines(graph, full, eff, fixed_specs, within, time_limit,
                                     role, extra)  # fmt: skip
         named = [("search" if k == 0 else f"search {k + 1}", searchable, sol)
                  for k, sol in enumerate(searched)]  # fmt: skip
         plans = _predictions(graph, [*named, *solved], StepCosts(graph, eff, prof), limit)
-    if not searched:  # under a budget only: the search always finds a plan without one
-        raise _nothing_fits(name, graph, searchable, eff, prof, plans, peaks, limit)
     plans.sort(key=lambda p: p.predicted.seconds)
+    if searched:
+        optimal, method = searched[0].optimal, searched[0].method
+    else:  # under a budget only: the search always finds a plan without one
+        fitting = [p for p in plans if not p.over_budget]
+        if not fitting or respect == "names":
+            raise _nothing_fits(name, graph, searchable, eff, prof, plans, peaks, limit)
+        # the fastest baseline within it is the search's plan (runs, reports and verify
+        # name the chosen plan "search")
+        optimal, method = False, f"{fitting[0].name}'s plan, the fastest within the budget"
+        plans.insert(plans.index(fitting[0]), dataclasses.replace(fitting[0], name="search"))
     return ProgramPlan(
         program=name, mesh=spec, profile=prof, train=train, graph=graph, ops=graph.ops,
         considered=searchable.considered, solve_seconds=time.perf_counter() - start,
-        optimal=searched[0].optimal, method=searched[0].method, plans=tuple(plans),
-        skipped=tuple(skipped), pinned=tuple(sorted(fixed_specs)), budget=limit,
-        complete=not searchable.truncated, devices=devices, annotations=annotations,
-        respect=respect,
+        optimal=optimal, method=method, plans=tuple(plans), skipped=tuple(skipped),
+        pinned=tuple(sorted(fixed_specs)), budget=limit, complete=not searchable.truncated,
+        devices=devices, annotations=annotations, respect=respect,
     )  # fmt: skip
 
 
@@ -185,8 +199,8 @@ def _within_device(plan_with: Callable[..., ProgramPlan], prof: Profile) -> Prog
     free = plan_with(None)
     if free.chosen.predicted.memory_bytes <= prof.memory_bytes:
         return free
-    try:
-        return plan_with(int(prof.memory_bytes))
+    try:  # (the baselines as they are: re-solving them within it took tens of seconds)
+        return plan_with(int(prof.memory_bytes), bound_baselines=False)
     except NothingFits as e:
         why = f"{e} (the {prof.name} profile's memory; the fastest plan is shown)"
         return dataclasses.replace(free, over_memory=why)
