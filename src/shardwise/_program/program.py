@@ -43,13 +43,7 @@ from shardwise._program.roles import Roles, roles
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import Predicted, predict
 from shardwise._program.steps import StepCosts
-from shardwise._program.top import (
-    baselines,
-    best_plans,
-    fixed_pins,
-    peak,
-    pinned,
-)
+from shardwise._program.top import baselines, best_plans, fixed_pins, peak, pinned
 from shardwise._program.within import NothingFits, nothing_fits
 from shardwise._program.writable import agrees
 from shardwise._versions import context_mesh, sources_in_users_code
@@ -129,11 +123,11 @@ def plan(
     devices, spec = _given_mesh(mesh)
     prof = _profile(profile, spec)
     check_respect(respect, top)
-    within = functools.partial(_plan, fn, args, devices, spec, prof, fixed, train, top,
-                               time_limit, rules, respect)  # fmt: skip
+    plan_under = functools.partial(_plan, fn, args, devices, spec, prof, fixed, train, top,
+                                   time_limit, rules, respect)  # fmt: skip
     if budget == DEVICE and prof.memory_bytes is not None:
-        return _within_device(within, prof)
-    return within(None if budget == DEVICE else budget)
+        return _within_device(plan_under, prof)
+    return plan_under(None if budget == DEVICE else budget)
 
 
 def _plan(
@@ -165,8 +159,8 @@ def _plan(
 
         searched = best_plans(graph, searchable, eff, limit, top, time_limit, writable,
                               peak_of)  # fmt: skip
-        within = limit if bound_baselines else None
-        solved, skipped = baselines(graph, full, eff, fixed_specs, within, time_limit,
+        baseline_limit = limit if bound_baselines else None
+        solved, skipped = baselines(graph, full, eff, fixed_specs, baseline_limit, time_limit,
                                     role, extra)  # fmt: skip
         named = [("search" if k == 0 else f"search {k + 1}", searchable, sol)
                  for k, sol in enumerate(searched)]  # fmt: skip
