@@ -129,6 +129,22 @@ def test_the_cli_chooses_the_mesh_and_plans_on_it():
     assert shardwise.MeshSpec.parse(choice["mesh"]) == shardwise.MeshSpec.parse(doc["mesh"])
 
 
+def test_the_cli_says_which_devices_idle_where_no_split_uses_them_all():
+    from typer.testing import CliRunner
+
+    from shardwise.cli import app
+
+    runner = CliRunner()
+    args = ["plan", "--model", "mlp", "--batch", "6", "--hidden", "32", "--ffn", "128",
+            "--choose-mesh", "8", "--profile", "tpu-v5p", "--roles", "data"]  # fmt: skip
+    shown = runner.invoke(app, args)
+    assert shown.exit_code == 0, shown.output
+    said = " ".join(shown.output.split())
+    assert "6 of them are used, 2 idle" in said and "chosen mesh: data=6" in said, said
+    doc = json.loads(runner.invoke(app, [*args, "--json"]).stdout)["mesh_choice"]
+    assert (doc["devices"], doc["used"], doc["mesh"]) == (8, 6, "data=6")
+
+
 @pytest.mark.parametrize(
     ("extra", "fragment"),
     [([], "give their --profile"), (["--profile", "tpu-v5p", "--mesh", "x=8"], "--mesh"),

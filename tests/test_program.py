@@ -308,6 +308,22 @@ def test_memory_rows_no_plan_can_keep_are_infeasible_without_a_search():
     assert solve_within(problem, [dataclasses.replace(row, limit=7.0)], [], 1.0) is not None
 
 
+def test_the_cli_says_when_no_plan_fits_the_profiles_memory():
+    """A model no plan of which fits a v5e's 16 GB on two chips: planned all the same, the
+    fastest plan shown, a line saying none fits, ``over_memory`` in the JSON; exit 0 (no
+    budget was asked for; ``--device-memory`` makes it an error)."""
+    args = ["plan", "--model", "mlp", "--batch", "64", "--hidden", "16384", "--ffn", "262144",
+            "--mesh", "x=2", "--profile", "tpu-v5e", "--top", "1"]  # fmt: skip
+    shown = runner.invoke(app, args)
+    assert shown.exit_code == 0, shown.output
+    said = " ".join(shown.output.split())
+    assert "over memory: no plan of" in said and "tpu-v5e profile's memory" in said, said
+    doc = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert "tpu-v5e profile's memory" in doc["over_memory"]
+    asked = runner.invoke(app, [*args, "--device-memory", "16GB"])
+    assert asked.exit_code == 2 and "Traceback" not in asked.output, asked.output
+
+
 @pytest.mark.parametrize("budget", [0, -1, float("nan"), float("inf"), True, "garbage", 2**63])
 def test_plan_reads_its_budget_as_plan_einsum_does(budget):
     fn, args = _mlp_args()
