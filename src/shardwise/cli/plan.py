@@ -111,7 +111,9 @@ def plan(
         str | None,
         typer.Option(
             "--device-memory",
-            help="Memory of each device, e.g. 16GiB; strategies that need more are refused.",
+            help="Memory of each device, e.g. 16GiB; strategies that need more are refused. "
+            "A program (--model, --function) is planned within its profile's memory without "
+            "it, and told where nothing fits.",
         ),
     ] = None,
     budget: Annotated[
