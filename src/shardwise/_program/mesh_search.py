@@ -289,7 +289,9 @@ def _plan_each(
         for j, (variant, (fn, args)) in enumerate(programs.items()):
             if on_step is not None:
                 on_step(k * len(programs) + j, steps)
-            p = _fastest(fn, args, text, prof, train)
+            # the fastest within a device's memory (plan's default: a slower plan that fits,
+            # FSDP, beats a faster one that does not); where none fits, the fastest, marked
+            p = plan(fn, *args, mesh=text, profile=prof, train=train, top=1)
             best = p.chosen.predicted
             fits = prof.memory_bytes is None or best.memory_bytes <= prof.memory_bytes
             c = Candidate(sizes, text, best.overlapped_seconds, best.memory_bytes, fits,
@@ -301,15 +303,6 @@ def _plan_each(
         out.append(c)
     assert best_plan is not None  # splits is never empty
     return sorted(out, key=_order), best_plan
-
-
-def _fastest(
-    fn: Callable[..., Any], args: Sequence[Any], mesh: str, prof: Profile, train: bool
-) -> ProgramPlan:
-    """The fastest plan on ``mesh`` within the profile's memory (a slower one that fits beats
-    a faster one that does not: FSDP where data parallelism runs out of memory); where none
-    fits, the fastest (it is marked as not fitting)."""
-    return plan(fn, *args, mesh=mesh, profile=prof, train=train, top=1)
 
 
 def _order(c: Candidate) -> tuple[bool, float]:
