@@ -133,6 +133,7 @@ def _environment(folder: Path) -> dict[str, str]:
         script.write_text(f'#!/bin/sh\nexec "{sys.executable}" {run} "$@"\n')
         script.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "SHARDWISE_CPU_DEVICES")}
+    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # (conftest.py's: compiles faster)
     env["PATH"] = f"{bin_}{os.pathsep}{env.get('PATH', '')}"
     path = os.environ.get("PYTHONPATH")
     env["PYTHONPATH"] = str(ROOT / "src") + (os.pathsep + path if path else "")
