@@ -1,53 +1,42 @@
 """Plan whole programs: a layout for every array of a JAX function, chosen by cost.
 
-:func:`plan` traces the function (:mod:`~shardwise._program.graph`), costs every choice
-(:mod:`~shardwise._program.problem`), finds the cheapest (:mod:`~shardwise._program.search`),
+:func:`plan` reads the function once (:mod:`~shardwise._program.reading`: its graph and every
+choice's cost), finds the cheapest (:mod:`~shardwise._program.search`), within a budget if any,
 and puts the named baselines (:mod:`~shardwise._program.baselines`) beside it. The result, a
 :class:`ProgramPlan`, runs (``sharded``) and checks itself against XLA (``verify``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gc
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 from jax.sharding import Mesh
 
-from shardwise._errors import ArgumentError, UserCodeError, as_users
+from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
-from shardwise._model.plan import check_program_extent
 from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
-from shardwise._model.spec import Spec, SpecLike
+from shardwise._model.spec import SpecLike
 from shardwise._model.units import parse_bytes
-from shardwise._program.annotations import (
-    Annotations,
-    Call,
-    annotated_pins,
-    logical_constraints_recorded,
-    read_annotations,
-    with_activations,
-)
-from shardwise._program.constraints import check_respect, respected, traced_under
+from shardwise._program.constraints import check_respect
 from shardwise._program.fold import prints_kept
-from shardwise._program.graph import Graph, build
+from shardwise._program.graph import Graph
 from shardwise._program.plans import PlannedLayout, ProgramPlan
-from shardwise._program.problem import Problem, build_problem, effective_mesh
-from shardwise._program.roles import Roles, roles
+from shardwise._program.problem import Problem, effective_mesh
+from shardwise._program.reading import Program, collection_paused, read_program
+from shardwise._program.reading import train_step as train_step
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import Predicted, predict
 from shardwise._program.steps import StepCosts
-from shardwise._program.top import baselines, best_plans, fixed_pins, peak, pinned
+from shardwise._program.top import baselines, best_plans, peak
 from shardwise._program.within import NothingFits, nothing_fits
 from shardwise._program.writable import agrees
-from shardwise._versions import context_mesh, sources_in_users_code
-from shardwise._xla.lower import auto_twin, is_explicit
+from shardwise._versions import context_mesh
 
 DEVICE = "device"
 """``plan``'s default budget: the profile's memory per device, where it gives one."""
@@ -60,17 +49,6 @@ def _profile(profile: Profile | str | None, mesh: MeshSpec) -> Profile:
     if profile is not None:
         return load_profile(profile)
     return default_profile(jax.devices()[0].platform, mesh.size)
-
-
-def train_step(loss: Callable[..., Any], learning_rate: float = 0.01) -> Callable[..., Any]:
-    """One SGD step of ``loss(params, *batch)``: returns the loss and the updated parameters."""
-
-    def step(params: Any, *batch: Any) -> Any:
-        value, grads = jax.value_and_grad(loss)(params, *batch)
-        return value, jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
-
-    step.__name__ = f"train_step({getattr(loss, '__name__', 'loss')})"
-    return step
 
 
 def plan(
@@ -123,32 +101,27 @@ def plan(
     devices, spec = _given_mesh(mesh)
     prof = _profile(profile, spec)
     check_respect(respect, top)
-    plan_under = functools.partial(_plan, fn, args, devices, spec, prof, fixed, train, top,
-                                   time_limit, rules, respect)  # fmt: skip
+    read = read_program(fn, args, train, devices, spec, prof, fixed, rules, respect)
+    plan_under = functools.partial(_plan, read, devices, spec, prof, train, top, time_limit,
+                                   respect)  # fmt: skip
     if budget == DEVICE and prof.memory_bytes is not None:
         return _within_device(plan_under, prof)
     return plan_under(None if budget == DEVICE else budget)
 
 
 def _plan(
-    fn: Callable[..., Any], args: tuple[Any, ...], devices: Mesh | None, spec: MeshSpec,
-    prof: Profile, fixed: Mapping[str, SpecLike] | None, train: bool, top: int,
-    time_limit: float, rules: Any, respect: str, budget: int | str | None,
-    bound_baselines: bool = True,
+    read: Program, devices: Mesh | None, spec: MeshSpec, prof: Profile, train: bool,
+    top: int, time_limit: float, respect: str, budget: int | str | None,
+    baselines_of: ProgramPlan | None = None,
 ) -> ProgramPlan:  # fmt: skip
-    """:func:`plan` under ``budget`` (``None``: no limit); the baselines each at their
-    cheapest within it, or with ``bound_baselines=False`` at their cheapest (marked where
-    over it)."""
+    """:func:`plan` of the program ``read`` under ``budget`` (``None``: no limit); the
+    baselines each at their cheapest within it, or, given ``baselines_of``, those of that
+    plan (marked where over it)."""
     limit = None if budget is None else parse_bytes(budget, "budget")
-    name, graph, annotations = _read(fn, args, train, devices, spec, rules, respect)
-    eff = effective_mesh(spec)
-    role = roles(graph)  # once, for the keys here and every baseline
-    fixed_specs, extra = _pins(graph, fixed, spec, role, annotations, respect)
+    graph, searchable, eff = read.graph, read.searchable, effective_mesh(spec)
     start = time.perf_counter()
     peaks: list[int] = []  # of the search's plans checked against the budget
     with collection_paused(), prints_kept():
-        full = respected(graph, build_problem(graph, eff, prof), spec, respect, annotations)
-        searchable = pinned(graph, full, fixed_specs)
 
         def peak_of(sol: Solution) -> int:
             peaks.append(peak(graph, searchable, sol, eff, prof))
@@ -159,30 +132,44 @@ def _plan(
 
         searched = best_plans(graph, searchable, eff, limit, top, time_limit, writable,
                               peak_of)  # fmt: skip
-        baseline_limit = limit if bound_baselines else None
-        solved, skipped = baselines(graph, full, eff, fixed_specs, baseline_limit, time_limit,
-                                    role, extra)  # fmt: skip
         named = [("search" if k == 0 else f"search {k + 1}", searchable, sol)
                  for k, sol in enumerate(searched)]  # fmt: skip
-        plans = _predictions(graph, [*named, *solved], StepCosts(graph, eff, prof), limit)
+        costs = StepCosts(graph, eff, prof)
+        if baselines_of is None:
+            solved, skipped = baselines(graph, read.full, eff, read.pins, limit, time_limit,
+                                        read.role, read.extra)  # fmt: skip
+            plans = _predictions(graph, [*named, *solved], costs, limit)
+        else:
+            plans = [*_predictions(graph, named, costs, limit), *_marked(baselines_of, limit)]
+            skipped = list(baselines_of.skipped)
     plans.sort(key=lambda p: p.predicted.seconds)
     if searched:
         optimal, method = searched[0].optimal, searched[0].method
     else:  # under a budget only: the search always finds a plan without one
         fitting = [p for p in plans if not p.over_budget]
         if not fitting or respect == "names":
-            raise _nothing_fits(name, graph, searchable, eff, prof, plans, peaks, limit)
+            raise _nothing_fits(read.name, graph, searchable, eff, prof, plans, peaks, limit)
         # the fastest baseline within it is the search's plan (runs, reports and verify
         # name the chosen plan "search")
         optimal, method = False, f"{fitting[0].name}'s plan, the fastest within the budget"
         plans.insert(plans.index(fitting[0]), dataclasses.replace(fitting[0], name="search"))
     return ProgramPlan(
-        program=name, mesh=spec, profile=prof, train=train, graph=graph, ops=graph.ops,
+        program=read.name, mesh=spec, profile=prof, train=train, graph=graph, ops=graph.ops,
         considered=searchable.considered, solve_seconds=time.perf_counter() - start,
         optimal=optimal, method=method, plans=tuple(plans), skipped=tuple(skipped),
-        pinned=tuple(sorted(fixed_specs)), budget=limit, complete=not searchable.truncated,
-        devices=devices, annotations=annotations, respect=respect,
+        pinned=tuple(sorted(read.pins)), budget=limit, complete=not searchable.truncated,
+        devices=devices, annotations=read.annotations, respect=respect,
     )  # fmt: skip
+
+
+def _marked(plan: ProgramPlan, limit: int | None) -> list[PlannedLayout]:
+    """The baselines of ``plan`` (every plan but the search's), each marked over budget
+    where its memory is over ``limit``."""
+    return [
+        dataclasses.replace(p, over_budget=limit is not None and p.predicted.memory_bytes > limit)
+        for p in plan.plans
+        if p.name != "search" and not p.name.startswith("search ")
+    ]
 
 
 def _within_device(plan_with: Callable[..., ProgramPlan], prof: Profile) -> ProgramPlan:
@@ -194,27 +181,10 @@ def _within_device(plan_with: Callable[..., ProgramPlan], prof: Profile) -> Prog
     if free.chosen.predicted.memory_bytes <= prof.memory_bytes:
         return free
     try:  # (the baselines as they are: re-solving them within it took tens of seconds)
-        return plan_with(int(prof.memory_bytes), bound_baselines=False)
+        return plan_with(int(prof.memory_bytes), baselines_of=free)
     except NothingFits as e:
         why = f"{e} (the {prof.name} profile's memory; the fastest plan is shown)"
         return dataclasses.replace(free, over_memory=why)
-
-
-@contextlib.contextmanager
-def collection_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused within (where it runs): the planner makes
-    millions of small tuples, lists and dicts, and the collections they set off walk every
-    object alive, the traced program's and JAX's included (a third of the time planning a
-    24-layer transformer's training step took). What the planner makes is freed by reference
-    counts; a cycle made meanwhile is collected once the collector runs again. The user's
-    function is traced with the collector running."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _given_mesh(mesh: Any) -> tuple[Mesh | None, MeshSpec]:
@@ -228,95 +198,6 @@ def _given_mesh(mesh: Any) -> tuple[Mesh | None, MeshSpec]:
                 "jax Mesh), or set one first with jax.set_mesh(mesh)."
             )
     return (mesh if isinstance(mesh, Mesh) else None), MeshSpec.parse(mesh)
-
-
-def _read(
-    fn: Callable[..., Any],
-    args: Any,
-    train: bool,
-    devices: Mesh | None,
-    spec: MeshSpec,
-    rules: Any,
-    respect: str,
-) -> tuple[str, Graph, Annotations]:
-    """The program's name and graph, and what its arguments and code say of its layout.
-    Traced under the mesh's abstract form where no JAX mesh is given, so that the code's
-    constraints are in the trace; where they name axes this mesh lacks (planning a function
-    for another mesh than its constraints'), traced with no mesh, as they were then not
-    asked, unless ``respect="constraints"``."""
-    annotations = read_annotations(args, rules)
-    calls: list[Call] = []
-    try:
-        with traced_under(devices, spec), logical_constraints_recorded(calls):
-            name, graph = _traced(fn, args, train, devices)
-    except UserCodeError:
-        if respect == "constraints" or devices is not None:
-            raise
-        calls.clear()
-        with logical_constraints_recorded(calls):
-            name, graph = _traced(fn, args, train, devices)
-    return name, graph, with_activations(annotations, graph, calls)
-
-
-def _pins(
-    graph: Graph,
-    fixed: Mapping[str, SpecLike] | None,
-    mesh: MeshSpec,
-    role: Roles,
-    annotations: Annotations,
-    respect: str,
-) -> tuple[dict[int, Spec], dict[str, dict[int, Spec] | str]]:
-    """The inputs every plan of the search keeps (``fixed``, PRNG keys, and the annotations'
-    layouts with ``respect="annotations"``), and the plan of the annotations to compare
-    (or why there is none) with ``respect="none"``."""
-    pins = fixed_pins(graph, fixed, mesh)
-    for k in role.keys:  # a PRNG key is never split: every device draws the same bits
-        pins.setdefault(k, Spec())
-    annotated = annotated_pins(annotations, graph, mesh, pins)
-    if respect != "annotations":
-        return pins, ({"annotations": annotated} if annotations and respect == "none" else {})
-    if isinstance(annotated, str):
-        raise ArgumentError(
-            f"respect='annotations', but {annotated}; plan with respect='none', or annotate "
-            "the parameters"
-        )
-    return annotated, {}
-
-
-def _traced(
-    fn: Callable[..., Any], args: Any, train: bool, devices: Mesh | None
-) -> tuple[str, Graph]:
-    """The program's name and graph (of its training step with ``train``), traced under
-    ``devices`` where given (so code that names mesh axes bare, as explicit sharding does,
-    finds them): what ``fn`` raises is the user's, said as such; a program past what XLA can
-    count is refused."""
-    name = getattr(fn, "__name__", "program")
-    traced = as_users(fn, name)
-    step = train_step(traced) if train else traced
-
-    def under(mesh: Mesh | None) -> Graph:
-        with (
-            jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(),
-            sources_in_users_code(),
-        ):
-            return build(step, args, name, signature=fn)
-
-    try:
-        graph = under(devices)
-    except UserCodeError as e:
-        # on Explicit axes ``with_sharding_constraint`` asserts the layout an array already
-        # has (Flax's logical constraints call it); the abstract arguments have none, so it
-        # is traced on the mesh's Auto twin, where it is a constraint: the plan's layout
-        # replaces it when the plan runs
-        if (
-            devices is None
-            or not is_explicit(devices)
-            or not isinstance(e.__cause__, AssertionError)
-        ):
-            raise
-        graph = under(auto_twin(devices))
-    check_program_extent([(v.name, v.shape, v.dtype) for v in graph.values], name)
-    return name, graph
 
 
 def _nothing_fits(

@@ -1,0 +1,185 @@
+"""Read a program for planning, once whatever the budget: trace it (its SGD training step
+where asked), read what its arguments and code say of its layout, pin what must stay, and
+build the problem of every choice (:class:`Program`), which :mod:`.program` then solves."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import jax
+from jax.sharding import Mesh
+
+from shardwise._errors import ArgumentError, UserCodeError, as_users
+from shardwise._model.mesh import MeshSpec
+from shardwise._model.plan import check_program_extent
+from shardwise._model.profile import Profile
+from shardwise._model.spec import Spec, SpecLike
+from shardwise._program.annotations import (
+    Annotations,
+    Call,
+    annotated_pins,
+    logical_constraints_recorded,
+    read_annotations,
+    with_activations,
+)
+from shardwise._program.constraints import respected, traced_under
+from shardwise._program.fold import prints_kept
+from shardwise._program.graph import Graph, build
+from shardwise._program.problem import Problem, build_problem, effective_mesh
+from shardwise._program.roles import Roles, roles
+from shardwise._program.top import fixed_pins, pinned
+from shardwise._versions import sources_in_users_code
+from shardwise._xla.lower import auto_twin, is_explicit
+
+
+def train_step(loss: Callable[..., Any], learning_rate: float = 0.01) -> Callable[..., Any]:
+    """One SGD step of ``loss(params, *batch)``: returns the loss and the updated parameters."""
+
+    def step(params: Any, *batch: Any) -> Any:
+        value, grads = jax.value_and_grad(loss)(params, *batch)
+        return value, jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
+
+    step.__name__ = f"train_step({getattr(loss, '__name__', 'loss')})"
+    return step
+
+
+class Program(NamedTuple):
+    """What planning reads of a program once, whatever the budget: its name and graph,
+    what its arguments and code say of its layout, the array roles, the pinned inputs
+    (``pins``) and the plans to compare beside the baselines (``extra``), and the problem
+    with every choice (``full``) and with the pins kept (``searchable``)."""
+
+    name: str
+    graph: Graph
+    annotations: Annotations
+    role: Roles
+    pins: dict[int, Spec]
+    extra: dict[str, dict[int, Spec] | str]
+    full: Problem
+    searchable: Problem
+
+
+def read_program(
+    fn: Callable[..., Any], args: tuple[Any, ...], train: bool, devices: Mesh | None,
+    spec: MeshSpec, prof: Profile, fixed: Mapping[str, SpecLike] | None, rules: Any,
+    respect: str,
+) -> Program:  # fmt: skip
+    """``fn(*args)`` read for planning on ``spec`` (traced, its training step with
+    ``train``), its pins and its problem built (:class:`Program`)."""
+    name, graph, annotations = _read(fn, args, train, devices, spec, rules, respect)
+    role = roles(graph)  # once, for the keys here and every baseline
+    pins, extra = _pins(graph, fixed, spec, role, annotations, respect)
+    with collection_paused(), prints_kept():
+        full = respected(graph, build_problem(graph, effective_mesh(spec), prof), spec,
+                         respect, annotations)  # fmt: skip
+        searchable = pinned(graph, full, pins)
+    return Program(name, graph, annotations, role, pins, extra, full, searchable)
+
+
+@contextlib.contextmanager
+def collection_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused within (where it runs): the planner makes
+    millions of small tuples, lists and dicts, and the collections they set off walk every
+    object alive, the traced program's and JAX's included (a third of the time planning a
+    24-layer transformer's training step took). What the planner makes is freed by reference
+    counts; a cycle made meanwhile is collected once the collector runs again. The user's
+    function is traced with the collector running."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _read(
+    fn: Callable[..., Any],
+    args: Any,
+    train: bool,
+    devices: Mesh | None,
+    spec: MeshSpec,
+    rules: Any,
+    respect: str,
+) -> tuple[str, Graph, Annotations]:
+    """The program's name and graph, and what its arguments and code say of its layout.
+    Traced under the mesh's abstract form where no JAX mesh is given, so that the code's
+    constraints are in the trace; where they name axes this mesh lacks (planning a function
+    for another mesh than its constraints'), traced with no mesh, as they were then not
+    asked, unless ``respect="constraints"``."""
+    annotations = read_annotations(args, rules)
+    calls: list[Call] = []
+    try:
+        with traced_under(devices, spec), logical_constraints_recorded(calls):
+            name, graph = _traced(fn, args, train, devices)
+    except UserCodeError:
+        if respect == "constraints" or devices is not None:
+            raise
+        calls.clear()
+        with logical_constraints_recorded(calls):
+            name, graph = _traced(fn, args, train, devices)
+    return name, graph, with_activations(annotations, graph, calls)
+
+
+def _pins(
+    graph: Graph,
+    fixed: Mapping[str, SpecLike] | None,
+    mesh: MeshSpec,
+    role: Roles,
+    annotations: Annotations,
+    respect: str,
+) -> tuple[dict[int, Spec], dict[str, dict[int, Spec] | str]]:
+    """The inputs every plan of the search keeps (``fixed``, PRNG keys, and the annotations'
+    layouts with ``respect="annotations"``), and the plan of the annotations to compare
+    (or why there is none) with ``respect="none"``."""
+    pins = fixed_pins(graph, fixed, mesh)
+    for k in role.keys:  # a PRNG key is never split: every device draws the same bits
+        pins.setdefault(k, Spec())
+    annotated = annotated_pins(annotations, graph, mesh, pins)
+    if respect != "annotations":
+        return pins, ({"annotations": annotated} if annotations and respect == "none" else {})
+    if isinstance(annotated, str):
+        raise ArgumentError(
+            f"respect='annotations', but {annotated}; plan with respect='none', or annotate "
+            "the parameters"
+        )
+    return annotated, {}
+
+
+def _traced(
+    fn: Callable[..., Any], args: Any, train: bool, devices: Mesh | None
+) -> tuple[str, Graph]:
+    """The program's name and graph (of its training step with ``train``), traced under
+    ``devices`` where given (so code that names mesh axes bare, as explicit sharding does,
+    finds them): what ``fn`` raises is the user's, said as such; a program past what XLA can
+    count is refused."""
+    name = getattr(fn, "__name__", "program")
+    traced = as_users(fn, name)
+    step = train_step(traced) if train else traced
+
+    def under(mesh: Mesh | None) -> Graph:
+        with (
+            jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(),
+            sources_in_users_code(),
+        ):
+            return build(step, args, name, signature=fn)
+
+    try:
+        graph = under(devices)
+    except UserCodeError as e:
+        # on Explicit axes ``with_sharding_constraint`` asserts the layout an array already
+        # has (Flax's logical constraints call it); the abstract arguments have none, so it
+        # is traced on the mesh's Auto twin, where it is a constraint: the plan's layout
+        # replaces it when the plan runs
+        if (
+            devices is None
+            or not is_explicit(devices)
+            or not isinstance(e.__cause__, AssertionError)
+        ):
+            raise
+        graph = under(auto_twin(devices))
+    check_program_extent([(v.name, v.shape, v.dtype) for v in graph.values], name)
+    return name, graph
