@@ -54,18 +54,17 @@ class Graph:
         classes: each array's class: arrays joined by elementwise ops share a layout.
         elementwise: per array an elementwise op makes, how many times those ops run.
         keys: each jaxpr variable's array.
-        born, last: the program point where each array is made and last read.
-        clock: the last program point.
+        born, last, clock: where each array is made and last read; the last program point.
         fed: arrays that a step reads (so they are materialised, not fused away).
         looped: arrays a scan's loop takes in or carries round (XLA writes them each time,
             even where only elementwise ops read them).
         carries: each scan's initial carries, with the path of the scan's body.
-        closed: the traced jaxpr.
-        tree: the arguments' pytree structure; ``out_tree`` the result's.
+        closed, tree: the traced jaxpr; the arguments' pytree (``out_tree``: the result's).
         elementwise_ops: elementwise ops in the program.
         drawn: each draw of random bits (``random_bits``), its program point and shape.
         placed: each layout the code asks an array to have, in program order.
         loops: each scan, nested ones too, in the order their bodies end.
+        donated: the inputs whose buffers the results may take (``jax.jit``'s donation).
     """
 
     values: tuple[Value, ...]
@@ -90,6 +89,7 @@ class Graph:
     drawn: tuple[tuple[int, tuple[int, ...]], ...] = ()
     placed: tuple[Asked, ...] = ()
     loops: tuple[Loop, ...] = ()
+    donated: frozenset[int] = frozenset()
 
     def find(self, v: int) -> int:
         """The class of array ``v``."""

@@ -4,7 +4,8 @@ the search.
 
 Memory is counted in program order: an array is held from the op that makes it to its last
 reader (arguments for the whole program); an elementwise result that only elementwise ops read
-is fused away, as XLA does. The peak is the largest sum of held blocks at one point.
+is fused away, as XLA does; a result written over a donated argument takes its buffer
+(:mod:`.donation`). The peak is the largest sum of held blocks at one point.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program import loops
+from shardwise._program.donation import aliased, unaliased_bytes
 from shardwise._program.graph import Graph
 from shardwise._program.integer import Constraint
 from shardwise._program.moves import relayout_bytes, shard_bytes
@@ -81,8 +83,9 @@ def _live(graph: Graph, plan: Schedule | None = None) -> Lives:
     ``plan`` runs it) to its last read."""
     arrays = held(graph)
     results = {v for v in graph.outputs if v is not None}
-    folded = _folded(graph, results)
-    within = _in_place(graph, results) | _padded_windows(graph, results) | set(folded)
+    folded, taken = _folded(graph, results), aliased(graph)  # (taken: in donated buffers)
+    within = _in_place(graph, results - taken.keys()) | _padded_windows(graph, results)
+    within |= set(folded) | set(taken)
     plan = plan or schedule(graph, set)
     born = list(graph.born)
     for k, at in plan.at.items():
@@ -275,7 +278,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         lives = _live(graph, plan)
     arrays = lives.arrays
     sizes = _sizes(graph, lay, mesh, arrays)
-    points = lives.totals(sizes)
+    points = lives.totals(sizes) + unaliased_bytes(graph, lay, mesh)
     cpu = platform == "cpu"
     arguments = set(graph.inputs)
     early: dict[tuple[int, Spec], tuple[int, int]] = {}  # (argument, layout) → (bytes, until)

@@ -16,6 +16,7 @@ result says which and why.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -192,6 +193,7 @@ def choose_mesh(
     limit: int = MAX_PLANNED,
     variants: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]] | None = None,
     on_step: Callable[[int, int], None] | None = None,
+    donate_argnums: int | Sequence[int] = (),
 ) -> MeshChoice:
     """Split ``devices`` over ``roles`` every way there is, plan ``fn(*args)`` on each split
     (the mesh need not exist here), and report them best first.
@@ -222,6 +224,7 @@ def choose_mesh(
         variants: other ways to write the same step, by name, each ``(fn, args)`` (the
             model under each remat policy), planned instead of ``fn``: the fastest that fits.
         on_step: called as ``on_step(k, n)`` before planning the k-th of n candidates.
+        donate_argnums: the donated arguments, as :func:`shardwise.plan` takes them.
 
     >>> import shardwise
     >>> fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
@@ -247,7 +250,9 @@ def choose_mesh(
         why = f"ranked {limit + k + 1} of {len(kept)}, past the {limit} planned (limit)"
         skipped.append(Candidate(sizes, mesh_text(roles, sizes), skipped=why))
     programs = dict(variants) if variants else {"": (fn, args)}
-    planned, best = _plan_each(programs, roles, prof, train, kept[:limit], on_step)
+    planner = functools.partial(plan, profile=prof, train=train, top=1,
+                                donate_argnums=donate_argnums)  # fmt: skip
+    planned, best = _plan_each(programs, roles, planner, prof, kept[:limit], on_step)
     return MeshChoice(
         devices, prof.name, tuple(roles), tuple(planned[:top]), tuple(skipped), how, best,
         time.perf_counter() - start, used, idle_why,
@@ -273,8 +278,8 @@ def _splits(
 
 def _plan_each(
     programs: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]],
-    roles: Sequence[str], prof: Profile, train: bool, splits: Sequence[dict[str, int]],
-    on_step: Callable[[int, int], None] | None,
+    roles: Sequence[str], planner: Callable[..., ProgramPlan], prof: Profile,
+    splits: Sequence[dict[str, int]], on_step: Callable[[int, int], None] | None,
 ) -> tuple[list[Candidate], ProgramPlan]:  # fmt: skip
     """Plan each split with each program (named ``""`` where no variants are given): the
     candidates (each split's best program), those that fit first, each group by predicted
@@ -291,7 +296,7 @@ def _plan_each(
                 on_step(k * len(programs) + j, steps)
             # the fastest within a device's memory (plan's default: a slower plan that fits,
             # FSDP, beats a faster one that does not); where none fits, the fastest, marked
-            p = plan(fn, *args, mesh=text, profile=prof, train=train, top=1)
+            p = planner(fn, *args, mesh=text)
             best = p.chosen.predicted
             fits = prof.memory_bytes is None or best.memory_bytes <= prof.memory_bytes
             c = Candidate(sizes, text, best.overlapped_seconds, best.memory_bytes, fits,

@@ -113,6 +113,10 @@ class ProgramPlan:
     memory by default (``budget="device"``) and none fit: the plans are then the search's
     without a bound, the chosen one the fastest. ``None``: the chosen plan fits, or the
     profile gives no memory."""
+    donate_argnums: tuple[int, ...] = ()
+    """The arguments whose buffers the results may take (``jax.jit``'s ``donate_argnums``):
+    the memory counts a result written over one as held in its buffer, and :meth:`sharded`
+    donates them."""
 
     @property
     def stopped_early(self) -> str | None:
@@ -332,6 +336,7 @@ class ProgramPlan:
             "over_memory": self.over_memory,
             "complete": self.complete,
             "respect": self.respect,
+            "donate_argnums": list(self.donate_argnums),
         }
         compared = self.annotations_compared()
         if compared is not None:

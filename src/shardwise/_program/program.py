@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -63,6 +63,7 @@ def plan(
     time_limit: float = TIME_LIMIT_S,
     rules: Any = None,
     respect: str = "none",
+    donate_argnums: int | Sequence[int] = (),
 ) -> ProgramPlan:
     """Plan a layout for every array of ``fn(*args)`` on ``mesh``; what ``fn`` raises while
     traced comes back as a :class:`UserCodeError` that says where.
@@ -90,6 +91,9 @@ def plan(
             annotations and the arrays' shardings give), ``"annotations"`` (the inputs as
             annotated; ``fixed`` wins), ``"constraints"`` (the code's sharding constraints)
             or ``"names"`` (plans that rules over the annotations' logical names can write).
+        donate_argnums: the arguments whose buffers the results may take, as ``jax.jit``'s
+            (a training step's parameters and optimizer state, ``(0, 1)``): a result of the
+            same shape, type and layout is counted in that buffer, and ``sharded`` donates.
 
     >>> import jax.numpy as jnp
     >>> S = jax.ShapeDtypeStruct
@@ -101,7 +105,8 @@ def plan(
     devices, spec = _given_mesh(mesh)
     prof = _profile(profile, spec)
     check_respect(respect, top)
-    read = read_program(fn, args, train, devices, spec, prof, fixed, rules, respect)
+    read = read_program(fn, args, train, devices, spec, prof, fixed, rules, respect,
+                        donate_argnums)  # fmt: skip
     plan_under = functools.partial(_plan, read, devices, spec, prof, train, top, time_limit,
                                    respect)  # fmt: skip
     if budget == DEVICE and prof.memory_bytes is not None:
@@ -159,6 +164,7 @@ def _plan(
         optimal=optimal, method=method, plans=tuple(plans), skipped=tuple(skipped),
         pinned=tuple(sorted(read.pins)), budget=limit, complete=not searchable.truncated,
         devices=devices, annotations=read.annotations, respect=respect,
+        donate_argnums=read.donate_argnums,
     )  # fmt: skip
 
 

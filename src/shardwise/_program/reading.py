@@ -5,8 +5,9 @@ build the problem of every choice (:class:`Program`), which :mod:`.program` then
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -26,6 +27,7 @@ from shardwise._program.annotations import (
     with_activations,
 )
 from shardwise._program.constraints import respected, traced_under
+from shardwise._program.donation import donated, donated_leaves
 from shardwise._program.fold import prints_kept
 from shardwise._program.graph import Graph, build
 from shardwise._program.problem import Problem, build_problem, effective_mesh
@@ -50,7 +52,8 @@ class Program(NamedTuple):
     """What planning reads of a program once, whatever the budget: its name and graph,
     what its arguments and code say of its layout, the array roles, the pinned inputs
     (``pins``) and the plans to compare beside the baselines (``extra``), and the problem
-    with every choice (``full``) and with the pins kept (``searchable``)."""
+    with every choice (``full``) and with the pins kept (``searchable``); the positions of
+    the donated arguments."""
 
     name: str
     graph: Graph
@@ -60,23 +63,28 @@ class Program(NamedTuple):
     extra: dict[str, dict[int, Spec] | str]
     full: Problem
     searchable: Problem
+    donate_argnums: tuple[int, ...] = ()
 
 
 def read_program(
     fn: Callable[..., Any], args: tuple[Any, ...], train: bool, devices: Mesh | None,
     spec: MeshSpec, prof: Profile, fixed: Mapping[str, SpecLike] | None, rules: Any,
-    respect: str,
+    respect: str, donate_argnums: int | Sequence[int] = (),
 ) -> Program:  # fmt: skip
     """``fn(*args)`` read for planning on ``spec`` (traced, its training step with
-    ``train``), its pins and its problem built (:class:`Program`)."""
+    ``train``; the arguments at ``donate_argnums`` donated), its pins and its problem built
+    (:class:`Program`)."""
+    donate = donated(args, donate_argnums)
     name, graph, annotations = _read(fn, args, train, devices, spec, rules, respect)
+    leaves = donated_leaves(args, donate)
+    graph = dataclasses.replace(graph, donated=frozenset(graph.inputs[i] for i in leaves))
     role = roles(graph)  # once, for the keys here and every baseline
     pins, extra = _pins(graph, fixed, spec, role, annotations, respect)
     with collection_paused(), prints_kept():
         full = respected(graph, build_problem(graph, effective_mesh(spec), prof), spec,
                          respect, annotations)  # fmt: skip
         searchable = pinned(graph, full, pins)
-    return Program(name, graph, annotations, role, pins, extra, full, searchable)
+    return Program(name, graph, annotations, role, pins, extra, full, searchable, donate)
 
 
 @contextlib.contextmanager

@@ -44,8 +44,11 @@ def mesh_for(plan: ProgramPlan, mesh: Any) -> Mesh:
     return plan.devices if plan.devices is not None else jax_mesh(plan.mesh)
 
 
-def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Callable[..., Any]:
-    """The program, jitted to follow ``chosen`` on ``mesh``. On a mesh with Explicit axes it
+def sharded(
+    plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None, donate: bool = True
+) -> Callable[..., Any]:
+    """The program, jitted to follow ``chosen`` on ``mesh`` (donating the plan's
+    ``donate_argnums`` where ``donate``). On a mesh with Explicit axes it
     runs with the axes Auto inside (every layout is the plan's, so no op need be told its
     result's) and gives its results in the plan's layouts on ``mesh``. Arguments laid out
     otherwise are moved to the plan's layouts first (:class:`Placing`), and the program is
@@ -64,7 +67,8 @@ def sharded(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> Calla
         ]
         program = with_auto_axes(program, jax.tree.unflatten(plan.graph.out_tree, outs))
     guard = functools.partial(ensure_summed, plan, chosen, platform=platform(m))
-    jitted = jax.jit(program, in_shardings=in_shardings)
+    donated = plan.donate_argnums if donate else ()
+    jitted = jax.jit(program, in_shardings=in_shardings, donate_argnums=donated)
     return Placing(jitted, in_shardings, plan.graph.names, guard)
 
 
@@ -315,17 +319,22 @@ def _arrays(plan: ProgramPlan) -> list[Any]:
 
 
 def compile_program(
-    plan: ProgramPlan, item: PlannedLayout, mesh: Any, leaves: Sequence[np.ndarray]
+    plan: ProgramPlan,
+    item: PlannedLayout,
+    mesh: Any,
+    leaves: Sequence[np.ndarray],
+    donate: bool = False,
 ) -> tuple[Any, Any]:
-    """``item`` compiled on ``mesh``, and ``leaves`` (the program's inputs, flat) placed as its
-    inputs' specs say and arranged as the program's arguments."""
+    """``item`` compiled on ``mesh`` (donating as the plan says where ``donate``; else it runs
+    again and again on the same arguments), and ``leaves`` (the program's inputs, flat) placed
+    as its inputs' specs say and arranged as the program's arguments."""
     placed = [
         jax.device_put(x, NamedSharding(mesh, s.to_partition_spec()))
         for x, s in zip(leaves, item.in_specs, strict=True)
     ]
     args = jax.tree.unflatten(plan.graph.tree, placed)
     with sources_in_users_code():  # the sources the plan's names give
-        lowered = sharded(plan, item, mesh).lower(*args)  # type: ignore[attr-defined]
+        lowered = sharded(plan, item, mesh, donate).lower(*args)  # type: ignore[attr-defined]
     return lowered.compile(), args
 
 
@@ -351,6 +360,8 @@ def verify(
         got = tuple(collectives(compiled.as_text() or "", plan.mesh.shape))
         want = item.predicted.collectives
         memory = compiled.memory_analysis()
+        if plan.donate_argnums:  # (the memory as donated; the runs on the same arguments)
+            memory = compile_program(plan, item, m, leaves, donate=True)[0].memory_analysis()
         held = None
         if memory is not None:
             held = int(memory.argument_size_in_bytes + memory.output_size_in_bytes

@@ -216,6 +216,15 @@ def plan(
             "(data, fsdp, fsdp_transpose, sequence, context, tensor, expert).",
         ),
     ] = "fsdp,tensor",
+    donate: Annotated[
+        str | None,
+        typer.Option(
+            "--donate",
+            help="For a program: the arguments whose buffers its results may take, by "
+            "position, as jax.jit's donate_argnums (0,1: a training step's parameters and "
+            "optimizer state, written over as MaxText's step does).",
+        ),
+    ] = None,
     emit: Annotated[
         str | None,
         typer.Option(
@@ -244,8 +253,9 @@ def plan(
 
         program(locals())
         return
-    if emit is not None:
-        raise ArgumentError("--emit writes a program's plan: give --model or --function.")
+    if emit is not None or donate is not None:
+        flag = "--emit writes" if emit is not None else "--donate donates arguments of"
+        raise ArgumentError(f"{flag} a program's plan: give --model or --function.")
     if tune:
         raise ArgumentError(
             "--tune chooses among a program's plans: give --model or --function. For an "

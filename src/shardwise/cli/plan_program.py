@@ -108,6 +108,7 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
             top=given["top"],
             rules=None if given["rules"] is None else load_rules(given["rules"]),
             respect=given["respect"],
+            donate_argnums=donated(given["donate"]),
         )
         if given["verify"] or given["tune"]:
             measure = report.tune if given["tune"] else report.verify
@@ -144,7 +145,24 @@ def _choose(given: dict[str, Any], fn: Any, fn_args: list[Any], train: bool, out
             roles=roles, top=given["top"], batch=known.get("batch"), seq=known.get("seq"),
             heads=known.get("heads"), ffn=known.get("ffn"), variants=_remats(given),
             on_step=lambda k, n: status.update(f"planning mesh {k + 1}/{n}"),
+            donate_argnums=donated(given["donate"]),
         )  # fmt: skip
+
+
+def donated(text: str | None) -> tuple[int, ...]:
+    """``--donate 0,1`` as argument positions.
+
+    >>> donated("0, 1"), donated(None)
+    ((0, 1), ())
+    """
+    if text is None:
+        return ()
+    try:
+        return tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise ArgumentError(
+            f"cannot read --donate {text!r}: give argument positions, e.g. 0,1."
+        ) from None
 
 
 def _remats(given: dict[str, Any]) -> dict[str, Any] | None:
