@@ -240,8 +240,7 @@ def choose_mesh(
     if not kept:
         fewer = most_usable(devices, roles, max_tensor, batch, seq, heads)
         assert fewer is not None  # only where a role bounded by nothing splits every count
-        idle_why = idle(devices, fewer, roles, max_tensor, batch, seq, heads)
-        used = fewer
+        idle_why, used = idle(devices, fewer, roles, max_tensor, batch, seq, heads), fewer
         kept, skipped = _splits(used, roles, max_tensor, batch, seq, heads)
     how, key = _ranking(used, batch, seq, ffn)
     kept.sort(key=key)
