@@ -42,6 +42,10 @@ REMAT = {"minimal": "minimal", "full": "full", "qkv_proj_offloaded": "full"}
 """MaxText's remat policies as published (2023: ``minimal`` was
 ``checkpoint_dots_with_no_batch_dims``) by the built-in Llama's names."""
 CHOICES = ("none", "minimal", "full")
+DONATED = (0, 1)
+"""The step's parameters and optimizer state, donated: MaxText jits its training step with
+its state donated (``train.py``: ``donate_argnums=0``, the TrainState of both), so the new
+state is written over the old."""
 
 
 def maxtext_tflops(run: Any, batch: float, seq: int) -> float:
@@ -114,7 +118,7 @@ def predict(run: Any, choose: bool, published: dict[str, Any]) -> dict[str, Any]
     mesh = maxtext_mesh(published)
     # within the chip's memory, as MaxText's runs were (plan's default); where nothing
     # fits, the fastest plan, said in plan.over_memory
-    plan = shardwise.plan(fn, *args, mesh=mesh, profile=profile, top=1)
+    plan = shardwise.plan(fn, *args, mesh=mesh, profile=profile, top=1, donate_argnums=DONATED)
     best = plan.chosen.predicted
     row: dict[str, Any] = {
         "tpu": run.tpu, "topology": run.topology, "slices": run.slices, "model": run.model,
@@ -135,7 +139,8 @@ def predict(run: Any, choose: bool, published: dict[str, Any]) -> dict[str, Any]
         variants = {r: program(run, r, published) for r in CHOICES}
         choice = choose_mesh(fn, args, run.num_chips, profile, top=3,
                              batch=int(args[2].shape[0]), seq=published["max_target_length"],
-                             heads=heads, ffn=ffn, limit=8, variants=variants)  # fmt: skip
+                             heads=heads, ffn=ffn, limit=8, variants=variants,
+                             donate_argnums=DONATED)  # fmt: skip
         top = choice.candidates[0]
         row |= {"chosen_mesh": choice.mesh, "chosen_remat": choice.variant,
                 "chosen_seconds": top.seconds, "chosen_mfu": tflops / (top.seconds * peak),
