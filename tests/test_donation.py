@@ -35,9 +35,10 @@ def _state(args, seed=0):
 
 def test_an_adamw_steps_state_is_written_over_counted_once_and_donated_when_run():
     """A Llama AdamW step with its parameters and moments donated: each new parameter and
-    moment is paired with its old one, the plans hold less than without donation, within
-    20% of what XLA holds when it compiles them donated, and the chosen plan runs to jit's
-    numbers with its donated inputs consumed."""
+    moment is paired with its old one, the plans hold less than without donation, the
+    data-parallel one (the state whole on each device) within 20% of what XLA holds when it
+    compiles it donated, and the chosen plan runs to jit's numbers with its donated inputs
+    consumed."""
     step, args = shardwise.model("llama", batch=8, seq=32, train=True, optimizer="adamw", **DIMS)
     kept = shardwise.plan(step, *args, mesh="data=2,model=4", profile="cpu-2core", top=1)
     given = shardwise.plan(step, *args, mesh="data=2,model=4", profile="cpu-2core", top=1,
@@ -52,8 +53,8 @@ def test_an_adamw_steps_state_is_written_over_counted_once_and_donated_when_run(
     for p in given.plans:
         q = kept.get(p.name)
         assert p.predicted.memory_bytes < q.predicted.memory_bytes, p.name
-    two = dataclasses.replace(given, plans=(given.get("search"), given.get("data-parallel")))
-    for p in two.verify(repeat=1).plans:
+    one = dataclasses.replace(given, plans=(given.get("data-parallel"),))  # (compiled twice)
+    for p in one.verify(repeat=1).plans:
         assert p.verified is not None and p.verified.memory_bytes
         ratio = p.predicted.memory_bytes / p.verified.memory_bytes
         assert 0.8 <= ratio <= 1.2, (p.name, ratio)
