@@ -308,6 +308,29 @@ def test_memory_rows_no_plan_can_keep_are_infeasible_without_a_search():
     assert solve_within(problem, [dataclasses.replace(row, limit=7.0)], [], 1.0) is not None
 
 
+def test_memory_priced_into_the_costs_finds_the_plan_the_rows_allow_without_branch_and_bound():
+    """Where the cheapest plan breaks the memory rows, memory priced into each choice's cost
+    (a Lagrangian relaxation) finds a plan that keeps them by dynamic programming alone: here
+    the integer program's optimum, one variable made smaller, not the two a higher price
+    gives."""
+    from shardwise._program.integer import Constraint
+    from shardwise._program.problem import Problem
+    from shardwise._program.search import solve
+    from shardwise._program.within import priced, solve_within
+
+    costs = [np.array([1.0, 2.0]), np.array([1.0, 3.0]), np.array([1.0, 1.5])]
+    problem = Problem.of([("A", "B")] * 3, costs, {})
+    row = Constraint(tuple((v, k, (10.0, 1.0)[k]) for v in range(3) for k in range(2)), 21.0)
+    exact = solve(problem, [row], [], 1.0)
+    assert exact is not None and exact.choice == (0, 0, 1) and exact.seconds == 3.5
+    got = solve_within(problem, [row], [], 1.0)
+    assert got is not None and got.choice == exact.choice and got.seconds == 3.5
+    assert not got.optimal and "memory priced in" in got.method
+    free = solve(problem)
+    assert free is not None and free.choice == (0, 0, 0)  # (30 bytes at the row: over it)
+    assert priced(problem, [dataclasses.replace(row, limit=2.0)], free, 1.0) is None
+
+
 def test_the_cli_says_when_no_plan_fits_the_profiles_memory():
     """A model no plan of which fits a v5e's 16 GB on two chips: planned all the same, the
     fastest plan shown, a line saying none fits, ``over_memory`` in the JSON; exit 0 (no
