@@ -319,22 +319,18 @@ def _arrays(plan: ProgramPlan) -> list[Any]:
 
 
 def compile_program(
-    plan: ProgramPlan,
-    item: PlannedLayout,
-    mesh: Any,
-    leaves: Sequence[np.ndarray],
-    donate: bool = False,
+    plan: ProgramPlan, item: PlannedLayout, mesh: Any, leaves: Sequence[np.ndarray]
 ) -> tuple[Any, Any]:
-    """``item`` compiled on ``mesh`` (donating as the plan says where ``donate``; else it runs
-    again and again on the same arguments), and ``leaves`` (the program's inputs, flat) placed
-    as its inputs' specs say and arranged as the program's arguments."""
+    """``item`` compiled on ``mesh`` without donating (it runs again and again on the same
+    arguments), and ``leaves`` (the program's inputs, flat) placed as its inputs' specs say
+    and arranged as the program's arguments."""
     placed = [
         jax.device_put(x, NamedSharding(mesh, s.to_partition_spec()))
         for x, s in zip(leaves, item.in_specs, strict=True)
     ]
     args = jax.tree.unflatten(plan.graph.tree, placed)
     with sources_in_users_code():  # the sources the plan's names give
-        lowered = sharded(plan, item, mesh, donate).lower(*args)  # type: ignore[attr-defined]
+        lowered = sharded(plan, item, mesh, donate=False).lower(*args)  # type: ignore[attr-defined]
     return lowered.compile(), args
 
 
@@ -360,8 +356,9 @@ def verify(
         got = tuple(collectives(compiled.as_text() or "", plan.mesh.shape))
         want = item.predicted.collectives
         memory = compiled.memory_analysis()
-        if plan.donate_argnums:  # (the memory as donated; the runs on the same arguments)
-            memory = compile_program(plan, item, m, leaves, donate=True)[0].memory_analysis()
+        if plan.donate_argnums:  # (the memory as donated, on the arguments placed above)
+            donating = sharded(plan, item, m).lower(*args)  # type: ignore[attr-defined]
+            memory = donating.compile().memory_analysis()
         held = None
         if memory is not None:
             held = int(memory.argument_size_in_bytes + memory.output_size_in_bytes
