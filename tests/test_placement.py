@@ -156,6 +156,26 @@ def test_between_v5p_pods_each_chip_sends_its_share_over_dcn():
     assert t == pytest.approx(1 / 2 * B / dcn + topology("tpu-v5p").dcn_latency_s, rel=1e-9)
 
 
+@pytest.mark.parametrize("kind", ["all-reduce", "all-gather", "reduce-scatter"])
+def test_across_slices_and_an_axis_within_them_the_network_carries_the_slices_share(kind):
+    # MaxText's gradient reduction over data (2 v5e slices) and fsdp (256 chips a slice): the
+    # slice's part first, then 1/256 of the block over DCN (it was priced with all of it, and
+    # MaxText's 2-slice runs were predicted at half their published MFU)
+    v5e, mesh = BUILTIN["tpu-v5e"], MeshSpec.parse("data=2,fsdp=256")
+    dcn, factor = topology("tpu-v5e").dcn_Bps, 2 if kind == "all-reduce" else 1
+    within = ring_seconds(kind, ["fsdp"], B, mesh, v5e)
+    both = ring_seconds(kind, ["data", "fsdp"], B, mesh, v5e)
+    over = factor * (1 / 2 * B / 256 / dcn + topology("tpu-v5e").dcn_latency_s)
+    assert both == pytest.approx(within + over, rel=1e-9)
+    alone = factor * (1 / 2 * B / dcn + topology("tpu-v5e").dcn_latency_s)  # all of it
+    assert ring_seconds(kind, ["data"], B, mesh, v5e) == pytest.approx(alone, rel=1e-9)
+    # an all-to-all is not reduced in the slice first: half its block crosses the network
+    alone = ring_seconds("all-to-all", ["data"], B, mesh, v5e)
+    assert ring_seconds("all-to-all", ["data", "fsdp"], B, mesh, v5e) == pytest.approx(
+        alone + ring_seconds("all-to-all", ["fsdp"], B, mesh, v5e), rel=1e-9
+    )
+
+
 def test_h100_tensor_parallelism_of_8_stays_on_nvlink_and_16_crosses_infiniband():
     # gpus.md: 8 GPUs a node at 450 GB/s each into the NVSwitch; past it, 400 GB/s a node
     n = 10**9

@@ -157,8 +157,10 @@ def ring_seconds(
     total = 0.0
     factor = 2.0 if kind == "all-reduce" else 1.0
     wired = profile.name in TOPOLOGIES
+    inside = _inside(axes, mesh, profile) if wired and kind in _HIERARCHICAL else {}
     for axis in axes:
-        terms = placed_terms(kind, axis, mesh, profile) if wired else None
+        others = math.prod(n for a, n in inside.items() if a != axis)
+        terms = placed_terms(kind, axis, mesh, profile, others) if wired else None
         if terms is not None:
             total += factor * (terms[0] + terms[1] * nbytes)
             continue
@@ -168,13 +170,27 @@ def ring_seconds(
     return total
 
 
+_HIERARCHICAL = ("all-reduce", "all-gather", "reduce-scatter")
+"""Kinds whose part over the network is run on what is left after (or before) their part
+within the slice: the block there is ``1 / p_ici`` of the whole."""
+
+
+def _inside(axes: Sequence[str], mesh: MeshSpec, profile: Profile) -> dict[str, int]:
+    """Each of ``axes``'s devices within one slice or node (the product of its segments off
+    the network), where it lies on the profile's topology; empty where it is not placed."""
+    placed = placement(mesh, profile)
+    if placed is None:
+        return {}
+    return {a: math.prod(s.devices for s in placed.segments(a) if not s.over_dcn) for a in axes}
+
+
 _GATHERS = ("all-gather", "all-to-all")
 """Kinds :meth:`Profile.link_for` prices with a profile's gather links where it has them."""
 
 
 @cached(maxsize=1 << 12)
 def placed_terms(
-    kind: str, axis: str, mesh: MeshSpec, profile: Profile
+    kind: str, axis: str, mesh: MeshSpec, profile: Profile, others: int = 1
 ) -> tuple[float, float] | None:
     """``(seconds, seconds per byte)`` of one pass of a ``kind`` collective over mesh axis
     ``axis`` where it lies on the profile's topology, or ``None`` where the flat ring applies:
@@ -191,7 +207,11 @@ def placed_terms(
     ``g - 1`` steps (NCCL's ring). Past the slice or node, the book's hierarchical reduction:
     within the slice first, so each device sends ``1 / p_ici`` of the block over the network,
     ``(g_d - 1) / g_d · n / p_ici / dcn_Bps`` in ``g_d - 1`` steps of
-    :attr:`~shardwise._model.topology.Topology.dcn_latency_s` (assumed 10 µs).
+    :attr:`~shardwise._model.topology.Topology.dcn_latency_s` (assumed 10 µs). The same
+    across axes: ``others`` is how many devices the collective's other axes span within the
+    slice (an all-reduce, all-gather or reduce-scatter over ``data`` across slices and
+    ``fsdp`` within them sends ``1 / fsdp`` of the block over the network, as MaxText's
+    gradient reduction across slices does), so the network's part is divided by it too.
 
     >>> from shardwise._model.profile import BUILTIN
     >>> lat, per_byte = placed_terms("all-gather", "x", MeshSpec.parse("x=8960"),
@@ -220,7 +240,7 @@ def placed_terms(
     for s in segments:
         if s.over_dcn:
             latency += (s.devices - 1) * topo.dcn_latency_s
-            per_byte += (s.devices - 1) / s.devices / p_ici / topo.dcn_Bps
+            per_byte += (s.devices - 1) / s.devices / (p_ici * others) / topo.dcn_Bps
     return latency, per_byte
 
 
