@@ -382,6 +382,37 @@ def test_flash_attention_computes_the_same_step_without_the_matrix_of_scores():
         shardwise.model("llama", batch=8, seq=256, attention="ring", **dims)
 
 
+def test_code_in_a_fused_kernel_scope_moves_no_bytes_through_hbm():
+    """Inside ``jax.named_scope(KERNEL)`` (flash attention's block, a Pallas kernel in
+    MaxText) the maps and elementwise ops cost nothing and a dot its FLOPs alone; the same
+    code outside it its bytes at HBM's rate. The memory held is the same."""
+    import jax.numpy as jnp
+
+    from shardwise._model.profile import BUILTIN
+    from shardwise._program.nodes import KERNEL
+
+    def block(x, w):  # scores of a query block: a dot, a reduction, elementwise ops
+        s = jnp.einsum("bd,td->bt", x, w)
+        return jnp.exp(s - s.max(axis=-1, keepdims=True)).sum()
+
+    def fused(x, w):
+        with jax.named_scope(KERNEL):
+            return block(x, w)
+
+    S, v5p = jax.ShapeDtypeStruct, BUILTIN["tpu-v5p"]
+    args = S((4096, 128), "bfloat16"), S((4096, 128), "bfloat16")
+    got = {}
+    for name, fn in (("plain", block), ("fused", fused)):
+        plan = shardwise.plan(fn, *args, mesh="x=1", profile=v5p, top=1, budget=None)
+        got[name] = plan.chosen.predicted
+    flops = 2 * 4096 * 4096 * 128
+    assert got["fused"].seconds == pytest.approx(flops / v5p.flops("bfloat16"))
+    # the plain dot writes its 4096 × 4096 scores to HBM and the reduction reads them back:
+    # bound by the bytes (v5p: 459 TFLOP/s over 2.8 TB/s, 164 FLOPs a byte; here 64)
+    assert got["plain"].seconds > 3 * got["fused"].seconds
+    assert got["fused"].memory_bytes == got["plain"].memory_bytes
+
+
 def test_a_mask_made_from_nothing_stays_free_under_remat():
     """Under remat JAX passes what a checkpoint computes from constants (the causal mask,
     ``jnp.tril`` of ones, broadcast to every head) into the backward pass as an argument;

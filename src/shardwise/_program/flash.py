@@ -7,7 +7,8 @@ running maximum, a running sum of exponentials and the weighted values (the *onl
 softmax*), and the whole ``seq × seq`` matrix of scores never exists. The block's body is
 checkpointed, as flash attention's backward pass recomputes each block's scores rather than
 keeping them: what the backward pass keeps is the carry, one ``(batch, seq, heads, head_dim)``
-float32 accumulator per block.
+float32 accumulator per block. The block's body is costed as the fused kernel MaxText runs
+(:data:`~shardwise._program.nodes.KERNEL`): its scores never pass through HBM.
 
 >>> import jax, jax.numpy as jnp, numpy as np
 >>> q = jax.random.normal(jax.random.key(0), (2, 8, 1, 2, 4))  # batch, seq, kv, group, dim
@@ -25,6 +26,8 @@ import math
 
 import jax
 import jax.numpy as jnp
+
+from shardwise._program.nodes import KERNEL
 
 LOWEST = -1e30
 """A score no real one is below: masked scores, and the running maximum before any key."""
@@ -46,15 +49,16 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> jax
     ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], None]:
         out, top, total = carry
         kj, vj, j = xs
-        scores = jnp.einsum("bskgd,btkd->bkgst", q, kj).astype(jnp.float32) * scale
-        seen = position[:, None] >= j * block + jnp.arange(block)[None, :]
-        scores = jnp.where(seen, scores, LOWEST)
-        new_top = jnp.maximum(top, scores.max(axis=-1))
-        weights = jnp.exp(scores - new_top[..., None])
-        shrink = jnp.exp(top - new_top)
-        total = total * shrink + weights.sum(axis=-1)
-        part = jnp.einsum("bkgst,btkd->bkgsd", weights.astype(v.dtype), vj)
-        out = out * shrink[..., None] + part.astype(jnp.float32)
+        with jax.named_scope(KERNEL):  # (costed as the kernel runs it: see KERNEL)
+            scores = jnp.einsum("bskgd,btkd->bkgst", q, kj).astype(jnp.float32) * scale
+            seen = position[:, None] >= j * block + jnp.arange(block)[None, :]
+            scores = jnp.where(seen, scores, LOWEST)
+            new_top = jnp.maximum(top, scores.max(axis=-1))
+            weights = jnp.exp(scores - new_top[..., None])
+            shrink = jnp.exp(top - new_top)
+            total = total * shrink + weights.sum(axis=-1)
+            part = jnp.einsum("bkgst,btkd->bkgsd", weights.astype(v.dtype), vj)
+            out = out * shrink[..., None] + part.astype(jnp.float32)
         return (out, new_top, total), None
 
     init = (

@@ -30,7 +30,7 @@ from typing import Any
 import jax
 
 from shardwise._errors import ArgumentError
-from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value
+from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, in_kernel
 from shardwise._program.rules import REDUCTIONS, Rule, rule_of
 from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
 from shardwise._program.walk import asked as layouts_asked
@@ -253,21 +253,9 @@ class _Builder(Walker[int]):
     def step(self, kind: Any, prim: str, inputs: Sequence[int], out: int, key: Path,
              eqn: Any, role: Role = "op", **more: Any) -> None:  # fmt: skip
         """Add a step, reading its operands."""
-        self.steps.append(
-            Step(
-                kind,
-                prim,
-                tuple(inputs),
-                out,
-                self.where(eqn),
-                self.repeat,
-                key,
-                role=role,
-                backward=self.is_backward(eqn),
-                module=library_module(eqn),
-                **more,
-            )
-        )
+        self.steps.append(Step(kind, prim, tuple(inputs), out, self.where(eqn), self.repeat, key,
+                               role=role, backward=self.is_backward(eqn),
+                               module=library_module(eqn), **more))  # fmt: skip
         for a in inputs:
             self.use(a, True)
 
@@ -301,8 +289,9 @@ class _Builder(Walker[int]):
         return outs
 
     def _elementwise(self, eqn: Any, here: Path, inputs: list[int], out: int) -> None:
-        self.elementwise_ops += 1
-        self.elementwise[out] = self.elementwise.get(out, 0) + self.repeat
+        self.elementwise_ops += 1  # (in a fused kernel, none through HBM: counted no times)
+        runs = 0 if in_kernel(library_module(eqn)) else self.repeat
+        self.elementwise[out] = self.elementwise.get(out, 0) + runs
         shape = self.values[out].shape
         for a in inputs:
             held = self.values[a].shape

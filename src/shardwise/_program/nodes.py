@@ -20,6 +20,22 @@ broadcast along its dimensions of size 1 (``broadcast``: XLA does it inside the 
 costed, not applied), or a scan's slicing of a stacked array or stacking of its results."""
 
 
+KERNEL = "fused_kernel"
+"""The ``jax.named_scope`` of code that stands in for a fused kernel (the built-in Llama's
+flash attention block, which MaxText runs as one Pallas kernel): its elementwise ops and maps
+move no bytes through HBM (their blocks stay in the core's own memory) and its dots cost their
+FLOPs alone. Its memory is counted as any code's."""
+
+
+def in_kernel(module: str) -> bool:
+    """Whether an op of name stack ``module`` (``MLP/fused_kernel``) is in a fused kernel.
+
+    >>> in_kernel("rematted_computation/fused_kernel"), in_kernel("MLP/Dense_0")
+    (True, False)
+    """
+    return KERNEL in module.split("/")
+
+
 @dataclass(frozen=True, slots=True)
 class Value:
     """One array of the program: shape, dtype, a name from the user's code, where it is made."""
@@ -109,6 +125,11 @@ class Step:
         """Whether it is an op read as an einsum (a convolution, a gather…), not a
         ``dot_general``, which computes one."""
         return self.kind == "dot" and self.prim != "dot_general"
+
+    @property
+    def kernel(self) -> bool:
+        """Whether it runs inside a fused kernel (:data:`KERNEL`)."""
+        return in_kernel(self.module)
 
     @property
     def implicit(self) -> bool:

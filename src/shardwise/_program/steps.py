@@ -207,10 +207,12 @@ class StepCosts:
             return self.read_as_einsum(step, strategy)
         shapes = tuple(self.graph.values[a].shape for a in step.inputs)
         dtype = self.graph.values[step.output].dtype
-        key = ("dot", step.op, shapes, dtype, step.repeat, strategy)
+        key = ("dot", step.op, shapes, dtype, step.repeat, strategy, step.kernel)
         if key not in self.known:
             p = predict(step.op, list(shapes), dtype, self.mesh, strategy, self.profile)
-            self.known[key] = Cost(p.seconds * step.repeat,
+            # in a fused kernel its blocks stream from the core's own memory: FLOPs alone
+            seconds = p.compute_seconds + p.comm_seconds if step.kernel else p.seconds
+            self.known[key] = Cost(seconds * step.repeat,
                                    tuple((c, None) for c in p.collectives),
                                    p.flops * step.repeat)  # fmt: skip
         return _at(self.known[key], step)
@@ -264,7 +266,7 @@ class StepCosts:
         made = step.inputs[0] in self.made
         key = ("map", a.shape, a.dtype, out.shape, out.dtype, step.dim_map, step.local,
                step.reduced, step.runs(False), step.runs(True), step.implicit, made,
-               src)  # fmt: skip
+               src, step.kernel)  # fmt: skip
         if key not in self.known:
             self.known[key] = self._map_head(step, src)
         head, mapped = self.known[key]
@@ -287,9 +289,10 @@ class StepCosts:
                     seconds = ring_seconds("all-reduce", axes, n, mesh, profile)
                     sums.append((PredictedCollective("all-reduce", axes, n, seconds), step))
         # it reads its operand and writes its result, but an implicit broadcast is carried out
-        # inside the elementwise op that reads it, and writes nothing of its own
-        moved = shard_bytes(value, whole, mesh)
-        if not step.implicit:
+        # inside the elementwise op that reads it, and writes nothing of its own (nor does
+        # anything in a fused kernel, through HBM)
+        moved = 0 if step.kernel else shard_bytes(value, whole, mesh)
+        if not (step.implicit or step.kernel):
             moved += shard_bytes(out, mapped, mesh)
         # the gather's cost already counts its repeats (and its copies); the sums are per run
         comm = gather.seconds + sum(c.seconds for c, _ in sums) * step.repeat
