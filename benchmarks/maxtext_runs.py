@@ -3,7 +3,8 @@ performance tables (``maxtext_published.py``), plan the same training step (Adam
 weights cast to bfloat16 where used: MaxText's defaults) at the row's batch, sequence, mesh
 (``ici_*`` × slices) and remat policy on the built-in profile of its TPU, and report the
 predicted step time and MFU beside the published MFU; with ``--choose``, also the planner's
-own choice of mesh (fsdp × tensor over all the chips) and remat policy.
+own choice of mesh (fsdp × tensor over all the chips, and MaxText's own mesh) and remat
+policy.
 
 The model is MaxText's decoder as its configs resolve today (Llama-style: SwiGLU MLP,
 grouped-query attention, head_dim 128, untied head), sized by the row's
@@ -140,7 +141,7 @@ def predict(run: Any, choose: bool, published: dict[str, Any]) -> dict[str, Any]
         choice = choose_mesh(fn, args, run.num_chips, profile, top=3,
                              batch=int(args[2].shape[0]), seq=published["max_target_length"],
                              heads=heads, ffn=ffn, limit=8, variants=variants,
-                             donate_argnums=DONATED)  # fmt: skip
+                             donate_argnums=DONATED, also=(mesh,))  # fmt: skip
         top = choice.candidates[0]
         row |= {"chosen_mesh": choice.mesh, "chosen_remat": choice.variant,
                 "chosen_seconds": top.seconds, "chosen_mfu": tflops / (top.seconds * peak),

@@ -49,6 +49,30 @@ def test_pruned_candidates_say_why(small):
     assert all(c.skipped is None and c.seconds is not None for c in small.candidates)
 
 
+def test_meshes_given_in_also_are_planned_beside_the_splits():
+    """``also``: the mesh run today (its axes need not be the roles) is planned too, so the
+    choice is never slower; where it wins, ``ici`` reads its axes."""
+    fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
+    c = choose_mesh(fn, args, 8, "cpu-2core", batch=64, top=100, limit=1,
+                    also=("data=2,fsdp=4", "fsdp=8"))  # fmt: skip
+    planned = {x.mesh: x for x in c.candidates}
+    assert "data=2,fsdp=4" in planned and planned["data=2,fsdp=4"].axes == ("data", "fsdp")
+    assert {"fsdp=8", "data=2,fsdp=4"} <= set(planned)  # (each once: the first split's too)
+    assert len(c.candidates) == len(planned) <= 3
+    alone = shardwise.plan(fn, *args, mesh="data=2,fsdp=4", profile="cpu-2core", top=1)
+    assert planned["data=2,fsdp=4"].seconds == alone.chosen.predicted.overlapped_seconds
+    best = min(c.candidates, key=lambda x: x.seconds)
+    assert c.candidates[0] is best
+    given = MeshChoice(**{**{f: getattr(c, f) for f in MeshChoice.__slots__},
+                          "candidates": (planned["data=2,fsdp=4"],)})  # fmt: skip
+    assert given.ici() == {"ici_fsdp_parallelism": 4, "ici_tensor_parallelism": 1,
+                           "ici_data_parallelism": 2}  # fmt: skip
+    with pytest.raises(shardwise.ArgumentError, match="'model' is not a role"):
+        choose_mesh(fn, args, 8, "cpu-2core", also=("data=2,model=4",))
+    with pytest.raises(shardwise.ArgumentError, match="it has 4 devices, not 8"):
+        choose_mesh(fn, args, 8, "cpu-2core", also=("fsdp=4",))
+
+
 def test_past_the_limit_candidates_are_ranked_and_left_out():
     fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
     c = choose_mesh(fn, args, 8, "cpu-2core", batch=64, ffn=128, limit=3, top=100,

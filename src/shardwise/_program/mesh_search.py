@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardwise._errors import ArgumentError, did_you_mean
+from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.profile_files import load_profile
 from shardwise._model.scaling import optimal_fsdp
@@ -49,7 +50,8 @@ class Candidate:
     """One split of the devices over the roles.
 
     Attributes:
-        sizes: the ways of each role, in the roles' order.
+        sizes: the ways of each role, in the roles' order (of a mesh given in ``also``: of
+            each of its ``axes``).
         mesh: the mesh text (roles of size 1 left out), e.g. ``"fsdp=64,tensor=4"``.
         seconds: the best plan's predicted step time on it, its collectives overlapping
             compute where the platform runs them so (``None``: not planned).
@@ -59,6 +61,7 @@ class Candidate:
         skipped: why it was not planned (``None``: it was).
         variant: which of the programs given as variants the best plan is of (a remat
             policy's name; ``None``: the program itself, where no variants are given).
+        axes: a mesh given in ``also``: its axes (``()``: the roles).
     """
 
     sizes: tuple[int, ...]
@@ -68,6 +71,7 @@ class Candidate:
     fits: bool = True
     skipped: str | None = None
     variant: str | None = None
+    axes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +116,11 @@ class MeshChoice:
     def ici(self) -> dict[str, int]:
         """MaxText's ``ici_<role>_parallelism`` integers for the best mesh (1 where a role is
         not split)."""
-        best = self.candidates[0].sizes
-        return {f"ici_{r}_parallelism": n for r, n in zip(self.roles, best, strict=True)}
+        best = self.candidates[0]
+        sizes = dict.fromkeys(self.roles, 1) | dict(
+            zip(best.axes or self.roles, best.sizes, strict=True)
+        )
+        return {f"ici_{r}_parallelism": n for r, n in sizes.items()}
 
     def to_json(self) -> dict[str, Any]:
         rows = [*self.candidates, *self.skipped]
@@ -194,6 +201,7 @@ def choose_mesh(
     variants: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]] | None = None,
     on_step: Callable[[int, int], None] | None = None,
     donate_argnums: int | Sequence[int] = (),
+    also: Sequence[str] = (),
 ) -> MeshChoice:
     """Split ``devices`` over ``roles`` every way there is, plan ``fn(*args)`` on each split
     (the mesh need not exist here), and report them best first.
@@ -225,6 +233,9 @@ def choose_mesh(
             model under each remat policy), planned instead of ``fn``: the fastest that fits.
         on_step: called as ``on_step(k, n)`` before planning the k-th of n candidates.
         donate_argnums: the donated arguments, as :func:`shardwise.plan` takes them.
+        also: meshes planned beside the splits, as given (the one you run today, e.g.
+            MaxText's ``data=2,fsdp=256`` over two slices), so that the choice is never
+            slower than they are: axes named by roles, of all the devices.
 
     >>> import shardwise
     >>> fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
@@ -251,11 +262,29 @@ def choose_mesh(
     programs = dict(variants) if variants else {"": (fn, args)}
     planner = functools.partial(plan, profile=prof, train=train, top=1,
                                 donate_argnums=donate_argnums)  # fmt: skip
-    planned, best = _plan_each(programs, roles, planner, prof, kept[:limit], on_step)
+    todo = [Candidate(tuple(s.values()), mesh_text(roles, tuple(s.values())))
+            for s in kept[:limit]]  # fmt: skip
+    todo += [c for c in _given(also, devices) if c.mesh not in {t.mesh for t in todo}]
+    planned, best = _plan_each(programs, planner, prof, todo, on_step)
     return MeshChoice(
         devices, prof.name, tuple(roles), tuple(planned[:top]), tuple(skipped), how, best,
         time.perf_counter() - start, used, idle_why,
     )  # fmt: skip
+
+
+def _given(meshes: Sequence[str], devices: int) -> list[Candidate]:
+    """The meshes of ``also`` as candidates, each checked: axes named by roles, ``devices``
+    in all."""
+    out = []
+    for text in meshes:
+        spec = MeshSpec.parse(text)
+        unknown = [a for a in spec.names if a not in ROLES]
+        if unknown or spec.size != devices:
+            why = (f"axis {unknown[0]!r} is not a role ({', '.join(ROLES)})" if unknown
+                   else f"it has {spec.size} devices, not {devices}")  # fmt: skip
+            raise ArgumentError(f"also={text!r}: {why}; give meshes of roles over all of them.")
+        out.append(Candidate(tuple(spec.shape.values()), spec.describe(), axes=spec.names))
+    return out
 
 
 def _splits(
@@ -277,8 +306,8 @@ def _splits(
 
 def _plan_each(
     programs: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]],
-    roles: Sequence[str], planner: Callable[..., ProgramPlan], prof: Profile,
-    splits: Sequence[dict[str, int]], on_step: Callable[[int, int], None] | None,
+    planner: Callable[..., ProgramPlan], prof: Profile, splits: Sequence[Candidate],
+    on_step: Callable[[int, int], None] | None,
 ) -> tuple[list[Candidate], ProgramPlan]:  # fmt: skip
     """Plan each split with each program (named ``""`` where no variants are given): the
     candidates (each split's best program), those that fit first, each group by predicted
@@ -287,8 +316,7 @@ def _plan_each(
     best_plan: ProgramPlan | None = None
     steps = len(splits) * len(programs)
     for k, split in enumerate(splits):
-        sizes = tuple(split.values())
-        text = mesh_text(roles, sizes)
+        sizes, text = split.sizes, split.mesh
         tried: list[tuple[Candidate, ProgramPlan]] = []
         for j, (variant, (fn, args)) in enumerate(programs.items()):
             if on_step is not None:
@@ -299,7 +327,7 @@ def _plan_each(
             best = p.chosen.predicted
             fits = prof.memory_bytes is None or best.memory_bytes <= prof.memory_bytes
             c = Candidate(sizes, text, best.overlapped_seconds, best.memory_bytes, fits,
-                          variant=variant or None)  # fmt: skip
+                          variant=variant or None, axes=split.axes)  # fmt: skip
             tried.append((c, p))
         c, p = min(tried, key=lambda t: _order(t[0]))
         if best_plan is None or _order(c) < min(_order(o) for o in out):
