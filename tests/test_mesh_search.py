@@ -59,6 +59,7 @@ def test_meshes_given_in_also_are_planned_beside_the_splits():
     assert "data=2,fsdp=4" in planned and planned["data=2,fsdp=4"].axes == ("data", "fsdp")
     assert {"fsdp=8", "data=2,fsdp=4"} <= set(planned)  # (each once: the first split's too)
     assert len(c.candidates) == len(planned) <= 3
+    assert not {x.mesh for x in c.skipped} & set(planned)  # (not also "past the limit")
     alone = shardwise.plan(fn, *args, mesh="data=2,fsdp=4", profile="cpu-2core", top=1)
     assert planned["data=2,fsdp=4"].seconds == alone.chosen.predicted.overlapped_seconds
     best = min(c.candidates, key=lambda x: x.seconds)

@@ -255,16 +255,18 @@ def choose_mesh(
         kept, skipped = _splits(used, roles, max_tensor, batch, seq, heads)
     how, key = _ranking(used, batch, seq, ffn)
     kept.sort(key=key)
+    given = _given(also, devices)
     for k, split in enumerate(kept[limit:]):
         sizes = tuple(split.values())
         why = f"ranked {limit + k + 1} of {len(kept)}, past the {limit} planned (limit)"
-        skipped.append(Candidate(sizes, mesh_text(roles, sizes), skipped=why))
+        if (text := mesh_text(roles, sizes)) not in {c.mesh for c in given}:
+            skipped.append(Candidate(sizes, text, skipped=why))
     programs = dict(variants) if variants else {"": (fn, args)}
     planner = functools.partial(plan, profile=prof, train=train, top=1,
                                 donate_argnums=donate_argnums)  # fmt: skip
     todo = [Candidate(tuple(s.values()), mesh_text(roles, tuple(s.values())))
             for s in kept[:limit]]  # fmt: skip
-    todo += [c for c in _given(also, devices) if c.mesh not in {t.mesh for t in todo}]
+    todo += [c for c in given if c.mesh not in {t.mesh for t in todo}]
     planned, best = _plan_each(programs, planner, prof, todo, on_step)
     return MeshChoice(
         devices, prof.name, tuple(roles), tuple(planned[:top]), tuple(skipped), how, best,
