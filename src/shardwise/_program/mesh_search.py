@@ -233,9 +233,8 @@ def choose_mesh(
             model under each remat policy), planned instead of ``fn``: the fastest that fits.
         on_step: called as ``on_step(k, n)`` before planning the k-th of n candidates.
         donate_argnums: the donated arguments, as :func:`shardwise.plan` takes them.
-        also: meshes planned beside the splits, as given (the one you run today, e.g.
-            MaxText's ``data=2,fsdp=256`` over two slices), so that the choice is never
-            slower than they are: axes named by roles, of all the devices.
+        also: meshes planned beside the splits (the one run today: ``data=2,fsdp=256``),
+            so the choice is never slower than they are: axes named by roles, all devices.
 
     >>> import shardwise
     >>> fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
@@ -255,23 +254,31 @@ def choose_mesh(
         kept, skipped = _splits(used, roles, max_tensor, batch, seq, heads)
     how, key = _ranking(used, batch, seq, ffn)
     kept.sort(key=key)
-    given = _given(also, devices)
-    for k, split in enumerate(kept[limit:]):
-        sizes = tuple(split.values())
-        why = f"ranked {limit + k + 1} of {len(kept)}, past the {limit} planned (limit)"
-        if (text := mesh_text(roles, sizes)) not in {c.mesh for c in given}:
-            skipped.append(Candidate(sizes, text, skipped=why))
+    todo = _to_plan(kept, roles, limit, _given(also, devices), skipped)
     programs = dict(variants) if variants else {"": (fn, args)}
     planner = functools.partial(plan, profile=prof, train=train, top=1,
                                 donate_argnums=donate_argnums)  # fmt: skip
-    todo = [Candidate(tuple(s.values()), mesh_text(roles, tuple(s.values())))
-            for s in kept[:limit]]  # fmt: skip
-    todo += [c for c in given if c.mesh not in {t.mesh for t in todo}]
     planned, best = _plan_each(programs, planner, prof, todo, on_step)
     return MeshChoice(
         devices, prof.name, tuple(roles), tuple(planned[:top]), tuple(skipped), how, best,
         time.perf_counter() - start, used, idle_why,
     )  # fmt: skip
+
+
+def _to_plan(
+    kept: list[dict[str, int]], roles: Sequence[str], limit: int, given: list[Candidate],
+    skipped: list[Candidate],
+) -> list[Candidate]:  # fmt: skip
+    """The first ``limit`` splits of ``kept`` (ranked) and the meshes ``given`` besides them;
+    the splits past the limit (and not given) are added to ``skipped``, saying so."""
+    for k, split in enumerate(kept[limit:]):
+        sizes = tuple(split.values())
+        why = f"ranked {limit + k + 1} of {len(kept)}, past the {limit} planned (limit)"
+        if (text := mesh_text(roles, sizes)) not in {c.mesh for c in given}:
+            skipped.append(Candidate(sizes, text, skipped=why))
+    todo = [Candidate(tuple(s.values()), mesh_text(roles, tuple(s.values())))
+            for s in kept[:limit]]  # fmt: skip
+    return todo + [c for c in given if c.mesh not in {t.mesh for t in todo}]
 
 
 def _given(meshes: Sequence[str], devices: int) -> list[Candidate]:
