@@ -20,6 +20,7 @@ import jax.extend.core as jcore
 from jax._src import core as jax_core
 from jax._src import source_info_util
 from jax._src import util as _jax_util
+from jax._src.interpreters import partial_eval as _partial_eval
 from jax.sharding import Mesh
 
 DropVar: type = getattr(jcore, "DropVar", None) or jax_core.DropVar
@@ -62,6 +63,21 @@ def varying_axes(value: Any) -> frozenset[Any]:
     if manual is not None:
         return frozenset(manual.varying)
     return frozenset(getattr(aval, "vma", frozenset()))
+
+
+def live_only(closed: Any) -> Any:
+    """The traced program ``closed`` without the equations whose results nothing reads
+    (those with effects, a print or a callback, are kept), as XLA removes them when it
+    compiles: ``jax.grad(loss)`` leaves the loss's own sum in the trace, unread. Every
+    argument is kept. (``dce_jaxpr`` is JAX's own pass, the same from 0.4 to 0.12.)
+
+    >>> f = lambda x: jax.grad(lambda x: (x * x).sum())(x)
+    >>> closed = jax.make_jaxpr(f)(jax.numpy.ones(3))
+    >>> [e.primitive.name for e in live_only(closed).eqns]
+    ['broadcast_in_dim', 'mul', 'mul', 'add_any']
+    """
+    jaxpr, _ = _partial_eval.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), True)
+    return jcore.ClosedJaxpr(jaxpr, closed.consts)
 
 
 def context_mesh() -> Mesh | None:

@@ -35,7 +35,7 @@ from shardwise._program.rules import REDUCTIONS, Rule, rule_of
 from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
 from shardwise._program.walk import asked as layouts_asked
 from shardwise._program.walk import module_of as library_module
-from shardwise._versions import scan_counts
+from shardwise._versions import live_only, scan_counts
 from shardwise._xla.dtypes import storage_name
 from shardwise._xla.names import argument_names
 
@@ -141,6 +141,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
     [('map', 'cumsum', (0,))]
     """
     b = _Builder()
+    closed = live_only(closed)  # (what nothing reads XLA never computes)
     jaxpr = closed.jaxpr
     names = tuple(names) or tuple(f"x{k}" for k in range(len(jaxpr.invars)))
     inputs = [

@@ -72,9 +72,12 @@ def dot_strategies(
 def map_specs(graph: Graph, step: Step, src: Spec, mesh: MeshSpec) -> tuple[Spec, Spec, Entry]:
     """A map from its operand's layout ``src``: the layout it reads (``src`` without the axes of
     the dimensions it needs whole), the layout of its result, and the mesh axes its partial
-    sums are all-reduced over (those of split reduced dimensions)."""
-    rank, out = len(graph.values[step.inputs[0]].shape), graph.values[step.output].shape
-    return _map_specs(rank, out, step.dim_map, step.reduced, step.local, src, mesh)
+    sums are all-reduced over (those of split reduced dimensions). An empty operand or result
+    is read as it is held, with no sums: XLA makes the result from nothing (a sum over no
+    elements is zeros)."""
+    shape, out = graph.values[step.inputs[0]].shape, graph.values[step.output].shape
+    empty = not math.prod(shape) or not math.prod(out)
+    return _map_specs(len(shape), out, step.dim_map, step.reduced, step.local, src, mesh, empty)
 
 
 @cached(maxsize=1 << 14)
@@ -86,6 +89,7 @@ def _map_specs(
     local: tuple[int, ...],
     src: Spec,
     mesh: MeshSpec,
+    empty: bool = False,
 ) -> tuple[Spec, Spec, Entry]:
     entries = [list(e) for e in src.padded(rank)]
     carried: list[Entry] = []
@@ -96,6 +100,8 @@ def _map_specs(
         if entry and out[o] % entry_ways(entry, mesh):
             entry = ()
         carried.append(entry)
+    if empty:
+        return src.canonical(), Spec(tuple(carried)).canonical(), ()
     kept = {a for e in carried for a in e} | {a for d in reduced for a in entries[d]}
     whole = Spec(tuple(tuple(a for a in e if a in kept) for e in entries)).canonical()
     partial = tuple(a for a in mesh.names if any(a in entries[d] for d in reduced))
@@ -147,6 +153,14 @@ class StepCosts:
         self.first = frozenset(firsts.values())
         """The first step of each equation (one opaque op with several results is one step
         per result; it reads its operands and does its work once)."""
+        self.empty = frozenset(
+            s.key
+            for s in graph.steps
+            if s.kind == "dot"
+            and not all(math.prod(graph.values[a].shape) for a in (*s.inputs, s.output))
+        )
+        """The dots with an empty operand or result: XLA makes their results from nothing
+        (zeros, or nothing at all), reading no operand and moving nothing."""
         self.known: dict[tuple[Any, ...], Any] = {}
         """The costs of steps alike, by what they depend on (a model written as a Python loop
         of layers repeats the same few steps once per layer), with no step attached."""
@@ -161,6 +175,8 @@ class StepCosts:
     def move(self, step: Step, a: int, src: Spec, dst: Spec, into_op: bool) -> Cost:
         """Array ``a`` moved from ``src`` to ``dst`` for ``step`` (into an op that reads it,
         ``into_op``, or from the layout the step makes it in)."""
+        if step.key in self.empty:
+            return Cost(0.0, ())
         mid = self.hoisted(step, a, src, dst)
         if mid is not None:
             first, rest = self.stack_move(step, src, mid), self.move(step, a, mid, dst, into_op)
@@ -172,6 +188,8 @@ class StepCosts:
     def move_seconds(self, step: Step, a: int, src: Spec, dst: Spec, into_op: bool) -> float:
         """:meth:`move`'s time alone (the cost matrices need nothing else, many thousand
         times)."""
+        if step.key in self.empty:
+            return 0.0
         mid = self.hoisted(step, a, src, dst)
         if mid is not None:
             first = self.stack_move(step, src, mid).seconds
@@ -203,6 +221,8 @@ class StepCosts:
         """A dot's own cost under ``strategy``: the einsum cost model's prediction (or
         :meth:`read_as_einsum`'s)."""
         assert step.op is not None
+        if step.key in self.empty:
+            return Cost(0.0, (), 0.0)
         if step.read_as_einsum:
             return self.read_as_einsum(step, strategy)
         shapes = tuple(self.graph.values[a].shape for a in step.inputs)

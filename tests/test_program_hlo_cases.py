@@ -1,0 +1,61 @@
+"""Programs of kinds users write that the planner once mispredicted: every plan of each, run,
+equals ``jax.jit`` of the function, and its predicted collectives (kind, axes, bytes) are the
+compiled HLO's. Found by planning and verifying a few dozen small functions of every kind
+(reductions, sorts, loops, conditionals, dtypes, empty arrays, gradients)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import shardwise
+from shardwise._program.graph import build
+from shardwise._xla.verified import by_kind
+
+MESH = "data=2,model=4"
+_rng = np.random.default_rng(0)
+X = jnp.asarray(_rng.standard_normal((16, 32)), jnp.float32)
+W = jnp.asarray(_rng.standard_normal((32, 64)), jnp.float32)
+
+
+def _grad_only(x, w):  # the loss itself is never returned: XLA never computes its sum
+    return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+
+
+CASES = {
+    "grad without its value": (_grad_only, (X, W)),
+    "slice to nothing": (lambda x, w: x[:0] @ w, (X, W)),
+    "contraction over nothing": (lambda x, w: x[:, :0] @ w[:0, :], (X, W)),
+    "empty batch, summed": (lambda x, w: jnp.tanh(x @ w).sum(0), (jnp.zeros((0, 32)), W)),
+    "empty operands of a dot": (jnp.matmul, (jnp.zeros((16, 0)), jnp.zeros((0, 64)))),
+    "sum of an empty slice": (lambda x, w: x[:0].sum(0) + w[:, :32].sum(1), (X, W)),
+    "gradient over an empty batch": (_grad_only, (jnp.zeros((0, 32)), W)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_plan_runs_equal_to_jit_and_its_collectives_are_the_compiled_ones(name):
+    fn, args = CASES[name]
+    plan = shardwise.plan(fn, *args, mesh=MESH, profile="cpu-2core", top=2)
+    want = jax.jit(fn)(*args)
+    for p in plan.plans:
+        got = plan.sharded(p.name)(*args)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    checked = plan.verify(repeat=1)
+    wrong = [
+        (p.name, by_kind(p.predicted.collectives), by_kind(p.verified.collectives))
+        for p in checked.plans
+        if p.verified is not None and not p.verified.collectives_match
+    ]
+    assert wrong == []
+
+
+def test_what_nothing_reads_is_not_planned():
+    """``jax.grad`` leaves the loss's forward sum in the trace; XLA drops it, and so does the
+    graph (a planned sum would be costed, and its all-reduce predicted)."""
+    S = jax.ShapeDtypeStruct
+    graph = build(_grad_only, [S((16, 32), "float32"), S((32, 64), "float32")])
+    assert [s.prim for s in graph.steps if s.kind != "dot"] == ["transpose"]
+    assert sum(s.kind == "dot" for s in graph.steps) == 2
