@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import jax.numpy as jnp
+
 
 @dataclass(frozen=True, slots=True)
 class Collective:
@@ -36,3 +38,15 @@ class Collective:
     def to_json(self) -> dict[str, object]:
         """The contract's form: ``{"kind", "mesh_axes", "bytes"}``."""
         return {"kind": self.kind, "mesh_axes": list(self.mesh_axes), "bytes": self.bytes}
+
+
+def wire_itemsize(dtype: str, platform: str) -> int:
+    """Bytes per element that a collective of ``dtype`` moves on ``platform``'s devices: XLA's
+    CPU backend computes bfloat16 in float32 and so gathers, sums and exchanges it as float32
+    (seen in the compiled HLO: ``f32`` all-gathers and all-reduces between converts);
+    elsewhere, and for every other dtype, the dtype's own width.
+
+    >>> wire_itemsize("bfloat16", "cpu"), wire_itemsize("bfloat16", "gpu")
+    (4, 2)
+    """
+    return 4 if platform == "cpu" and str(dtype) == "bfloat16" else int(jnp.dtype(dtype).itemsize)

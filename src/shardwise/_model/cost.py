@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 
 from shardwise._caches import cached
-from shardwise._model.collective import Collective
+from shardwise._model.collective import Collective, wire_itemsize
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.placement import placement
@@ -336,6 +336,8 @@ def predict(
     axes = tuple(a for a in reduce_axes(op, strategy.layout, mesh) if mesh.shape[a] > 1)
     collectives: list[PredictedCollective] = []
     temp = 0
+    wire = wire_itemsize(dtype, profile.platform)  # (a CPU sums bfloat16 as float32)
+    summed_bytes = partial_bytes // width * wire
     if axes:
         temp, summed = partial_bytes, axes[:0]  # nothing summed by all-reduce yet
         scattered = set(axes) <= set(strategy.out_spec.axes)
@@ -348,7 +350,7 @@ def predict(
             seconds = ring_seconds("reduce-scatter", axes, partial_bytes, mesh, profile)
             collectives.append(PredictedCollective("reduce-scatter", axes, out_bytes, seconds))
         elif hops:
-            collectives.extend(_hop_collectives(hops, sizes, width, mesh, profile))
+            collectives.extend(_hop_collectives(hops, sizes, wire, mesh, profile))
             for hop in hops:
                 if hop.whole and partial_bytes:
                     # ... and it computes only the half of the product that each device keeps
@@ -357,12 +359,10 @@ def predict(
         else:
             summed = axes
         for group in sum_groups(op, strategy.layout, summed):
-            seconds = ring_seconds("all-reduce", group, partial_bytes, mesh, profile)
-            collectives.append(PredictedCollective("all-reduce", group, partial_bytes, seconds))
+            seconds = ring_seconds("all-reduce", group, summed_bytes, mesh, profile)
+            collectives.append(PredictedCollective("all-reduce", group, summed_bytes, seconds))
     # summing partial results costs one add per element reduced (as XLA counts it)
-    flops += sum(
-        c.bytes // width for c in collectives if c.kind in ("all-reduce", "reduce-scatter")
-    )
+    flops += sum(c.bytes // wire for c in collectives if c.kind in ("all-reduce", "reduce-scatter"))
     compute_s, matmul = flops / profile.flops(dtype), is_matmul(op)
     memory_s = bytes_accessed / (profile.gemm_Bps if matmul else profile.memory_Bps)
     comm_s = sum(c.seconds for c in collectives)

@@ -32,10 +32,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import jax.numpy as jnp
-
 from shardwise._caches import cached
 from shardwise._errors import SpecError
+from shardwise._model.collective import wire_itemsize
 from shardwise._model.cost import PredictedCollective, predict, ring_seconds
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
@@ -159,7 +158,7 @@ def reshard_collectives(
     >>> reshard_collectives(Spec.parse(None), Spec.parse("x,y"), (8, 8), "float32", mesh, cpu)
     ()
     """
-    width = jnp.dtype(dtype).itemsize
+    width = wire_itemsize(dtype, profile.platform)
     out: list[PredictedCollective] = []
     before = src
     for move in reshard_moves(src, dst, len(shape)):

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from shardwise._caches import cached
+from shardwise._model.collective import wire_itemsize
 from shardwise._model.cost import PredictedCollective, ring_seconds
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
@@ -138,9 +139,9 @@ def _reshard_seconds(
     """:func:`_reshard`'s seconds from the shape-free :func:`_recipe` (the same sums in the
     same order, so the same number)."""
     r = _recipe(src, dst, len(shape), mesh)
-    width = np.dtype(dtype).itemsize
+    width, wire = np.dtype(dtype).itemsize, wire_itemsize(dtype, profile.platform)
     seconds = sum(
-        ring_seconds(kind, (axis,), width * _blocks(shape, ways), mesh, profile)
+        ring_seconds(kind, (axis,), wire * _blocks(shape, ways), mesh, profile)
         for kind, axis, ways in r.collectives
     )
     if r.sliced is not None:
@@ -148,7 +149,7 @@ def _reshard_seconds(
     if profile.platform == "cpu":
         seconds += 2 * sum(_blocks(shape, w) * width for w in r.relayout) / profile.memory_Bps
         moved = sum(_blocks(shape, w) for kind, _, w in r.collectives if kind == "all-to-all")
-        seconds += copies * COPY_BYTES * moved * width / profile.memory_Bps
+        seconds += copies * COPY_BYTES * moved * wire / profile.memory_Bps
     return seconds
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from shardwise._caches import cached
+from shardwise._model.collective import wire_itemsize
 from shardwise._model.cost import PredictedCollective, predict, ring_seconds, sum_groups
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
@@ -252,16 +253,18 @@ class StepCosts:
             for a, spec in zip(step.inputs, strategy.in_specs(op), strict=True)
         ]
         partial = shard_bytes(out, strategy.out_spec, mesh)
+        wire = wire_itemsize(out.dtype, profile.platform)  # (a CPU sums bfloat16 as float32)
+        summed = partial // np.dtype(out.dtype).itemsize * wire
         flops = step.flops / math.prod(mesh.shape[a] for _, e in strategy.layout.assignment
                                        for a in e)  # fmt: skip
         axes = tuple(a for a in reduce_axes(op, strategy.layout, mesh) if mesh.shape[a] > 1)
         sums = [
-            PredictedCollective("all-reduce", group, partial,
-                                ring_seconds("all-reduce", group, partial, mesh, profile))
+            PredictedCollective("all-reduce", group, summed,
+                                ring_seconds("all-reduce", group, summed, mesh, profile))
             for group in sum_groups(op, strategy.layout, axes)
         ]  # fmt: skip
         # summing partial results costs one add per element reduced (as XLA counts it)
-        flops += sum(c.bytes // np.dtype(out.dtype).itemsize for c in sums)
+        flops += sum(c.bytes // wire for c in sums)
         moved = bytes_read(step.prim, held, partial)
         compute = flops / profile.flops(out.dtype)
         if step.prim == "conv_general_dilated":
@@ -301,7 +304,8 @@ class StepCosts:
         if partial:
             # one all-reduce per split reduced dimension, over its axes (as XLA sums a
             # reduction over two dimensions split on two axes: over one axis, then the other)
-            n = shard_bytes(out, mapped, mesh)
+            n = shard_bytes(out, mapped, mesh)  # (a CPU sums bfloat16 as float32)
+            n = n // np.dtype(out.dtype).itemsize * wire_itemsize(out.dtype, profile.platform)
             entries = src.padded(len(value.shape))
             for d in step.reduced:
                 axes = tuple(a for a in mesh.names if a in entries[d] and a in partial)
