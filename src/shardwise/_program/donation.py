@@ -67,10 +67,13 @@ def aliased(graph: Graph) -> dict[int, int]:
 
 def unaliased_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec) -> int:
     """Per device, the results paired with a donated argument (:func:`aliased`) that the plan
-    lays out otherwise than it: each keeps a buffer of its own for the whole program."""
+    lays out otherwise than it, and the arguments returned as they are (not donated: XLA
+    copies each into a result buffer of its own): each keeps a buffer of its own for the
+    whole program."""
     specs = lay.specs
+    returned = {r for r in graph.outputs if r in graph.inputs and r not in graph.donated}
     return sum(
         shard_bytes(graph.values[r], specs[r], mesh)
         for r, a in aliased(graph).items()
         if specs[r].canonical() != specs[a].canonical()
-    )
+    ) + sum(shard_bytes(graph.values[r], specs[r], mesh) for r in returned)

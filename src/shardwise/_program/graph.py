@@ -31,7 +31,7 @@ import jax
 
 from shardwise._errors import ArgumentError
 from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, in_kernel
-from shardwise._program.rules import REDUCTIONS, Rule, rule_of
+from shardwise._program.rules import IDENTITIES, REDUCTIONS, Rule, rule_of
 from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
 from shardwise._program.walk import asked as layouts_asked
 from shardwise._program.walk import module_of as library_module
@@ -276,6 +276,9 @@ class _Builder(Walker[int]):
             self.env.update({(path, o): a for o, a in zip(eqn.outvars, operands, strict=False)
                              if a is not None})  # fmt: skip
             return [self.env.get((path, o)) if is_var(o) else None for o in eqn.outvars]
+        if prim in IDENTITIES and inputs:
+            self.env[(path, eqn.outvars[0])] = inputs[0]
+            return [inputs[0]]
         if not inputs:
             return outs  # made on each device from nothing (iota, a constant): free to follow
         for k, o in enumerate(eqn.outvars):

@@ -211,9 +211,11 @@ def _unstack(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts:
     return tuple(d for d in range(len(i)) if d != axis), (axis,), ()
 
 
-def _last(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts | None:
-    """Along the last dimension (``top_k``)."""
-    return (tuple(range(len(i))), (len(i) - 1,), ()) if i and len(i) == len(o) else None
+def _whole(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts | None:
+    """Every dimension whole (``top_k``: XLA's partitioner gathers its operand whole, even
+    split along a batch dimension, and each device slices its block of the result; seen in
+    the compiled HLO, an all-gather before the ``TopK`` custom call)."""
+    return (tuple(range(len(i))), tuple(range(len(i))), ()) if i and len(i) == len(o) else None
 
 
 def _resized(p: Mapping[str, Any], i: Shape, o: Shape) -> MapParts | None:
@@ -244,6 +246,8 @@ register(
     """,
 )
 register(Rule("elementwise", placement=True), "sharding_constraint reshard device_put")
+IDENTITIES = frozenset({"copy", "stop_gradient"})
+"""Ops lowered to their operand itself (no op, no buffer): their result is their operand."""
 REDUCTIONS = frozenset(
     "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor".split()  # noqa: SIM905
 )
@@ -257,7 +261,7 @@ register(Rule("map", _reshape), "reshape")
 register(Rule("map", _along("axis")), "cumsum cumprod cummax cummin cumlogsumexp split")
 register(Rule("map", _along("dimensions")), "rev")
 register(Rule("map", _along("dimension")), "sort")
-register(Rule("map", _last), "top_k")
+register(Rule("map", _whole), "top_k")
 register(Rule("map", _unstack), "unstack")
 register(Rule("map", _resized), "slice pad dynamic_slice tile")
 register(Rule("dot", einsum=_dot_general), "dot_general")
