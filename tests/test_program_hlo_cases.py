@@ -44,6 +44,14 @@ CASES = {
     "top_k of rows": (lambda x, w: jax.lax.top_k(x @ w, 5)[0], (X, W)),
     # stop_gradient and copy are their operand: one gather of it serves both readers
     "solve": (lambda x, w: jnp.linalg.solve(x.T @ x + 32 * jnp.eye(32), w), (X, W)),
+    # a dot to a scalar: its partial sums are summed as any dot's
+    "dot of vectors": (jnp.dot, (X[0], W[:, 0])),
+    # a dot with a constant operand (the ones a sum's gradient is), done whole on each device,
+    # beside the dots of the same line: the miscompile guard took its few terms for a split
+    "attention gradient": (
+        lambda q, k: jax.grad(lambda q: jax.nn.dot_product_attention(q, k, k).sum())(q),
+        (X.reshape(2, 16, 2, 8), X[::-1].reshape(2, 16, 2, 8)),
+    ),
 }
 
 

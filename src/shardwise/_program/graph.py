@@ -31,7 +31,7 @@ import jax
 
 from shardwise._errors import ArgumentError
 from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, in_kernel
-from shardwise._program.rules import IDENTITIES, REDUCTIONS, Rule, rule_of
+from shardwise._program.rules import IDENTITIES, REDUCTIONS, Rule, rule_of, whole_dot_flops
 from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
 from shardwise._program.walk import asked as layouts_asked
 from shardwise._program.walk import module_of as library_module
@@ -282,7 +282,7 @@ class _Builder(Walker[int]):
         if not inputs:
             return outs  # made on each device from nothing (iota, a constant): free to follow
         for k, o in enumerate(eqn.outvars):
-            if is_var(o) and (rank(o) or prim in REDUCTIONS):
+            if is_var(o) and (rank(o) or prim in REDUCTIONS or rule.kind == "dot"):
                 outs[k] = self.define((path, o), named(prim, source), source)
         made = [v for v in outs if v is not None]
         if rule.kind == "elementwise" and len(made) == 1:
@@ -326,7 +326,9 @@ class _Builder(Walker[int]):
                 self.step("map", prim, inputs, out, here, eqn, dim_map=dim_map, local=local,
                           reduced=reduced)  # fmt: skip
                 return
-        self.step("opaque", prim, inputs, out, here, eqn, modelled=rule.modelled)
+        whole = [tuple(v.aval.shape) for v in eqn.invars]  # (a dot with a constant operand)
+        self.step("opaque", prim, inputs, out, here, eqn, modelled=rule.modelled,
+                  flops=whole_dot_flops(prim, params, whole))  # fmt: skip
 
     def scan(self, eqn: Any, path: Path, here: Path, ins: list[int | None]) -> list[int | None]:
         """Read a scan's body once, marked as running ``length`` times: constants are the outer

@@ -21,6 +21,13 @@ def plan_dots(plan: ProgramPlan, chosen: PlannedLayout) -> Iterator[DotTerms]:
     mesh axes that split its contracted indices in the layouts it reads its operands in."""
     graph = plan.graph
     for step in graph.steps:
+        out = math.prod(graph.values[step.output].shape)
+        if step.kind == "opaque" and step.prim == "dot_general" and step.flops and out:
+            # a dot with a constant operand, done whole on each device (its FLOPs are twice
+            # its result's elements times the terms it sums)
+            terms = round(step.flops / (2 * out))
+            yield DotTerms(step.source, terms, (), step.backward, step.prim)
+            continue
         if step.kind != "dot" or step.op is None or step.key not in chosen.layouts.steps:
             continue
         op = step.op

@@ -25,6 +25,7 @@ names it "not modelled" (:func:`rule_of`). Pure: no tracing, no devices.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -119,6 +120,21 @@ def _dot_general(p: Mapping[str, Any], shapes: Sequence[Shape | None], o: Shape)
     if len(shapes) != 2 or shapes[0] is None or shapes[1] is None:
         return None
     return Reading(dot_op(p["dimension_numbers"], len(shapes[0]), len(shapes[1])), "")
+
+
+def whole_dot_flops(prim: str, p: Mapping[str, Any], shapes: Sequence[Shape]) -> float:
+    """The FLOPs of a ``dot_general`` of operands of ``shapes`` done whole (one of them a
+    constant, made on each device: the dot is then planned as an opaque op); ``0`` for
+    another op. The miscompile guard reads how many terms it sums from them.
+
+    >>> whole_dot_flops("dot_general", {"dimension_numbers": (([1], [0]), ([], []))},
+    ...                 [(4, 8), (8, 2)])
+    128.0
+    """
+    if prim != "dot_general" or len(shapes) != 2:
+        return 0.0
+    op = dot_op(p["dimension_numbers"], len(shapes[0]), len(shapes[1]))
+    return 2.0 * math.prod(op.sizes(shapes).values())
 
 
 def reshape_map(in_shape: Sequence[int], out_shape: Sequence[int]) -> MapParts:
