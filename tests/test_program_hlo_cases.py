@@ -44,6 +44,8 @@ CASES = {
     "top_k of rows": (lambda x, w: jax.lax.top_k(x @ w, 5)[0], (X, W)),
     # stop_gradient and copy are their operand: one gather of it serves both readers
     "solve": (lambda x, w: jnp.linalg.solve(x.T @ x + 32 * jnp.eye(32), w), (X, W)),
+    # a scan whose carries start as constants and take values from the arrays it reads
+    "searchsorted": (lambda a, v: jnp.searchsorted(a, v), (jnp.sort(W[:, 0]), X[:, 0])),
     # a dot to a scalar: its partial sums are summed as any dot's
     "dot of vectors": (jnp.dot, (X[0], W[:, 0])),
     # a dot with a constant operand (the ones a sum's gradient is), done whole on each device,

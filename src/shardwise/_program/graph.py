@@ -352,7 +352,12 @@ class _Builder(Walker[int]):
                           dim_map=(*range(1, r + 1),), local=(0,), length=p["length"])  # fmt: skip
         repeat, self.repeat = self.repeat, self.repeat * p["length"]
         start, n_consts = self.clock, scan_counts(p)[0]
-        self.run(body, [None] * len(body.constvars), here, [*ins[:n_in], *slices])
+        carries = [  # (one that starts as a constant may take values from arrays)
+            self.define((here, v), named("scan carry", source), source)
+            if a is None and k >= n_consts and rank(v) else a
+            for k, (a, v) in enumerate(zip(ins[:n_in], body.invars, strict=False))
+        ]  # fmt: skip
+        self.run(body, [None] * len(body.constvars), here, [*carries, *slices])
         carried = frozenset(a for a in ins[n_consts:n_in] if a is not None)
         self.loops.append(Loop(start, self.clock, p["length"], carried, (first, len(self.steps))))
         self.repeat = repeat
