@@ -71,3 +71,14 @@ def test_maxtext_runs_count_model_flops_as_maxtext_does(monkeypatch: pytest.Monk
             mesh = maxtext_runs.maxtext_mesh(maxtext_runs.config(run, which))
             sizes = [int(part.split("=")[1]) for part in mesh.split(",")]
             assert math.prod(sizes) == run.num_chips, (run, which, mesh)
+
+
+def test_hlo_cases_checks_every_plan_of_a_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One case of ``benchmarks/hlo_cases.py``: every plan run, verified and reported."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import hlo_cases
+
+    fn, args = hlo_cases.CASES["dot of vectors"]
+    row = hlo_cases.check(fn, args, "data=2,model=4")
+    assert row["equal"] and row["collectives_differ"] == [] and row["plans"] > 1
+    assert len(hlo_cases.CASES) >= 60
