@@ -33,6 +33,8 @@ CASES = {
     "empty operands of a dot": (jnp.matmul, (jnp.zeros((16, 0)), jnp.zeros((0, 64)))),
     "sum of an empty slice": (lambda x, w: x[:0].sum(0) + w[:, :32].sum(1), (X, W)),
     "gradient over an empty batch": (_grad_only, (jnp.zeros((0, 32)), W)),
+    # a concatenation with an empty piece still reads the others (an associative scan makes one)
+    "associative scan": (lambda x, w: jax.lax.associative_scan(jnp.add, x @ w), (X, W)),
     # a CPU computes bfloat16 in float32: its gathers and sums move float32
     "bfloat16 operands": (
         lambda x, w: jnp.tanh(x @ w),

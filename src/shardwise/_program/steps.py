@@ -157,11 +157,12 @@ class StepCosts:
         self.empty = frozenset(
             s.key
             for s in graph.steps
-            if s.kind == "dot"
+            if s.prim == "dot_general"
             and not all(math.prod(graph.values[a].shape) for a in (*s.inputs, s.output))
         )
-        """The dots with an empty operand or result: XLA makes their results from nothing
-        (zeros, or nothing at all), reading no operand and moving nothing."""
+        """The ``dot_general``s with an empty operand or result: XLA makes their results from
+        nothing (zeros, or nothing at all), reading no operand and moving nothing (not so an
+        op read as a dot: a concatenation with an empty piece reads the others)."""
         self.known: dict[tuple[Any, ...], Any] = {}
         """The costs of steps alike, by what they depend on (a model written as a Python loop
         of layers repeats the same few steps once per layer), with no step attached."""
