@@ -146,6 +146,7 @@ CASES: dict[str, Case] = {
     "cholesky": (lambda s, x: jnp.linalg.cholesky(s) @ x.T, (SPD, X)),
     "solve": (lambda s, x: jnp.linalg.solve(s, x.T), (SPD, X)),
     "qr": (lambda s, x: jnp.linalg.qr(s)[0] @ x.T, (SQUARE, X)),
+    "associative_scan": (lambda x, w: lax.associative_scan(jnp.add, x @ w, axis=0), (X, W)),
     "fft": (lambda x, w: jnp.abs(jnp.fft.fft(x @ w, axis=1)), (X, W)),
     "searchsorted": (lambda a, v: jnp.searchsorted(a, v), (jnp.sort(_r(64)), _r(16))),
     "attention": (lambda q, k: jax.nn.dot_product_attention(q, k, k, is_causal=True), (Q, Q[::-1])),
