@@ -50,3 +50,13 @@ def wire_itemsize(dtype: str, platform: str) -> int:
     (4, 2)
     """
     return 4 if platform == "cpu" and str(dtype) == "bfloat16" else int(jnp.dtype(dtype).itemsize)
+
+
+def wire_bytes(nbytes: int, dtype: str, platform: str) -> int:
+    """``nbytes`` of ``dtype`` as a collective on ``platform``'s devices moves them
+    (:func:`wire_itemsize`).
+
+    >>> wire_bytes(1024, "bfloat16", "cpu"), wire_bytes(1024, "float32", "cpu")
+    (2048, 1024)
+    """
+    return nbytes // int(jnp.dtype(dtype).itemsize) * wire_itemsize(dtype, platform)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 
 from shardwise._caches import cached
-from shardwise._model.collective import Collective, wire_itemsize
+from shardwise._model.collective import Collective, wire_bytes, wire_itemsize
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.placement import placement
@@ -337,7 +337,7 @@ def predict(
     collectives: list[PredictedCollective] = []
     temp = 0
     wire = wire_itemsize(dtype, profile.platform)  # (a CPU sums bfloat16 as float32)
-    summed_bytes = partial_bytes // width * wire
+    summed_bytes = wire_bytes(partial_bytes, dtype, profile.platform)
     if axes:
         temp, summed = partial_bytes, axes[:0]  # nothing summed by all-reduce yet
         scattered = set(axes) <= set(strategy.out_spec.axes)

@@ -28,10 +28,8 @@ import math
 from collections.abc import Set
 from typing import Any
 
-import numpy as np
-
 from shardwise._caches import cached
-from shardwise._model.collective import wire_itemsize
+from shardwise._model.collective import wire_bytes, wire_itemsize
 from shardwise._model.cost import PredictedCollective, predict, ring_seconds, sum_groups
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
@@ -255,7 +253,7 @@ class StepCosts:
         ]
         partial = shard_bytes(out, strategy.out_spec, mesh)
         wire = wire_itemsize(out.dtype, profile.platform)  # (a CPU sums bfloat16 as float32)
-        summed = partial // np.dtype(out.dtype).itemsize * wire
+        summed = wire_bytes(partial, out.dtype, profile.platform)
         flops = step.flops / math.prod(mesh.shape[a] for _, e in strategy.layout.assignment
                                        for a in e)  # fmt: skip
         axes = tuple(a for a in reduce_axes(op, strategy.layout, mesh) if mesh.shape[a] > 1)
@@ -305,8 +303,8 @@ class StepCosts:
         if partial:
             # one all-reduce per split reduced dimension, over its axes (as XLA sums a
             # reduction over two dimensions split on two axes: over one axis, then the other)
-            n = shard_bytes(out, mapped, mesh)  # (a CPU sums bfloat16 as float32)
-            n = n // np.dtype(out.dtype).itemsize * wire_itemsize(out.dtype, profile.platform)
+            # (a CPU sums bfloat16 as float32)
+            n = wire_bytes(shard_bytes(out, mapped, mesh), out.dtype, profile.platform)
             entries = src.padded(len(value.shape))
             for d in step.reduced:
                 axes = tuple(a for a in mesh.names if a in entries[d] and a in partial)
