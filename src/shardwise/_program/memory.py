@@ -10,7 +10,6 @@ is fused away, as XLA does; a result written over a donated argument takes its b
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -19,6 +18,7 @@ from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program import loops
+from shardwise._program.buffers import folded_transposes, in_place, overwritten, padded_windows
 from shardwise._program.donation import aliased, unaliased_bytes
 from shardwise._program.graph import Graph
 from shardwise._program.integer import Constraint
@@ -83,8 +83,8 @@ def _live(graph: Graph, plan: Schedule | None = None) -> Lives:
     ``plan`` runs it) to its last read."""
     arrays = held(graph)
     results = {v for v in graph.outputs if v is not None}
-    folded, taken = _folded(graph, results), aliased(graph)  # (taken: in donated buffers)
-    within = _in_place(graph, results - taken.keys()) | _padded_windows(graph, results)
+    folded, taken = folded_transposes(graph, results), aliased(graph)  # (taken: in donated buffers)
+    within = in_place(graph, results - taken.keys()) | padded_windows(graph, results)
     within |= set(folded) | set(taken)
     plan = plan or schedule(graph, set)
     born = list(graph.born)
@@ -99,29 +99,8 @@ def _live(graph: Graph, plan: Schedule | None = None) -> Lives:
     for k, v in enumerate(arrays):
         if v not in within:
             first[k], last[k] = 0 if v in results else born[v], reads[v]
-    _overwritten(graph, arrays, first, last, results | within)
+    overwritten(graph, arrays, first, last, results | within)
     return Lives(arrays, first, last, graph.clock + 1)
-
-
-def _folded(graph: Graph, results: set[int]) -> dict[int, int]:
-    """The transposes that only matrix products read, each to its operand: XLA folds them
-    into the products' dimension numbers, so the transposed array is never made and the
-    products read the operand, held until then (seen: ``x @ w.T`` compiles to one ``dot`` of
-    ``w``, and a training step holds no transposed weights)."""
-    readers: dict[int, list[Step]] = {}
-    for step in graph.steps:
-        for a in step.inputs:
-            readers.setdefault(a, []).append(step)
-    joined = Counter(graph.classes)
-    return {
-        s.output: s.inputs[0]
-        for s in graph.steps
-        if s.prim == "transpose"
-        and s.output not in results
-        and joined[graph.find(s.output)] == 1  # (no elementwise op reads it)
-        and readers.get(s.output)
-        and all(r.prim == "dot_general" for r in readers[s.output])
-    }
 
 
 class _Fixed(NamedTuple):
@@ -176,79 +155,6 @@ def _sizes(graph: Graph, lay: Layouts, mesh: MeshSpec, arrays: list[int]) -> np.
         each = [shard_bytes(value, specs[root], mesh) for root, value in fixed.kinds]
         return np.asarray(np.array(each, dtype=np.int64)[fixed.kind_of])
     return np.array([shard_bytes(graph.values[v], specs[v], mesh) for v in arrays], np.int64)
-
-
-def _padded_windows(graph: Graph, results: set[int]) -> set[int]:
-    """The padded operands of poolings (an average pool's gradient pads, then sums windows):
-    XLA pads inside the pooling's loop, so the padded array is never made."""
-    readers: dict[int, list[Step]] = {}
-    for step in graph.steps:
-        for a in step.inputs:
-            readers.setdefault(a, []).append(step)
-    made = {s.output: s for s in graph.steps if s.prim == "pad"}
-    return {
-        v
-        for v, pad in made.items()
-        if v not in results
-        and readers.get(v)
-        and all(r.prim.startswith("reduce_window") for r in readers[v])
-        and graph.last[v] == max(graph.born[r.output] for r in readers[v])
-    }
-
-
-def _overwritten(
-    graph: Graph, arrays: list[int], first: np.ndarray, last: np.ndarray, kept: set[int]
-) -> None:
-    """An elementwise op writes its result over an operand of the same shape that nothing
-    reads after it (XLA's buffer assignment shares the buffer: a convolution's result and the
-    bias added to it are one buffer), so the operand is held until the op, the result from it
-    on. Arguments, results and arrays a scan's loop carries keep buffers of their own."""
-    dying: dict[tuple[int, int], list[int]] = {}
-    for k, v in enumerate(arrays):
-        if v not in kept and v not in graph.looped and v not in graph.inputs:
-            dying.setdefault((graph.find(v), int(last[k])), []).append(k)
-    for v in arrays:
-        if v not in graph.elementwise or v in kept:
-            continue
-        value = graph.values[v]
-        for j in dying.get((graph.find(v), graph.born[v]), []):
-            u = graph.values[arrays[j]]
-            if arrays[j] != v and u.shape == value.shape and u.dtype == value.dtype:
-                last[j] = graph.born[v] - 1
-                dying[(graph.find(v), graph.born[v])].remove(j)
-                break
-
-
-def _in_place(graph: Graph, results: set[int]) -> set[int]:
-    """The arrays that live in a result's buffer: XLA gives each result a buffer of its own,
-    held from the program's start (``memory_analysis`` counts arguments, results and the
-    temporaries' peak), and an array that the elementwise ops making a result read last
-    (an SGD step's gradient) is made in that buffer, not beside it (``w - lr * g`` runs in
-    place), and so is the dot's result that such an array transposes (XLA has the dot write
-    the transposed layout)."""
-    out = set()
-    arguments = set(graph.inputs)
-    by_class = {graph.find(r): r for r in results}
-    for v in graph.fed | {s.output for s in graph.steps}:
-        r = by_class.get(graph.find(v))
-        if r is None or v == r or v in arguments or v in results:
-            continue
-        same = graph.values[v].shape == graph.values[r].shape
-        if (
-            same
-            and graph.values[v].dtype == graph.values[r].dtype
-            and graph.last[v] <= graph.born[r]
-        ):
-            out.add(v)
-    for step in reversed(graph.steps):  # a transposed gradient is its dot's result, read so
-        a = step.inputs[0]
-        if (
-            step.prim == "transpose"
-            and step.output in out
-            and graph.last[a] <= graph.born[step.output]
-        ):
-            out.add(a)
-    return out
 
 
 class Held(NamedTuple):
