@@ -361,6 +361,33 @@ def linen_constrained_attention(rules: Any = LOGICAL_RULES) -> Model:
     return _under_rules(Attention(), rules, _normal(1, (8, 16, embed)))
 
 
+def nnx_mixed_precision_step() -> Model:
+    """(11) An SGD step of an NNX MLP in mixed precision, as Flax writes it: float32
+    parameters, each ``nnx.Linear`` computing in bfloat16 (``dtype=jnp.bfloat16``)."""
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        def __init__(self, *, rngs: nnx.Rngs) -> None:
+            half = {"dtype": jnp.bfloat16, "param_dtype": jnp.float32, "rngs": rngs}
+            self.linear1 = nnx.Linear(32, 128, **half)
+            self.linear2 = nnx.Linear(128, 32, **half)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.linear2(nnx.relu(self.linear1(x)))
+
+    graphdef, state = nnx.split(MLP(rngs=nnx.Rngs(0)))
+
+    def train_step(state: Any, x: jax.Array, y: jax.Array) -> Any:
+        def loss_fn(state: Any) -> jax.Array:
+            out = nnx.merge(graphdef, state)(x).astype(jnp.float32)
+            return jnp.mean((out - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(state)
+        return loss, jax.tree.map(lambda p, g: p - 0.1 * g, state, grads)
+
+    return train_step, (state, _normal(1, (64, 32)), _normal(2, (64, 32)))
+
+
 MODELS: dict[str, Callable[[], Model]] = {
     "nnx-mlp": nnx_mlp,
     "nnx-gpt-loss": nnx_gpt,
@@ -372,5 +399,6 @@ MODELS: dict[str, Callable[[], Model]] = {
     "nnx-dropout": nnx_dropout,
     "nnx-12-layers": nnx_deep_stack,
     "linen-logical": linen_logical,
+    "nnx-mixed-precision": nnx_mixed_precision_step,
 }
 """Each case's factory, by the name the tests give it."""

@@ -46,6 +46,7 @@ LIBRARIES = {
     "nnx-dropout": ("flax",),
     "nnx-12-layers": ("flax",),
     "linen-logical": ("flax",),
+    "nnx-mixed-precision": ("flax",),
 }
 """The libraries each case needs; a case whose library is missing is skipped."""
 

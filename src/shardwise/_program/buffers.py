@@ -12,6 +12,7 @@ import numpy as np
 
 from shardwise._program.graph import Graph
 from shardwise._program.nodes import Step
+from shardwise._program.upcast import held_dtype
 
 
 def folded_transposes(graph: Graph, results: set[int]) -> dict[int, int]:
@@ -76,13 +77,14 @@ def overwritten(
                 break
 
 
-def in_place(graph: Graph, results: set[int]) -> set[int]:
+def in_place(graph: Graph, results: set[int], cpu: bool = False) -> set[int]:
     """The arrays that live in a result's buffer: XLA gives each result a buffer of its own,
     held from the program's start (``memory_analysis`` counts arguments, results and the
     temporaries' peak), and an array that the elementwise ops making a result read last
     (an SGD step's gradient) is made in that buffer, not beside it (``w - lr * g`` runs in
     place), and so is the dot's result that such an array transposes (XLA has the dot write
-    the transposed layout)."""
+    the transposed layout). On CPU (``cpu``) a 16-bit float array is a float32 buffer
+    (:mod:`.upcast`): a bfloat16 gradient is made in its float32 parameter's new buffer."""
     out = set()
     arguments = set(graph.inputs)
     by_class = {graph.find(r): r for r in results}
@@ -93,7 +95,7 @@ def in_place(graph: Graph, results: set[int]) -> set[int]:
         same = graph.values[v].shape == graph.values[r].shape
         if (
             same
-            and graph.values[v].dtype == graph.values[r].dtype
+            and held_dtype(graph.values[v].dtype, cpu) == graph.values[r].dtype
             and graph.last[v] <= graph.born[r]
         ):
             out.add(v)

@@ -27,6 +27,7 @@ from shardwise._program.nodes import Step, Value
 from shardwise._program.problem import Problem
 from shardwise._program.remat import Schedule, bodies, last_reads, schedule
 from shardwise._program.sums import combined, partial_buffers, to_outputs
+from shardwise._program.upcast import argument_copies, made_halves, widening
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -78,13 +79,13 @@ class Lives(NamedTuple):
         return np.asarray(np.cumsum(change[:-1]))
 
 
-def _live(graph: Graph, plan: Schedule | None = None) -> Lives:
+def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Lives:
     """When each array is held: from its step (as :mod:`~shardwise._program.remat`'s
-    ``plan`` runs it) to its last read."""
+    ``plan`` runs it) to its last read (``cpu``: on CPU devices, :mod:`.upcast`)."""
     arrays = held(graph)
     results = {v for v in graph.outputs if v is not None}
     folded, taken = folded_transposes(graph, results), aliased(graph)  # (taken: in donated buffers)
-    within = in_place(graph, results - taken.keys()) | padded_windows(graph, results)
+    within = in_place(graph, results - taken.keys(), cpu) | padded_windows(graph, results)
     within |= set(folded) | set(taken)
     plan = plan or schedule(graph, set)
     born = list(graph.born)
@@ -115,19 +116,23 @@ class _Fixed(NamedTuple):
     outputs_of: set[int]
     kinds: list[tuple[int, Value]]
     kind_of: np.ndarray
+    halves: np.ndarray
 
 
-_FIXED: Bounded[int, tuple[Graph, _Fixed]] = Bounded(8)
-"""Per graph (by id, kept alive with it so that the id is not reused), :class:`_Fixed`: the
-same for every plan of the program."""
+_FIXED: Bounded[tuple[int, bool], tuple[Graph, _Fixed]] = Bounded(8)
+"""Per graph (by id, kept alive with it so that the id is not reused) and whether its devices
+are CPUs, :class:`_Fixed`: the same for every plan of the program."""
 
 
-def _fixed(graph: Graph) -> _Fixed:
-    """:class:`_Fixed` of ``graph``, computed once per graph."""
-    hit = _FIXED.get(id(graph))
+def _fixed(graph: Graph, cpu: bool = False) -> _Fixed:
+    """:class:`_Fixed` of ``graph``, computed once per graph (and ``cpu``, where the program
+    makes 16-bit floats: elsewhere the same)."""
+    if cpu and not _fixed(graph).halves.any():
+        return _fixed(graph)
+    hit = _FIXED.get((id(graph), cpu))
     if hit is not None and hit[0] is graph:
         return hit[1]
-    lives = None if bodies(graph) else _live(graph, Schedule({}, frozenset()))
+    lives = None if bodies(graph) else _live(graph, Schedule({}, frozenset()), cpu)
     visit = [n for n, s in enumerate(graph.steps) if not fused(graph, s)]
     kinds: dict[tuple[int, tuple[int, ...], str], tuple[int, int, Value]] = {}
     kind_of = []
@@ -136,15 +141,16 @@ def _fixed(graph: Graph) -> _Fixed:
         key = (graph.find(v), value.shape, value.dtype)
         kind_of.append(kinds.setdefault(key, (len(kinds), key[0], value))[0])
     each = [(root, value) for _, root, value in kinds.values()]
-    found = _Fixed(lives, visit, to_outputs(graph), each, np.array(kind_of, dtype=np.intp))
-    _FIXED.put(id(graph), (graph, found))
+    halves = np.array(made_halves(graph, held(graph)), dtype=bool)
+    found = _Fixed(lives, visit, to_outputs(graph), each, np.array(kind_of, np.intp), halves)
+    _FIXED.put((id(graph), cpu), (graph, found))
     return found
 
 
-def _in_order(graph: Graph) -> Lives | None:
+def _in_order(graph: Graph, cpu: bool = False) -> Lives | None:
     """When each array is held where the program runs in program order (no differentiated
     checkpoint: :func:`~shardwise._program.remat.schedule`), computed once per graph."""
-    return _fixed(graph).lives
+    return _fixed(graph, cpu).lives
 
 
 def _sizes(graph: Graph, lay: Layouts, mesh: MeshSpec, arrays: list[int]) -> np.ndarray:
@@ -177,19 +183,25 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     gather along any dimension but the first also leaves a copy in the usual layout
     (:func:`~shardwise._program.moves.relayout_bytes`). A checkpointed function's backward
     steps and copies are counted where XLA runs them (:mod:`~shardwise._program.remat`)."""
-    lives = _in_order(graph)
+    cpu = platform == "cpu"
+    lives = _in_order(graph, cpu)
     plan = Schedule({}, frozenset())
     if lives is None:  # (the schedule of a checkpoint's backward pass depends on the layouts)
         plan = schedule(graph, lambda: _copied(graph, lay, mesh))
-        lives = _live(graph, plan)
+        lives = _live(graph, plan, cpu)
     arrays = lives.arrays
+    fixed, specs, born = _fixed(graph, cpu), lay.specs, graph.born
     sizes = _sizes(graph, lay, mesh, arrays)
+    if cpu and fixed.halves.any():  # (:mod:`.upcast`: bfloat16 and float16 made as float32)
+        sizes = np.where(fixed.halves, 2 * sizes, sizes)
     points = lives.totals(sizes) + unaliased_bytes(graph, lay, mesh)
-    cpu = platform == "cpu"
     arguments = set(graph.inputs)
     early: dict[tuple[int, Spec], tuple[int, int]] = {}  # (argument, layout) → (bytes, until)
+    if cpu:
+        early = {
+            key: (b, graph.last[key[0]]) for key, b in argument_copies(graph, lay, mesh).items()
+        }
     later: list[tuple[int, int, int]] = []  # partial sums summed with others: (at, bytes, buffers)
-    fixed, specs, born = _fixed(graph), lay.specs, graph.born
     for n in fixed.visit:  # (a fused broadcast makes no copy)
         step = graph.steps[n]
         at = plan.at.get(n, born[step.output])  # (plan.point)
@@ -213,6 +225,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
                 copy = shard_bytes(graph.values[a], used, mesh)
                 if cpu:
                     copy += relayout_bytes(graph.values[a], specs[a], used, mesh)
+                    copy *= widening(graph.values[a].dtype, cpu)
                 if a in arguments:
                     key = (a, used.canonical())
                     early[key] = (copy, max(at, early.get(key, (0, 0))[1]))
@@ -220,7 +233,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
                     points[born[a] if (n, j) in plan.early else at : at + 1] += copy
         kept = specs[step.output]
         if made is not kept and made.canonical() != kept.canonical():
-            points[at] += shard_bytes(graph.values[step.output], made, mesh)
+            made_bytes = shard_bytes(graph.values[step.output], made, mesh)
+            points[at] += made_bytes * widening(graph.values[step.output].dtype, cpu)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
             loops.conv_copies(graph, step, ins, made, mesh, points)
         if step.prim in UPDATES and step.inputs[0] in arguments and _updates(graph, step):

@@ -15,6 +15,7 @@ from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
 from shardwise._program.moves import shard_bytes
 from shardwise._program.nodes import Step
+from shardwise._program.upcast import widening
 
 
 def _layout(op: Op, ins: tuple[Spec, ...]) -> Spec:
@@ -81,6 +82,7 @@ def partial_buffers(
     partial, scattered = _buffer(step.op, *found)
     if partial is not None:
         size = shard_bytes(graph.values[step.output], partial, mesh)
+        size *= widening(graph.values[step.output].dtype, cpu)  # (:mod:`.upcast`)
         copies = 2 if cpu and scattered else 1
         if graph.find(step.output) in outputs_of:
             later.append((at, size, copies))
