@@ -108,8 +108,9 @@ class _Fixed(NamedTuple):
     """What :func:`held_curve` needs of a graph whatever its layouts: :func:`_live` in program
     order (``None`` where a differentiated checkpoint makes the schedule depend on the
     layouts), the steps that may make copies (all but the fused broadcasts), the classes of
-    :func:`~shardwise._program.sums.to_outputs`, and the held arrays' kinds: each distinct
-    (class root, shape, dtype), and each array's."""
+    :func:`~shardwise._program.sums.to_outputs`, the held arrays' kinds (each distinct
+    (class root, shape, dtype), and each array's), which of them are 16-bit floats the program
+    makes (:mod:`.upcast`), and the arrays that some step reads."""
 
     lives: Lives | None
     visit: list[int]
@@ -117,6 +118,7 @@ class _Fixed(NamedTuple):
     kinds: list[tuple[int, Value]]
     kind_of: np.ndarray
     halves: np.ndarray
+    read: frozenset[int]
 
 
 _FIXED: Bounded[tuple[int, bool], tuple[Graph, _Fixed]] = Bounded(8)
@@ -142,7 +144,8 @@ def _fixed(graph: Graph, cpu: bool = False) -> _Fixed:
         kind_of.append(kinds.setdefault(key, (len(kinds), key[0], value))[0])
     each = [(root, value) for _, root, value in kinds.values()]
     halves = np.array(made_halves(graph, held(graph)), dtype=bool)
-    found = _Fixed(lives, visit, to_outputs(graph), each, np.array(kind_of, np.intp), halves)
+    read = frozenset(a for step in graph.steps for a in step.inputs)
+    found = _Fixed(lives, visit, to_outputs(graph), each, np.array(kind_of, np.intp), halves, read)
     _FIXED.put((id(graph), cpu), (graph, found))
     return found
 
@@ -237,9 +240,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             points[at] += made_bytes * widening(graph.values[step.output].dtype, cpu)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
             loops.conv_copies(graph, step, ins, made, mesh, points)
-        if step.prim in UPDATES and step.inputs[0] in arguments and _updates(graph, step):
-            # XLA may not write an argument: it updates a copy (seen: ``copy(param)`` then
-            # the update fused into a new buffer)
+        if step.prim in UPDATES and _copies_argument(graph, step, fixed.read):
             points[at] += shard_bytes(graph.values[step.inputs[0]], ins[0], mesh)
         if step.kind == "dot":
             partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, points)
@@ -259,10 +260,18 @@ UPDATES = frozenset({"dynamic_update_slice", "scatter", "scatter-add"})
 """The ops that write part of their first operand's buffer."""
 
 
-def _updates(graph: Graph, step: Step) -> bool:
-    """Whether ``step`` writes into its first operand (a scatter-add into zeros made on
-    each device has none: its first operand is then the indices)."""
-    return graph.values[step.inputs[0]].shape == graph.values[step.output].shape
+def _copies_argument(graph: Graph, step: Step, read: frozenset[int]) -> bool:
+    """Whether an update (:data:`UPDATES`) writes an argument, into a temporary copy of it: XLA
+    may not write an argument, so it updates a copy (seen: ``copy(param)`` then the update
+    fused into a new buffer), made in the result's buffer where the update is a result that
+    no step reads (a KV cache written and returned: no temporary). A scatter-add into zeros
+    made on each device writes no argument: its first operand is then the indices."""
+    a = step.inputs[0]
+    return (
+        a in graph.inputs
+        and graph.values[a].shape == graph.values[step.output].shape
+        and (step.output not in graph.outputs or step.output in read)
+    )
 
 
 def _copied(graph: Graph, lay: Layouts, mesh: MeshSpec) -> set[tuple[int, int]]:
