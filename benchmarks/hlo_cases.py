@@ -2,7 +2,10 @@
 plan's result equals ``jax.jit`` of the function, whether every plan's predicted collectives
 (kind, mesh axes, bytes) are the compiled HLO's, and the compiled ÷ predicted memory per
 device. Reductions, sorts, loops, conditionals, linear algebra, gathers and scatters,
-attention, gradients, empty arrays, scalars, every dtype; on 8 simulated CPU devices.
+attention, gradients, empty arrays, scalars, every dtype, and the pieces models are made of
+(RMSNorm, rotary embeddings, SwiGLU, grouped-query attention, a Llama block and its gradient,
+a tied-embedding loss, a mixture of experts, a clipped AdamW step, a KV cache, ...); on 8
+simulated CPU devices. The AdamW step needs Optax (``pip install shardwise[models]``).
 
     .venv/bin/python benchmarks/hlo_cases.py [--mesh data=2,model=4] [--out FILE.json] [CASE ...]
 
@@ -182,6 +185,159 @@ CASES: dict[str, Case] = {
     "empty operands of a dot": (jnp.matmul, (jnp.zeros((16, 0)), jnp.zeros((0, 64)))),
     "gradient over an empty batch": (_grad_only, (jnp.zeros((0, 32)), W)),
 }
+
+
+# Model pieces, as model code writes them: normalisations, rotary embeddings, gated MLPs,
+# causal and grouped-query attention, a Llama block and its gradient, a tied-embedding
+# language-model loss, a top-2 mixture of experts, a clipped AdamW step, an RNN, per-example
+# gradients, a KV cache, depthwise convolutions and pooling.
+B, S, D, H, HD, F, VOCAB = 8, 16, 32, 4, 8, 64, 64
+X3 = _r(B, S, D)
+W_QKV, W_O = _r(D, 3 * H * HD) * 0.1, _r(H * HD, D) * 0.1
+W1, W3, W2 = _r(D, F) * 0.1, _r(D, F) * 0.1, _r(F, D) * 0.1
+EMB = _r(VOCAB, D) * 0.1
+TOKENS = jnp.asarray(_rng.integers(0, VOCAB, (B, S)), jnp.int32)
+NEXT = jnp.asarray(_rng.integers(0, VOCAB, (B, S)), jnp.int32)
+LLAMA = {"n1": jnp.ones(D), "qkv": W_QKV, "o": W_O, "n2": jnp.ones(D), "w1": W1, "w3": W3,
+         "w2": W2}  # fmt: skip
+
+
+def _rmsnorm(x: Any, scale: Any) -> Any:
+    return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+
+def _rope(x: Any) -> Any:  # (batch, seq, heads, head_dim)
+    s, d = x.shape[1], x.shape[-1]
+    angle = jnp.arange(s)[:, None] / (10000 ** (jnp.arange(0, d, 2) / d))[None, :]
+    sin, cos = jnp.sin(angle)[None, :, None, :], jnp.cos(angle)[None, :, None, :]
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
+
+
+def _swiglu(x: Any, w1: Any, w3: Any, w2: Any) -> Any:
+    return (jax.nn.silu(x @ w1) * (x @ w3)) @ w2
+
+
+def _attention(x: Any, wqkv: Any, wo: Any) -> Any:
+    b, s, _ = x.shape
+    qkv = (x @ wqkv).reshape(b, s, 3, H, HD)
+    q, k, v = _rope(qkv[:, :, 0]), _rope(qkv[:, :, 1]), qkv[:, :, 2]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / HD**0.5
+    scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -1e9)
+    out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), v)
+    return out.reshape(b, s, H * HD) @ wo
+
+
+def _gqa(x: Any, wq: Any, wkv: Any) -> Any:  # 4 query heads share 2 key/value heads
+    b, s, _ = x.shape
+    q = (x @ wq).reshape(b, s, H, HD)
+    kv = (x @ wkv).reshape(b, s, 2, 2, HD)
+    k, v = jnp.repeat(kv[:, :, 0], 2, axis=2), jnp.repeat(kv[:, :, 1], 2, axis=2)
+    weights = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k), -1)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, s, -1)
+
+
+def _llama_block(p: Any, x: Any) -> Any:
+    h = x + _attention(_rmsnorm(x, p["n1"]), p["qkv"], p["o"])
+    return h + _swiglu(_rmsnorm(h, p["n2"]), p["w1"], p["w3"], p["w2"])
+
+
+def _lm_loss(p: Any, emb: Any, tokens: Any, labels: Any) -> Any:  # the head tied to the table
+    logits = _llama_block(p, emb[tokens]) @ emb.T
+    picked = jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], axis=-1)
+    return -picked.mean()
+
+
+def _moe(x: Any, router: Any, experts: Any) -> Any:  # top-2 of 4 experts, one-hot dispatch
+    gates, chosen = lax.top_k(jax.nn.softmax(x @ router), 2)
+    dispatch = jax.nn.one_hot(chosen, router.shape[1]).sum(1)
+    ye = jnp.einsum("etd,edf->etf", jnp.einsum("te,td->etd", dispatch, x), experts)
+    return jnp.einsum("etf,te->tf", ye, dispatch * gates.sum(-1, keepdims=True))
+
+
+def _clipped_adamw(p: Any, x: Any, y: Any) -> Any:
+    import optax
+
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+    g = jax.grad(lambda p: jnp.mean((jnp.tanh(x @ p["a"]) @ p["b"] - y) ** 2))(p)
+    updates, _ = tx.update(g, tx.init(p), p)
+    return optax.apply_updates(p, updates)
+
+
+def _rnn(h0: Any, xs: Any, w: Any, u: Any) -> Any:
+    def cell(h: Any, x: Any) -> Any:
+        h = jnp.tanh(h @ w + x @ u)
+        return h, h
+
+    return lax.scan(cell, h0, xs)[1]
+
+
+def _per_example_grads(w: Any, x: Any, y: Any) -> Any:
+    loss = lambda w, x, y: jnp.sum((jnp.tanh(x @ w) - y) ** 2)  # noqa: E731
+    return jax.vmap(jax.grad(loss), (None, 0, 0))(w, x, y)
+
+
+def _conv(x: Any, k: Any, groups: int = 1) -> Any:
+    return lax.conv_general_dilated(x, k, (1, 1), "SAME", feature_group_count=groups,
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+
+
+PIECES: dict[str, Case] = {
+    "rmsnorm": (_rmsnorm, (X3, jnp.ones(D))),
+    "rope": (lambda x, w: _rope((x @ w).reshape(B, S, H, HD)), (X3, _r(D, H * HD))),
+    "swiglu": (_swiglu, (X3, W1, W3, W2)),
+    "causal attention with rope": (_attention, (X3, W_QKV, W_O)),
+    "grouped-query attention": (_gqa, (X3, _r(D, H * HD), _r(D, 2 * 2 * HD))),
+    "llama block": (_llama_block, (LLAMA, X3)),
+    "llama block gradient": (jax.grad(lambda p, x: _llama_block(p, x).sum()), (LLAMA, X3)),
+    "tied-embedding lm loss": (_lm_loss, (LLAMA, EMB, TOKENS, NEXT)),
+    "tied-embedding lm gradient": (jax.grad(_lm_loss, argnums=(0, 1)), (LLAMA, EMB, TOKENS, NEXT)),
+    "top-2 mixture of experts": (_moe, (_r(32, D), _r(D, 4), _r(4, D, D) * 0.1)),
+    "clipped adamw step": (_clipped_adamw, ({"a": _r(D, F), "b": _r(F, D)}, _r(B, D), _r(B, D))),
+    "rnn under scan": (_rnn, (_r(B, D), _r(S, B, D), _r(D, D) * 0.1, _r(D, D) * 0.1)),
+    "per-example gradients": (_per_example_grads, (_r(D, F), _r(B, D), _r(B, F))),
+    "kv cache write": (
+        lambda cache, new, pos: lax.dynamic_update_slice(cache, new, (0, pos, 0, 0)),
+        (jnp.zeros((B, S, H, HD)), _r(B, 1, H, HD), jnp.int32(3)),
+    ),
+    "depthwise conv": (lambda x, k: _conv(x, k, 16), (_r(B, 8, 8, 16), _r(3, 3, 1, 16))),
+    "conv and max pool": (
+        lambda x, k: lax.reduce_window(
+            _conv(x, k), -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"
+        ),
+        (_r(B, 8, 8, 4), _r(3, 3, 4, 16)),
+    ),
+    "exact gelu": (lambda x, w: jax.nn.gelu(x @ w, approximate=False), (X3, W1)),
+    "accuracy": (lambda x, w, lab: (jnp.argmax(x @ w, -1) == lab).mean(), (X3, _r(D, VOCAB), NEXT)),
+    "einsum with ellipsis": (
+        lambda a, b: jnp.einsum("...ij,...jk->...ik", a, b),
+        (_r(B, 4, 8, 16), _r(B, 4, 16, 8)),
+    ),
+    "bfloat16 dot to float32": (
+        lambda x, w: lax.dot(x, w, preferred_element_type=jnp.float32),
+        (X.astype(jnp.bfloat16), W.astype(jnp.bfloat16)),
+    ),
+    "one-hot embedding": (lambda tok, emb: jax.nn.one_hot(tok, VOCAB) @ emb, (TOKENS, EMB)),
+    "variance": (lambda x, w: jnp.var(x @ w, axis=(0, 1)), (X3, W1)),
+    "positions by cumsum": (
+        lambda m, x: (jnp.cumsum(m, axis=1) - 1)[..., None] * x,
+        (jnp.ones((B, S), jnp.int32), X3),
+    ),
+    "nan_to_num": (lambda x, w: jnp.nan_to_num(jnp.log(x @ w)), (X3, W1)),
+    "attention with a mask": (
+        lambda q, k, m: jax.nn.dot_product_attention(q, k, k, mask=m),
+        (_r(B, S, H, HD), _r(B, S, H, HD), jnp.tril(jnp.ones((1, 1, S, S), bool))),
+    ),
+    "vmap over stacked weights": (
+        lambda ws, x: jax.vmap(lambda w: jnp.tanh(x @ w))(ws),
+        (_r(4, D, F), _r(B, D)),
+    ),
+    "ema of parameters": (
+        lambda p, q: jax.tree.map(lambda a, b: 0.99 * a + 0.01 * b, p, q),
+        ({"a": W1, "b": W2}, {"a": W1 * 2, "b": W2 * 2}),
+    ),
+}
+CASES |= PIECES
 
 
 def check(fn: Callable[..., Any], args: tuple[Any, ...], mesh: str) -> dict[str, Any]:
