@@ -98,3 +98,18 @@ def test_an_argument_returned_as_it_is_has_a_result_buffer_of_its_own(fn):
     plan = shardwise.plan(fn, X, mesh=MESH, profile="cpu-2core", top=2).verify(repeat=1)
     found = {p.name: (p.predicted.memory_bytes, p.verified.memory_bytes) for p in plan.plans}
     assert all(0 <= compiled - predicted <= 16 for predicted, compiled in found.values()), found
+
+
+def test_an_implicit_broadcast_moves_its_operand_to_the_results_layout():
+    """``x * y`` with ``y`` of shape ``(1, 1, 32)``, split on its features, and ``x`` on its
+    batch: XLA gathers ``y`` (128 bytes) and multiplies in ``x``'s layout. The plan had the
+    product made split like ``y`` and moved to ``x``'s layout (an all-to-all of the whole
+    product, 2 KiB), a collective the compiled program does not have."""
+    x, y = jnp.ones((8, 16, 32)), jnp.ones((1, 1, 32))
+    fixed = {"x": "x", "y": "-,-,x"}
+    plan = shardwise.plan(lambda x, y: x * y, x, y, mesh="x=8", profile="cpu-2core", fixed=fixed)
+    checked = plan.verify(repeat=1)
+    search = checked.get("search")
+    assert [(c.kind, c.bytes) for c in search.predicted.collectives] == [("all-gather", 128)]
+    assert all(p.verified is not None and p.verified.collectives_match for p in checked.plans)
+    np.testing.assert_array_equal(np.asarray(plan.sharded()(x, y)), np.asarray(x * y))

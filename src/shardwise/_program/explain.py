@@ -16,7 +16,7 @@ from shardwise._model.strategy import Strategy
 from shardwise._program.graph import Graph
 from shardwise._program.moves import Cost
 from shardwise._program.nodes import Step
-from shardwise._program.steps import StepCosts, map_specs
+from shardwise._program.steps import StepCosts, broadcast_read, map_specs
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -228,6 +228,11 @@ class Tally:
     def map(self, k: int, step: Step) -> None:
         a = step.inputs[0]
         src = self.lay.specs[a]
+        if step.implicit:  # the operand moved to the result's layout, as the matrices count it
+            read = broadcast_read(self.graph, step, self.lay.specs[step.output], self.mesh)
+            self.feed(k, step, 0, a, read)
+            self.seconds[k] += self.costs.broadcast_bytes(step, read)
+            return
         head, mapped = self.costs.map_head(step, src)
         # the gather to the whole operand comes first; what an earlier move of the operand
         # made (a backward scan slices the stack the forward one gathered) is not made again

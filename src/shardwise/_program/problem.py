@@ -30,7 +30,7 @@ from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
 from shardwise._program.moves import entry_ways
 from shardwise._program.nodes import Step
-from shardwise._program.steps import StepCosts, dot_strategies
+from shardwise._program.steps import StepCosts, broadcast_read, dot_strategies
 
 _T = TypeVar("_T")
 
@@ -235,6 +235,11 @@ def _add_map(problem: _Draft, step: Step) -> None:
 
 
 def _map_matrix(step: Step, sa: list[Spec], sb: list[Spec], costs: StepCosts) -> np.ndarray:
+    if step.implicit:  # its operand moved to the result's layout (:func:`~.steps.broadcast_read`)
+        reads = [broadcast_read(costs.graph, step, t, costs.mesh) for t in sb]
+        own = np.array([costs.broadcast_bytes(step, r) for r in reads])
+        a = step.inputs[0]
+        return np.asarray(_moves(costs, step, a, sa, reads, True) + own[None, :])
     after: dict[Spec, np.ndarray] = {}
     rows = []
     for s in sa:

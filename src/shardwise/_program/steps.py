@@ -107,6 +107,21 @@ def _map_specs(
     return whole, Spec(tuple(carried)).canonical(), partial
 
 
+def broadcast_read(graph: Graph, step: Step, dst: Spec, mesh: MeshSpec) -> Spec:
+    """The layout an implicit broadcast (a ``(4, 1)`` operand of a ``(4, 8)`` elementwise op)
+    reads its operand in to make its result as ``dst``: XLA's partitioner moves the operand to
+    the result's layout on the dimensions it carries, and makes the dimensions it broadcasts
+    as split on each device (seen: a LayerNorm scale split like the features, its result kept
+    split on the batch: an all-gather of the scale, not an all-to-all of the result)."""
+    shape = graph.values[step.inputs[0]].shape
+    out = dst.padded(len(step.dim_map))
+    entries: list[Entry] = [()] * len(shape)
+    for o, d in enumerate(step.dim_map):
+        if d is not None and shape[d] % entry_ways(out[o], mesh) == 0:
+            entries[d] = out[o]
+    return Spec(tuple(entries)).canonical()
+
+
 def made_by_ops(graph: Graph) -> frozenset[int]:
     """The arrays XLA cannot fuse a copy into the making of: the program's arguments and the
     results of its dots and opaque ops."""
@@ -321,6 +336,13 @@ class StepCosts:
         comm = gather.seconds + sum(c.seconds for c, _ in sums) * step.repeat
         parts = (*gather.collectives, *sums)
         return Cost(comm + step.repeat * moved / self.profile.memory_Bps, parts), mapped
+
+    def broadcast_bytes(self, step: Step, read: Spec) -> float:
+        """Seconds an implicit broadcast takes to read its operand as ``read`` (it writes
+        nothing of its own: the elementwise op that reads it does)."""
+        value = self.graph.values[step.inputs[0]]
+        moved = 0 if step.kernel else shard_bytes(value, read, self.mesh)
+        return step.repeat * moved / self.profile.memory_Bps
 
     def map(self, step: Step, src: Spec, dst: Spec) -> Cost:
         """A map from its operand held as ``src`` to its result kept as ``dst``."""
