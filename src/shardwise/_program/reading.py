@@ -163,8 +163,8 @@ def _traced(
 ) -> tuple[str, Graph]:
     """The program's name and graph (of its training step with ``train``), traced under
     ``devices`` where given (so code that names mesh axes bare, as explicit sharding does,
-    finds them): what ``fn`` raises is the user's, said as such; a program past what XLA can
-    count is refused."""
+    finds them; on Explicit axes, under their Auto twin first): what ``fn`` raises is the
+    user's, said as such; a program past what XLA can count is refused."""
     name = getattr(fn, "__name__", "program")
     traced = as_users(fn, name)
     step = train_step(traced) if train else traced
@@ -177,19 +177,19 @@ def _traced(
         ):
             return build(step, args, name, signature=fn)
 
-    try:
+    if devices is None or not is_explicit(devices):
         graph = under(devices)
-    except UserCodeError as e:
-        # on Explicit axes ``with_sharding_constraint`` asserts the layout an array already
-        # has (Flax's logical constraints call it); the abstract arguments have none, so it
-        # is traced on the mesh's Auto twin, where it is a constraint: the plan's layout
-        # replaces it when the plan runs
-        if (
-            devices is None
-            or not is_explicit(devices)
-            or not isinstance(e.__cause__, AssertionError)
-        ):
-            raise
-        graph = under(auto_twin(devices))
+    else:
+        # traced on the mesh's Auto twin first: traced on Explicit axes, the regions of ops (a
+        # scatter-add's combiner) carry the mesh's types, which JAX lowers as constraints that
+        # change how XLA partitions the op (it gathered an embedding gradient's updates where
+        # the plan sums partial tables), and ``with_sharding_constraint`` asserts the layout an
+        # array already has (Flax's logical constraints call it; the abstract arguments have
+        # none). The plan's layouts stand in for constraints when it runs. Code that needs
+        # Explicit axes is traced on them.
+        try:
+            graph = under(auto_twin(devices))
+        except UserCodeError:
+            graph = under(devices)
     check_program_extent([(v.name, v.shape, v.dtype) for v in graph.values], name)
     return name, graph
