@@ -128,22 +128,29 @@ are CPUs, :class:`_Fixed`: the same for every plan of the program."""
 
 def _fixed(graph: Graph, cpu: bool = False) -> _Fixed:
     """:class:`_Fixed` of ``graph``, computed once per graph (and ``cpu``, where the program
-    makes 16-bit floats: elsewhere the same)."""
-    if cpu and not _fixed(graph).halves.any():
-        return _fixed(graph)
+    makes 16-bit floats: there only the lives differ, :mod:`.upcast`)."""
     hit = _FIXED.get((id(graph), cpu))
     if hit is not None and hit[0] is graph:
         return hit[1]
-    lives = None if bodies(graph) else _live(graph, Schedule({}, frozenset()), cpu)
+    if cpu:
+        base = _fixed(graph)
+        if not base.halves.any():
+            return base
+        lives = None if bodies(graph) else _live(graph, Schedule({}, frozenset()), cpu)
+        found = base._replace(lives=lives)
+        _FIXED.put((id(graph), cpu), (graph, found))
+        return found
+    lives = None if bodies(graph) else _live(graph, Schedule({}, frozenset()))
     visit = [n for n, s in enumerate(graph.steps) if not fused(graph, s)]
     kinds: dict[tuple[int, tuple[int, ...], str], tuple[int, int, Value]] = {}
     kind_of = []
-    for v in held(graph):
+    arrays = held(graph)
+    for v in arrays:
         value = graph.values[v]
         key = (graph.find(v), value.shape, value.dtype)
         kind_of.append(kinds.setdefault(key, (len(kinds), key[0], value))[0])
     each = [(root, value) for _, root, value in kinds.values()]
-    halves = np.array(made_halves(graph, held(graph)), dtype=bool)
+    halves = np.array(made_halves(graph, arrays), dtype=bool)
     read = frozenset(a for step in graph.steps for a in step.inputs)
     found = _Fixed(lives, visit, to_outputs(graph), each, np.array(kind_of, np.intp), halves, read)
     _FIXED.put((id(graph), cpu), (graph, found))
