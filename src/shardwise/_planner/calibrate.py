@@ -65,6 +65,39 @@ def matmul_runner(mesh: Mesh, m: int, k: int, n: int, dtype: str) -> Callable[[]
     return partial(jax.jit(lambda a, b: jnp.einsum("bij,bjk->bik", a, b)), x, w)
 
 
+def conv_runner(mesh: Mesh, batch: int, side: int) -> Callable[[], object]:
+    """A 3x3 convolution of ``batch`` one-feature ``side``x``side`` images into one feature on
+    every device at once (its FLOPs and bytes next to nothing: its time per tap)."""
+    sharding = NamedSharding(mesh, _flat(mesh))
+    x = jax.device_put(jnp.ones((mesh.size * batch, side, side, 1), jnp.float32), sharding)
+    k = jnp.ones((3, 3, 1, 1), jnp.float32)
+    dims = ("NHWC", "HWIO", "NHWC")
+    conv = jax.jit(lambda a: jax.lax.conv_general_dilated(a, k, (1, 1), "SAME",
+                                                          dimension_numbers=dims))  # fmt: skip
+    return partial(conv, x)
+
+
+CONVS = ((1, 28), (16, 28))
+"""The convolutions (images per device, side) whose times give a CPU's time per tap."""
+
+
+def fit_conv_tap(seconds: Sequence[float], flops_per_s: float, gemm_Bps: float) -> float:
+    """A convolution's time per output position and kernel tap beyond what its FLOPs and bytes
+    take (:attr:`~shardwise._model.profile.Profile.conv_tap_s`), from the times of
+    :data:`CONVS` (one feature in and out: per image, 6724 taps that fall on the image over
+    784 positions, two FLOPs a tap and 8 bytes a position); 0 where the larger one is no
+    slower per tap than those take.
+
+    >>> round(fit_conv_tap([0.5e-3, 5.3e-3], 3.5e10, 0.385e9) * 1e9)
+    45
+    """
+    (b0, s0), (b1, s1) = CONVS
+    taps = [b * (3 * s - 2) ** 2 for b, s in CONVS]
+    slope = (seconds[1] - seconds[0]) / (taps[1] - taps[0])
+    bytes_per_tap = 8 * (b1 * s1 * s1 - b0 * s0 * s0) / (taps[1] - taps[0])
+    return max(slope - 2 / flops_per_s - bytes_per_tap / gemm_Bps, 0.0)
+
+
 TURN_SECONDS = 0.02
 """Each turn of a measurement calls it for at least this long and counts the mean."""
 
@@ -171,14 +204,7 @@ def calibrate(
     dtypes = ("float32", "bfloat16")
     axes = [axis for axis, size in spec.axes if size >= 2]
     step("compiling the measurements")
-    runners = memory_runners(mesh, per_device_bytes)
-    for dtype in dtypes:
-        for shape in shapes:
-            runners[f"{dtype} {shape}"] = matmul_runner(mesh, *shape, dtype)
-    for axis in axes:
-        for kind in ("all-reduce", "all-gather"):
-            for nbytes in (small, large):
-                runners[f"{kind} {axis} {nbytes}"] = collective_runner(mesh, axis, kind, nbytes)
+    runners = _runners(mesh, per_device_bytes, shapes, dtypes, axes, (small, large))
     step(f"{len(runners)} measurements, taking turns")
     # taking turns, a passing load on the machine slows every measurement a little rather
     # than one of them a lot (one all-reduce, timed alone, once came out 6x slow)
@@ -191,7 +217,11 @@ def calibrate(
         times = [t[f"{dtype} {shape}"] for shape in shapes]
         width = jnp.dtype(dtype).itemsize
         flops[dtype], packing[dtype] = fit_matmul(shapes, times, width, platform)
-    gemm = packing["float32"]
+    gemm = min(packing["float32"], bandwidth)
+    tap = None
+    if platform == "cpu":
+        convs = [t[f"conv {batch}x{side}"] for batch, side in CONVS]
+        tap = fit_conv_tap(convs, flops["float32"], gemm)
     links: dict[str, Link] = {}
     gathers: dict[str, Link] = {}
     measured: dict[str, float] = {}
@@ -215,7 +245,8 @@ def calibrate(
             axis_links=links,
             gather=_median_link(gathers),
             gather_links=gathers,
-            matmul_Bps=min(gemm, bandwidth),
+            matmul_Bps=gemm,
+            conv_tap_s=tap,
             sources={
                 "all": f"shardwise calibrate on {mesh.size} {platform} devices "
                 f"({getattr(device, 'device_kind', platform)}), mesh {spec.describe()}, {stamp}; "
@@ -225,6 +256,31 @@ def calibrate(
         )
     except InvalidProfile as e:
         raise _unusable(f"made a profile that cannot be used: {e.fact}") from None
+
+
+def _runners(
+    mesh: Mesh,
+    per_device_bytes: int,
+    shapes: Sequence[tuple[int, int, int]],
+    dtypes: Sequence[str],
+    axes: Sequence[str],
+    sizes: Sequence[int],
+) -> dict[str, Callable[[], object]]:
+    """Every measurement :func:`calibrate` takes, by name: memory, the matmuls ``shapes`` in
+    each of ``dtypes``, on CPUs the convolutions :data:`CONVS`, and each collective along each
+    of ``axes`` at each of ``sizes`` (bytes per device)."""
+    runners = memory_runners(mesh, per_device_bytes)
+    for dtype in dtypes:
+        for shape in shapes:
+            runners[f"{dtype} {shape}"] = matmul_runner(mesh, *shape, dtype)
+    if mesh.devices.flat[0].platform == "cpu":
+        for batch, side in CONVS:
+            runners[f"conv {batch}x{side}"] = conv_runner(mesh, batch, side)
+    for axis in axes:
+        for kind in ("all-reduce", "all-gather"):
+            for nbytes in sizes:
+                runners[f"{kind} {axis} {nbytes}"] = collective_runner(mesh, axis, kind, nbytes)
+    return runners
 
 
 def _check_times(seconds: dict[str, float]) -> None:

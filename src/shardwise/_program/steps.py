@@ -40,7 +40,7 @@ from shardwise._model.strategy import Strategy, reduce_axes, strategies
 from shardwise._program.graph import Graph
 from shardwise._program.moves import Cost, entry_ways, reshard, reshard_seconds, shard_bytes
 from shardwise._program.nodes import Step
-from shardwise._program.windows import bytes_read, cpu_copies
+from shardwise._program.windows import bytes_read, conv_taps, cpu_copies
 
 
 def dot_strategies(
@@ -269,8 +269,9 @@ class StepCosts:
         partial = shard_bytes(out, strategy.out_spec, mesh)
         wire = wire_itemsize(out.dtype, profile.platform)  # (a CPU sums bfloat16 as float32)
         summed = wire_bytes(partial, out.dtype, profile.platform)
-        flops = step.flops / math.prod(mesh.shape[a] for _, e in strategy.layout.assignment
-                                       for a in e)  # fmt: skip
+        own = step.flops / math.prod(mesh.shape[a] for _, e in strategy.layout.assignment
+                                     for a in e)  # fmt: skip
+        flops = own
         axes = tuple(a for a in reduce_axes(op, strategy.layout, mesh) if mesh.shape[a] > 1)
         sums = [
             PredictedCollective("all-reduce", group, summed,
@@ -290,6 +291,11 @@ class StepCosts:
             if profile.platform == "cpu":
                 copied = [n for n, c in zip((*held, partial), cpu_copies(op), strict=True) if c]
                 seconds += 2 * sum(copied) / profile.memory_Bps
+            if profile.conv_tap_s:  # (a time per position and tap, whatever the features)
+                split = {i: math.prod(mesh.shape[a] for a in e)
+                         for i, e in strategy.layout.assignment}  # fmt: skip
+                kernel = graph.values[step.inputs[1]].shape
+                seconds += conv_taps(op, kernel, own, split) * profile.conv_tap_s
         else:
             seconds = max(compute, moved / profile.memory_Bps)
         seconds += sum(c.seconds for c in sums)

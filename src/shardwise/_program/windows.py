@@ -133,6 +133,25 @@ def cpu_copies(op: Op) -> tuple[bool, ...]:
     )
 
 
+def conv_taps(op: Op, kernel: Shape, flops: float, split: Mapping[str, int]) -> float:
+    """How many (output position, kernel tap) pairs one device's part of a convolution read
+    as ``op`` (kernel shape ``kernel``) computes, from its ``flops`` on that device: two FLOPs
+    per tap, input feature (of a group) and output feature, each feature letter's size
+    divided by the devices ``split`` splits it over. Splitting the features leaves every
+    device all the pairs; splitting the batch divides them (a kernel's gradient sums over the
+    batch: its "batch" is the image's features).
+
+    >>> op = Op(("nhwc", "ijco"), "nhwo")  # 16 images, 8 to 16 features, 9 taps at 100 points
+    >>> conv_taps(op, (3, 3, 8, 16), 2 * 16 * 100 * 9 * 8 * 16 / 4, {"n": 2, "o": 2})
+    7200.0
+    """
+    features = 1
+    for letter, size in zip(op.inputs[1], kernel, strict=True):
+        if letter in op.inputs[0] or letter in op.output or letter == "g":  # (not a tap)
+            features *= -(-size // split.get(letter, 1))
+    return flops / (2 * features)
+
+
 def conv_flops(p: Mapping[str, Any], lhs: Shape, rhs: Shape, out: Shape) -> float:
     """A convolution's FLOPs as XLA counts them (``HloCostAnalysis``): two per multiply-add,
     one multiply-add per input feature (of a group), output element and kernel tap that
