@@ -241,6 +241,7 @@ def test_calibrate_writes_a_profile_the_planner_uses(tmp_path, monkeypatch):
     assert default_profile("cpu", 8).name == "local-cpu-8"
     assert load_profile("local-cpu-8").memory_Bps == pytest.approx(data["memory_Bps"])
     assert set(data["gather_links"]) == {"x", "y"} and data["gather"]["bandwidth_Bps"] > 0
+    assert data["conv_tap_s"] >= 0  # (CPU devices: a convolution's time per tap measured)
     # a CPU profile from before the one-step collective model is left for the built-in one
     path = next(tmp_path.rglob("local-cpu-8.json"))
     stale = {k: v for k, v in data.items() if k not in ("gather", "gather_links")}
@@ -263,6 +264,7 @@ def test_calibrate_times_every_measurement_in_one_round_of_turns(monkeypatch):
         times = {name: 1e-3 for name in runners}
         times["memory read"], times["memory copy"] = big / 4e9, 2 * big / 5e9
         times["all-reduce y 1024"], times[f"all-reduce y {big // 8}"] = 2e-4, 2e-4 + 1e-4
+        times["conv 1x28"], times["conv 16x28"] = 5e-4, 6e-3
         return times
 
     monkeypatch.setattr(cal, "alternate", fake_alternate)
@@ -278,6 +280,10 @@ def test_calibrate_times_every_measurement_in_one_round_of_turns(monkeypatch):
     assert profile.axis_links["x"] == cal.fit_link(
         2, "all-reduce", "cpu", 1024, big // 8, 1e-3, 1e-3
     )
+    # the convolutions' time per tap, beyond what their FLOPs and bytes take at the rates fitted
+    assert {"conv 1x28", "conv 16x28"} <= set(names)
+    fitted = cal.fit_conv_tap([5e-4, 6e-3], profile.flops("float32"), profile.gemm_Bps)
+    assert profile.conv_tap_s == pytest.approx(fitted) and 0 < fitted < 5.5e-3 / (15 * 6724)
 
 
 def test_verify_compares_and_times():

@@ -72,6 +72,8 @@ BAD_FIGURES = [
     (("gather", "latency_s"), "fast", 'gather.latency_s is "fast", not a number'),
     (("matmul_Bps",), math.inf, "matmul_Bps is inf"),
     (("memory_bytes",), -1, "memory_bytes is -1"),
+    (("conv_tap_s",), -5e-8, "conv_tap_s is -5e-08"),
+    (("conv_tap_s",), "55ns", 'conv_tap_s is "55ns", not a number'),
     (("platform",), "quantum", "platform is 'quantum'; it must be one of cpu, gpu, tpu"),
     (("speed",), 1.0, "it has the unknown key 'speed'"),
 ]
@@ -98,6 +100,16 @@ def test_a_profile_built_in_python_with_a_bad_figure_is_refused():
         dataclasses.replace(CPU, gather_links={"x": dataclasses.replace(CPU.link, bandwidth_Bps=0)})
     # a free link (no latency) is a figure some what-if studies use
     assert dataclasses.replace(CPU, link=dataclasses.replace(CPU.link, latency_s=0.0))
+    # and a convolution that takes no time per tap (a GPU's, a TPU's: none is given)
+    assert dataclasses.replace(CPU, conv_tap_s=0.0).conv_tap_s == 0.0
+
+
+def test_a_profiles_time_per_convolution_tap_is_written_and_read_back():
+    data = CPU.to_json()
+    assert data["conv_tap_s"] == CPU.conv_tap_s > 0
+    assert Profile.from_json(data).conv_tap_s == CPU.conv_tap_s
+    del data["conv_tap_s"]  # a profile written before it existed: no time per tap
+    assert Profile.from_json(data).conv_tap_s is None
 
 
 def test_a_profile_nested_100000_deep_is_refused(tmp_path):

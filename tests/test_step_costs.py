@@ -4,6 +4,8 @@ every op, modelled or not, costs something."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -204,3 +206,51 @@ def test_a_map_reads_whole_the_dimension_it_slices_pads_or_scans(op):
         checked = p.verify(repeat=1)
     for q in checked.plans:
         assert q.verified is not None and q.verified.collectives_match, q.name
+
+
+def test_a_cpu_convolution_takes_a_time_per_position_and_tap_whatever_its_features():
+    """On a CPU a convolution takes ``conv_tap_s`` per output position and kernel tap on top
+    of its FLOPs and bytes, whatever its features: split on its output features, each device
+    still makes every position; split on its batch, each makes its share. A kernel's gradient
+    is a convolution whose positions are the kernel's taps (times the image's features) and
+    whose taps are the image's pixels, its images the features it sums: split on the images'
+    batch, each device keeps every pair."""
+    from shardwise._model.mesh import MeshSpec
+    from shardwise._program.graph import build
+    from shardwise._program.steps import StepCosts, dot_strategies
+
+    def conv(x, k):  # type: ignore[no-untyped-def]
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+
+    def kernel_gradient(x, k, g):  # type: ignore[no-untyped-def]
+        return jax.vjp(lambda k: conv(x, k), k)[1](g)[0]
+
+    x, k, g = (
+        S((32, 28, 28, 1), "float32"),
+        S((3, 3, 1, 8), "float32"),
+        S((32, 28, 28, 8), "float32"),
+    )
+    mesh = MeshSpec.parse("x=8")
+    no_taps = dataclasses.replace(CPU, conv_tap_s=None)
+    on_image = (3 * 28 - 2) ** 2  # an image's (position, tap) pairs that fall on it
+    # the images are the forward convolution's batch n, its kernel gradient's features c
+    for fn, args, image_batch in ((conv, (x, k), "n"), (kernel_gradient, (x, k, g), "c")):
+        pairs = 32 * on_image if fn is conv else on_image  # (the images summed, one feature)
+        graph = build(fn, args)
+        [step] = [s for s in graph.steps if s.prim == "conv_general_dilated"]
+        assert step.op is not None
+        _, found = dot_strategies(graph, step, mesh, 10_000)
+        with_taps, without = StepCosts(graph, mesh, CPU), StepCosts(graph, mesh, no_taps)
+        seen = set()
+        for strategy in found:
+            split = {i for i, axes in strategy.layout.assignment if axes}
+            extra = with_taps.dot(step, strategy).seconds - without.dot(step, strategy).seconds
+            if split == {image_batch}:  # the images split 8 ways
+                seen.add("batch")
+                want = pairs if fn is kernel_gradient else pairs / 8
+                assert extra == pytest.approx(want * CPU.conv_tap_s), strategy
+            if split == {"o"}:  # the output features split 8 ways: every pair on each device
+                seen.add("features")
+                assert extra == pytest.approx(pairs * CPU.conv_tap_s), strategy
+        assert seen == {"batch", "features"}, (fn.__name__, [s.layout for s in found])

@@ -75,6 +75,8 @@ def calibrate(
         table.add_row("memory bandwidth", f"{profile.memory_Bps / 1e9:.2f} GB/s")
         for dtype, f in profile.flops_per_s.items():
             table.add_row(f"matmul {dtype}", f"{f / 1e9:.1f} GFLOP/s")
+        if profile.conv_tap_s is not None:
+            table.add_row("convolution, per position and tap", f"{profile.conv_tap_s * 1e9:.1f} ns")
         for kind, links in (
             ("all-reduce", profile.axis_links),
             ("all-gather", profile.gather_links),
