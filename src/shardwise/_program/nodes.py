@@ -1,6 +1,7 @@
 """The records a program graph is made of: its arrays (:class:`Value`), the ops between them
 that decide or change a layout (:class:`Step`), the layouts its code asks for (:class:`Asked`),
-and the classes of arrays that share a layout (:class:`Classes`)."""
+the classes of arrays that share a layout (:class:`Classes`), and the last reads of arrays
+that elementwise ops read again where XLA fuses them (:func:`fused_reads`)."""
 
 from __future__ import annotations
 
