@@ -64,6 +64,12 @@ KNOWN: dict[tuple[str, str], tuple[str, type[BaseException]]] = {
         "the attention scores' buffers (its live bytes are within 4% of the prediction)",
         MemoryOffPrediction,
     ),
+    ("linen-cnn-step", "verify"): (
+        _MEMORY + "fsdp compiled to 1.30×: its convolutions split the batch 8 ways, and the "
+        "zeros XLA makes into an array where a relu comes before an average pool in a training "
+        "step are not modelled (52 KB of temporaries against 35 KB predicted)",
+        MemoryOffPrediction,
+    ),
 }
 """What each check that fails today found (the same on both meshes), and the exception it
 fails with."""
