@@ -224,24 +224,3 @@ def test_an_argument_updated_and_returned_is_updated_in_the_results_buffer() -> 
     assert len(ratios) >= 3
     for name, ratio in ratios.items():
         assert 0.85 <= ratio <= 1.15, (name, ratio)
-
-
-def test_a_relus_input_is_held_until_the_backward_pass_reads_its_mask():
-    """``relu``'s gradient reads its mask ``x > 0``, an elementwise value no step reads: XLA
-    computes it there from ``x``, which it keeps from the forward pass (seen in the compiled
-    HLO: the backward fusion reads the convolution's output), so the model holds ``x`` until
-    then; it had ``x`` freed after the forward pass and predicted a CNN's batch-split training
-    step at 0.77 of XLA's memory."""
-    from shardwise._program.graph import build
-
-    def loss(w, x):  # type: ignore[no-untyped-def]
-        return jnp.sum(jnp.tanh(jax.nn.relu(x @ w)))
-
-    S = jax.ShapeDtypeStruct
-    w, x = S((32, 64), "float32"), S((16, 32), "float32")
-    graph = build(lambda w, x: jax.grad(loss)(w, x), [w, x])
-    [pre] = [v for s in graph.steps if s.kind == "dot" and not s.backward for v in [s.output]]
-    [mask] = [v for v, value in enumerate(graph.values) if value.name.startswith("gt@")]
-    selects = [v for v, value in enumerate(graph.values) if value.name.startswith("select_n@")]
-    assert mask not in graph.fed and selects  # (fused: made inside the select that reads it)
-    assert graph.last[pre] == graph.last[mask] >= max(graph.born[s] for s in selects)

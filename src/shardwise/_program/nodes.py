@@ -1,7 +1,6 @@
 """The records a program graph is made of: its arrays (:class:`Value`), the ops between them
 that decide or change a layout (:class:`Step`), the layouts its code asks for (:class:`Asked`),
-the classes of arrays that share a layout (:class:`Classes`), and the last reads of arrays
-that elementwise ops read again where XLA fuses them (:func:`fused_reads`)."""
+and the classes of arrays that share a layout (:class:`Classes`)."""
 
 from __future__ import annotations
 
