@@ -204,7 +204,7 @@ def calibrate(
     dtypes = ("float32", "bfloat16")
     axes = [axis for axis, size in spec.axes if size >= 2]
     step("compiling the measurements")
-    runners = _runners(mesh, per_device_bytes, shapes, dtypes, axes, (small, large))
+    runners = _runners(mesh, platform, per_device_bytes, shapes, dtypes, axes, (small, large))
     step(f"{len(runners)} measurements, taking turns")
     # taking turns, a passing load on the machine slows every measurement a little rather
     # than one of them a lot (one all-reduce, timed alone, once came out 6x slow)
@@ -260,20 +260,22 @@ def calibrate(
 
 def _runners(
     mesh: Mesh,
+    platform: str,
     per_device_bytes: int,
     shapes: Sequence[tuple[int, int, int]],
     dtypes: Sequence[str],
     axes: Sequence[str],
     sizes: Sequence[int],
 ) -> dict[str, Callable[[], object]]:
-    """Every measurement :func:`calibrate` takes, by name: memory, the matmuls ``shapes`` in
-    each of ``dtypes``, on CPUs the convolutions :data:`CONVS`, and each collective along each
-    of ``axes`` at each of ``sizes`` (bytes per device)."""
+    """Every measurement :func:`calibrate` takes on ``mesh`` (of ``platform``'s devices), by
+    name: memory, the matmuls ``shapes`` in each of ``dtypes``, on CPUs the convolutions
+    :data:`CONVS`, and each collective along each of ``axes`` at each of ``sizes`` (bytes per
+    device)."""
     runners = memory_runners(mesh, per_device_bytes)
     for dtype in dtypes:
         for shape in shapes:
             runners[f"{dtype} {shape}"] = matmul_runner(mesh, *shape, dtype)
-    if mesh.devices.flat[0].platform == "cpu":
+    if platform == "cpu":
         for batch, side in CONVS:
             runners[f"conv {batch}x{side}"] = conv_runner(mesh, batch, side)
     for axis in axes:

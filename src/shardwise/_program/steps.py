@@ -269,8 +269,8 @@ class StepCosts:
         partial = shard_bytes(out, strategy.out_spec, mesh)
         wire = wire_itemsize(out.dtype, profile.platform)  # (a CPU sums bfloat16 as float32)
         summed = wire_bytes(partial, out.dtype, profile.platform)
-        own = step.flops / math.prod(mesh.shape[a] for _, e in strategy.layout.assignment
-                                     for a in e)  # fmt: skip
+        split = {i: entry_ways(e, mesh) for i, e in strategy.layout.assignment}
+        own = step.flops / math.prod(split.values())
         flops = own
         axes = tuple(a for a in reduce_axes(op, strategy.layout, mesh) if mesh.shape[a] > 1)
         sums = [
@@ -292,8 +292,6 @@ class StepCosts:
                 copied = [n for n, c in zip((*held, partial), cpu_copies(op), strict=True) if c]
                 seconds += 2 * sum(copied) / profile.memory_Bps
             if profile.conv_tap_s:  # (a time per position and tap, whatever the features)
-                split = {i: math.prod(mesh.shape[a] for a in e)
-                         for i, e in strategy.layout.assignment}  # fmt: skip
                 kernel = graph.values[step.inputs[1]].shape
                 seconds += conv_taps(op, kernel, own, split) * profile.conv_tap_s
         else:
