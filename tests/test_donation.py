@@ -35,7 +35,8 @@ def _state(args, seed=0):
 
 def test_an_adamw_steps_state_is_written_over_counted_once_and_donated_when_run():
     """A Llama AdamW step with its parameters and moments donated: each new parameter and
-    moment is paired with its old one, the plans hold less than without donation, the
+    moment is paired with its old one, the plans that hold the whole state on each device hold
+    less than without donation (none more than 5% more), the
     data-parallel one (the state whole on each device) within 20% of what XLA holds when it
     compiles it donated, and the chosen plan runs to jit's numbers with its donated inputs
     consumed."""
@@ -50,9 +51,13 @@ def test_an_adamw_steps_state_is_written_over_counted_once_and_donated_when_run(
     names = given.graph.names
     inputs = {v: k for k, v in enumerate(given.graph.inputs)}
     assert all(names[inputs[a]].startswith(("params", "opt_state")) for a in pairs.values())
-    for p in given.plans:
+    for p in given.plans:  # (XLA keeps temporaries in results' buffers of their own, not in
+        # donated ones: a plan whose temporaries outweigh its state holds about as much,
+        # megatron's compiled 0.4% more donated than not)
         q = kept.get(p.name)
-        assert p.predicted.memory_bytes < q.predicted.memory_bytes, p.name
+        assert p.predicted.memory_bytes < 1.05 * q.predicted.memory_bytes, p.name
+    for name in ("data-parallel", "replicated"):  # (the whole state on each device)
+        assert given.get(name).predicted.memory_bytes < 0.97 * kept.get(name).predicted.memory_bytes
     one = dataclasses.replace(given, plans=(given.get("data-parallel"),))  # (compiled twice)
     for p in one.verify(repeat=1).plans:
         assert p.verified is not None and p.verified.memory_bytes

@@ -77,15 +77,16 @@ def overwritten(
                 break
 
 
-def in_place(graph: Graph, results: set[int], cpu: bool = False) -> set[int]:
-    """The arrays that live in a result's buffer: XLA gives each result a buffer of its own,
-    held from the program's start (``memory_analysis`` counts arguments, results and the
-    temporaries' peak), and an array that the elementwise ops making a result read last
-    (an SGD step's gradient) is made in that buffer, not beside it (``w - lr * g`` runs in
-    place), and so is the dot's result that such an array transposes (XLA has the dot write
-    the transposed layout). On CPU (``cpu``) a 16-bit float array is a float32 buffer
-    (:mod:`.upcast`): a bfloat16 gradient is made in its float32 parameter's new buffer."""
-    out = set()
+def in_place(graph: Graph, results: set[int], cpu: bool = False) -> dict[int, int]:
+    """The arrays that live in a result's buffer, each to that result: XLA gives each result
+    a buffer of its own, held from the program's start (``memory_analysis`` counts
+    arguments, results and the temporaries' peak), and an array that the elementwise ops
+    making a result read last (an SGD step's gradient) is made in that buffer, not beside it
+    (``w - lr * g`` runs in place), and so is the dot's result that such an array
+    transposes (XLA has the dot write the transposed layout). On CPU (``cpu``) a 16-bit
+    float array is a float32 buffer (:mod:`.upcast`): a bfloat16 gradient is made in its
+    float32 parameter's new buffer."""
+    out: dict[int, int] = {}
     arguments = set(graph.inputs)
     by_class = {graph.find(r): r for r in results}
     for v in graph.fed | {s.output for s in graph.steps}:
@@ -98,7 +99,7 @@ def in_place(graph: Graph, results: set[int], cpu: bool = False) -> set[int]:
             and held_dtype(graph.values[v].dtype, cpu) == graph.values[r].dtype
             and graph.last[v] <= graph.born[r]
         ):
-            out.add(v)
+            out[v] = r
     for step in reversed(graph.steps):  # a transposed gradient is its dot's result, read so
         a = step.inputs[0]
         if (
@@ -106,5 +107,5 @@ def in_place(graph: Graph, results: set[int], cpu: bool = False) -> set[int]:
             and step.output in out
             and graph.last[a] <= graph.born[step.output]
         ):
-            out.add(a)
+            out[a] = out[step.output]
     return out

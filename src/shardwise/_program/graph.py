@@ -30,7 +30,7 @@ from typing import Any
 import jax
 
 from shardwise._errors import ArgumentError
-from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, in_kernel
+from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, fused_reads, in_kernel
 from shardwise._program.rules import IDENTITIES, REDUCTIONS, Rule, rule_of, whole_dot_flops
 from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
 from shardwise._program.walk import asked as layouts_asked
@@ -56,8 +56,7 @@ class Graph:
         keys: each jaxpr variable's array.
         born, last, clock: where each array is made and last read; the last program point.
         fed: arrays that a step reads (so they are materialised, not fused away).
-        looped: arrays a scan's loop takes in or carries round (XLA writes them each time,
-            even where only elementwise ops read them).
+        looped: arrays a scan's loop takes in or carries round (XLA writes each every time).
         carries: each scan's initial carries, with the path of the scan's body.
         closed, tree: the traced jaxpr; the arguments' pytree (``out_tree``: the result's).
         elementwise_ops: elementwise ops in the program.
@@ -152,6 +151,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
     outputs = [b.env.get(((), var)) if is_var(var) else None for var in jaxpr.outvars]
     for out in (o for o in outputs if o is not None):
         b.use(out, True)
+    fused_reads(b.sources, b.fed | {step.output for step in b.steps}, b.last)
     for v in inputs:
         b.last[v] = b.clock
     return Graph(
@@ -189,6 +189,7 @@ class _Builder(Walker[int]):
         self.steps: list[Step] = []
         self.classes = Classes()  # arrays joined by elementwise ops, scans' carries
         self.elementwise: dict[int, int] = {}
+        self.sources: dict[int, list[int]] = {}  # each elementwise result's operands
         self.born: list[int] = []
         self.last: list[int] = []
         self.fed: set[int] = set()
@@ -247,13 +248,11 @@ class _Builder(Walker[int]):
     def call(
         self, eqn: Any, here: Path, body: Any, consts: Sequence[Any], ins: list[int | None]
     ) -> list[int | None]:
-        # a result the body makes from nothing (a mask by jnp.tril, or a checkpoint's mask
-        # computed ahead for the backward pass) stays free to follow, as an iota
+        # a result made from nothing (a jnp.tril mask, a checkpoint's) is free, as an iota
         return self.run(body, [None] * len(body.constvars), here, ins)
 
     def step(self, kind: Any, prim: str, inputs: Sequence[int], out: int, key: Path,
              eqn: Any, role: Role = "op", **more: Any) -> None:  # fmt: skip
-        """Add a step, reading its operands."""
         self.steps.append(Step(kind, prim, tuple(inputs), out, self.where(eqn), self.repeat, key,
                                role=role, backward=self.is_backward(eqn),
                                module=library_module(eqn), **more))  # fmt: skip
@@ -302,6 +301,7 @@ class _Builder(Walker[int]):
             if held == shape:
                 self.classes.join(a, out)
                 self.use(a, False)
+                self.sources.setdefault(out, []).append(a)
             else:  # (4, 8, 1) - (4, 8, 16): the operand is broadcast to the result's layout
                 dim_map = tuple(d if held[d] == n else None for d, n in enumerate(shape))
                 local = tuple(d for d, n in enumerate(shape) if held[d] != n)

@@ -143,15 +143,15 @@ def conv_copies(
 ) -> None:
     """The copies XLA's CPU backend makes of a convolution's operands and result in the
     layouts its kernels take (:func:`~shardwise._program.windows.cpu_copies`): an operand's
-    as soon as it is made (an argument's as the program starts), held until the convolution
-    (seen in the compiled schedules: a kernel gradient's transposed image made right after
-    the forward pass reads it)."""
+    by the op after the one that makes it (an argument's as the program starts), held until
+    the convolution (seen in the compiled schedules: a kernel gradient's transposed image
+    made right after the forward pass reads it, once what made it is freed)."""
     assert step.op is not None
     at = graph.born[step.output]
     *copied, result = cpu_copies(step.op)
     for a, used, copy in zip(step.inputs, ins, copied, strict=True):
         if copy:
-            start = 0 if a in graph.inputs else graph.born[a]
+            start = 0 if a in graph.inputs else min(graph.born[a] + 1, at)
             points[start : at + 1] += shard_bytes(graph.values[a], used, mesh)
     if result:
         points[at] += shard_bytes(graph.values[step.output], made, mesh)

@@ -5,7 +5,8 @@ the search.
 Memory is counted in program order: an array is held from the op that makes it to its last
 reader (arguments for the whole program); an elementwise result that only elementwise ops read
 is fused away, as XLA does; a result written over a donated argument takes its buffer
-(:mod:`.donation`). The peak is the largest sum of held blocks at one point.
+(:mod:`.donation`); a temporary made before a result, in that result's buffer where it fits
+(:mod:`.bins`). The peak is the largest sum of held blocks at one point.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program import loops
+from shardwise._program.bins import Temps, placed
 from shardwise._program.buffers import folded_transposes, in_place, overwritten, padded_windows
 from shardwise._program.donation import aliased, unaliased_bytes
 from shardwise._program.graph import Graph
@@ -65,6 +67,9 @@ class Lives(NamedTuple):
     first: np.ndarray
     last: np.ndarray
     points: int
+    written: dict[int, int]
+    """Each result held in a buffer of its own, by array: the first point something is
+    written in that buffer (the result, or an array made in it, :func:`in_place`)."""
 
     def alive(self, at: int) -> np.ndarray:
         """Whether each array is held at point ``at``."""
@@ -85,12 +90,16 @@ def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Live
     arrays = held(graph)
     results = {v for v in graph.outputs if v is not None}
     folded, taken = folded_transposes(graph, results), aliased(graph)  # (taken: in donated buffers)
-    within = in_place(graph, results - taken.keys(), cpu) | padded_windows(graph, results)
-    within |= set(folded) | set(taken)
+    homes = in_place(graph, results - taken.keys(), cpu)
+    within = set(homes) | padded_windows(graph, results) | set(folded) | set(taken)
     plan = plan or schedule(graph, set)
     born = list(graph.born)
     for k, at in plan.at.items():
         born[graph.steps[k].output] = at
+    written = {r: born[r] for r in results - within - set(graph.inputs)}
+    for v, r in homes.items():
+        if r in written:
+            written[r] = min(written[r], born[v])
     loops.loop_lives(graph, born)
     reads = last_reads(graph, plan)
     for v, a in sorted(folded.items(), reverse=True):  # (a later transpose of a transpose)
@@ -101,7 +110,7 @@ def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Live
         if v not in within:
             first[k], last[k] = 0 if v in results else born[v], reads[v]
     overwritten(graph, arrays, first, last, results | within)
-    return Lives(arrays, first, last, graph.clock + 1)
+    return Lives(arrays, first, last, graph.clock + 1, written)
 
 
 class _Fixed(NamedTuple):
@@ -192,7 +201,9 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     loop that draws random bits on CPU, hold buffers of their own, :mod:`.loops`). On CPU, a
     gather along any dimension but the first also leaves a copy in the usual layout
     (:func:`~shardwise._program.moves.relayout_bytes`). A checkpointed function's backward
-    steps and copies are counted where XLA runs them (:mod:`~shardwise._program.remat`)."""
+    steps and copies are counted where XLA runs them (:mod:`~shardwise._program.remat`). A
+    temporary (an array, a copy, partial sums) that fits in a result's buffer before the
+    result is made is kept there, as XLA's buffer assignment keeps it (:mod:`.bins`)."""
     cpu = platform == "cpu"
     lives = _in_order(graph, cpu)
     plan = Schedule({}, frozenset())
@@ -204,8 +215,12 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     sizes = _sizes(graph, lay, mesh, arrays)
     if cpu and fixed.halves.any():  # (:mod:`.upcast`: bfloat16 and float16 made as float32)
         sizes = np.where(fixed.halves, 2 * sizes, sizes)
-    points = lives.totals(sizes) + unaliased_bytes(graph, lay, mesh)
     arguments = set(graph.inputs)
+    temporary = np.array(
+        [v not in arguments and v not in lives.written for v in arrays], dtype=bool
+    )
+    points = lives.totals(np.where(temporary, 0, sizes)) + unaliased_bytes(graph, lay, mesh)
+    temps, gone = Temps(), set[int]()
     early: dict[tuple[int, Spec], tuple[int, int]] = {}  # (argument, layout) → (bytes, until)
     if cpu:
         early = {
@@ -224,7 +239,10 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
                 loops.hoist(graph, step, lay, mapped, mesh, points)
             if loops.fused_slice(graph, step, lay, mapped):
                 k = arrays.index(step.output)
-                points[lives.first[k] : lives.last[k] + 1] -= sizes[k]
+                if temporary[k]:
+                    gone.add(k)
+                else:
+                    points[lives.first[k] : lives.last[k] + 1] -= sizes[k]
             continue
         found = lay.steps.get(step.key)
         if found is None:
@@ -240,23 +258,30 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
                     key = (a, used.canonical())
                     early[key] = (copy, max(at, early.get(key, (0, 0))[1]))
                 else:  # made at the step, or as soon as the array is (:mod:`.remat`)
-                    points[born[a] if (n, j) in plan.early else at : at + 1] += copy
+                    temps.add(born[a] if (n, j) in plan.early else at, at, copy)
         kept = specs[step.output]
         if made is not kept and made.canonical() != kept.canonical():
             made_bytes = shard_bytes(graph.values[step.output], made, mesh)
-            points[at] += made_bytes * widening(graph.values[step.output].dtype, cpu)
+            temps.add(at, at, made_bytes * widening(graph.values[step.output].dtype, cpu))
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
             loops.conv_copies(graph, step, ins, made, mesh, points)
         if step.prim in UPDATES and _copies_argument(graph, step, fixed.read):
             points[at] += shard_bytes(graph.values[step.inputs[0]], ins[0], mesh)
         if step.kind == "dot":
-            partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, points)
-    combined(later, points)
+            partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, temps)
+    for j in np.flatnonzero(temporary).tolist():
+        if j not in gone:
+            temps.add(lives.first[j], lives.last[j], sizes[j])
     # XLA moves an argument (gathers a weight) before anything else, as soon as the program
     # starts, and holds it until its last reader (seen in the compiled schedules: every
     # all-gather of an FSDP weight first)
     for copy, until in early.values():
-        points[: until + 1] += copy
+        temps.add(0, until, copy)
+    results = [(int(sizes[k]), lives.written[v]) for k, v in enumerate(arrays)
+               if v in lives.written]  # fmt: skip
+    spans = [(loop.start + 1, loop.end) for loop in graph.loops]
+    temps.onto(points, placed(temps, results, spans))
+    combined(later, points)
     loops.carry_copies(graph, lay, mesh, points)
     if cpu:
         loops.threefry_loops(graph, lay, mesh, points)

@@ -1,10 +1,12 @@
 """The records a program graph is made of: its arrays (:class:`Value`), the ops between them
 that decide or change a layout (:class:`Step`), the layouts its code asks for (:class:`Asked`),
-and the classes of arrays that share a layout (:class:`Classes`)."""
+the classes of arrays that share a layout (:class:`Classes`), and the last reads of arrays
+that elementwise ops read again where XLA fuses them (:func:`fused_reads`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -180,3 +182,15 @@ class Classes:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def fused_reads(sources: Mapping[int, Sequence[int]], kept: Set[int], last: list[int]) -> None:
+    """Move each array's last read (``last``, by array) to the last read of the elementwise
+    results made from it alone that are not ``kept`` as buffers (no step reads them, no step
+    makes them): XLA computes such a result inside each elementwise op that reads it, from its
+    operand then (a training step keeps a relu's input for the backward pass, where the
+    relu's mask ``x > 0`` is read, not the mask). ``sources``: each elementwise result's
+    operands of its shape, by result, in program order."""
+    for v, operands in sorted(sources.items(), reverse=True):  # (a chain's last first)
+        if v not in kept and len(operands) == 1:
+            last[operands[0]] = max(last[operands[0]], last[v])

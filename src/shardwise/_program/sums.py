@@ -12,6 +12,7 @@ from shardwise._caches import cached
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.spec import Spec
+from shardwise._program.bins import Temps
 from shardwise._program.graph import Graph
 from shardwise._program.moves import shard_bytes
 from shardwise._program.nodes import Step
@@ -70,7 +71,7 @@ def partial_buffers(
     cpu: bool,
     outputs_of: set[int],
     later: list[tuple[int, int, int]],
-    points: np.ndarray,
+    temps: Temps,
 ) -> None:
     """A dot's partial sums (it reads its operands and makes its result as ``found`` says)
     where they are a buffer of their own beside the summed result (an all-reduce does not
@@ -87,7 +88,8 @@ def partial_buffers(
         if graph.find(step.output) in outputs_of:
             later.append((at, size, copies))
         else:
-            points[at] += copies * size
+            for _ in range(copies):
+                temps.add(at, at, size)
 
 
 @cached(maxsize=1 << 14)

@@ -1,0 +1,89 @@
+"""The temporaries that XLA keeps in a result's buffer before the result is made.
+
+XLA's buffer assignment gives each result of the program a buffer of its own
+(``memory_analysis`` counts them in full, as :mod:`.memory` holds them from the program's
+start) and then places the other arrays, the largest first, each into the smallest such
+buffer that is big enough and that nothing uses while the array is alive, before any array
+goes to the heap of temporaries; only what finds no room there is counted in the heap (seen
+in XLA's buffer assignment of a training step: the gathers, partial sums and weight
+gradients in the new weights' buffers, the activations in the heap). A result's buffer is in
+use from the first array made in it (:func:`~shardwise._program.buffers.in_place`: a
+gradient updated in place) to the end.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class Temps:
+    """Temporaries, each held from program point ``start`` to ``end`` (inclusive) with its
+    bytes per device."""
+
+    def __init__(self) -> None:
+        self.start: list[int] = []
+        self.end: list[int] = []
+        self.size: list[int] = []
+
+    def add(self, start: int, end: int, size: int) -> None:
+        """A temporary of ``size`` bytes held from ``start`` to ``end``."""
+        if size > 0 and start <= end:
+            self.start.append(int(start))
+            self.end.append(int(end))
+            self.size.append(int(size))
+
+    def onto(self, points: np.ndarray, placed: np.ndarray) -> None:
+        """Add the temporaries not ``placed`` in a result's buffer to ``points``."""
+        if not self.size:
+            return
+        keep = ~placed
+        change = np.zeros(len(points) + 1, dtype=np.int64)
+        np.add.at(change, np.asarray(self.start)[keep], np.asarray(self.size)[keep])
+        np.add.at(change, np.asarray(self.end)[keep] + 1, -np.asarray(self.size)[keep])
+        points += np.cumsum(change[:-1]).astype(points.dtype)
+
+
+def placed(
+    temps: Temps, buffers: Sequence[tuple[int, int]], loops: Sequence[tuple[int, int]] = ()
+) -> np.ndarray:
+    """Which temporaries XLA puts in a result's buffer: ``buffers`` are (bytes, the first
+    point it is in use), one per result. The temporaries, largest first (then the earliest),
+    each go to the smallest buffer big enough that is free over their whole life: before the
+    buffer is in use and apart from the temporaries already in it (one at a time, each at the
+    buffer's start, as XLA places them). A temporary alive while a loop runs (``loops``:
+    each one's first and last program point) stays in the heap.
+
+    >>> t = Temps()
+    >>> for start, end, size in [(0, 2, 4), (1, 3, 4), (3, 4, 2), (5, 6, 2)]:
+    ...     t.add(start, end, size)
+    >>> placed(t, [(4, 5)]).tolist()  # (the second overlaps the first; the last, the result)
+    [True, False, True, False]
+    """
+    out = np.zeros(len(temps.size), dtype=bool)
+    if not buffers or not temps.size:
+        return out
+    # XLA makes the results' buffers in the order it places arrays (largest first) and tries
+    # the last made first: the smallest, and of equal sizes the latest
+    order = sorted(range(len(buffers)), key=lambda b: (buffers[b][0], -buffers[b][1]))
+    sizes = [buffers[b][0] for b in order]
+    until = [buffers[b][1] for b in order]
+    starts: list[list[int]] = [[] for _ in order]
+    ends: list[list[int]] = [[] for _ in order]
+    for t in sorted(range(len(temps.size)), key=lambda t: (-temps.size[t], temps.start[t])):
+        start, end, size = temps.start[t], temps.end[t], temps.size[t]
+        if any(start <= last and first <= end for first, last in loops):
+            continue
+        for b in range(bisect.bisect_left(sizes, size), len(sizes)):
+            if end >= until[b]:
+                continue
+            i = bisect.bisect_left(starts[b], start)
+            if (i and ends[b][i - 1] >= start) or (i < len(starts[b]) and starts[b][i] <= end):
+                continue
+            starts[b].insert(i, start)
+            ends[b].insert(i, end)
+            out[t] = True
+            break
+    return out
