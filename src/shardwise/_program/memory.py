@@ -231,13 +231,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         step = graph.steps[n]
         at = plan.at.get(n, born[step.output])  # (plan.point)
         if step.role == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
-            _, mapped = lay.scans[(step.key, step.inputs[0])]
-            slice_, spec = graph.values[step.output], specs[step.output]
-            if cpu:
-                points[at] += relayout_bytes(slice_, mapped, spec, mesh)
-            if step.inputs[0] in arguments:
-                loops.hoist(graph, step, lay, mapped, mesh, points)
-            if loops.fused_slice(graph, step, lay, mapped):
+            if _scan_slice(graph, step, at, lay, mesh, cpu, points):
                 k = arrays.index(step.output)
                 if temporary[k]:
                     gone.add(k)
@@ -272,20 +266,46 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     for j in np.flatnonzero(temporary).tolist():
         if j not in gone:
             temps.add(lives.first[j], lives.last[j], sizes[j])
-    # XLA moves an argument (gathers a weight) before anything else, as soon as the program
-    # starts, and holds it until its last reader (seen in the compiled schedules: every
-    # all-gather of an FSDP weight first)
-    for copy, until in early.values():
-        temps.add(0, until, copy)
-    results = [(int(sizes[k]), lives.written[v]) for k, v in enumerate(arrays)
-               if v in lives.written]  # fmt: skip
-    spans = [(loop.start + 1, loop.end) for loop in graph.loops]
-    temps.onto(points, placed(temps, results, spans))
+    _heap(graph, lives, sizes, temps, early, points)
     combined(later, points)
     loops.carry_copies(graph, lay, mesh, points)
     if cpu:
         loops.threefry_loops(graph, lay, mesh, points)
     return Held(arrays, lives, sizes, points)
+
+
+def _scan_slice(
+    graph: Graph, step: Step, at: int, lay: Layouts, mesh: MeshSpec, cpu: bool,
+    points: np.ndarray,
+) -> bool:  # fmt: skip
+    """A scan's slice of its stack read in the layout ``lay`` maps it to: on CPU the copy of
+    it in the usual layout, and an argument's stack sliced before the loop
+    (:func:`~shardwise._program.loops.hoist`); whether the slice is fused into its reader
+    (never a buffer, :func:`~shardwise._program.loops.fused_slice`)."""
+    _, mapped = lay.scans[(step.key, step.inputs[0])]
+    if cpu:
+        points[at] += relayout_bytes(graph.values[step.output], mapped, lay.specs[step.output],
+                                     mesh)  # fmt: skip
+    if step.inputs[0] in graph.inputs:
+        loops.hoist(graph, step, lay, mapped, mesh, points)
+    return loops.fused_slice(graph, step, lay, mapped)
+
+
+def _heap(
+    graph: Graph, lives: Lives, sizes: np.ndarray, temps: Temps,
+    early: dict[tuple[int, Spec], tuple[int, int]], points: np.ndarray,
+) -> None:  # fmt: skip
+    """The ``temps`` and the copies of arguments made ``early`` added to ``points``, but those
+    kept in a result's buffer (:mod:`.bins`)."""
+    # XLA moves an argument (gathers a weight) before anything else, as soon as the program
+    # starts, and holds it until its last reader (seen in the compiled schedules: every
+    # all-gather of an FSDP weight first)
+    for copy, until in early.values():
+        temps.add(0, until, copy)
+    results = [(int(sizes[k]), lives.written[v]) for k, v in enumerate(lives.arrays)
+               if v in lives.written]  # fmt: skip
+    spans = [(loop.start + 1, loop.end) for loop in graph.loops]
+    temps.onto(points, placed(temps, results, spans))
 
 
 UPDATES = frozenset({"dynamic_update_slice", "scatter", "scatter-add"})
