@@ -254,3 +254,35 @@ def test_a_cpu_convolution_takes_a_time_per_position_and_tap_whatever_its_featur
                 seen.add("features")
                 assert extra == pytest.approx(pairs * CPU.conv_tap_s), strategy
         assert seen == {"batch", "features"}, (fn.__name__, [s.layout for s in found])
+
+
+def test_each_group_of_a_grouped_cpu_convolution_adds_to_its_time_per_tap():
+    """XLA's CPU backend runs a depthwise convolution about group by group: each group past
+    the first adds ``GROUP_TAP`` of its time per (position, tap), and one group is a plain
+    convolution's time."""
+    from shardwise._model.mesh import MeshSpec
+    from shardwise._program.cpu_convs import GROUP_TAP
+    from shardwise._program.graph import build
+    from shardwise._program.steps import StepCosts, dot_strategies
+
+    mesh = MeshSpec.parse("x=8")
+    no_taps = dataclasses.replace(CPU, conv_tap_s=None)
+    extra = {}
+    for groups in (1, 32):
+
+        def conv(x, k, groups=groups):  # type: ignore[no-untyped-def]
+            return jax.lax.conv_general_dilated(
+                x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                feature_group_count=groups,
+            )  # fmt: skip
+
+        images, kernel = S((16, 28, 28, 32), "float32"), S((3, 3, 32 // groups, 32), "float32")
+        graph = build(conv, (images, kernel))
+        [step] = [s for s in graph.steps if s.prim == "conv_general_dilated"]
+        _, found = dot_strategies(graph, step, mesh, 10_000)
+        [batch] = [s for s in found if {i for i, a in s.layout.assignment if a} == {"n"}]
+        with_taps, without = StepCosts(graph, mesh, CPU), StepCosts(graph, mesh, no_taps)
+        extra[groups] = with_taps.dot(step, batch).seconds - without.dot(step, batch).seconds
+    pairs = 2 * (3 * 28 - 2) ** 2  # two images a device, the pairs that fall on them
+    assert extra[1] == pytest.approx(pairs * CPU.conv_tap_s)
+    assert extra[32] == pytest.approx(pairs * (1 + GROUP_TAP * 31) * CPU.conv_tap_s)

@@ -14,10 +14,10 @@ import numpy as np
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
+from shardwise._program.cpu_convs import cpu_copies
 from shardwise._program.graph import Graph
 from shardwise._program.moves import shard_bytes
 from shardwise._program.nodes import Step, Value
-from shardwise._program.windows import cpu_copies
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -142,7 +142,7 @@ def conv_copies(
     graph: Graph, step: Step, ins: tuple[Spec, ...], made: Spec, mesh: MeshSpec, points: np.ndarray
 ) -> None:
     """The copies XLA's CPU backend makes of a convolution's operands and result in the
-    layouts its kernels take (:func:`~shardwise._program.windows.cpu_copies`): an operand's
+    layouts its kernels take (:func:`~shardwise._program.cpu_convs.cpu_copies`): an operand's
     by the op after the one that makes it (an argument's as the program starts), held until
     the convolution (seen in the compiled schedules: a kernel gradient's transposed image
     made right after the forward pass reads it, once what made it is freed)."""

@@ -37,10 +37,11 @@ from shardwise._model.profile import Profile
 from shardwise._model.reshard import all_to_alls_first
 from shardwise._model.spec import Entry, Spec
 from shardwise._model.strategy import Strategy, reduce_axes, strategies
+from shardwise._program.cpu_convs import conv_taps, cpu_copies, groups
 from shardwise._program.graph import Graph
 from shardwise._program.moves import Cost, entry_ways, reshard, reshard_seconds, shard_bytes
 from shardwise._program.nodes import Step
-from shardwise._program.windows import bytes_read, conv_taps, cpu_copies
+from shardwise._program.windows import bytes_read
 
 
 def dot_strategies(
@@ -293,7 +294,8 @@ class StepCosts:
                 seconds += 2 * sum(copied) / profile.memory_Bps
             if profile.conv_tap_s:  # (a time per position and tap, whatever the features)
                 kernel = graph.values[step.inputs[1]].shape
-                seconds += conv_taps(op, kernel, own, split) * profile.conv_tap_s
+                n = groups(op, graph.values[step.inputs[0]].shape, kernel)
+                seconds += conv_taps(op, kernel, own, split, n) * profile.conv_tap_s
         else:
             seconds = max(compute, moved / profile.memory_Bps)
         seconds += sum(c.seconds for c in sums)

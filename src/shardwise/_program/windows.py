@@ -116,42 +116,6 @@ def conv(p: Mapping[str, Any], shapes: Sequence[Shape | None], out: Shape) -> Re
     return Reading(op, "".join(whole), conv_flops(p, lhs_shape, rhs_shape, out))
 
 
-def cpu_copies(op: Op) -> tuple[bool, ...]:
-    """Which of a convolution's operands, and its result (last), XLA's CPU backend copies into
-    the layout its kernels take (batch first and features last for images, kernel features
-    last; ``ConvCanonicalization``): a kernel's gradient copies both operands and its result.
-
-    >>> cpu_copies(Op(("nhwc", "ijco"), "nhwo")), cpu_copies(Op(("chwn", "cijo"), "hwno"))
-    ((False, False, False), (True, True, True))
-    """
-    lhs, rhs = op.inputs
-    k = len(lhs) - 2
-    return (
-        lhs != "n" + "hwd"[:k] + "c",
-        rhs not in ("ijk"[:k] + "co", "ijk"[:k] + "go"),
-        op.output != "n" + "hwd"[:k] + "o",
-    )
-
-
-def conv_taps(op: Op, kernel: Shape, flops: float, split: Mapping[str, int]) -> float:
-    """How many (output position, kernel tap) pairs one device's part of a convolution read
-    as ``op`` (kernel shape ``kernel``) computes, from its ``flops`` on that device: two FLOPs
-    per tap, input feature (of a group) and output feature, each feature letter's size
-    divided by the devices ``split`` splits it over. Splitting the features leaves every
-    device all the pairs; splitting the batch divides them (a kernel's gradient sums over the
-    batch: its "batch" is the image's features).
-
-    >>> op = Op(("nhwc", "ijco"), "nhwo")  # 16 images, 8 to 16 features, 9 taps at 100 points
-    >>> conv_taps(op, (3, 3, 8, 16), 2 * 16 * 100 * 9 * 8 * 16 / 4, {"n": 2, "o": 2})
-    7200.0
-    """
-    features = 1
-    for letter, size in zip(op.inputs[1], kernel, strict=True):
-        if letter in op.inputs[0] or letter in op.output or letter == "g":  # (not a tap)
-            features *= -(-size // split.get(letter, 1))
-    return flops / (2 * features)
-
-
 def conv_flops(p: Mapping[str, Any], lhs: Shape, rhs: Shape, out: Shape) -> float:
     """A convolution's FLOPs as XLA counts them (``HloCostAnalysis``): two per multiply-add,
     one multiply-add per input feature (of a group), output element and kernel tap that
