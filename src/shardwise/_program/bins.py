@@ -35,11 +35,11 @@ class Temps:
             self.end.append(int(end))
             self.size.append(int(size))
 
-    def onto(self, points: np.ndarray, placed: np.ndarray) -> None:
-        """Add the temporaries not ``placed`` in a result's buffer to ``points``."""
+    def onto(self, points: np.ndarray, homes: np.ndarray) -> None:
+        """Add the temporaries in the heap (``homes``, :func:`placed`: ``-1``) to ``points``."""
         if not self.size:
             return
-        keep = ~placed
+        keep = homes < 0
         change = np.zeros(len(points) + 1, dtype=np.int64)
         np.add.at(change, np.asarray(self.start)[keep], np.asarray(self.size)[keep])
         np.add.at(change, np.asarray(self.end)[keep] + 1, -np.asarray(self.size)[keep])
@@ -49,8 +49,9 @@ class Temps:
 def placed(
     temps: Temps, buffers: Sequence[tuple[int, int]], loops: Sequence[tuple[int, int]] = ()
 ) -> np.ndarray:
-    """Which temporaries XLA puts in a result's buffer: ``buffers`` are (bytes, the first
-    point it is in use), one per result. The temporaries, largest first (then the earliest),
+    """The result's buffer XLA puts each temporary in (its index in ``buffers``; ``-1``: in
+    the heap): ``buffers`` are (bytes, the first point it is in use), one per result. The
+    temporaries, largest first (then the earliest),
     each go to the smallest buffer big enough that is free over their whole life: before the
     buffer is in use and apart from the temporaries already in it (one at a time, each at the
     buffer's start, as XLA places them). A temporary alive while a loop runs (``loops``:
@@ -60,9 +61,9 @@ def placed(
     >>> for start, end, size in [(0, 2, 4), (1, 3, 4), (3, 4, 2), (5, 6, 2)]:
     ...     t.add(start, end, size)
     >>> placed(t, [(4, 5)]).tolist()  # (the second overlaps the first; the last, the result)
-    [True, False, True, False]
+    [0, -1, 0, -1]
     """
-    out = np.zeros(len(temps.size), dtype=bool)
+    out = np.full(len(temps.size), -1, dtype=np.int64)
     if not buffers or not temps.size:
         return out
     # XLA makes the results' buffers in the order it places arrays (largest first) and tries
@@ -84,6 +85,6 @@ def placed(
                 continue
             starts[b].insert(i, start)
             ends[b].insert(i, end)
-            out[t] = True
+            out[t] = order[b]
             break
     return out
