@@ -40,10 +40,21 @@ class Temps:
         if not self.size:
             return
         keep = homes < 0
-        change = np.zeros(len(points) + 1, dtype=np.int64)
-        np.add.at(change, np.asarray(self.start)[keep], np.asarray(self.size)[keep])
-        np.add.at(change, np.asarray(self.end)[keep] + 1, -np.asarray(self.size)[keep])
-        points += np.cumsum(change[:-1]).astype(points.dtype)
+        start, end = np.asarray(self.start)[keep], np.asarray(self.end)[keep]
+        points += totals(start, end, np.asarray(self.size, np.int64)[keep], len(points))
+
+
+def totals(first: np.ndarray, last: np.ndarray, sizes: np.ndarray, points: int) -> np.ndarray:
+    """The sum of ``sizes`` held at each of ``points`` program points, each from ``first`` to
+    ``last`` (inclusive; every ``first <= last``).
+
+    >>> totals(np.array([0, 1]), np.array([1, 2]), np.array([3, 4]), 4).tolist()
+    [3, 7, 4, 0]
+    """
+    change = np.zeros(points + 1, dtype=sizes.dtype)
+    np.add.at(change, first, sizes)
+    np.add.at(change, last + 1, -sizes)
+    return np.asarray(np.cumsum(change[:-1]))
 
 
 def placed(

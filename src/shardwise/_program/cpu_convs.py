@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shardwise._model.op import Op
-
-Shape = tuple[int, ...]
+from shardwise._program.windows import Shape
 
 GROUP_TAP = 0.4
 """What each further group of a grouped convolution adds to its time per (position, tap), as

@@ -19,7 +19,7 @@ from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program import loops
-from shardwise._program.bins import Temps, placed
+from shardwise._program.bins import Temps, placed, totals
 from shardwise._program.buffers import folded_transposes, in_place, overwritten, padded_windows
 from shardwise._program.donation import aliased, unaliased_bytes
 from shardwise._program.graph import Graph
@@ -70,6 +70,9 @@ class Lives(NamedTuple):
     written: dict[int, int]
     """Each result held in a buffer of its own, by array: the first point something is
     written in that buffer (the result, or an array made in it, :func:`in_place`)."""
+    temporary: np.ndarray
+    """Whether each array is a temporary: neither an argument nor such a result
+    (:mod:`.bins` may place it in a result's buffer)."""
 
     def alive(self, at: int) -> np.ndarray:
         """Whether each array is held at point ``at``."""
@@ -77,11 +80,8 @@ class Lives(NamedTuple):
 
     def totals(self, sizes: np.ndarray) -> np.ndarray:
         """The sum of ``sizes`` (one per array) held at each point."""
-        change = np.zeros(self.points + 1, dtype=sizes.dtype)
         held = self.first <= self.last
-        np.add.at(change, self.first[held], sizes[held])
-        np.add.at(change, self.last[held] + 1, -sizes[held])
-        return np.asarray(np.cumsum(change[:-1]))
+        return totals(self.first[held], self.last[held], sizes[held], self.points)
 
 
 def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Lives:
@@ -96,7 +96,8 @@ def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Live
     born = list(graph.born)
     for k, at in plan.at.items():
         born[graph.steps[k].output] = at
-    written = {r: born[r] for r in results - within - set(graph.inputs)}
+    inputs = set(graph.inputs)
+    written = {r: born[r] for r in results - within - inputs}
     for v, r in homes.items():
         if r in written:
             written[r] = min(written[r], born[v])
@@ -110,7 +111,8 @@ def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Live
         if v not in within:
             first[k], last[k] = 0 if v in results else born[v], reads[v]
     overwritten(graph, arrays, first, last, results | within)
-    return Lives(arrays, first, last, graph.clock + 1, written)
+    temporary = np.array([v not in inputs and v not in written for v in arrays], dtype=bool)
+    return Lives(arrays, first, last, graph.clock + 1, written, temporary)
 
 
 class _Fixed(NamedTuple):
@@ -215,10 +217,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     sizes = _sizes(graph, lay, mesh, arrays)
     if cpu and fixed.halves.any():  # (:mod:`.upcast`: bfloat16 and float16 made as float32)
         sizes = np.where(fixed.halves, 2 * sizes, sizes)
-    arguments = set(graph.inputs)
-    temporary = np.array(
-        [v not in arguments and v not in lives.written for v in arrays], dtype=bool
-    )
+    arguments, temporary = set(graph.inputs), lives.temporary
     points = lives.totals(np.where(temporary, 0, sizes)) + unaliased_bytes(graph, lay, mesh)
     temps, gone = Temps(), set[int]()
     early: dict[tuple[int, Spec], tuple[int, int]] = {}  # (argument, layout) → (bytes, until)
