@@ -10,8 +10,8 @@ import pytest
 
 import shardwise
 from shardwise._model.collective import Collective
-from shardwise._program.verify import _ops
-from shardwise._program.verify import attributed as _attributed
+from shardwise._program.attribution import _ops
+from shardwise._program.attribution import attributed as _attributed
 from shardwise._xla.hlo import collectives
 
 AR, AG = "all-reduce", "all-gather"

@@ -16,10 +16,10 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 
 from shardwise._caches import Bounded
 from shardwise._errors import ArgumentError, ShardwiseWarning
-from shardwise._model.collective import Collective as BaseCollective
 from shardwise._model.profile import check_platform
 from shardwise._model.spec import Spec
 from shardwise._program.apply import constrained
+from shardwise._program.attribution import attributed
 from shardwise._program.guard import ensure_summed
 from shardwise._runtime.distributed import put
 from shardwise._runtime.timing import TURN_SECONDS, alternate, ordered_pairs, spearman
@@ -190,118 +190,6 @@ def _elsewhere(x: Any, target: NamedSharding) -> bool:
 def _layout(sharding: Any) -> str:
     spec = getattr(sharding, "spec", None)
     return str(spec) if spec is not None else type(sharding).__name__
-
-
-def _line(source: str) -> str:
-    """``file:line`` of an HLO source (``/path/models.py:35 (mlp)`` → ``models.py:35``)."""
-    return source.split(" ", 1)[0].rsplit("/", 1)[-1]
-
-
-def _ops(op_name: str) -> set[str]:
-    """The ops behind one HLO collective, from its ``op_name``: one, or several where XLA
-    combined collectives (``jit(f)/(jvp()/reduce_sum:transpose(jvp())/dot_general)``; parts
-    of the same name are named once). A name outside the program's ops (``args[0]``: from
-    JAX 0.11, XLA names the change of an argument's layout after the argument) is a layout
-    change."""
-    if op_name and "/" not in op_name:
-        return {LAYOUT_CHANGE}
-    start = op_name.find("/(")
-    if start < 0 or not op_name.endswith(")"):
-        return {op_name.rsplit("/", 1)[-1]}
-    parts, depth, word = [], 0, ""
-    for ch in op_name[start + 2 : -1]:
-        depth += (ch == "(") - (ch == ")")
-        if ch == ":" and depth == 0:
-            parts.append(word)
-            word = ""
-        else:
-            word += ch
-    return {part.rsplit("/", 1)[-1] for part in [*parts, word]}
-
-
-LAYOUT_CHANGE = "sharding_constraint"
-"""What XLA names a collective that changes a layout the plan constrains: it stands for
-whichever op the plan moves the array for."""
-
-SCAN_OPS = frozenset({"scan slice", "scan stack"})
-"""A scan's own slicing and stacking: XLA does them with ops of its choosing (``squeeze``,
-``dynamic-slice``, ``dynamic-update-slice``) and names the collective after those."""
-
-_TRIES = 200_000
-
-
-def attributed(predicted: Sequence[BaseCollective], compiled: Sequence[BaseCollective]) -> bool:
-    """Whether the compiled collectives belong to the ops and source lines the plan says.
-
-    Each compiled collective stands for some predicted ones of its kind and axes (XLA
-    combines collectives, and names each op once): their bytes add up to its bytes, its
-    ``source_line`` is one of theirs (a combined one keeps its first part's), and their ops are
-    the ops its ``op_name`` gives (:data:`LAYOUT_CHANGE` stands for any op, and any op for one
-    of :data:`SCAN_OPS`; one named after an argument, with no line, for any op and line).
-    Every predicted collective must be stood for, once.
-
-    >>> def said(op, source):
-    ...     return [BaseCollective("all-reduce", ("model",), 8, op_name=op, source=source)]
-    >>> attributed(said("dot_general", "m.py:3"), said("jit(f)/dot_general", "/src/m.py:3 (f)"))
-    True
-    >>> attributed(said("dot_general", "m.py:3"), said("jit(f)/dot_general", "/src/m.py:4 (f)"))
-    False
-    """
-    groups = {c.group for c in [*predicted, *compiled]}
-    return all(
-        _stands_for(
-            sorted(((c.bytes, _ops(c.op_name), _line(c.source)) for c in compiled if c.group == g),
-                   key=lambda c: (len(c[1]), -c[0])),
-            sorted((p.bytes, p.op_name, p.source) for p in predicted if p.group == g),
-        )
-        for g in groups
-    )  # fmt: skip
-
-
-def _fits(names: set[str], line: str, parts: list[tuple[int, str, str]]) -> bool:
-    ops = {p[1] for p in parts}
-    named = names - {LAYOUT_CHANGE}
-    return (
-        # the change of an argument's layout, named after the argument, has no line
-        ((not line and names == {LAYOUT_CHANGE}) or any(p[2] == line for p in parts))
-        and (ops - SCAN_OPS <= names or LAYOUT_CHANGE in names)
-        and (named <= ops or bool(ops & SCAN_OPS))
-    )
-
-
-def _stands_for(found: list[tuple[int, set[str], str]], left: list[tuple[int, str, str]]) -> bool:
-    """Whether ``found`` (bytes, ops, line) of one kind and axes can each stand for a set of
-    ``left`` (bytes, op, line), sorted, using each once and all; a bounded backtracking
-    search that tries each distinct set once."""
-    tries = [0]
-
-    def subsets(need: int, start: int, chosen: list[tuple[int, str, str]]) -> Any:
-        if need == 0:
-            yield list(chosen)
-            return
-        for i in range(start, len(left)):
-            tries[0] += 1
-            if (i > start and left[i] == left[i - 1]) or left[i][0] > need or tries[0] > _TRIES:
-                continue
-            chosen.append(left[i])
-            yield from subsets(need - left[i][0], i + 1, chosen)
-            chosen.pop()
-
-    def match(k: int) -> bool:
-        if k == len(found):
-            return not left
-        nbytes, names, line = found[k]
-        for parts in subsets(nbytes, 0, []):
-            if _fits(names, line, parts):
-                for p in parts:
-                    left.remove(p)
-                if match(k + 1):
-                    return True
-                left.extend(parts)
-                left.sort()
-        return False
-
-    return match(0)
 
 
 def _arrays(plan: ProgramPlan) -> list[Any]:
