@@ -19,12 +19,14 @@ import shardwise
 from helpers import brute_force
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import BUILTIN
+from shardwise._program import verify as verify_module
 from shardwise._program.graph import build
 from shardwise._program.integer import milp as _milp
 from shardwise._program.models import loss_of, mlp, model
 from shardwise._program.problem import build_problem, effective_mesh
 from shardwise._program.program import train_step
 from shardwise._program.search import solve, total
+from shardwise._program.verify import same_programs
 from shardwise._xla.verified import by_kind
 from shardwise.cli import app
 
@@ -137,6 +139,30 @@ def test_baselines_and_search_match_compiled_hlo_and_numpy(mesh):
     assert wrong == []
     # and each compiled collective carries the op and the user's line it was predicted for
     assert [p.name for p in checked.plans if not p.verified.sources_match] == []
+
+
+def test_verify_compiles_and_times_a_plan_that_is_another_once(monkeypatch):
+    fn, args = _mlp_args()
+    plan = shardwise.plan(fn, *args, mesh="devices=8", profile=CPU, top=1)
+    # the search splits the batch: data-parallel is the same program
+    assert same_programs(plan.plans) == {"data-parallel": "search"}
+    megatron, search = plan.get("megatron"), plan.get("search")
+    # the same inputs' layouts are not enough: the layouts within differ
+    alike_inputs = dataclasses.replace(megatron, in_specs=search.in_specs)
+    assert same_programs([search, alike_inputs]) == {}
+    compiled = []
+    real = verify_module.compile_program
+
+    def counted(p, item, *rest):
+        compiled.append(item.name)
+        return real(p, item, *rest)
+
+    monkeypatch.setattr(verify_module, "compile_program", counted)
+    checked = plan.verify(repeat=1)
+    assert sorted(compiled) == sorted(p.name for p in plan.plans if p.name != "data-parallel")
+    # the twin gets what the one program did: its collectives, memory and time
+    assert checked.get("data-parallel").verified is checked.get("search").verified
+    assert checked.chosen_vs_fastest is not None
 
 
 @contextlib.contextmanager
