@@ -137,6 +137,46 @@ def test_plans_and_reports_print_as_tables(mlp_train):
     assert "op by op" in str(mlp_train.report("fsdp")) and "fsdp" in str(mlp_train.report("fsdp"))
 
 
+def test_the_plans_table_names_each_plans_inputs_only_where_they_differ(mlp_train):
+    from rich.console import Console
+
+    from shardwise.render.program import SHOWN, inputs_text, plans_view
+
+    chosen, names = mlp_train.chosen, mlp_train.graph.names
+    same = mlp_train.same_programs()
+    assert same == {"megatron": "search"}  # (the search splits the weights as Megatron does)
+    assert inputs_text(mlp_train, chosen, same) == "[dim]listed below[/]"
+    assert "the same program as search" in inputs_text(mlp_train, mlp_train.get("megatron"), same)
+    otherwise = {}
+    for p in mlp_train.plans:
+        if p.name in same or p.name == chosen.name:
+            continue
+        moved = [f"{n}: {s.describe()}"
+                 for n, s, c in zip(names, p.in_specs, chosen.in_specs, strict=True)
+                 if s.canonical() != c.canonical()]  # fmt: skip
+        lines = inputs_text(mlp_train, p, same).split("\n")
+        if moved:
+            lines[0] = lines[0].removeprefix("[dim]as search but[/] ")
+            assert lines[:SHOWN] == moved[:SHOWN]
+        else:
+            assert lines == ["[dim]inputs as search[/]"]
+        otherwise[p.name] = {line.split(":")[0] for line in moved}
+    assert otherwise["replicated"] == {"params['w1']", "params['w2']", "x", "y"} - {
+        n for n, s in zip(names, chosen.in_specs, strict=True) if s.describe() == "replicated"
+    }
+    console = Console(width=120, record=True)
+    console.print(plans_view(mlp_train))
+    text = console.export_text()
+    # the chosen plan's inputs in a table of their own, each path whole, each once; every
+    # other mention is a plan that lays that input out otherwise
+    assert f"inputs of plan '{chosen.name}'" in text
+    for name in names:
+        assert f"│ {name} " in text
+        assert text.count(f"{name}:") + text.count(f"│ {name} ") == 1 + sum(
+            name in moved for moved in otherwise.values()
+        )
+
+
 def _timed(plan, seconds):
     """``plan`` as if verified, each plan measured at ``seconds[name]``."""
     from shardwise._xla.verified import Verified

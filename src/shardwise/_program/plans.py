@@ -29,7 +29,7 @@ from shardwise._program.graph import Graph
 from shardwise._program.problem import MAX_CHOICES
 from shardwise._program.report import ProgramReport, report
 from shardwise._program.solution import Layouts, ProgramPrediction
-from shardwise._program.verify import place, sharded, tune, verify
+from shardwise._program.verify import place, same_programs, sharded, tune, verify
 from shardwise._xla.verified import Verified
 
 
@@ -214,6 +214,18 @@ class ProgramPlan:
             "memory_ratio": mine.memory_bytes / search.memory_bytes,
             "avoided": avoided(mine.collectives, search.collectives),
         }
+
+    def same_programs(self) -> dict[str, str]:
+        """Each plan that is the same program as one listed before it (the same inputs' and
+        inner layouts: a baseline that is the search's plan), by name, with that plan's name.
+
+        >>> from shardwise import plan
+        >>> from shardwise._program.models import model
+        >>> fn, args = model("mlp", batch=64, hidden=32, ffn=64)
+        >>> plan(fn, *args, mesh="x=8", profile="cpu-2core", top=1).same_programs()
+        {'data-parallel': 'search'}
+        """
+        return same_programs(self.plans)
 
     def get(self, name: str) -> PlannedLayout:
         """The plan called ``name`` (``search``, ``search 2``, a baseline's name)."""

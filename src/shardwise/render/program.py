@@ -30,16 +30,14 @@ def plans_view(report: Any) -> Any:
     if verified:
         for col in ["measured", "memory (XLA)", "HLO match"]:
             table.add_column(col, overflow="fold")
-    names = report.graph.names
+    same = report.same_programs()
     for p in report.plans:
         kinds: dict[tuple[str, tuple[str, ...]], int] = {}
         for c in p.predicted.collectives:
             kinds[(c.kind, c.mesh_axes)] = kinds.get((c.kind, c.mesh_axes), 0) + 1
         row = [
             f"[bold]{p.name}[/]" if p.name == report.chosen_name else p.name,
-            escape(
-                "\n".join(f"{n}: {s.describe()}" for n, s in zip(names, p.in_specs, strict=True))
-            ),
+            inputs_text(report, p, same),
             format_seconds(p.predicted.seconds) + _overlapped(p.predicted),
             format_bytes(p.predicted.memory_bytes)
             + ("\n[red]over budget[/]" if p.over_budget else ""),
@@ -53,7 +51,7 @@ def plans_view(report: Any) -> Any:
                 match_text(v.collectives_match, v.sources_match),
             ]
         table.add_row(*row)
-    parts.append(table)
+    parts += [table, chosen_inputs(report)]
     if any(_overlapped(p.predicted) for p in report.plans):
         parts.append(
             "[dim]overlapped: the step time where collectives run beside compute, as XLA runs "
@@ -89,6 +87,46 @@ def plans_view(report: Any) -> Any:
             parts.append(f"chosen plan: {report.chosen_vs_fastest:.2f}× the fastest measured")
         parts += faster_than_chosen(report)
     return Group(*parts)
+
+
+SHOWN = 8
+"""How many inputs laid out otherwise than the chosen plan's a plan's row names."""
+
+
+def inputs_text(report: Any, plan: Any, same: dict[str, str]) -> str:
+    """A plan's cell of the plans table: where the inputs are (the chosen plan's, in full,
+    in the table below it), else the same program as which plan, else each input laid out
+    otherwise than in the chosen plan (the first :data:`SHOWN`): a row per plan, not per
+    input and plan, which for a model's parameters and optimizer state ran to hundreds."""
+    chosen = report.chosen
+    if plan.name == chosen.name:
+        return "[dim]listed below[/]"
+    twin = same.get(plan.name, plan.name)
+    if twin == same.get(chosen.name, chosen.name):
+        return f"[dim]the same program as {escape(chosen.name)}[/]"
+    if twin != plan.name:
+        return f"[dim]the same program as {escape(twin)}[/]"
+    names = report.graph.names
+    moved = [
+        f"{n}: {s.describe()}"
+        for n, s, c in zip(names, plan.in_specs, chosen.in_specs, strict=True)
+        if s.canonical() != c.canonical()
+    ]
+    if not moved:
+        return f"[dim]inputs as {escape(chosen.name)}[/]"
+    more = f"\n[dim]and {len(moved) - SHOWN} more[/]" if len(moved) > SHOWN else ""
+    return f"[dim]as {escape(chosen.name)} but[/] " + escape("\n".join(moved[:SHOWN])) + more
+
+
+def chosen_inputs(report: Any) -> Table:
+    """The chosen plan's layout of each input, one row each, the full pytree path wide
+    enough to be read whole."""
+    table = Table(title=f"inputs of plan {report.chosen.name!r}", title_justify="left")
+    table.add_column("input", overflow="fold", ratio=3)
+    table.add_column("layout", overflow="fold", ratio=1)
+    for name, spec in zip(report.graph.names, report.chosen.in_specs, strict=True):
+        table.add_row(escape(name), escape(spec.describe()))
+    return table
 
 
 def chosen_lines(report: Any) -> list[str]:
