@@ -105,13 +105,14 @@ def plan(
     devices, spec = _given_mesh(mesh)
     prof = _profile(profile, spec)
     check_respect(respect, top)
-    read = read_program(fn, args, train, devices, spec, prof, fixed, rules, respect,
-                        donate_argnums)  # fmt: skip
-    plan_under = functools.partial(_plan, read, devices, spec, prof, train, top, time_limit,
-                                   respect)  # fmt: skip
-    if budget == DEVICE and prof.memory_bytes is not None:
-        return _within_device(plan_under, prof)
-    return plan_under(None if budget == DEVICE else budget)
+    with collection_paused():  # (one pause: a collection set off after each walks all held)
+        read = read_program(fn, args, train, devices, spec, prof, fixed, rules, respect,
+                            donate_argnums)  # fmt: skip
+        plan_under = functools.partial(_plan, read, devices, spec, prof, train, top,
+                                       time_limit, respect)  # fmt: skip
+        if budget == DEVICE and prof.memory_bytes is not None:
+            return _within_device(plan_under, prof)
+        return plan_under(None if budget == DEVICE else budget)
 
 
 def _plan(
