@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import shardwise
@@ -320,6 +322,21 @@ def test_where_the_search_finds_no_plan_within_the_budget_a_baseline_that_fits_i
     assert plan.chosen.name == "search" and not plan.optimal
     assert plan.chosen.in_specs == plan.get("fsdp").in_specs
     assert plan.chosen.predicted.memory_bytes <= fsdp and "fsdp's plan" in plan.method
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 7), st.integers(1, 7), st.data())
+def test_unique_rows_of_an_edge_are_numpys(rows, cols, data):
+    """Whatever an edge's costs (repeated rows and columns, ties, infinities, -0.0): the same
+    groups, in the same order, as ``np.unique``, so the integer program is the one it was."""
+    from shardwise._program.integer import _unique_rows
+
+    values = st.sampled_from([0.0, -0.0, 1.0, 2.5, 1e-9, np.inf])
+    m = np.array(data.draw(st.lists(st.lists(values, min_size=cols, max_size=cols),
+                                    min_size=rows, max_size=rows)))  # fmt: skip
+    got, of = _unique_rows(m)
+    want, want_of = np.unique(m, axis=0, return_inverse=True)
+    assert np.array_equal(got, want) and of.tolist() == want_of.ravel().tolist()
 
 
 def test_memory_rows_no_plan_can_keep_are_infeasible_without_a_search():
