@@ -224,13 +224,18 @@ def compile_program(
 
 def same_programs(plans: Sequence[PlannedLayout]) -> dict[str, str]:
     """Each plan that is the same program as one before it in ``plans`` (the same inputs'
-    layouts and the same layouts within: a baseline that is the search's plan), by name, with
-    that plan's name: two runs of one program differ only by the machine's noise (seen: 24%
-    between a plan and its twin, which then decided which plan "ran fastest")."""
+    layouts and the same layouts within, so the same predicted collectives: a baseline that is
+    the search's plan), by name, with that plan's name: two runs of one program differ only by
+    the machine's noise (seen: 24% between a plan and its twin, which then decided which plan
+    "ran fastest")."""
     out: dict[str, str] = {}
     for k, item in enumerate(plans):
         for earlier in plans[:k]:
-            if item.in_specs == earlier.in_specs and item.layouts == earlier.layouts:
+            if (
+                item.in_specs == earlier.in_specs
+                and item.layouts == earlier.layouts
+                and item.predicted.collectives == earlier.predicted.collectives
+            ):
                 out[item.name] = earlier.name
                 break
     return out
