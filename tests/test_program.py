@@ -149,9 +149,18 @@ def test_verify_compiles_and_times_a_plan_that_is_another_once(monkeypatch):
     # the search splits the batch: data-parallel is the same program
     assert same_programs(plan.plans) == {"data-parallel": "search"}
     megatron, search = plan.get("megatron"), plan.get("search")
-    # the same inputs' layouts are not enough: the layouts within differ
-    alike_inputs = dataclasses.replace(megatron, in_specs=search.in_specs)
+    # the same inputs' layouts and prediction are not enough: the layouts within differ
+    alike_inputs = dataclasses.replace(
+        megatron, in_specs=search.in_specs, predicted=search.predicted
+    )
     assert same_programs([search, alike_inputs]) == {}
+    # nor the same layouts, where the collectives predicted for them differ
+    sums = megatron.predicted.collectives
+    other_sums = dataclasses.replace(
+        search, name="other", predicted=dataclasses.replace(search.predicted, collectives=sums)
+    )
+    assert sums and same_programs([search, other_sums]) == {}
+    assert same_programs([search, dataclasses.replace(search, name="twin")]) == {"twin": "search"}
     compiled = []
     real = verify_module.compile_program
 
@@ -327,16 +336,18 @@ def test_where_the_search_finds_no_plan_within_the_budget_a_baseline_that_fits_i
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 7), st.integers(1, 7), st.data())
 def test_unique_rows_of_an_edge_are_numpys(rows, cols, data):
-    """Whatever an edge's costs (repeated rows and columns, ties, infinities, -0.0): the same
-    groups, in the same order, as ``np.unique``, so the integer program is the one it was."""
+    """Whatever an edge's costs (repeated rows and columns, ties, infinities, -0.0, NaN): the
+    same groups, in the same order, as ``np.unique``, so the integer program is the one it
+    was."""
     from shardwise._program.integer import _unique_rows
 
-    values = st.sampled_from([0.0, -0.0, 1.0, 2.5, 1e-9, np.inf])
+    values = st.sampled_from([0.0, -0.0, 1.0, 2.5, 1e-9, np.inf, -np.inf, np.nan])
     m = np.array(data.draw(st.lists(st.lists(values, min_size=cols, max_size=cols),
                                     min_size=rows, max_size=rows)))  # fmt: skip
     got, of = _unique_rows(m)
     want, want_of = np.unique(m, axis=0, return_inverse=True)
-    assert np.array_equal(got, want) and of.tolist() == want_of.ravel().tolist()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(got, want, equal_nan=True) and of.tolist() == want_of.ravel().tolist()
 
 
 def test_memory_rows_no_plan_can_keep_are_infeasible_without_a_search():

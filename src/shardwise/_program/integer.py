@@ -85,15 +85,26 @@ def _edge(
     return col + int(nr * nc)
 
 
+SMALL_EDGE = 4096
+"""The most entries an edge's cost matrix has for :func:`_unique_rows` to sort its rows as
+Python tuples (more go to ``np.unique``)."""
+
+
 def _unique_rows(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(m, axis=0, return_inverse=True)``, the same rows in the same order, for
-    the small cost matrices of a program's edges: three times as fast there (NumPy's sorts a
-    structured view of the rows; a 24-layer stack's training step has 207 such edges).
+    """``np.unique(m, axis=0, return_inverse=True)``, the same rows in the same order (``m``
+    itself where its rows are distinct and in order already), three times as fast on the
+    small cost matrices of a program's edges (NumPy sorts a structured view of the rows; a
+    24-layer stack's training step has 207 such edges). A matrix of more than
+    :data:`SMALL_EDGE` entries, or with a NaN (Python orders NaNs as it meets them), goes to
+    ``np.unique``.
 
     >>> rows, of = _unique_rows(np.array([[2.0, 1.0], [0.0, 3.0], [2.0, 1.0]]))
     >>> rows.tolist(), of.tolist()
     ([[0.0, 3.0], [2.0, 1.0]], [1, 0, 1])
     """
+    if m.size > SMALL_EDGE or np.isnan(m).any():
+        rows, of = np.unique(m, axis=0, return_inverse=True)
+        return rows, of.ravel()
     given = [tuple(row) for row in m.tolist()]
     keys = sorted(set(given))
     if keys == given:  # (distinct, and in order already)

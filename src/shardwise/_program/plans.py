@@ -217,7 +217,8 @@ class ProgramPlan:
 
     def same_programs(self) -> dict[str, str]:
         """Each plan that is the same program as one listed before it (the same inputs' and
-        inner layouts: a baseline that is the search's plan), by name, with that plan's name.
+        inner layouts and predicted collectives: a baseline that is the search's plan), by
+        name, with that plan's name.
 
         >>> from shardwise import plan
         >>> from shardwise._program.models import model

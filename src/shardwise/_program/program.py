@@ -105,7 +105,7 @@ def plan(
     devices, spec = _given_mesh(mesh)
     prof = _profile(profile, spec)
     check_respect(respect, top)
-    with collection_paused():  # (one pause: a collection set off after each walks all held)
+    with collection_paused():  # (once: JAX's trace too; cycles it makes are freed after)
         read = read_program(fn, args, train, devices, spec, prof, fixed, rules, respect,
                             donate_argnums)  # fmt: skip
         plan_under = functools.partial(_plan, read, devices, spec, prof, train, top,
@@ -127,7 +127,7 @@ def _plan(
     graph, searchable, eff = read.graph, read.searchable, effective_mesh(spec)
     start = time.perf_counter()
     peaks: list[int] = []  # of the search's plans checked against the budget
-    with collection_paused(), prints_kept():
+    with prints_kept():
 
         def peak_of(sol: Solution) -> int:
             peaks.append(peak(graph, searchable, sol, eff, prof))

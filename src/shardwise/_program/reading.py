@@ -80,7 +80,7 @@ def read_program(
     graph = dataclasses.replace(graph, donated=frozenset(graph.inputs[i] for i in leaves))
     role = roles(graph)  # once, for the keys here and every baseline
     pins, extra = _pins(graph, fixed, spec, role, annotations, respect)
-    with collection_paused(), prints_kept():
+    with prints_kept():
         full = respected(graph, build_problem(graph, effective_mesh(spec), prof), spec,
                          respect, annotations)  # fmt: skip
         searchable = pinned(graph, full, pins)
@@ -173,7 +173,6 @@ def _traced(
         with (
             jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(),
             sources_in_users_code(),
-            collection_paused(),
         ):
             return build(step, args, name, signature=fn)
 

@@ -224,7 +224,7 @@ def compile_program(
 
 def same_programs(plans: Sequence[PlannedLayout]) -> dict[str, str]:
     """Each plan that is the same program as one before it in ``plans`` (the same inputs'
-    layouts and the same layouts within, so the same predicted collectives: a baseline that is
+    layouts, the same layouts within and the same predicted collectives: a baseline that is
     the search's plan), by name, with that plan's name: two runs of one program differ only by
     the machine's noise (seen: 24% between a plan and its twin, which then decided which plan
     "ran fastest")."""
@@ -249,7 +249,8 @@ def verify(
     :data:`TURN_SECONDS` long), so that the machine's drift falls on all alike. A plan made
     with a profile of another platform is refused (``ArgumentError``): it predicts what XLA
     does there, not here. A plan that is the same program as another (:func:`same_programs`)
-    is compiled and timed once, and both get what it did."""
+    is compiled and timed once, both get what it did, and the rank correlation and the pairs
+    ordered count it once."""
     m = mesh_for(plan, mesh)
     check_platform(plan.profile, platform(m), "verifying")
     leaves = _arrays(plan)
@@ -285,7 +286,7 @@ def verify(
     verified |= {name: verified[twin] for name, twin in twins.items()}
     # a plan over the budget is not run: on devices of that memory it would not fit
     done = [dataclasses.replace(p, verified=verified.get(p.name)) for p in plan.plans]
-    ran = [p for p in done if p.verified is not None]
+    ran = [p for p in done if p.verified is not None and p.name not in twins]  # (once each)
     predicted = [p.predicted.seconds for p in ran]
     measured = [p.verified.seconds for p in ran if p.verified]
     share, pairs = ordered_pairs(predicted, measured)

@@ -51,7 +51,7 @@ def plans_view(report: Any) -> Any:
                 match_text(v.collectives_match, v.sources_match),
             ]
         table.add_row(*row)
-    parts += [table, chosen_inputs(report)]
+    parts += [table, *([chosen_inputs(report)] if report.graph.names else [])]
     if any(_overlapped(p.predicted) for p in report.plans):
         parts.append(
             "[dim]overlapped: the step time where collectives run beside compute, as XLA runs "
@@ -90,7 +90,8 @@ def plans_view(report: Any) -> Any:
 
 
 SHOWN = 8
-"""How many inputs laid out otherwise than the chosen plan's a plan's row names."""
+"""At most this many inputs that a plan lays out otherwise than the chosen one are named in
+its row."""
 
 
 def inputs_text(report: Any, plan: Any, same: dict[str, str]) -> str:
