@@ -173,6 +173,10 @@ def test_verify_compiles_and_times_a_plan_that_is_another_once(monkeypatch):
     assert sorted(compiled) == sorted(p.name for p in plan.plans if p.name != "data-parallel")
     # the twin gets what the one program did: its collectives, memory and time
     assert checked.get("data-parallel").verified is checked.get("search").verified
+    rows = {p["name"]: p for p in checked.to_json()["plans"]}
+    assert rows["data-parallel"]["same_program_as"] == "search"
+    assert all("same_program_as" not in p for n, p in rows.items() if n != "data-parallel")
+    assert "data-parallel</a><br><small>the same program as search" in checked.to_html()
     assert checked.chosen_vs_fastest is not None
 
 

@@ -212,7 +212,9 @@ def test_every_name_and_backward_op_and_collective_is_shown(busy: dict[str, Any]
 def test_the_plans_are_compared_with_the_shown_one_marked(data: dict[str, Any]) -> None:
     page = program_html(data)
     for p in data["plan"]["plans"]:
-        assert f">{html.escape(p['name'])}</td>" in page
+        twin = p.get("same_program_as")
+        note = f"<br><small>the same program as {html.escape(twin)}</small>" if twin else ""
+        assert f">{html.escape(p['name'])}{note}</td>" in page
     assert '<tr class="shown"><td' in page and 'class="bars"' in page
 
 
@@ -240,7 +242,9 @@ def test_a_verified_plan_shows_measured_time_and_memory(planned: Any) -> None:
     page = program_html({"plan": plan, "report": verified.report().to_json()})
     assert all(p.get("verified") for p in plan["plans"])
     table = page[page.index("The plans compared") : page.index("Op by op")]
-    cells = re.findall(r'<tr(?: class="shown")?><td[^>]*>[^<]*</td>(.*?)</tr>', table)
+    cells = re.findall(
+        r'<tr(?: class="shown")?><td[^>]*>[^<]*(?:<br><small>[^<]*</small>)?</td>(.*?)</tr>', table
+    )
     assert len(cells) == len(plan["plans"])
     for row in cells:
         values = re.findall(r'<td class="n">([^<]*)</td>', row)

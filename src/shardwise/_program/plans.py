@@ -331,6 +331,7 @@ class ProgramPlan:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON contract of ``shardwise plan --model/--function … --json``."""
+        same = self.same_programs()
         out: dict[str, Any] = {
             "program": self.program,
             "mesh": dict(self.mesh.axes),
@@ -343,7 +344,7 @@ class ProgramPlan:
             "method": self.method,
             "chosen": self.chosen_name,
             "tuned": self.tuned,
-            "plans": [self._plan_json(p) for p in self.plans],
+            "plans": [self._plan_json(p, same.get(p.name)) for p in self.plans],
             "skipped": [{"name": n, "why": w} for n, w in self.skipped],
             "budget_bytes": self.budget,
             "over_memory": self.over_memory,
@@ -374,7 +375,7 @@ class ProgramPlan:
             return None
         return round(chosen.seconds / fastest.verified.seconds, 4)
 
-    def _plan_json(self, plan: PlannedLayout) -> dict[str, Any]:
+    def _plan_json(self, plan: PlannedLayout, twin: str | None = None) -> dict[str, Any]:
         ranks = [len(self.graph.values[v].shape) for v in self.graph.inputs]
         leaves = [s.to_json(r) for s, r in zip(plan.in_specs, ranks, strict=True)]
         item: dict[str, Any] = {
@@ -383,6 +384,8 @@ class ProgramPlan:
             "predicted": plan.predicted.to_json(),
             "over_budget": plan.over_budget,
         }
+        if twin is not None:  # (the same program: compiled and timed once)
+            item["same_program_as"] = twin
         if plan.verified is not None:
             item["verified"] = plan.verified.to_json()
         return item

@@ -221,14 +221,16 @@ def _plan_row(p: Mapping[str, Any], shown: str, base: float, views: Mapping[str,
     ]
     cls = ' class="shown"' if p["name"] == shown else ""
     view = views.get(p["name"])
+    twin = p.get("same_program_as")
+    same = f"<br><small>the same program as {_e(twin)}</small>" if twin else ""
     if view is None:
-        name = f'<tr{cls}><td title="{_e(p.get("in_specs", ""))}">{_e(p["name"])}</td>'
+        name = f'<tr{cls}><td title="{_e(p.get("in_specs", ""))}">{_e(p["name"])}{same}</td>'
     else:  # the plan's name opens its view op by op; its layouts beside it
         target = _e(_view_id(list(views).index(p["name"])))
         opens = f"document.getElementById('{target}').open=true"
         layouts = "<br>".join(_e(line) for line in view.get("layouts", []))
         name = (
-            f'<tr{cls}><td><a href="#{target}" onclick="{opens}">{_e(p["name"])}</a></td>'
+            f'<tr{cls}><td><a href="#{target}" onclick="{opens}">{_e(p["name"])}</a>{same}</td>'
             f'<td class="layouts">{layouts}</td>'
         )
     return name + "".join(f'<td class="n">{_e(c)}</td>' for c in cells) + "</tr>"
