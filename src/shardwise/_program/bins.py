@@ -35,6 +35,13 @@ class Temps:
             self.end.append(int(end))
             self.size.append(int(size))
 
+    def extend(self, start: np.ndarray, end: np.ndarray, size: np.ndarray) -> None:
+        """:meth:`add` each of these temporaries, in order, at once."""
+        keep = (size > 0) & (start <= end)
+        self.start += start[keep].tolist()
+        self.end += end[keep].tolist()
+        self.size += size[keep].tolist()
+
     def onto(self, points: np.ndarray, homes: np.ndarray) -> None:
         """Add the temporaries in the heap (``homes``, :func:`placed`: ``-1``) to ``points``."""
         if not self.size:

@@ -262,9 +262,9 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             points[at] += shard_bytes(graph.values[step.inputs[0]], ins[0], mesh)
         if step.kind == "dot":
             partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, temps)
-    for j in np.flatnonzero(temporary).tolist():
-        if j not in gone:
-            temps.add(lives.first[j], lives.last[j], sizes[j])
+    still = temporary.copy()
+    still[list(gone)] = False
+    temps.extend(lives.first[still], lives.last[still], sizes[still])
     _heap(graph, lives, sizes, temps, early, points)
     combined(later, points)
     loops.carry_copies(graph, lay, mesh, points)
