@@ -89,20 +89,16 @@ def placed(
     order = sorted(range(len(buffers)), key=lambda b: (buffers[b][0], -buffers[b][1]))
     sizes = [buffers[b][0] for b in order]
     until = [buffers[b][1] for b in order]
-    starts: list[list[int]] = [[] for _ in order]
-    ends: list[list[int]] = [[] for _ in order]
-    for t in sorted(range(len(temps.size)), key=lambda t: (-temps.size[t], temps.start[t])):
-        start, end, size = temps.start[t], temps.end[t], temps.size[t]
+    used = [0] * len(order)  # the points at which each buffer holds a temporary, as bits
+    starts, ends, size = temps.start, temps.end, temps.size
+    for t in sorted(range(len(size)), key=lambda t: (-size[t], starts[t])):
+        start, end = starts[t], ends[t]
         if any(start <= last and first <= end for first, last in loops):
             continue
-        for b in range(bisect.bisect_left(sizes, size), len(sizes)):
-            if end >= until[b]:
-                continue
-            i = bisect.bisect_left(starts[b], start)
-            if (i and ends[b][i - 1] >= start) or (i < len(starts[b]) and starts[b][i] <= end):
-                continue
-            starts[b].insert(i, start)
-            ends[b].insert(i, end)
-            out[t] = order[b]
-            break
+        life = ((1 << (end - start + 1)) - 1) << start
+        for b in range(bisect.bisect_left(sizes, size[t]), len(sizes)):
+            if end < until[b] and not used[b] & life:
+                used[b] |= life
+                out[t] = order[b]
+                break
     return out
