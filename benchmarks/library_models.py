@@ -2,17 +2,22 @@
 optax) planned, run and verified on 8 simulated CPU devices, one line per model: how long
 planning took, whether ``.sharded()`` equals ``jax.jit``, how many plans' collectives equal the
 compiled HLO's, how many plans' memory is within ±20% of ``memory_analysis()`` (and the
-furthest), and each plan's predicted ÷ measured time (median of ``repeat`` turns).
+furthest), and each plan's predicted ÷ measured time (median of ``repeat`` turns). Planned with
+the built-in profile ``cpu-2core`` unless ``--profile`` names another (a name or a file), or is
+``calibrate``: this machine measured first (``shardwise calibrate``), the profile kept beside
+``--out`` (or in a temporary folder).
 
     .venv/bin/python benchmarks/library_models.py [--mesh data=2,model=4|explicit]
-        [--repeat 5] [--out FILE.json] [MODEL ...]
+        [--repeat 5] [--profile cpu-2core|calibrate|NAME|FILE] [--out FILE.json] [MODEL ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,10 +33,10 @@ from library_models import MODELS  # noqa: E402
 import shardwise  # noqa: E402
 
 
-def measure(name: str, mesh: Any, repeat: int) -> dict[str, Any]:
+def measure(name: str, mesh: Any, repeat: int, profile: str) -> dict[str, Any]:
     fn, args = MODELS[name]()
     start = time.perf_counter()
-    p = shardwise.plan(fn, *args, mesh=mesh, profile="cpu-2core")
+    p = shardwise.plan(fn, *args, mesh=mesh, profile=profile)
     planning = time.perf_counter() - start
     want, got = jax.jit(fn)(*args), p.sharded()(*args)
     same = all(
@@ -61,19 +66,34 @@ def _data(x: Any) -> Any:
     return jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
 
 
+def _profile(name: str, out: str | None) -> str:
+    """The profile to plan with: ``name``, or with ``calibrate`` the file this machine's
+    calibration wrote."""
+    if name != "calibrate":
+        return name
+    where = Path(out) if out else Path(tempfile.mkdtemp()) / "library_models.json"
+    path = where.with_name(where.stem + "_profile.json")
+    cli = [sys.executable, "-m", "shardwise.cli", "calibrate", "--mesh", "data=2,model=4",
+           "--out", str(path)]  # fmt: skip
+    subprocess.run(cli, check=True, stdout=subprocess.DEVNULL)
+    return str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", default=list(MODELS))
     parser.add_argument("--mesh", default="data=2,model=4")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--profile", default="cpu-2core")
     parser.add_argument("--out")
     given = parser.parse_args()
+    profile = _profile(given.profile, given.out)
     mesh: Any = given.mesh
     if mesh == "explicit":
         mesh = jax.make_mesh((2, 4), ("data", "model"))
     rows = []
     for name in given.models:
-        row = measure(name, mesh, given.repeat)
+        row = measure(name, mesh, given.repeat, profile)
         rows.append(row)
         worst = max(row["memory_ratio"].values(), key=lambda r: abs(np.log(r)))
         times = list(row["predicted_over_measured"].values())
@@ -85,7 +105,8 @@ def main() -> None:
             flush=True,
         )
     if given.out:
-        Path(given.out).write_text(json.dumps({"mesh": given.mesh, "rows": rows}, indent=1))
+        found = {"mesh": given.mesh, "profile": given.profile, "rows": rows}
+        Path(given.out).write_text(json.dumps(found, indent=1))
 
 
 if __name__ == "__main__":
