@@ -65,6 +65,21 @@ def test_enumeration_hand_counts():
     assert (considered, len(valid)) == (6, 6)
 
 
+def test_an_axis_of_size_one_splits_nothing():
+    """A mesh axis of size 1 gives every device the whole index whatever it is put on: no
+    strategy names it (on one device each had been offered as another plan, and a split
+    contracted index as an all-reduce over the one device)."""
+    op = Op.parse("mk,kn->mn")
+    sizes = {"m": 4, "k": 4, "n": 4}
+    considered, valid = strategies(op, sizes, MeshSpec.parse("x=1"))
+    assert (considered, [s.describe(op) for s in valid]) == (1, ["replicated → out replicated"])
+    with_one = strategies(op, sizes, MeshSpec.parse("x=2,y=1"))[1]
+    assert {s.describe(op) for s in with_one} == {
+        s.describe(op) for s in strategies(op, sizes, MeshSpec.parse("x=2"))[1]
+    }
+    assert not any("y" in s.layout.describe() or "y" in str(s.out_spec) for s in with_one)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_text", ["devices=8", "x=2,y=4", "x=4,y=2"])
 def test_predicted_collectives_match_compiled_hlo_for_every_strategy(mesh_text):

@@ -157,6 +157,26 @@ def test_a_training_steps_weights_and_gradients_are_held_as_xla_holds_them(train
         assert 0.85 <= ratio <= 1.15, (name, ratio)
 
 
+def test_a_plan_on_one_device_holds_what_xla_holds():
+    """On a one-device mesh every layout gives the device the whole array, whatever axis it
+    names: no copy between two of them is counted (each had been, and this 4-layer MLP's
+    training step was predicted at 1.27× XLA's buffers)."""
+    S = jax.ShapeDtypeStruct
+
+    def loss(ws, x):  # type: ignore[no-untyped-def]
+        for w in ws[:-1]:
+            x = jnp.tanh(x @ w)
+        return jnp.mean((x @ ws[-1]) ** 2)
+
+    ws = [S((256, 256), "float32") for _ in range(4)]
+    plan = shardwise.plan(jax.value_and_grad(loss), ws, S((256, 256), "float32"), mesh="x=1",
+                          profile=PROFILE)  # fmt: skip
+    ratios = _ratios(plan)
+    assert ratios
+    for name, ratio in ratios.items():
+        assert 0.95 <= ratio <= 1.05, (name, ratio)
+
+
 def _bfloat16_forward():  # type: ignore[no-untyped-def]
     """Two bfloat16 layers on a float32 batch, the result back in float32."""
 

@@ -122,7 +122,8 @@ def strategies(
 ) -> tuple[int, list[Strategy]]:
     """Every strategy of ``limit`` layouts (all of them unless :func:`layout_count` is larger,
     else ``limit`` spread evenly over them, so that every mesh axis is tried on every index),
-    and how many were considered before the divisibility filter.
+    and how many were considered before the divisibility filter. A mesh axis of size 1
+    splits no index (a layout naming it is the one without it).
 
     >>> op = Op.parse("nd,nd->n")
     >>> considered, valid = strategies(op, {"n": 8, "d": 6}, MeshSpec.parse("x=2"))
@@ -133,6 +134,8 @@ def strategies(
     valid: list[Strategy] = []
     choices = [None, *op.indices]
     for pick in _picks(choices, len(mesh.axes), limit):
+        if any(i is not None and n == 1 for (_, n), i in zip(mesh.axes, pick, strict=True)):
+            continue  # (an axis of size 1 splits nothing: the same as leaving it out)
         layout = _layout(mesh, pick)
         outs = output_choices(op, layout, mesh)
         considered += len(outs)

@@ -157,13 +157,16 @@ def effective_mesh(mesh: MeshSpec) -> MeshSpec:
 
 def spec_choices(shape: Sequence[int], mesh: MeshSpec) -> tuple[int, list[Spec]]:
     """Every spec of an array of ``shape``: each mesh axis splits one dimension evenly or none
-    (axes on one dimension in mesh order), and how many were considered.
+    (axes on one dimension in mesh order; an axis of size 1 none), and how many were
+    considered.
 
     >>> [s.describe() for s in spec_choices((4, 3), MeshSpec.parse("x=2"))[1]]
     ['replicated', 'x']
     """
     out, considered = [], 0
     for pick in itertools.product([None, *range(len(shape))], repeat=len(mesh.axes)):
+        if any(d is not None and n == 1 for (_, n), d in zip(mesh.axes, pick, strict=True)):
+            continue  # (an axis of size 1 splits nothing: the spec without it)
         considered += 1
         entries: list[list[str]] = [[] for _ in shape]
         for (axis, _), d in zip(mesh.axes, pick, strict=True):
