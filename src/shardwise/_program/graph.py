@@ -222,9 +222,7 @@ class _Builder(Walker[int]):
 
     def array(self, path: Path, var: Any) -> int | None:
         """The array behind a jaxpr operand (``None`` for literals and scalars)."""
-        if not is_var(var) or not rank(var):
-            return None
-        return self.env.get((path, var))
+        return self.env.get((path, var)) if is_var(var) and rank(var) else None
 
     def where(self, eqn: Any) -> str:
         """``eqn``'s line in the user's code, or else that of the call it is inlined from
@@ -253,6 +251,7 @@ class _Builder(Walker[int]):
 
     def step(self, kind: Any, prim: str, inputs: Sequence[int], out: int, key: Path,
              eqn: Any, role: Role = "op", **more: Any) -> None:  # fmt: skip
+        """A step of ``eqn`` that reads ``inputs`` and makes ``out`` (each input read there)."""
         self.steps.append(Step(kind, prim, tuple(inputs), out, self.where(eqn), self.repeat, key,
                                role=role, backward=self.is_backward(eqn),
                                module=library_module(eqn), **more))  # fmt: skip
