@@ -17,7 +17,7 @@ from shardwise._model.mesh import build_mesh
 from shardwise._model.profile import BUILTIN
 from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.spec import Layout, Spec
-from shardwise._model.strategy import Strategy, strategies
+from shardwise._model.strategy import Strategy, layout_count, strategies
 from shardwise._planner.einsum import rank, verify
 from shardwise._runtime.timing import spearman
 from shardwise._xla.explain import compile_plan
@@ -78,6 +78,13 @@ def test_an_axis_of_size_one_splits_nothing():
         s.describe(op) for s in strategies(op, sizes, MeshSpec.parse("x=2"))[1]
     }
     assert not any("y" in s.layout.describe() or "y" in str(s.out_spec) for s in with_one)
+    # seven axes of size 1 before the one that splits: every layout of x=2 is still tried,
+    # and none is left out as past the limit on layouts
+    ones = MeshSpec.parse(",".join(f"{a}=1" for a in "abcdefg") + ",x=2")
+    assert layout_count(op, ones) == layout_count(op, MeshSpec.parse("x=2"))
+    assert {s.describe(op) for s in strategies(op, sizes, ones, limit=16)[1]} == {
+        s.describe(op) for s in strategies(op, sizes, MeshSpec.parse("x=2"))[1]
+    }
 
 
 @pytest.mark.slow

@@ -177,6 +177,26 @@ def test_a_plan_on_one_device_holds_what_xla_holds():
         assert 0.95 <= ratio <= 1.05, (name, ratio)
 
 
+def test_a_plan_on_one_device_takes_layouts_that_name_its_axis():
+    """A layout that names the one device's axis is the whole array: a fixed input, a
+    constraint in the code and a baseline's batch split all plan (each had been refused, as
+    a layout the array's shape does not divide)."""
+    from jax.sharding import PartitionSpec as P
+
+    S = jax.ShapeDtypeStruct
+
+    def f(w, x):  # type: ignore[no-untyped-def]
+        x = jax.lax.with_sharding_constraint(x, P("x"))
+        return jnp.tanh(x @ w).sum()
+
+    w, x = S((64, 64), "float32"), S((64, 64), "float32")
+    fixed = shardwise.plan(f, w, x, mesh="x=1", fixed={"x": "x"}, profile=PROFILE)
+    held = shardwise.plan(f, w, x, mesh="x=1", respect="constraints", profile=PROFILE)
+    for plan in (fixed, held):
+        assert all(s.describe() == "replicated" for s in plan.chosen.in_specs)
+        assert {"data-parallel", "fsdp"} <= {p.name for p in plan.plans}, plan.skipped
+
+
 def _bfloat16_forward():  # type: ignore[no-untyped-def]
     """Two bfloat16 layers on a float32 batch, the result back in float32."""
 

@@ -98,9 +98,8 @@ def test_a_move_two_readers_share_is_counted_once():
     mesh_spec = effective_mesh(plan.mesh)
     fsdp = plan.get("fsdp")
     # the baseline: its inputs pinned, the rest laid out by the search
-    problem = pinned(
-        plan.graph, build_problem(plan.graph, mesh_spec, CPU), dict(enumerate(fsdp.in_specs))
-    )
+    full = build_problem(plan.graph, mesh_spec, CPU)
+    problem = pinned(plan.graph, full, dict(enumerate(fsdp.in_specs)), mesh_spec)
     sol = solve(problem)
     assert sol is not None
     _, once = predicted(plan.graph, problem, sol.choice, mesh_spec, CPU)

@@ -25,34 +25,40 @@ report says that it stopped early."""
 
 def layout_count(op: Op, mesh: MeshSpec) -> int:
     """How many index layouts there are before the divisibility filter: each mesh axis goes to
-    one of the indices, or to none.
+    one of the indices, or to none (an axis of size 1, which splits nothing, to none).
 
     >>> layout_count(Op.parse("nd,nd->n"), MeshSpec.parse("x=2,y=4"))
     9
     """
-    return int((len(op.indices) + 1) ** len(mesh.axes))
+    return int((len(op.indices) + 1) ** len(_splitting(mesh)))
+
+
+def _splitting(mesh: MeshSpec) -> tuple[tuple[str, int], ...]:
+    """The mesh's axes that split what they are put on: those of size above 1."""
+    return tuple((a, n) for a, n in mesh.axes if n > 1)
 
 
 def layouts(indices: str, sizes: Mapping[str, int], mesh: MeshSpec) -> Iterator[Layout]:
     """Every layout in which each mesh axis splits at most one index, evenly.
 
     An index may take several axes (in mesh order); an axis may be left unused
-    (the data are replicated along it). There are ``(len(indices) + 1) ** len(mesh.axes)``
-    assignments before the divisibility filter.
+    (the data are replicated along it), and one of size 1 is. There are
+    ``(len(indices) + 1) ** axes`` assignments before the divisibility filter.
 
     >>> [lay.describe() for lay in layouts("nd", {"n": 4, "d": 3}, MeshSpec.parse("x=2"))]
     ['replicated', 'n=x']
     """
-    for pick in itertools.product([None, *indices], repeat=len(mesh.axes)):
-        layout = _layout(mesh, pick)
+    axes = _splitting(mesh)
+    for pick in itertools.product([None, *indices], repeat=len(axes)):
+        layout = _layout(axes, pick)
         if _divides(layout.assignment, sizes, mesh):
             yield layout
 
 
-def _layout(mesh: MeshSpec, pick: tuple[str | None, ...]) -> Layout:
+def _layout(axes: tuple[tuple[str, int], ...], pick: tuple[str | None, ...]) -> Layout:
     """The layout in which mesh axis ``k`` splits index ``pick[k]`` (none where ``None``)."""
     assignment: dict[str, tuple[str, ...]] = {}
-    for (axis, _), index in zip(mesh.axes, pick, strict=True):
+    for (axis, _), index in zip(axes, pick, strict=True):
         if index is not None:
             assignment[index] = (*assignment.get(index, ()), axis)
     return Layout(tuple(sorted(assignment.items())))
@@ -123,7 +129,7 @@ def strategies(
     """Every strategy of ``limit`` layouts (all of them unless :func:`layout_count` is larger,
     else ``limit`` spread evenly over them, so that every mesh axis is tried on every index),
     and how many were considered before the divisibility filter. A mesh axis of size 1
-    splits no index (a layout naming it is the one without it).
+    splits no index (a layout naming it would be the one without it).
 
     >>> op = Op.parse("nd,nd->n")
     >>> considered, valid = strategies(op, {"n": 8, "d": 6}, MeshSpec.parse("x=2"))
@@ -133,10 +139,9 @@ def strategies(
     considered = 0
     valid: list[Strategy] = []
     choices = [None, *op.indices]
-    for pick in _picks(choices, len(mesh.axes), limit):
-        if any(i is not None and n == 1 for (_, n), i in zip(mesh.axes, pick, strict=True)):
-            continue  # (an axis of size 1 splits nothing: the same as leaving it out)
-        layout = _layout(mesh, pick)
+    axes = _splitting(mesh)
+    for pick in _picks(choices, len(axes), limit):
+        layout = _layout(axes, pick)
         outs = output_choices(op, layout, mesh)
         considered += len(outs)
         if not _divides(layout.assignment, sizes, mesh):

@@ -23,7 +23,7 @@ from shardwise._model.spec import Spec
 from shardwise._program.annotations import Annotations
 from shardwise._program.graph import Graph
 from shardwise._program.nodes import Asked
-from shardwise._program.problem import MAX_CHOICES, Problem, effective_mesh
+from shardwise._program.problem import MAX_CHOICES, Problem
 from shardwise._program.writable import writable
 
 RESPECT = ("none", "annotations", "constraints", "names")
@@ -86,7 +86,7 @@ def held(graph: Graph, problem: Problem, mesh: MeshSpec) -> Problem:
             its axes do not divide), naming the line that asks.
     """
     var_of = {label: k for k, label in enumerate(problem.labels)}
-    axes = {a for a, _ in effective_mesh(mesh).axes}
+    axes = {a for a, n in mesh.axes if n > 1}  # (one of size 1 splits nothing)
     keep: dict[int, list[int]] = {}
     first: dict[int, Asked] = {}
     overruled: list[str] = []

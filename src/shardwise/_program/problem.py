@@ -149,6 +149,19 @@ class _Draft:
         return dataclasses.replace(problem, considered=self.considered, truncated=self.truncated)
 
 
+def splitting(spec: Spec, mesh: MeshSpec) -> Spec:
+    """``spec`` without the mesh axes of size 1, which split nothing: the layout the planner
+    offers for it (:func:`spec_choices`).
+
+    >>> splitting(Spec.parse("x,y"), MeshSpec.parse("x=1,y=2")).describe()
+    '-,y'
+    """
+    ones = {a for a, n in mesh.axes if n == 1}
+    if not ones.intersection(spec.axes):
+        return spec
+    return Spec(tuple(tuple(a for a in e if a not in ones) for e in spec.entries)).canonical()
+
+
 def effective_mesh(mesh: MeshSpec) -> MeshSpec:
     """The mesh without axes of size 1 (they split nothing); one axis is always kept."""
     axes = tuple((a, n) for a, n in mesh.axes if n > 1) or mesh.axes[:1]
@@ -164,12 +177,11 @@ def spec_choices(shape: Sequence[int], mesh: MeshSpec) -> tuple[int, list[Spec]]
     ['replicated', 'x']
     """
     out, considered = [], 0
-    for pick in itertools.product([None, *range(len(shape))], repeat=len(mesh.axes)):
-        if any(d is not None and n == 1 for (_, n), d in zip(mesh.axes, pick, strict=True)):
-            continue  # (an axis of size 1 splits nothing: the spec without it)
+    axes = [(a, n) for a, n in mesh.axes if n > 1]
+    for pick in itertools.product([None, *range(len(shape))], repeat=len(axes)):
         considered += 1
         entries: list[list[str]] = [[] for _ in shape]
-        for (axis, _), d in zip(mesh.axes, pick, strict=True):
+        for (axis, _), d in zip(axes, pick, strict=True):
             if d is not None:
                 entries[d].append(axis)
         if all(n % entry_ways(e, mesh) == 0 for n, e in zip(shape, entries, strict=True)):

@@ -83,7 +83,7 @@ def read_program(
     with prints_kept():
         full = respected(graph, build_problem(graph, effective_mesh(spec), prof), spec,
                          respect, annotations)  # fmt: skip
-        searchable = pinned(graph, full, pins)
+        searchable = pinned(graph, full, pins, spec)
     return Program(name, graph, annotations, role, pins, extra, full, searchable, donate)
 
 

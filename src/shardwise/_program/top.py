@@ -20,7 +20,7 @@ from shardwise._program.fold import fold, restricted
 from shardwise._program.graph import Graph
 from shardwise._program.marginals import Alternatives, alternatives
 from shardwise._program.memory import memory_constraints, peak_bytes
-from shardwise._program.problem import MAX_CHOICES, Problem
+from shardwise._program.problem import MAX_CHOICES, Problem, splitting
 from shardwise._program.roles import Roles
 from shardwise._program.search import (
     Solution,
@@ -316,7 +316,7 @@ def baselines(
             skipped.append((base, pins))
             continue
         try:
-            problem = pinned(graph, full, pins)
+            problem = pinned(graph, full, pins, mesh)
         except SpecError as e:
             skipped.append((base, str(e)))
             continue
@@ -329,12 +329,14 @@ def baselines(
     return solved, skipped
 
 
-def pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec]) -> Problem:
-    """``problem`` with the inputs in ``pins`` fixed to their specs."""
+def pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec], mesh: MeshSpec) -> Problem:
+    """``problem`` with the inputs in ``pins`` fixed to their specs (on ``mesh``: an axis of
+    size 1 splits nothing, :func:`~shardwise._program.problem.splitting`)."""
     keep: dict[int, list[int]] = {}
     variables = input_vars(graph, problem)  # once for all pins, not once per pin
     held = dict(problem.held)
-    for k, spec in pins.items():
+    for k, asked in pins.items():
+        spec = splitting(asked, mesh)
         root = graph.find(graph.inputs[k])
         var = variables[k]
         if var in keep:
