@@ -89,14 +89,16 @@ def placed(
     order = sorted(range(len(buffers)), key=lambda b: (buffers[b][0], -buffers[b][1]))
     sizes = [buffers[b][0] for b in order]
     until = [buffers[b][1] for b in order]
-    used = [0] * len(order)  # the points at which each buffer holds a temporary, as bits
-    starts, ends, size = temps.start, temps.end, temps.size
-    for t in sorted(range(len(size)), key=lambda t: (-size[t], starts[t])):
+    # the points at which each buffer holds a temporary, as the bits of an integer (each
+    # temporary is held over program points 0 <= start <= end: :meth:`Temps.add` keeps no other)
+    used = [0] * len(order)
+    starts, ends, needs = temps.start, temps.end, temps.size
+    for t in sorted(range(len(needs)), key=lambda t: (-needs[t], starts[t])):
         start, end = starts[t], ends[t]
         if any(start <= last and first <= end for first, last in loops):
             continue
         life = ((1 << (end - start + 1)) - 1) << start
-        for b in range(bisect.bisect_left(sizes, size[t]), len(sizes)):
+        for b in range(bisect.bisect_left(sizes, needs[t]), len(sizes)):
             if end < until[b] and not used[b] & life:
                 used[b] |= life
                 out[t] = order[b]
