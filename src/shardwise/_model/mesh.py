@@ -74,6 +74,15 @@ class MeshSpec:
         return dict(self.axes)
 
     @property
+    def splitting(self) -> tuple[tuple[str, int], ...]:
+        """The axes (name, size) that split what they are put on: those of size above 1.
+
+        >>> MeshSpec.parse("x=2,y=1,z=4").splitting
+        (('x', 2), ('z', 4))
+        """
+        return tuple((name, size) for name, size in self.axes if size > 1)
+
+    @property
     def size(self) -> int:
         """Number of devices in the mesh."""
         return math.prod(size for _, size in self.axes)

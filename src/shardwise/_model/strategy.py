@@ -30,12 +30,7 @@ def layout_count(op: Op, mesh: MeshSpec) -> int:
     >>> layout_count(Op.parse("nd,nd->n"), MeshSpec.parse("x=2,y=4"))
     9
     """
-    return int((len(op.indices) + 1) ** len(_splitting(mesh)))
-
-
-def _splitting(mesh: MeshSpec) -> tuple[tuple[str, int], ...]:
-    """The mesh's axes that split what they are put on: those of size above 1."""
-    return tuple((a, n) for a, n in mesh.axes if n > 1)
+    return int((len(op.indices) + 1) ** len(mesh.splitting))
 
 
 def layouts(indices: str, sizes: Mapping[str, int], mesh: MeshSpec) -> Iterator[Layout]:
@@ -48,7 +43,7 @@ def layouts(indices: str, sizes: Mapping[str, int], mesh: MeshSpec) -> Iterator[
     >>> [lay.describe() for lay in layouts("nd", {"n": 4, "d": 3}, MeshSpec.parse("x=2"))]
     ['replicated', 'n=x']
     """
-    axes = _splitting(mesh)
+    axes = mesh.splitting
     for pick in itertools.product([None, *indices], repeat=len(axes)):
         layout = _layout(axes, pick)
         if _divides(layout.assignment, sizes, mesh):
@@ -139,7 +134,7 @@ def strategies(
     considered = 0
     valid: list[Strategy] = []
     choices = [None, *op.indices]
-    axes = _splitting(mesh)
+    axes = mesh.splitting
     for pick in _picks(choices, len(axes), limit):
         layout = _layout(axes, pick)
         outs = output_choices(op, layout, mesh)

@@ -86,7 +86,7 @@ def held(graph: Graph, problem: Problem, mesh: MeshSpec) -> Problem:
             its axes do not divide), naming the line that asks.
     """
     var_of = {label: k for k, label in enumerate(problem.labels)}
-    axes = {a for a, n in mesh.axes if n > 1}  # (one of size 1 splits nothing)
+    axes = dict(mesh.splitting)  # (one of size 1 splits nothing)
     keep: dict[int, list[int]] = {}
     first: dict[int, Asked] = {}
     overruled: list[str] = []

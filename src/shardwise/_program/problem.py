@@ -164,7 +164,7 @@ def splitting(spec: Spec, mesh: MeshSpec) -> Spec:
 
 def effective_mesh(mesh: MeshSpec) -> MeshSpec:
     """The mesh without axes of size 1 (they split nothing); one axis is always kept."""
-    axes = tuple((a, n) for a, n in mesh.axes if n > 1) or mesh.axes[:1]
+    axes = mesh.splitting or mesh.axes[:1]
     return MeshSpec(axes, mesh.axis_type)
 
 
@@ -177,7 +177,7 @@ def spec_choices(shape: Sequence[int], mesh: MeshSpec) -> tuple[int, list[Spec]]
     ['replicated', 'x']
     """
     out, considered = [], 0
-    axes = [(a, n) for a, n in mesh.axes if n > 1]
+    axes = mesh.splitting
     for pick in itertools.product([None, *range(len(shape))], repeat=len(axes)):
         considered += 1
         entries: list[list[str]] = [[] for _ in shape]
