@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import numpy as np  # noqa: E402
+from calibrated import profile_for  # noqa: E402
 from library_models import MODELS  # noqa: E402
 
 import shardwise  # noqa: E402
@@ -66,19 +65,6 @@ def _data(x: Any) -> Any:
     return jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
 
 
-def _profile(name: str, out: str | None) -> str:
-    """The profile to plan with: ``name``, or with ``calibrate`` the file this machine's
-    calibration wrote."""
-    if name != "calibrate":
-        return name
-    where = Path(out) if out else Path(tempfile.mkdtemp()) / "library_models.json"
-    path = where.with_name(where.stem + "_profile.json")
-    cli = [sys.executable, "-m", "shardwise.cli", "calibrate", "--mesh", "data=2,model=4",
-           "--out", str(path)]  # fmt: skip
-    subprocess.run(cli, check=True, stdout=subprocess.DEVNULL)
-    return str(path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", default=list(MODELS))
@@ -87,7 +73,7 @@ def main() -> None:
     parser.add_argument("--profile", default="cpu-2core")
     parser.add_argument("--out")
     given = parser.parse_args()
-    profile = _profile(given.profile, given.out)
+    profile = profile_for(given.profile, Path(given.out) if given.out else None, "data=2,model=4")
     mesh: Any = given.mesh
     if mesh == "explicit":
         mesh = jax.make_mesh((2, 4), ("data", "model"))

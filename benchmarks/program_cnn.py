@@ -23,11 +23,11 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from calibrated import profile_for
 
 import shardwise
 
@@ -76,15 +76,6 @@ def _round(checked: shardwise.ProgramPlan) -> dict[str, Any]:
     return out
 
 
-def _profile(name: str, out: Path) -> str:
-    if name != "calibrate":
-        return name
-    path = out.with_name(out.stem + "_profile.json")
-    cli = [sys.executable, "-m", "shardwise.cli", "calibrate", "--mesh", MESH, "--out", str(path)]
-    subprocess.run(cli, check=True, stdout=subprocess.DEVNULL)
-    return str(path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", required=True)
@@ -94,7 +85,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/program_cnn.json")
     args = parser.parse_args()
     out = Path(args.out)
-    profile = _profile(args.profile, out)
+    profile = profile_for(args.profile, out, MESH)
     shardwise.use_cpu_devices(8)
     loss, fn_args = cnn_step()
     start = time.perf_counter()
