@@ -14,6 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardwise
+from shardwise._program.bins import Temps
+from shardwise._program.nodes import Step
+from shardwise._program.sums import together
 
 PROFILE = "cpu-2core"
 
@@ -362,3 +365,25 @@ def test_temporaries_placed_in_results_buffers_never_overlap_and_none_is_left_th
                 if temps.size[t] <= size and temps.end[t] < until:
                     taken = [u for u, c in enumerate(homes) if c == b and overlap(t, u)]
                     assert any(rank[u] < rank[t] for u in taken), (t, b)
+
+
+def _dot(inputs: tuple[int, ...], output: int) -> Step:
+    return Step(kind="dot", prim="dot_general", inputs=inputs, output=output, source="", repeat=1,
+                key=(output,))  # fmt: skip
+
+
+def test_partial_sums_of_dots_that_read_one_activation_are_held_until_the_last_is_made():
+    """XLA sums the partial sums of a layer's query, key and value projections (three dots
+    that read one activation, ``0``) with one all-reduce after the last: each is held from its
+    dot to there (the model had held each at its dot alone, and put a 2-block GPT's FSDP plan
+    1.29× low). A dot that reads one of their results (the scores) is summed apart, and so is
+    a dot that reads none of their operands."""
+    q, k, v = _dot((0, 1), 4), _dot((0, 2), 5), _dot((0, 3), 6)
+    scores, other = _dot((4, 5), 7), _dot((8, 9), 10)
+    summed = [(10, 64, 1, q), (12, 64, 1, k), (14, 64, 2, v), (16, 32, 1, scores)]
+    summed.append((20, 8, 1, other))
+    temps = Temps()
+    together(summed, temps)
+    held = list(zip(temps.start, temps.end, temps.size, strict=True))
+    assert held == [(10, 14, 64), (12, 14, 64), (14, 14, 64), (14, 14, 64), (16, 16, 32),
+                    (20, 20, 8)]  # fmt: skip

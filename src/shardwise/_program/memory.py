@@ -28,7 +28,7 @@ from shardwise._program.moves import relayout_bytes, shard_bytes
 from shardwise._program.nodes import Step, Value
 from shardwise._program.problem import Problem
 from shardwise._program.remat import Schedule, bodies, last_reads, schedule
-from shardwise._program.sums import combined, partial_buffers, to_outputs
+from shardwise._program.sums import Summed, combined, partial_buffers, to_outputs, together
 from shardwise._program.upcast import argument_copies, made_halves, widening
 
 if TYPE_CHECKING:
@@ -226,6 +226,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             key: (b, graph.last[key[0]]) for key, b in argument_copies(graph, lay, mesh).items()
         }
     later: list[tuple[int, int, int]] = []  # partial sums summed with others: (at, bytes, buffers)
+    summed: list[Summed] = []  # the other dots' partial sums
     for n in fixed.visit:  # (a fused broadcast makes no copy)
         step = graph.steps[n]
         at = plan.at.get(n, born[step.output])  # (plan.point)
@@ -261,7 +262,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         if step.prim in UPDATES and _copies_argument(graph, step, fixed.read):
             points[at] += shard_bytes(graph.values[step.inputs[0]], ins[0], mesh)
         if step.kind == "dot":
-            partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, temps)
+            partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, summed)
+    together(summed, temps)
     still = temporary.copy()
     still[list(gone)] = False
     temps.extend(lives.first[still], lives.last[still], sizes[still])

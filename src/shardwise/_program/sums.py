@@ -71,13 +71,13 @@ def partial_buffers(
     cpu: bool,
     outputs_of: set[int],
     later: list[tuple[int, int, int]],
-    temps: Temps,
+    summed: list[Summed],
 ) -> None:
     """A dot's partial sums (it reads its operands and makes its result as ``found`` says)
     where they are a buffer of their own beside the summed result (an all-reduce does not
     write over its operand); on CPU a scattered result is all-reduced into one more, then
     sliced. Those of a result that goes only to the outputs are summed ``later``
-    (:func:`~shardwise._program.sums.combined`)."""
+    (:func:`combined`), the others as :func:`together` says (``summed``)."""
     if step.kind != "dot" or step.op is None or step.read_as_einsum:
         return  # (an op read as an einsum keeps its partial sums' layout)
     partial, scattered = _buffer(step.op, *found)
@@ -88,8 +88,36 @@ def partial_buffers(
         if graph.find(step.output) in outputs_of:
             later.append((at, size, copies))
         else:
+            summed.append((at, size, copies, step))
+
+
+Summed = tuple[int, int, int, Step]
+"""A dot's partial sums: its program point, their bytes, how many buffers, the dot."""
+
+
+def together(summed: list[Summed], temps: Temps) -> None:
+    """The partial sums of dots, in program order (``summed``), added to ``temps``: those of
+    dots one after another that read a common operand and not each other's results (a
+    layer's query, key and value projections of one activation) are summed by one
+    all-reduce after the last of them, so each is held from its dot to there (XLA combines
+    independent all-reduces: seen in the compiled HLO of an FSDP attention block, one
+    all-reduce of a tuple of the three projections, their partial sums all held before it)."""
+    group: list[Summed] = []
+    for entry in [*summed, None]:
+        if entry is not None and group and _joins(entry[3], [s for *_, s in group]):
+            group.append(entry)
+            continue
+        end = max((at for at, *_ in group), default=0)
+        for at, size, copies, _ in group:
             for _ in range(copies):
-                temps.add(at, at, size)
+                temps.add(at, end, size)
+        group = [] if entry is None else [entry]
+
+
+def _joins(step: Step, group: list[Step]) -> bool:
+    """Whether ``step`` reads an operand of the group's first dot and no result of the group."""
+    made = {s.output for s in group}
+    return bool(set(step.inputs) & set(group[0].inputs)) and not made & set(step.inputs)
 
 
 @cached(maxsize=1 << 14)
