@@ -122,6 +122,12 @@ def _recipe(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> _Recipe:
     return _Recipe(tuple(found), sliced, tuple(ways(s) for s in _relayouts(src, moves, rank)))
 
 
+def all_to_all(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> bool:
+    """Whether moving an array of ``rank`` dimensions from ``src`` to ``dst`` takes an
+    all-to-all."""
+    return any(kind == "all-to-all" for kind, _, _ in _recipe(src, dst, rank, mesh).collectives)
+
+
 def _blocks(shape: tuple[int, ...], ways: tuple[int, ...]) -> int:
     return math.prod(n // w for n, w in zip(shape, ways, strict=True))
 
