@@ -19,6 +19,7 @@ from jax._src import source_info_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from shardwise._model.spec import Spec
+from shardwise._program.explain import stacked_as_read
 from shardwise._program.graph import Graph
 from shardwise._program.rules import rule_of
 from shardwise._program.solution import Layouts
@@ -51,6 +52,7 @@ class _Applier(Walker[Any]):
         super().__init__()
         self.graph, self.layouts, self.mover = graph, layouts, mover
         self.arguments = frozenset(graph.closed.jaxpr.invars)
+        self.stacks = {s.output: s for s in graph.steps if s.role == "scan stack"}
         self.traceback: Any = None  # while a call's body is walked, the call's user frames
 
     def constant(self, value: Any) -> Any:
@@ -125,6 +127,18 @@ class _Applier(Walker[Any]):
         whole, mapped = self.layouts.scans[(scan, v)]
         return self.layouts.specs[v], whole, mapped
 
+    def _stacked(self, ys: Any, key: Key, made: Spec) -> Any:
+        """Stack ``ys`` held as it is ``made`` where the plan moves it after the loop: else
+        XLA may take the layout it moves to back into the loop and move each slice there, in
+        every iteration (seen: two all-to-alls of a layer's slice in the while body where the
+        plan moves the stack once). Where the plan makes it from a copy of its slice that the
+        loop moves anyway (:func:`~shardwise._program.explain.stacked_as_read`), it is left
+        to XLA, which stacks that copy."""
+        step = self.stacks.get(self.graph.keys.get(key, -1))
+        if step is None or stacked_as_read(self.graph, self.layouts, step):
+            return ys
+        return self.mover.constrain(ys, made)
+
     def scan(self, eqn: Any, path: Path, here: Path, ins: list[Any]) -> list[Any]:
         """A scan whose slices of ``xs`` move to their layouts one step at a time."""
         p = eqn.params
@@ -160,7 +174,8 @@ class _Applier(Walker[Any]):
         for k, v in enumerate(eqn.outvars[n_carry:]):  # each from the layout it is made in
             found = self.stacked(here, (path, v)) if is_var(v) else None
             if found:
-                ys[k] = self.mover.move(ys[k], found[2], found[0])
+                made = self._stacked(ys[k], (path, v), found[2])
+                ys[k] = self.mover.move(made, found[2], found[0])
         return [*carry, *ys]
 
 

@@ -64,7 +64,7 @@ def runs(step: Step, side: int) -> int:
     return step.repeat if side == HOISTED else step.runs(side < 0)
 
 
-def _stacked_as_read(graph: Graph, lay: Layouts, step: Step) -> bool:
+def stacked_as_read(graph: Graph, lay: Layouts, step: Step) -> bool:
     """Whether a scan's stacked result is made in the layout it is kept in from a copy of
     its slice that an op in the loop already reads moved (each slice kept as a local slice
     of that copy): XLA stacks the moved copy instead of moving the stack after the loop (seen
@@ -255,7 +255,7 @@ class Tally:
         if (
             step.role == "scan stack"
             and self.shared
-            and _stacked_as_read(self.graph, self.lay, step)
+            and stacked_as_read(self.graph, self.lay, step)
         ):
             return  # (made as kept: nothing moves after the loop; the matrices count the move)
         self._result(k, step, mapped, step.prim)
