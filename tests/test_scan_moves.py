@@ -69,3 +69,23 @@ def test_a_stack_moved_after_the_loop_is_moved_once_there():
     hlo = plan.sharded().lower(*args).compile().as_text()
     got = collectives(hlo, plan.mesh.shape)
     assert by_kind(got) == by_kind(search.predicted.collectives)
+
+
+def test_a_stack_one_scan_slices_moves_each_layer_in_the_loop():
+    """An argument stack whose layers move by an all-to-all: where one scan slices it (a
+    forward pass), XLA moves each layer's slice in the while body, and the plan counts one
+    move per layer; where two do (a training step's forward and backward passes), it moves
+    the whole stack once before the loops (the plan had counted that for the forward pass
+    too, and its FSDP plan's all-to-alls were not the compiled ones)."""
+    from shardwise._xla.verified import by_kind
+
+    for train in (False, True):
+        fn, args = shardwise.model("transformer", batch=8, hidden=256, ffn=1024, train=train,
+                                   heads=8, layers=2, seq=32)  # fmt: skip
+        plan = shardwise.plan(fn, *args, mesh="x=8", profile=CPU, train=train, top=1)
+        fsdp = plan.get("fsdp")
+        moved = [c for c in fsdp.predicted.collectives
+                 if c.op_name == "scan slice" and c.kind == "all-to-all"]  # fmt: skip
+        assert moved and all(("before the loop" in c.why) == train for c in moved)
+        hlo = plan.sharded("fsdp").lower(*args).compile().as_text()
+        assert by_kind(collectives(hlo, plan.mesh.shape)) == by_kind(fsdp.predicted.collectives)

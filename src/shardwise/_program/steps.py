@@ -25,6 +25,7 @@ Pure: no devices.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Set
 from typing import Any
 
@@ -154,7 +155,9 @@ class StepCosts:
     def __init__(self, graph: Graph, mesh: MeshSpec, profile: Profile) -> None:
         self.graph, self.mesh, self.profile = graph, mesh, profile
         self.made = made_by_ops(graph)
-        self.arguments = frozenset(graph.inputs)
+        sliced = Counter(s.inputs[0] for s in graph.steps if s.role == "scan slice")
+        self.hoisting = frozenset(a for a in graph.inputs if sliced[a] > 1)
+        """The argument stacks that two scans slice (:meth:`hoisted`)."""
         done = written(graph)
         self.runs: dict[int, int] = {}
         """Per class, how many elementwise ops write an array of it (weighted by repeats)."""
@@ -215,12 +218,15 @@ class StepCosts:
                                step.runs(a == step.output), copies)  # fmt: skip
 
     def hoisted(self, step: Step, a: int, src: Spec, dst: Spec) -> Spec | None:
-        """Where a layer's slice of an argument is moved by all-to-alls before any gather,
-        the layout those all-to-alls leave it in: XLA moves the whole stack so, once, before
-        the loop, as that leaves it no bigger (seen in the compiled HLO: an all-to-all of
-        the ``f32[2,8,32,256]`` stack ahead of the while loop, and the slice's all-gather
-        that follows in the loop); else ``None``: the slice moves in each iteration."""
-        if step.role != "scan slice" or a != step.output or step.inputs[0] not in self.arguments:
+        """Where a layer's slice of an argument that two scans slice (a training step's
+        forward and backward passes) is moved by all-to-alls before any gather, the layout
+        those all-to-alls leave it in: XLA moves the whole stack so, once, before the loops,
+        as that leaves it no bigger (seen in the compiled HLO: an all-to-all of the
+        ``f32[2,8,32,256]`` stack ahead of the while loop, and the slice's all-gather that
+        follows in the loop); else ``None``: the slice moves in each iteration (seen: a
+        forward pass alone moves each layer's slice of that stack in the while body, on 3
+        meshes and 2 sizes of the built-in transformer, where its training step hoists it)."""
+        if step.role != "scan slice" or a != step.output or step.inputs[0] not in self.hoisting:
             return None
         return all_to_alls_first(src, dst, len(self.graph.values[a].shape))
 
