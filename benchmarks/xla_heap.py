@@ -2,8 +2,9 @@
 (``tests/library_models.py``), the plan's predicted memory per device beside the compiled
 program's, split into XLA's *live* bytes (arguments, results, and its temporaries at their
 fullest point, from the live ranges XLA dumps) and the heap it allocates for those temporaries
-(``memory_analysis``). The heap is at least the temporaries' fullest point (two values in one
-buffer, one written over the other as it reads it last, counted once); what it holds beyond is space its buffer assignment leaves between buffers (XLA places the largest first,
+(``memory_analysis``). The heap is at least the temporaries' fullest point (two values in
+one buffer, one written over the other as it reads it last, counted once); what it holds
+beyond is space its buffer assignment leaves between buffers (XLA places the largest first,
 each in the smallest gap free over its whole life, and a gap left early can stay unused).
 
     .venv/bin/python benchmarks/xla_heap.py [--models nnx-gpt-loss,linen-cnn-step]
@@ -24,12 +25,10 @@ from typing import Any
 
 import jax
 
-jax.config.update("jax_num_cpu_devices", 8)
+import shardwise
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from library_models import MODELS  # noqa: E402
-
-import shardwise  # noqa: E402
+from library_models import MODELS
 
 PROFILE = "cpu-2core"
 
@@ -50,9 +49,7 @@ def temp_live_peak(folder: Path, temp_bytes: int) -> int | None:
             for m in re.finditer(r"^    (\S+):(\d+)-(\d+)$", ranges_file.read_text(), re.M)
         }
         spans = []  # (first point, last point, offset, bytes)
-        for m in re.finditer(
-            r"value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\)", heap.group(1)
-        ):
+        for m in re.finditer(r"value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\)", heap.group(1)):
             name = m.group(1) if m.group(1).endswith("}") else m.group(1) + "{}"
             if name in ranges:
                 spans.append((*ranges[name], int(m.group(3)), int(m.group(2))))
@@ -80,8 +77,8 @@ def plan_rows(name: str, mesh: str) -> list[dict[str, Any]]:
             rows.append({**seen[twins[item.name]], "plan": item.name})
             continue
         with tempfile.TemporaryDirectory() as folder:
-            compiled = p.sharded(item.name).lower(*args).compile(
-                compiler_options={"xla_dump_to": folder}
+            compiled = (
+                p.sharded(item.name).lower(*args).compile(compiler_options={"xla_dump_to": folder})
             )
             m = compiled.memory_analysis()
             fixed = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
@@ -101,6 +98,7 @@ def plan_rows(name: str, mesh: str) -> list[dict[str, Any]]:
 
 
 def main() -> None:
+    jax.config.update("jax_num_cpu_devices", 8)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--mesh", default="data=2,model=4")

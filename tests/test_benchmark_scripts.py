@@ -82,3 +82,26 @@ def test_hlo_cases_checks_every_plan_of_a_case(monkeypatch: pytest.MonkeyPatch) 
     row = hlo_cases.check(fn, args, "data=2,model=4")
     assert row["equal"] and row["collectives_differ"] == [] and row["plans"] > 1
     assert len(hlo_cases.CASES) >= 60
+
+
+def test_xla_heap_counts_a_buffer_written_over_once(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The temporaries' fullest point from XLA's dumps: values alive at one point, two that
+    share a buffer (one written over the other at the point it reads it) counted once."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import xla_heap
+
+    (tmp_path / "m.cpu_after_optimizations-buffer-assignment.txt").write_text(
+        "allocation 0: size 64, parameter 0:\n"
+        " value: <0 p @0> (size=64,offset=0): f32[16]{0}\n"
+        "allocation 1: size 96, preallocated-temp:\n"
+        " value: <1 a @0> (size=32,offset=0): f32[8]{0}\n"
+        " value: <2 b @0> (size=32,offset=0): f32[8]{0}\n"
+        " value: <3 c @0> (size=64,offset=32): f32[16]{0}\n"
+        " value: <4 t{} @0> (size=16,offset=80): (f32[8], f32[8])\n"
+    )
+    (tmp_path / "m.cpu_after_optimizations-live-range.txt").write_text(
+        "  BufferLiveRange:\n    p{}:0-9\n    a{}:1-3\n    b{}:3-6\n    c{}:2-3\n    t{}:7-8\n"
+    )
+    # at 3: a and b in one buffer (32) and c (64); t (16) lies over c's bytes, later
+    assert xla_heap.temp_live_peak(tmp_path, 96) == 96
+    assert xla_heap.temp_live_peak(tmp_path, 128) is None  # (no module with that heap)

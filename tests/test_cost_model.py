@@ -505,7 +505,7 @@ def test_predicted_memory_of_transformer_plans_follows_xla(profile, train):
     for q in _checked(p).plans:
         assert q.verified is not None and q.verified.memory_bytes
         ratio = q.predicted.memory_bytes / q.verified.memory_bytes
-        low = 0.75 if (profile is FASTER and q.name == "fsdp") else 0.8
+        low = 0.75 if (profile is FASTER and not train and q.name == "fsdp") else 0.8
         assert low <= ratio <= 1.2, (q.name, ratio)
         if q.name == "data-parallel" and (train or profile is FASTER):
             assert ratio == pytest.approx(1, abs=0.1), ratio

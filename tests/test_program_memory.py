@@ -387,23 +387,31 @@ def test_temporaries_placed_in_results_buffers_never_overlap_and_none_is_left_th
                     assert any(rank[u] < rank[t] for u in taken), (t, b)
 
 
-def _dot(inputs: tuple[int, ...], output: int) -> Step:
-    return Step(kind="dot", prim="dot_general", inputs=inputs, output=output, source="", repeat=1,
-                key=(output,))  # fmt: skip
+def _dot(inputs: tuple[int, ...], output: int, repeat: int = 1) -> Step:
+    return Step(kind="dot", prim="dot_general", inputs=inputs, output=output, source="",
+                repeat=repeat, key=(output,))  # fmt: skip
 
 
 def test_partial_sums_of_dots_that_read_one_activation_are_held_until_the_last_is_made():
     """XLA sums the partial sums of a layer's query, key and value projections (three dots
-    that read one activation, ``0``) with one all-reduce after the last: each is held from its
-    dot to there (the model had held each at its dot alone, and put a 2-block GPT's FSDP plan
-    1.29× low). A dot that reads one of their results (the scores) is summed apart, and so is
-    a dot that reads none of their operands."""
+    that read one activation, ``0``) with one all-reduce after the last: each is held from
+    its dot to there, and a scattered result's whole sum is made there (the model had held
+    each at its dot alone, and a 2-block GPT's FSDP plan compiled to 1.30x its prediction).
+    Summed apart: a dot that reads what elementwise ops make of a group's result (``9``, in
+    the class of the query's ``4``), a dot summed over other mesh axes, one in a loop's body
+    (run four times), and a dot that reads none of the group's operands."""
+    import types
+
+    graph = types.SimpleNamespace(find=lambda v: 4 if v == 9 else v)
     q, k, v = _dot((0, 1), 4), _dot((0, 2), 5), _dot((0, 3), 6)
-    scores, other = _dot((4, 5), 7), _dot((8, 9), 10)
-    summed = [(10, 64, 1, q), (12, 64, 1, k), (14, 64, 2, v), (16, 32, 1, scores)]
-    summed.append((20, 8, 1, other))
+    x = frozenset({"x"})
+    summed = [(10, 64, 1, q, x), (12, 64, 2, k, x), (14, 64, 1, v, x)]  # (k scattered)
+    summed.append((16, 32, 1, _dot((0, 9), 7), x))  # reads the scaled query
+    summed.append((17, 32, 1, _dot((0, 8), 10), frozenset({"y"})))  # over y
+    summed.append((18, 32, 1, _dot((0, 8), 11, repeat=4), frozenset({"y"})))  # in a loop
+    summed.append((20, 8, 1, _dot((12, 13), 14), frozenset({"y"})))
     temps = Temps()
-    together(summed, temps)
+    together(graph, summed, temps)  # type: ignore[arg-type]
     held = list(zip(temps.start, temps.end, temps.size, strict=True))
     assert held == [(10, 14, 64), (12, 14, 64), (14, 14, 64), (14, 14, 64), (16, 16, 32),
-                    (20, 20, 8)]  # fmt: skip
+                    (17, 17, 32), (18, 18, 32), (20, 20, 8)]  # fmt: skip

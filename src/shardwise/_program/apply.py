@@ -127,14 +127,14 @@ class _Applier(Walker[Any]):
         whole, mapped = self.layouts.scans[(scan, v)]
         return self.layouts.specs[v], whole, mapped
 
-    def _stacked(self, ys: Any, key: Key, made: Spec) -> Any:
-        """Stack ``ys`` held as it is ``made`` where the plan moves it after the loop: else
-        XLA may take the layout it moves to back into the loop and move each slice there, in
-        every iteration (seen: two all-to-alls of a layer's slice in the while body where the
-        plan moves the stack once). Where the plan makes it from a copy of its slice that the
-        loop moves anyway (:func:`~shardwise._program.explain.stacked_as_read`), it is left
-        to XLA, which stacks that copy."""
-        step = self.stacks.get(self.graph.keys.get(key, -1))
+    def _stacked(self, ys: Any, v: int, made: Spec) -> Any:
+        """Stack ``ys`` (array ``v``) held as it is ``made`` where the plan moves it after the
+        loop: else XLA may take the layout it moves to back into the loop and move each slice
+        there, in every iteration (seen: two all-to-alls of a layer's slice in the while body
+        where the plan moves the stack once). Where the plan makes it from a copy of its slice
+        that the loop moves anyway (:func:`~shardwise._program.explain.stacked_as_read`), it
+        is left to XLA, which stacks that copy."""
+        step = self.stacks.get(v)
         if step is None or stacked_as_read(self.graph, self.layouts, step):
             return ys
         return self.mover.constrain(ys, made)
@@ -174,8 +174,8 @@ class _Applier(Walker[Any]):
         for k, v in enumerate(eqn.outvars[n_carry:]):  # each from the layout it is made in
             found = self.stacked(here, (path, v)) if is_var(v) else None
             if found:
-                made = self._stacked(ys[k], (path, v), found[2])
-                ys[k] = self.mover.move(made, found[2], found[0])
+                held = self._stacked(ys[k], self.graph.keys[(path, v)], found[2])
+                ys[k] = self.mover.move(held, found[2], found[0])
         return [*carry, *ys]
 
 

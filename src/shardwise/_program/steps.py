@@ -25,7 +25,6 @@ Pure: no devices.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Set
 from typing import Any
 
@@ -155,8 +154,11 @@ class StepCosts:
     def __init__(self, graph: Graph, mesh: MeshSpec, profile: Profile) -> None:
         self.graph, self.mesh, self.profile = graph, mesh, profile
         self.made = made_by_ops(graph)
-        sliced = Counter(s.inputs[0] for s in graph.steps if s.role == "scan slice")
-        self.hoisting = frozenset(a for a in graph.inputs if sliced[a] > 1)
+        scans: dict[int, set[tuple[int, ...]]] = {}  # (each scan slice step's key: its scan)
+        for s in graph.steps:
+            if s.role == "scan slice":
+                scans.setdefault(s.inputs[0], set()).add(s.key)
+        self.hoisting = frozenset(a for a in graph.inputs if len(scans.get(a, ())) > 1)
         """The argument stacks that two scans slice (:meth:`hoisted`)."""
         done = written(graph)
         self.runs: dict[int, int] = {}
@@ -223,9 +225,10 @@ class StepCosts:
         those all-to-alls leave it in: XLA moves the whole stack so, once, before the loops,
         as that leaves it no bigger (seen in the compiled HLO: an all-to-all of the
         ``f32[2,8,32,256]`` stack ahead of the while loop, and the slice's all-gather that
-        follows in the loop); else ``None``: the slice moves in each iteration (seen: a
-        forward pass alone moves each layer's slice of that stack in the while body, on 3
-        meshes and 2 sizes of the built-in transformer, where its training step hoists it)."""
+        follows in the loop); else ``None``: the slice moves in each iteration (seen: where
+        one scan slices the stack, a forward pass, each layer's slice of it moves in the while
+        body, on 3 meshes and 2 sizes of the built-in transformer, whose training step hoists
+        the move)."""
         if step.role != "scan slice" or a != step.output or step.inputs[0] not in self.hoisting:
             return None
         return all_to_alls_first(src, dst, len(self.graph.values[a].shape))

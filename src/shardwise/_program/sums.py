@@ -1,7 +1,9 @@
 """The buffers of partial sums: where a dot's contracted letters are split, each device makes
 partial sums of its result, which an all-reduce (or a reduce-scatter) adds up. XLA gives them
-a buffer of their own beside the sum, and combines the all-reduces of a training step's
-weight gradients into one after the backward pass.
+a buffer of their own beside the sum, and combines all-reduces that do not depend on each
+other: a training step's weight gradients' into one after the backward pass, and those of
+the dots that read one activation (a layer's query, key and value projections) into one
+after the last of them.
 """
 
 from __future__ import annotations
@@ -88,36 +90,61 @@ def partial_buffers(
         if graph.find(step.output) in outputs_of:
             later.append((at, size, copies))
         else:
-            summed.append((at, size, copies, step))
+            summed.append((at, size, copies, step, _summed_axes(step.op, found[0])))
 
 
-Summed = tuple[int, int, int, Step]
-"""A dot's partial sums: its program point, their bytes, how many buffers, the dot."""
+Summed = tuple[int, int, int, Step, frozenset[str]]
+"""A dot's partial sums: its program point, their bytes, how many buffers (the partial sums,
+and on CPU a scattered result's whole sum), the dot, and the mesh axes they are summed over."""
 
 
-def together(summed: list[Summed], temps: Temps) -> None:
+def together(graph: Graph, summed: list[Summed], temps: Temps) -> None:
     """The partial sums of dots, in program order (``summed``), added to ``temps``: those of
-    dots one after another that read a common operand and not each other's results (a
-    layer's query, key and value projections of one activation) are summed by one
-    all-reduce after the last of them, so each is held from its dot to there (XLA combines
-    independent all-reduces: seen in the compiled HLO of an FSDP attention block, one
-    all-reduce of a tuple of the three projections, their partial sums all held before it)."""
+    dots one after another, run as often and summed over the same mesh axes, that read a common
+    operand and nothing made from each other's results (a layer's query, key and value
+    projections of one activation) are summed by one all-reduce after the last of them, so
+    each is held from its dot to there, and a scattered result's whole sum is made there
+    (XLA combines independent all-reduces: seen in the compiled HLO of an FSDP attention
+    block, one all-reduce of a tuple of the three projections, their partial sums all held
+    before it)."""
     group: list[Summed] = []
     for entry in [*summed, None]:
-        if entry is not None and group and _joins(entry[3], [s for *_, s in group]):
+        if entry is not None and group and _joins(graph, entry, group):
             group.append(entry)
             continue
         end = max((at for at, *_ in group), default=0)
-        for at, size, copies, _ in group:
-            for _ in range(copies):
-                temps.add(at, end, size)
+        for at, size, copies, *_ in group:
+            temps.add(at, end, size)
+            for _ in range(copies - 1):
+                temps.add(end, end, size)
         group = [] if entry is None else [entry]
 
 
-def _joins(step: Step, group: list[Step]) -> bool:
-    """Whether ``step`` reads an operand of the group's first dot and no result of the group."""
-    made = {s.output for s in group}
-    return bool(set(step.inputs) & set(group[0].inputs)) and not made & set(step.inputs)
+def _joins(graph: Graph, entry: Summed, group: list[Summed]) -> bool:
+    """Whether the dot of ``entry`` is summed with the ``group``'s: run as often (not one in a
+    loop's body and one after it; an inlined call's or checkpoint's dots are the caller's),
+    over the same mesh axes, reading an operand of the group's first dot and no array of the
+    class of a group's result (the result, or what elementwise ops make of it)."""
+    step, axes, first = entry[3], entry[4], group[0][3]
+    made = {graph.find(s.output) for *_, s, _ in group}
+    return (
+        step.repeat == first.repeat
+        and axes == group[0][4]
+        and bool(set(step.inputs) & set(first.inputs))
+        and not made & {graph.find(a) for a in step.inputs}
+    )
+
+
+@cached(maxsize=1 << 14)
+def _summed_axes(op: Op, ins: tuple[Spec, ...]) -> frozenset[str]:
+    """The mesh axes a dot that reads its operands as ``ins`` sums its partial sums over."""
+    return frozenset(
+        axis
+        for term, spec in zip(op.inputs, ins, strict=True)
+        for letter, entry in zip(term, spec.padded(len(term)), strict=True)
+        if letter not in op.output
+        for axis in entry
+    )
 
 
 @cached(maxsize=1 << 14)
