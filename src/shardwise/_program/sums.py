@@ -54,16 +54,6 @@ def combined(partials: list[tuple[int, int, int]], points: np.ndarray) -> None:
         points[end] += (copies - 1) * size
 
 
-def _summed(op: Op, ins: tuple[Spec, ...]) -> bool:
-    """Whether a dot read as ``ins`` has contracted letters split, so that its partial sums
-    are summed over devices after it."""
-    return any(
-        entry and letter not in op.output
-        for term, spec in zip(op.inputs, ins, strict=True)
-        for letter, entry in zip(term, spec.padded(len(term)), strict=True)
-    )
-
-
 def partial_buffers(
     graph: Graph,
     step: Step,
@@ -137,7 +127,8 @@ def _joins(graph: Graph, entry: Summed, group: list[Summed]) -> bool:
 
 @cached(maxsize=1 << 14)
 def _summed_axes(op: Op, ins: tuple[Spec, ...]) -> frozenset[str]:
-    """The mesh axes a dot that reads its operands as ``ins`` sums its partial sums over."""
+    """The mesh axes a dot that reads its operands as ``ins`` sums its partial sums over
+    (those that split its contracted letters; none: nothing is summed after it)."""
     return frozenset(
         axis
         for term, spec in zip(op.inputs, ins, strict=True)
@@ -154,4 +145,4 @@ def _buffer(op: Op, ins: tuple[Spec, ...], made: Spec) -> tuple[Spec | None, boo
     the result is scattered: the same for every layer of a stack and every plan alike."""
     partial = _layout(op, ins)
     scattered = partial != made.canonical()
-    return (partial if scattered or _summed(op, ins) else None), scattered
+    return (partial if scattered or _summed_axes(op, ins) else None), scattered
