@@ -189,13 +189,23 @@ def _aligned(term: str, output: str, x: jax.Array) -> jax.Array:
 
 
 def unrolled_einsum(op: Op, *arrays: jax.Array) -> jax.Array:
-    """The einsum as a sum, over every value of the contracted indices, of broadcast products.
+    """The einsum as a sum, over every value of the contracted indices, of broadcast products;
+    floats narrower than 32 bits are multiplied and added in float32, as ``jnp.einsum`` and
+    NumPy accumulate them (added in float16, 2,055 ones and eight more came to 2,048), and
+    the result rounded once.
 
     >>> import numpy as np
     >>> a = np.arange(6.0).reshape(2, 3)
     >>> np.asarray(unrolled_einsum(Op.parse("nd,nd->n"), a, a)).tolist()
     [5.0, 50.0]
+    >>> h = np.full((1, 8), 2055 / 8, np.float16)
+    >>> float(unrolled_einsum(Op.parse("nd,nd->n"), h, np.ones((1, 8), np.float16))[0])
+    2056.0
     """
+    dtype = jnp.result_type(*arrays)
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4:
+        wide = [jnp.asarray(x, jnp.float32) for x in arrays]
+        return unrolled_einsum(op, *wide).astype(dtype)
     sizes: dict[str, int] = {}
     for term, x in zip(op.inputs, arrays, strict=True):
         sizes.update(zip(term, x.shape, strict=True))

@@ -238,11 +238,46 @@ def lower(
         return _shard_mapped(plan, mesh, precision, target, kernel)
     move = _mover(plan, mesh, target)
     explicit_out = out_sharding if explicit else None
+    if reorders(plan, target):
+        made = target.spec_for(op.output)
+
+        def sharded_einsum(*xs: jax.Array) -> jax.Array:
+            mover = Mover(mesh)
+            out = jnp.einsum(op.equation, *move(xs), precision=precision,
+                             out_sharding=named(mesh, made) if explicit else None)  # fmt: skip
+            return mover.move(mover.constrain(out, made), made, plan.out_spec.canonical())
+
+        return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
 
     def sharded_einsum(*xs: jax.Array) -> jax.Array:
         return jnp.einsum(op.equation, *move(xs), precision=precision, out_sharding=explicit_out)
 
     return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
+
+
+def reorders(plan: Plan, layout: Layout) -> bool:
+    """Whether the output of ``plan``, its operands on ``layout``, takes a mesh axis that
+    splits a contracted index while an output index moves off the axes it is split on: XLA's
+    SPMD partitioner (on CPU, JAX 0.10) then sums the partial results and moves the blocks in
+    one step and puts them in the wrong order (``qpt,qpt->qt`` with ``p`` on ``x`` and ``q``
+    on ``y``, asked for as ``q`` on ``x`` and ``t`` on ``y``, returned ``q``'s blocks
+    swapped). Such a result is made in the layout's own output and moved after, which XLA
+    does right.
+
+    >>> p = Plan.make("qpt,qpt->qt", [(4, 2, 4)] * 2, mesh="x=2,y=2", in_specs=["y,x", "y,x"],
+    ...               out_specs="x,y")
+    >>> reorders(p, Layout.parse("q=y,p=x")), reorders(p, Layout.parse("q=x,p=y"))
+    (True, False)
+    """
+    op = plan.op
+    summed = set(reduce_axes(op, layout, plan.mesh))
+    out = plan.out_spec.padded(len(op.output))
+    if not summed & {a for entry in out for a in entry}:
+        return False
+    return any(
+        (held := layout.axes_of(i)) and entry[: len(held)] != held
+        for i, entry in zip(op.output, out, strict=True)
+    )
 
 
 def _auto_kernel(plan: Plan, mesh: Mesh, layout: Layout) -> Kernel:
