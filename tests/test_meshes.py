@@ -131,3 +131,43 @@ def test_place_lays_out_every_argument_as_the_plan_says(kind):
     np.testing.assert_allclose(np.asarray(out), _mlp(PARAMS, A), rtol=1e-4, atol=1e-5)
     with pytest.raises(shardwise.ArgumentError, match="place takes the arguments"):
         p.place((PARAMS,))
+
+
+def test_a_plan_runs_on_its_own_mesh_whatever_mesh_is_set_around_it():
+    """Planned for a=4,b=2 (text, an Auto mesh, an Explicit one) under ``jax.set_mesh`` of an
+    Explicit x=2,y=4 mesh: ``sharded()`` and ``verify()`` run on the plan's mesh (JAX had
+    refused its layouts on the mesh set around them)."""
+    fn = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    x, w = A[:, :16], B[:16, :]
+    auto = jax.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    for mesh in ("a=4,b=2", auto, jax.make_mesh((4, 2), ("a", "b"))):
+        with jax.set_mesh(_explicit()):
+            p = shardwise.plan(fn, x, w, mesh=mesh, profile="cpu-2core", top=1)
+            np.testing.assert_allclose(np.asarray(p.sharded()(x, w)), np.tanh(x @ w), rtol=1e-5,
+                                       atol=1e-5)  # fmt: skip
+            checked = p.verify(repeat=1)
+        assert all(q.verified.collectives_match for q in checked.plans if q.verified)
+
+
+def test_einsum_explain_and_stream_run_on_the_mesh_given_not_the_one_set(tmp_path):
+    with jax.set_mesh(_explicit()):
+        out = shardwise.einsum("ij,jk->ik", A, B, mesh="a=8", in_specs=("a", None))
+        e = shardwise.explain("ij,jk->ik", A, B, mesh="a=8", in_specs=("a", None))
+        shardwise.plan_einsum("ij,jk->ik", [A.shape, B.shape], mesh="a=8", verify=True,
+                              repeat=1, top=1)  # fmt: skip
+        big = RNG.standard_normal((256, 32)).astype(np.float32)
+        shardwise.stream("ij,jk->ik", big, B, mesh="a=8", out=tmp_path / "o.npy", chunk=128)
+    np.testing.assert_allclose(np.asarray(out), A @ B, rtol=1e-5, atol=1e-5)
+    assert out.sharding.spec == P("a") and e.collectives == ()
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), big @ B, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_einsum_inside_jit_runs_on_the_mesh_set_around_it(kind):
+    auto = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+    m = _explicit() if kind == "explicit" else auto
+    with jax.set_mesh(m):
+        f = jax.jit(lambda a, b: shardwise.einsum("ij,jk->ik", a, b, in_specs=("x,y", "y")))
+        out = f(A, B)
+    np.testing.assert_allclose(np.asarray(out), A @ B, rtol=1e-5, atol=1e-5)
+    assert out.sharding.mesh.shape == m.shape

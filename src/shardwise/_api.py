@@ -36,6 +36,7 @@ from shardwise._xla.lower import (
     jax_mesh,
     jitted,
     named,
+    on_mesh,
     place,
     platform,
 )
@@ -107,7 +108,7 @@ def einsum(
     check_arrays(arrays)
     jmesh = jax_mesh(mesh)
     dtype = result_dtype(arrays) if arrays else np.dtype("float32")
-    with wide(dtype):
+    with wide(dtype), on_mesh(jmesh, arrays):
         options = (layout, in_specs, out_specs, mode, precision)
         plan, fn, targets = _program(equation, arrays, jmesh, *options)
         if plan.empty:
@@ -220,7 +221,7 @@ def explain_einsum(
     shapes = as_shapes(shapes)
     jmesh = jax_mesh(mesh)
     given = supported(dtype)
-    with wide(given):
+    with wide(given), on_mesh(jmesh):
         plan, why = make_plan(equation, shapes, given, jmesh, layout, in_specs, out_specs, mode)
         expl = explain_compiled(plan, compile_plan(plan, jmesh), jmesh)
     return dataclasses.replace(expl, auto=why) if why else expl
@@ -295,7 +296,8 @@ def plan_einsum(
         )
     if verify:
         assert jmesh is not None
-        report = verify_report(report, jmesh, top=top, repeat=repeat, on_step=on_step)
+        with on_mesh(jmesh):
+            report = verify_report(report, jmesh, top=top, repeat=repeat, on_step=on_step)
     return report
 
 
@@ -355,7 +357,7 @@ def mean(x: Any, *, mesh: MeshLike = "auto") -> Any:
     letters = "abcdefghijklmnopqrstuvwxyz"[: x.ndim]
     jmesh = jax_mesh(mesh)
     first = {letters[0]: MeshSpec.parse(jmesh).names} if x.ndim else {}
-    with wide(result_dtype([x])):
+    with wide(result_dtype([x])), on_mesh(jmesh, [x]):
         plan, fn, targets = _program(
             f"{letters}->", (x,), jmesh, first, None, "infer", "auto", None
         )

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.extend.core as jcore
 from jax._src import core as jax_core
+from jax._src import mesh as _mesh_lib
 from jax._src import source_info_util
 from jax._src import util as _jax_util
 from jax._src.interpreters import partial_eval as _partial_eval
@@ -81,16 +82,18 @@ def live_only(closed: Any) -> Any:
 
 
 def context_mesh() -> Mesh | None:
-    """The mesh set by ``jax.set_mesh`` (as a context or for the whole process), or ``None``
-    (also inside ``jax.jit``, where JAX gives only its abstract form).
+    """The mesh set by ``jax.set_mesh`` (as a context or for the whole process), or ``None``;
+    inside ``jax.jit`` too, where ``jax.sharding.get_mesh`` refuses and JAX keeps it as
+    ``jax._src.mesh.get_concrete_mesh()`` (0.7 to 0.12).
 
     >>> context_mesh() is None
     True
     """
     try:
         found = jax.sharding.get_mesh()
-    except ValueError:  # inside jax.jit, where only the abstract mesh is known
-        return None
+    except ValueError:  # inside jax.jit, where the public API gives only the abstract mesh
+        concrete = getattr(_mesh_lib, "get_concrete_mesh", None)
+        found = concrete() if concrete is not None else None
     return found if isinstance(found, Mesh) and not found.empty else None
 
 

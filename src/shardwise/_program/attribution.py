@@ -64,16 +64,24 @@ def attributed(predicted: Sequence[BaseCollective], compiled: Sequence[BaseColle
     True
     >>> attributed(said("dot_general", "m.py:3"), said("jit(f)/dot_general", "/src/m.py:4 (f)"))
     False
+    >>> attributed(said("mul (broadcast)", "m.py:3"), said("jit(f)/mul", "/src/m.py:3 (f)"))
+    True
     """
     groups = {c.group for c in [*predicted, *compiled]}
     return all(
         _stands_for(
             sorted(((c.bytes, _ops(c.op_name), _line(c.source)) for c in compiled if c.group == g),
                    key=lambda c: (len(c[1]), -c[0])),
-            sorted((p.bytes, p.op_name, p.source) for p in predicted if p.group == g),
+            sorted((p.bytes, _op(p.op_name), p.source) for p in predicted if p.group == g),
         )
         for g in groups
     )  # fmt: skip
+
+
+def _op(name: str) -> str:
+    """A predicted op's primitive, as XLA names it: ``mul``, not ``mul (broadcast)`` (an
+    elementwise op one of whose operands the plan broadcasts)."""
+    return name.removesuffix(" (broadcast)")
 
 
 def _fits(names: set[str], line: str, parts: list[tuple[int, str, str]]) -> bool:

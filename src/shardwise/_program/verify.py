@@ -3,6 +3,7 @@ program's collectives (kind, mesh axes, bytes), its memory, and its measured tim
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import warnings
@@ -24,6 +25,7 @@ from shardwise._program.guard import ensure_summed
 from shardwise._runtime.distributed import put
 from shardwise._runtime.timing import TURN_SECONDS, alternate, ordered_pairs, spearman
 from shardwise._versions import (
+    context_mesh,
     keys,
     sources_in_users_code,
 )
@@ -69,7 +71,7 @@ def sharded(
     guard = functools.partial(ensure_summed, plan, chosen, platform=platform(m))
     donated = plan.donate_argnums if donate else ()
     jitted = jax.jit(program, in_shardings=in_shardings, donate_argnums=donated)
-    return Placing(jitted, in_shardings, plan.graph.names, guard)
+    return Placing(jitted, in_shardings, plan.graph.names, guard, m)
 
 
 _CHECKED: Bounded[tuple[Any, ...], bool] = Bounded(512)
@@ -95,11 +97,21 @@ class Placing:
     it to ``guard``, which raises if it must not run."""
 
     def __init__(
-        self, jitted: Any, in_shardings: Any, names: Sequence[str], guard: Any = None
-    ) -> None:
+        self, jitted: Any, in_shardings: Any, names: Sequence[str], guard: Any = None,
+        mesh: Mesh | None = None,
+    ) -> None:  # fmt: skip
         self.jitted, self.in_shardings, self.names = jitted, in_shardings, names
-        self.guard = guard
+        self.guard, self.mesh = guard, mesh
         self.said = False
+
+    def _on_mesh(self, args: tuple[Any, ...]) -> Any:
+        """Where a call, outside any trace, runs: on the plan's mesh, whatever mesh
+        ``jax.set_mesh`` set around it (on another, with Explicit axes, JAX refuses the plan's
+        layouts)."""
+        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
+        if self.mesh is None or traced or context_mesh() == self.mesh:
+            return contextlib.nullcontext()
+        return jax.set_mesh(self.mesh)
 
     def placed(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree.flatten(args)
@@ -124,9 +136,10 @@ class Placing:
         return tuple(jax.tree.unflatten(tree, out))
 
     def __call__(self, *args: Any) -> Any:
-        placed = self.placed(args)
-        self.check(placed)
-        return self.jitted(*placed)
+        with self._on_mesh(args):
+            placed = self.placed(args)
+            self.check(placed)
+            return self.jitted(*placed)
 
     def check(self, args: tuple[Any, ...]) -> None:
         """Hand the program compiled for ``args`` to the guard, once per argument types (a
@@ -143,7 +156,8 @@ class Placing:
 
     def lower(self, *args: Any) -> Any:
         """The program lowered for ``args`` (moved as a call would move them)."""
-        return self.jitted.lower(*self.placed(args))
+        with self._on_mesh(args):
+            return self.jitted.lower(*self.placed(args))
 
 
 def place(plan: ProgramPlan, chosen: PlannedLayout, args: Any, mesh: Any = None) -> Any:

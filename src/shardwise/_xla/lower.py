@@ -18,6 +18,7 @@ and left to partition an unrolled kernel it may gather every slice separately; i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -61,6 +62,16 @@ def jax_mesh(value: MeshLike) -> Mesh:
     return make_mesh(value)
 
 
+def on_mesh(mesh: Mesh, values: Sequence[Any] = ()) -> contextlib.AbstractContextManager[Any]:
+    """Where a program on ``mesh`` is built and run: under ``jax.set_mesh(mesh)`` where
+    another mesh is set around the call (JAX refuses a program whose mesh is not the one set),
+    but inside a trace (any of ``values`` traced), which runs where its ``jax.jit`` does."""
+    context = context_mesh()
+    if context is None or context == mesh or any(isinstance(v, jax.core.Tracer) for v in values):
+        return contextlib.nullcontext()
+    return jax.set_mesh(mesh)
+
+
 def named(mesh: Mesh, spec: Spec) -> NamedSharding:
     """The ``NamedSharding`` of ``spec`` on ``mesh``."""
     return NamedSharding(mesh, spec.to_partition_spec())
@@ -85,7 +96,7 @@ def place(
         if array.dtype != dtype:
             array = array.astype(dtype)
         if isinstance(array, jax.core.Tracer):
-            placed.append(jax.lax.with_sharding_constraint(array, target))
+            placed.append(_reshard(array, target, is_explicit(target.mesh)))
         elif isinstance(array, jax.Array) and array.sharding == target:
             placed.append(array)
         else:
