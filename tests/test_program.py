@@ -573,3 +573,22 @@ def test_what_native_code_prints_while_solving_goes_to_stderr(capfd):
     out, err = capfd.readouterr()
     assert out == "before\nafter\n", out
     assert "tmpSolver.run();" in err and "raw" in err, err
+
+
+@pytest.mark.parametrize(
+    ("loss", "params", "words"),
+    [
+        (lambda w, x: (jnp.mean(x @ w), {"acc": jnp.mean(x)}), jnp.ones((16, 4)), "one scalar"),
+        (lambda w, x: (x @ w).mean(0), jnp.ones((16, 4)), "one scalar"),
+        (lambda p, x: jnp.mean(x @ p["w"]) * p["step"], {"w": jnp.ones((16, 4)),
+                                                         "step": jnp.int32(1)},
+         r"\['step'\] is int32"),
+    ],
+)  # fmt: skip
+def test_a_training_step_of_what_is_not_a_loss_over_float_parameters_says_what_to_do(
+    loss, params, words
+):
+    with pytest.raises(shardwise.ArgumentError, match=words) as caught:
+        shardwise.plan(loss, params, jnp.ones((8, 16)), mesh="x=2", train=True)
+    assert "without train" in str(caught.value)
+    assert "cannot trace" not in str(caught.value)

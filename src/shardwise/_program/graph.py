@@ -9,13 +9,11 @@ Walker`), reading each equation by its primitive's rule (:mod:`~shardwise._progr
 - an **elementwise** op, whose non-scalar operands and result share one layout: they join one
   *class* of arrays that the search gives a single layout;
 - a **map**: one operand whose dimensions carry their layout to the result's;
-- an **opaque** op, planned as needing its operands whole (a primitive with no rule too,
-  marked not modelled).
+- an **opaque** op, planned as needing its operands whole (one with no rule: not modelled).
 
 Calls are inlined. A layout the code asks for (``with_sharding_constraint``) is its operand's
 array, the layout recorded (:attr:`Graph.placed`). A ``scan``'s body is read once, its steps
-marked as repeated ``length`` times, so that a model of L layers written with ``lax.scan``
-plans as fast as one layer.
+marked as repeated ``length`` times: L layers under ``lax.scan`` plan as fast as one.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from typing import Any
 
 import jax
 
-from shardwise._errors import ArgumentError
+from shardwise._errors import ArgumentError, ShardwiseError
 from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, fused_reads, in_kernel
 from shardwise._program.rules import IDENTITIES, REDUCTIONS, Rule, rule_of, whole_dot_flops
 from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
@@ -118,6 +116,8 @@ def build(
     shapes = [jax.tree.map(abstract, a) for a in args]
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*shapes)
+    except ShardwiseError:
+        raise
     except (TypeError, ValueError, OverflowError) as e:
         raise ArgumentError(
             f"cannot trace {name or 'the function'} with these arguments: {e}"

@@ -21,6 +21,7 @@ from shardwise._model.spec import Spec
 from shardwise._program import loops
 from shardwise._program.bins import Temps, placed, totals
 from shardwise._program.buffers import folded_transposes, in_place, overwritten, padded_windows
+from shardwise._program.constants import made_whole
 from shardwise._program.donation import aliased, unaliased_bytes
 from shardwise._program.graph import Graph
 from shardwise._program.integer import Constraint
@@ -263,6 +264,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         if step.kind == "dot":
             partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, summed)
     together(graph, summed, temps)
+    for first, last, size in made_whole(graph):  # (masks, closed-over arrays: whole)
+        temps.add(first, last, size)
     still = temporary.copy()
     still[list(gone)] = False
     temps.extend(lives.first[still], lives.last[still], sizes[still])

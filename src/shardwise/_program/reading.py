@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from shardwise._errors import ArgumentError, UserCodeError, as_users
@@ -38,10 +39,32 @@ from shardwise._xla.lower import auto_twin, is_explicit
 
 
 def train_step(loss: Callable[..., Any], learning_rate: float = 0.01) -> Callable[..., Any]:
-    """One SGD step of ``loss(params, *batch)``: returns the loss and the updated parameters."""
+    """One SGD step of ``loss(params, *batch)``: returns the loss and the updated parameters.
+    Parameters that are not floats (a step count, an RNG state's counter) and a loss that is
+    not one scalar are refused, saying how to plan such a step."""
+    yours = "or plan your own training step (value_and_grad and the update inside fn) without train"
 
     def step(params: Any, *batch: Any) -> Any:
-        value, grads = jax.value_and_grad(loss)(params, *batch)
+        bad = [
+            f"{jax.tree_util.keystr(path) or 'params'} is {leaf.dtype}"
+            for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+            if not jnp.issubdtype(leaf.dtype, jnp.inexact)
+        ]
+        if bad:
+            raise ArgumentError(
+                "train=True differentiates the loss with respect to its first argument, whose "
+                f"leaves must be floats, but {', '.join(bad[:3])}: pass the parameters alone "
+                f"first (nnx.split(model, nnx.Param, ...)), the rest after, {yours}."
+            )
+        try:
+            value, grads = jax.value_and_grad(loss)(params, *batch)
+        except TypeError as e:  # (JAX's, of what the loss returned)
+            if "scalar" not in str(e):
+                raise
+            raise ArgumentError(
+                "train=True needs the function to return its loss as one scalar (JAX: "
+                f"{str(e).splitlines()[0]}): return the loss alone, {yours}."
+            ) from None
         return value, jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
 
     step.__name__ = f"train_step({getattr(loss, '__name__', 'loss')})"
