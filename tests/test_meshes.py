@@ -171,3 +171,14 @@ def test_einsum_inside_jit_runs_on_the_mesh_set_around_it(kind):
         out = f(A, B)
     np.testing.assert_allclose(np.asarray(out), A @ B, rtol=1e-5, atol=1e-5)
     assert out.sharding.mesh.shape == m.shape
+
+
+def test_shard_moves_arrays_laid_out_otherwise_and_says_when_out_specs_do_not_fit():
+    m = shardwise.mesh("x=2,y=4")
+    placed = jax.device_put(A, NamedSharding(m, P("y", "x")))
+    matmul = shardwise.shard(lambda u, v: u @ v, m, in_specs=(P("x", "y"), P("y")),
+                             out_specs=P("x"))  # fmt: skip
+    np.testing.assert_allclose(np.asarray(matmul(placed, B)), A @ B, rtol=1e-5, atol=1e-5)
+    twice = shardwise.shard(lambda u: (u, u), m, in_specs=(P("x"),), out_specs=(P("x"),))
+    with pytest.raises(shardwise.SpecError, match="one spec per output"):
+        twice(A)

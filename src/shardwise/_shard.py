@@ -125,9 +125,26 @@ class Sharded:
                 jax.tree.map(functools.partial(_put_leaf, sharding=s), a)
                 for a, s in zip(args, self._per_arg_shardings(args), strict=True)
             )
+        else:  # arrays laid out otherwise (jax.jit would refuse them) are moved first
+            args = self._moved(args)
         with _explicit_hints(), self._out_specs_said(args):
             self._guard(args)
             return self._jitted(*args)
+
+    def _moved(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``args`` with each array on the devices laid out otherwise than its spec says
+        moved to that layout, as :func:`~shardwise.einsum` moves its operands."""
+        per = self._per_arg_shardings(args)
+
+        def move(sharding: NamedSharding, x: Any) -> Any:
+            elsewhere = isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+            return jax.device_put(x, sharding) if elsewhere and x.sharding != sharding else x
+
+        if not per:
+            return args
+        return tuple(
+            jax.tree.map(functools.partial(move, s), a) for s, a in zip(per, args, strict=True)
+        )
 
     def _guard(self, args: tuple[Any, ...]) -> None:
         """Check the program compiled for ``args``, once per argument types (a traced call is
@@ -184,6 +201,13 @@ class Sharded:
         try:
             yield
         except ValueError as e:
+            if "pytree structure" in str(e) and "out_shardings" in str(e):
+                out = jax.eval_shape(self.fn, *args)
+                raise SpecError(
+                    f"out_specs {self.out_specs!r} do not match the result of {_name(self.fn)}, "
+                    f"structured as {jax.tree.structure(out)}: give one spec per output, in the "
+                    "result's structure, or out_specs='auto' to let XLA choose."
+                ) from None
             if "sharding annotation" not in str(e) or "rank" not in str(e):
                 raise
             shapes = [tuple(o.shape) for o in jax.tree.leaves(jax.eval_shape(self.fn, *args))]
