@@ -182,3 +182,37 @@ def test_shard_moves_arrays_laid_out_otherwise_and_says_when_out_specs_do_not_fi
     twice = shardwise.shard(lambda u: (u, u), m, in_specs=(P("x"),), out_specs=(P("x"),))
     with pytest.raises(shardwise.SpecError, match="one spec per output"):
         twice(A)
+
+
+@pytest.mark.parametrize(
+    "types",
+    [
+        (AxisType.Explicit, AxisType.Explicit),
+        (AxisType.Auto, AxisType.Explicit),
+        (AxisType.Explicit, AxisType.Auto),
+    ],
+)
+@pytest.mark.parametrize(
+    ("equation", "arrays", "specs", "out"),
+    [
+        ("ij,jk->ik", (A, B), ("x,y", "y"), "infer"),
+        ("ij,jk->ik", (A, B), ("-,x", "y"), "infer"),
+        ("suq->qu", (RNG.standard_normal((2, 4, 8)).astype(np.float32),), ("-,-,(x,y)",), "(x,y)"),
+        ("fd->", (np.array([[True, False, True, True]] * 2),), (None,), "infer"),
+    ],
+)  # fmt: skip
+def test_einsum_on_explicit_and_mixed_meshes_gives_numpys_result(types, equation, arrays, specs,
+                                                                 out):  # fmt: skip
+    """Layouts that move an operand, a result split where the operand was not, a boolean sum:
+    on Explicit and mixed meshes (they had raised JAX's errors on its reshard, on an array of
+    another shape, and an empty NotImplementedError)."""
+    m = jax.make_mesh((2, 4), ("x", "y"), axis_types=types)
+    got = shardwise.einsum(equation, *arrays, mesh=m, in_specs=specs, out_specs=out)
+    np.testing.assert_allclose(np.asarray(got), np.einsum(equation, *arrays), rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+
+
+def test_a_mesh_of_manual_axes_is_refused_saying_which():
+    m = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Manual,) * 2)
+    with pytest.raises(shardwise.ArgumentError, match="x, y are Manual"):
+        shardwise.einsum("ij,jk->ik", A, B, mesh=m, in_specs=("x,y", "y"))

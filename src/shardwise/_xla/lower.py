@@ -53,6 +53,14 @@ def jax_mesh(value: MeshLike) -> Mesh:
     for ``"auto"`` or a description of that mesh's shape; else one built on the devices at
     hand."""
     if isinstance(value, Mesh):
+        manual = [n for n, t in zip(value.axis_names, value.axis_types, strict=True)
+                  if t == AxisType.Manual]  # fmt: skip
+        if manual:
+            raise ArgumentError(
+                f"mesh axes {', '.join(manual)} are Manual (the axes inside jax.shard_map, "
+                "where each device runs its own block): shardwise lays out arrays on Auto or "
+                "Explicit axes; pass the mesh as jax.make_mesh gives it."
+            )
         return value
     context = context_mesh()
     if context is not None and (
@@ -247,23 +255,36 @@ def lower(
     kernel = _auto_kernel(plan, mesh, target) if kernels and not explicit else "einsum"
     if kernel != "einsum" and plan.out_spec.canonical() == target.spec_for(op.output):
         return _shard_mapped(plan, mesh, precision, target, kernel)
-    move = _mover(plan, mesh, target)
-    explicit_out = out_sharding if explicit else None
-    if reorders(plan, target):
-        made = target.spec_for(op.output)
-
-        def sharded_einsum(*xs: jax.Array) -> jax.Array:
-            mover = Mover(mesh)
-            out = jnp.einsum(op.equation, *move(xs), precision=precision,
-                             out_sharding=named(mesh, made) if explicit else None)  # fmt: skip
-            return mover.move(mover.constrain(out, made), made, plan.out_spec.canonical())
-
-        return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
+    # on a mesh with Explicit axes the program runs with them Auto inside, every layout said
+    # by a constraint, and gives its result the output's type (as a program plan runs)
+    inner = auto_twin(mesh)
+    move = _mover(plan, inner, target)
+    made = target.spec_for(op.output) if reorders(plan, target) else None
 
     def sharded_einsum(*xs: jax.Array) -> jax.Array:
-        return jnp.einsum(op.equation, *move(xs), precision=precision, out_sharding=explicit_out)
+        out = jnp.einsum(op.equation, *move(xs), precision=precision)
+        if made is None:
+            return out
+        mover = Mover(inner)
+        return mover.move(mover.constrain(out, made), made, plan.out_spec.canonical())
 
+    if explicit:
+        typed = NamedSharding(mesh, explicit_part(mesh, plan.out_spec).to_partition_spec())
+        sharded_einsum = with_auto_axes(sharded_einsum, typed)
     return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
+
+
+def explicit_part(mesh: Mesh, spec: Spec) -> Spec:
+    """``spec`` with only ``mesh``'s Explicit axes: what an array laid out so has for its type
+    (on a mixed mesh the Auto axes are not part of it).
+
+    >>> m = jax.make_mesh((1, 1), ("x", "y"), axis_types=(AxisType.Explicit, AxisType.Auto))
+    >>> explicit_part(m, Spec.parse("x,y"))
+    Spec(entries=(('x',), ()))
+    """
+    kept = {n for n, t in zip(mesh.axis_names, mesh.axis_types, strict=True)
+            if t == AxisType.Explicit}  # fmt: skip
+    return Spec(tuple(tuple(a for a in e if a in kept) for e in spec.entries))
 
 
 def reorders(plan: Plan, layout: Layout) -> bool:
