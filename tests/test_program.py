@@ -493,7 +493,7 @@ def test_every_reshard_emits_exactly_the_predicted_collectives():
     from shardwise._model.reshard import reshard_collectives, reshard_moves
     from shardwise._program.problem import spec_choices
     from shardwise._xla.hlo import collectives
-    from shardwise._xla.lower import jax_mesh
+    from shardwise._xla.meshes import jax_mesh
 
     spec = MeshSpec.parse("x=2,y=4")
     mesh = jax_mesh(spec)

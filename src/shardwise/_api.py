@@ -29,17 +29,8 @@ from shardwise._shard import AUTO, is_auto, shard
 from shardwise._xla.check import ensure_close
 from shardwise._xla.dtypes import check_arrays, result_dtype, supported, wide, x64
 from shardwise._xla.explain import Explanation, compile_plan, compile_sound, explain_compiled
-from shardwise._xla.lower import (
-    MeshLike,
-    check_precision,
-    divide,
-    jax_mesh,
-    jitted,
-    named,
-    on_mesh,
-    place,
-    platform,
-)
+from shardwise._xla.lower import check_precision, divide, jitted, place
+from shardwise._xla.meshes import MeshLike, jax_mesh, named, on_mesh, platform
 
 
 def einsum(

@@ -21,7 +21,7 @@ from shardwise._runtime.distributed import put
 from shardwise._xla.check import dot_problems, ensure_dots_summed, jaxpr_dots
 from shardwise._xla.dtypes import ARRAYS_HINT, describe_value, x64
 from shardwise._xla.explain import Explanation, explain_function
-from shardwise._xla.lower import MeshLike, is_explicit, jax_mesh, platform
+from shardwise._xla.meshes import MeshLike, is_explicit, jax_mesh, platform
 
 AUTO = "auto"
 """``out_specs`` that let XLA choose the outputs' layout."""

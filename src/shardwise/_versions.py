@@ -89,6 +89,7 @@ def context_mesh() -> Mesh | None:
     >>> context_mesh() is None
     True
     """
+    found: Any
     try:
         found = jax.sharding.get_mesh()
     except ValueError:  # inside jax.jit, where the public API gives only the abstract mesh

@@ -152,7 +152,7 @@ def _stream(
     """:func:`stream`, with ``scope`` to hold JAX's 64-bit mode for 64-bit inputs, the open
     inputs and output, and the output's lock."""
     from shardwise._xla.dtypes import supported, wide
-    from shardwise._xla.lower import jax_mesh, on_mesh
+    from shardwise._xla.meshes import jax_mesh, on_mesh
 
     op = Op.parse(equation)
     target, limit = _checked(out, budget)
@@ -170,8 +170,7 @@ def _stream(
         )
     dtype = supported(sources[0].dtype, "the inputs")
     scope.enter_context(wide(dtype))  # int64 and float64 are computed in 64 bits
-    jmesh = jax_mesh(mesh)
-    scope.enter_context(on_mesh(jmesh))  # (not another mesh set around the call)
+    scope.enter_context(on_mesh(jmesh := jax_mesh(mesh)))  # (not a mesh set around the call)
     spec = MeshSpec.parse(jmesh)
     sizes = op.sizes([s.shape for s in sources])
     sink = Sink(target, tuple(sizes[i] for i in op.output), dtype)

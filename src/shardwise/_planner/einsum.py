@@ -26,7 +26,8 @@ from shardwise._model.units import format_bytes
 from shardwise._runtime.timing import median_seconds, spearman
 from shardwise._xla.explain import compile_plan
 from shardwise._xla.hlo import collectives
-from shardwise._xla.lower import place, platform
+from shardwise._xla.lower import place
+from shardwise._xla.meshes import platform
 from shardwise._xla.verified import Verified, collectives_match
 
 

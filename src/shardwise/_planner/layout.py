@@ -19,7 +19,7 @@ from shardwise._model.profile_files import default_profile
 from shardwise._model.spec import LayoutLike, Spec, SpecLike
 from shardwise._planner.einsum import rank
 from shardwise._xla.dtypes import result_dtype
-from shardwise._xla.lower import MeshLike, jax_mesh, platform
+from shardwise._xla.meshes import MeshLike, jax_mesh, platform
 
 log = logging.getLogger("shardwise")
 

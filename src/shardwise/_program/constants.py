@@ -39,7 +39,7 @@ class _Made:
 
 def _nbytes(aval: Any) -> int | None:
     try:
-        return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+        return int(np.prod(aval.shape, dtype=np.int64)) * int(np.dtype(aval.dtype).itemsize)
     except TypeError:  # (a PRNG key's dtype has no NumPy twin: not memory worth counting)
         return None
 

@@ -35,7 +35,7 @@ from shardwise._program.problem import Problem, build_problem, effective_mesh
 from shardwise._program.roles import Roles, roles
 from shardwise._program.top import fixed_pins, pinned
 from shardwise._versions import sources_in_users_code
-from shardwise._xla.lower import auto_twin, is_explicit
+from shardwise._xla.meshes import auto_twin, is_explicit
 
 
 def train_step(loss: Callable[..., Any], learning_rate: float = 0.01) -> Callable[..., Any]:

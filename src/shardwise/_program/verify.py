@@ -31,7 +31,7 @@ from shardwise._versions import (
 )
 from shardwise._xla.dtypes import x64
 from shardwise._xla.hlo import collectives
-from shardwise._xla.lower import auto_twin, is_explicit, jax_mesh, platform, with_auto_axes
+from shardwise._xla.meshes import auto_twin, is_explicit, jax_mesh, platform, with_auto_axes
 from shardwise._xla.verified import Verified, collectives_match
 
 if TYPE_CHECKING:

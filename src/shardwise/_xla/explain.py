@@ -25,7 +25,8 @@ from shardwise._model.strategy import Strategy, reduce_axes
 from shardwise._xla.cause import Cause, einsum_cause, generic_cause
 from shardwise._xla.check import contraction_problems, ensure_sound
 from shardwise._xla.hlo import Collective, collectives
-from shardwise._xla.lower import jitted, named, platform, target_layout
+from shardwise._xla.lower import jitted, target_layout
+from shardwise._xla.meshes import named, platform
 from shardwise._xla.names import argument_names, result_names
 from shardwise._xla.resources import Compute, Memory, compute_of, memory_of
 

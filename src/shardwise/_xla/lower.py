@@ -18,21 +18,18 @@ and left to partition an unrolled kernel it may gather every slice separately; i
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
 from shardwise._caches import cached
 from shardwise._errors import ArgumentError, ArgumentTypeError
 from shardwise._model.cost import local_sizes
-from shardwise._model.mesh import MeshSpec
-from shardwise._model.mesh import mesh as make_mesh
 from shardwise._model.plan import Plan
 from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile
@@ -40,49 +37,18 @@ from shardwise._model.reshard import agreed_layout, reshard_moves
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import reduce_axes
 from shardwise._runtime.distributed import put
-from shardwise._versions import context_mesh
 from shardwise._xla.dtypes import x64
 from shardwise._xla.kernels import Kernel, choose_kernel, local_einsum, native_kernel
-
-MeshLike = Mesh | MeshSpec | str | Mapping[str, int]
-"""A JAX ``Mesh``, or a description of one (``"x=2,y=4"``, ``{"x": 2}``, a ``MeshSpec``)."""
-
-
-def jax_mesh(value: MeshLike) -> Mesh:
-    """``value`` as a JAX ``Mesh``: itself if it is one; the mesh set with ``jax.set_mesh``
-    for ``"auto"`` or a description of that mesh's shape; else one built on the devices at
-    hand."""
-    if isinstance(value, Mesh):
-        manual = [n for n, t in zip(value.axis_names, value.axis_types, strict=True)
-                  if t == AxisType.Manual]  # fmt: skip
-        if manual:
-            raise ArgumentError(
-                f"mesh axes {', '.join(manual)} are Manual (the axes inside jax.shard_map, "
-                "where each device runs its own block): shardwise lays out arrays on Auto or "
-                "Explicit axes; pass the mesh as jax.make_mesh gives it."
-            )
-        return value
-    context = context_mesh()
-    if context is not None and (
-        value == "auto" or MeshSpec.parse(value).axes == MeshSpec.parse(context).axes
-    ):
-        return context
-    return make_mesh(value)
-
-
-def on_mesh(mesh: Mesh, values: Sequence[Any] = ()) -> contextlib.AbstractContextManager[Any]:
-    """Where a program on ``mesh`` is built and run: under ``jax.set_mesh(mesh)`` where
-    another mesh is set around the call (JAX refuses a program whose mesh is not the one set),
-    but inside a trace (any of ``values`` traced), which runs where its ``jax.jit`` does."""
-    context = context_mesh()
-    if context is None or context == mesh or any(isinstance(v, jax.core.Tracer) for v in values):
-        return contextlib.nullcontext()
-    return jax.set_mesh(mesh)
-
-
-def named(mesh: Mesh, spec: Spec) -> NamedSharding:
-    """The ``NamedSharding`` of ``spec`` on ``mesh``."""
-    return NamedSharding(mesh, spec.to_partition_spec())
+from shardwise._xla.meshes import (
+    auto_twin,
+    explicit_part,
+    is_explicit,
+    local_devices,
+    named,
+    on_cpu,
+    platform,
+    with_auto_axes,
+)
 
 
 def shardings(plan: Plan, mesh: Mesh) -> tuple[NamedSharding, ...]:
@@ -104,55 +70,12 @@ def place(
         if array.dtype != dtype:
             array = array.astype(dtype)
         if isinstance(array, jax.core.Tracer):
-            placed.append(_reshard(array, target, is_explicit(target.mesh)))
+            placed.append(_reshard(array, target, is_explicit(mesh)))
         elif isinstance(array, jax.Array) and array.sharding == target:
             placed.append(array)
         else:
             placed.append(put(array, target))
     return placed
-
-
-def is_explicit(mesh: Mesh) -> bool:
-    """True when the mesh's axes are Explicit (sharding is part of each array's type)."""
-    return any(t == AxisType.Explicit for t in mesh.axis_types)
-
-
-def auto_twin(mesh: Mesh) -> Mesh:
-    """``mesh`` with every axis Auto: the same devices, in the same order, under the same
-    names. An array placed on one is placed on the other without a copy.
-
-    >>> import numpy as np
-    >>> m = Mesh(np.array(jax.devices()[:1]), ("x",), axis_types=(AxisType.Explicit,))
-    >>> auto_twin(m).axis_types
-    (Auto,)
-    """
-    if not is_explicit(mesh):
-        return mesh
-    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
-
-
-def with_auto_axes(fn: Callable[..., Any], out_shardings: Any) -> Callable[..., Any]:
-    """``fn`` run with every mesh axis Auto, its results then laid out as ``out_shardings``
-    (a pytree of ``NamedSharding`` on a mesh with Explicit axes): how a program whose every
-    layout is already chosen runs on an Explicit mesh, where each op would otherwise have to
-    be told the sharding of its result."""
-    return jax.sharding.auto_axes(fn, out_sharding=out_shardings)  # type: ignore[no-any-return]
-
-
-def platform(mesh: Mesh) -> str:
-    """The platform of the mesh's devices: ``"cpu"``, ``"gpu"`` or ``"tpu"``."""
-    return str(mesh.devices.flat[0].platform)
-
-
-def on_cpu(mesh: Mesh) -> bool:
-    """Whether the mesh's devices are CPU devices."""
-    return platform(mesh) == "cpu"
-
-
-def local_devices(mesh: Mesh) -> int:
-    """How many of the mesh's devices this process drives (they share its cores)."""
-    me = jax.process_index()
-    return sum(1 for d in mesh.devices.flat if d.process_index == me)
 
 
 def target_layout(plan: Plan, platform: str = "cpu") -> Layout:
@@ -266,25 +189,13 @@ def lower(
         if made is None:
             return out
         mover = Mover(inner)
-        return mover.move(mover.constrain(out, made), made, plan.out_spec.canonical())
+        moved: jax.Array = mover.move(mover.constrain(out, made), made, plan.out_spec.canonical())
+        return moved
 
     if explicit:
         typed = NamedSharding(mesh, explicit_part(mesh, plan.out_spec).to_partition_spec())
         sharded_einsum = with_auto_axes(sharded_einsum, typed)
     return jax.jit(sharded_einsum, in_shardings=in_shardings, out_shardings=out_sharding)
-
-
-def explicit_part(mesh: Mesh, spec: Spec) -> Spec:
-    """``spec`` with only ``mesh``'s Explicit axes: what an array laid out so has for its type
-    (on a mixed mesh the Auto axes are not part of it).
-
-    >>> m = jax.make_mesh((1, 1), ("x", "y"), axis_types=(AxisType.Explicit, AxisType.Auto))
-    >>> explicit_part(m, Spec.parse("x,y"))
-    Spec(entries=(('x',), ()))
-    """
-    kept = {n for n, t in zip(mesh.axis_names, mesh.axis_types, strict=True)
-            if t == AxisType.Explicit}  # fmt: skip
-    return Spec(tuple(tuple(a for a in e if a in kept) for e in spec.entries))
 
 
 def reorders(plan: Plan, layout: Layout) -> bool:
