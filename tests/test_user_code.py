@@ -6,8 +6,11 @@ exactly."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import jax
 import pytest
@@ -102,6 +105,28 @@ def test_prints_in_user_code_go_to_stderr_and_leave_the_json_whole(tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["program"].endswith("prog.py:f")
     assert "importing the model" in result.stderr and "tracing f" in result.stderr
+
+
+def test_devices_are_set_up_before_the_users_code_starts_jax(tmp_path):
+    """A module that makes an array at import, and an --args function that makes a random
+    key, start JAX: the command's simulated devices are set up before either runs (in a
+    process of its own, where JAX has not started)."""
+    (tmp_path / "started.py").write_text(
+        "import jax\nimport jax.numpy as jnp\n\nW = jnp.ones((16, 4))\n\n"
+        "def f(key, x):\n    return (x + jax.random.normal(key, x.shape)) @ W\n\n"
+        "def example():\n    return jax.random.key(0), jnp.ones((8, 16))\n"
+    )
+    src = str(Path(shardwise.__file__).parent.parent)
+    env = {k: v for k, v in os.environ.items() if k != "SHARDWISE_CPU_DEVICES"}
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    argv = ["plan", "--function", "started.py:f", "--args", "started.py:example",
+            "--mesh", "data=2,model=4", "--top", "1", "--json"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "shardwise.cli", *argv], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["program"] == "started.py:f"
 
 
 def test_a_module_is_found_from_the_working_directory_as_python_m_finds_it(tmp_path, monkeypatch):

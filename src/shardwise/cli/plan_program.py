@@ -66,6 +66,11 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
     from shardwise.cli.program import load_function, load_rules, parse_args
 
     train = given["train"] and given["optimizer"] is None  # (a step with its optimizer: as is)
+    # the devices first: the user's module, or the function --args names, may start JAX
+    # (an array made at import, a random key), after which their count is fixed
+    runs_here = given["verify"] or given["tune"] or given["mesh"] == "auto"
+    if given["choose_mesh"] is None and (runs_here or given["profile"] is None):
+        setup_devices(given["devices"])
     if given["model"] is not None:
         fn, model_args = built_in(given["model"], batch=given["batch"], train=given["train"],
                                   optimizer=given["optimizer"], **dims(given))  # fmt: skip
@@ -94,8 +99,6 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
     memory = given["device_memory"]
     # by default the profile's memory: the fastest plan that fits, or said that none does
     limit = "device" if memory is None else parse_bytes(memory, "--device-memory")
-    if given["verify"] or given["tune"] or given["mesh"] == "auto" or given["profile"] is None:
-        setup_devices(given["devices"])
     with out.status("planning") as status:
         report = shardwise.plan(
             fn,
