@@ -63,7 +63,8 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
     import shardwise
     from shardwise._program.models import model as built_in
     from shardwise.cli._models import dims
-    from shardwise.cli.program import load_function, load_rules, parse_args
+    from shardwise.cli._user_module import load_function
+    from shardwise.cli.program import load_rules, parse_args
 
     train = given["train"] and given["optimizer"] is None  # (a step with its optimizer: as is)
     # the devices first: the user's module, or the function --args names, may start JAX

@@ -1,0 +1,72 @@
+"""The user's module, imported for ``--function module:fn`` and ``--args module:fn``: found as
+``python -m`` finds one, and what it raises said to be the user's."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardwise._errors import ArgumentError, user_code_error
+
+_IMPORT_FIX = (
+    "shardwise imports the module to find the function: fix the module, and keep code that "
+    'should run only as a script under `if __name__ == "__main__":`.'
+)
+
+
+def load_function(ref: str) -> Any:
+    """``pkg.module:fn`` or ``path/file.py:fn`` as the function it names. A module is found
+    as ``python -m`` finds one (the working directory first); what the module raises, or a
+    ``sys.exit`` in it, is a :class:`UserCodeError` that says where."""
+    target, colon, attr = ref.rpartition(":")
+    if not colon or not target or not attr:
+        raise ArgumentError(
+            f"--function {ref!r} does not name a function; write module:function, e.g. "
+            "--function mypkg.models:loss or --function train.py:loss."
+        )
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise ArgumentError(
+                f"cannot import {target!r} for --function: there is no such file; give the "
+                "path of a Python file, or a module (mypkg.models:loss)."
+            )
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise ArgumentError(f"cannot import {target!r} for --function: not a Python file.")
+        module, loader = importlib.util.module_from_spec(spec), spec.loader
+        sys.path.insert(0, str(path.resolve().parent))
+        _run_users(lambda: loader.exec_module(module), target)
+    else:
+        here = os.getcwd()
+        if "" not in sys.path and here not in sys.path:  # as `python -m` has it
+            sys.path.insert(0, here)
+        module = _run_users(lambda: importlib.import_module(target), target)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ArgumentError(f"{target!r} has no function {attr!r}.")
+    return fn
+
+
+def _run_users(body: Callable[[], Any], target: str) -> Any:
+    """``body()``, which imports the user's module ``target``: whatever it raises is theirs,
+    said so with where, except that ``target`` itself cannot be found."""
+    what = f"your module {target!r}"
+    try:
+        return body()
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if missing and (target == missing or target.startswith(missing + ".")):
+            raise ArgumentError(
+                f"cannot import {target!r} for --function: {e}. Run shardwise from the "
+                "folder that holds it (or add that folder to PYTHONPATH), or give its file: "
+                "--function path/to/file.py:fn."
+            ) from None
+        raise user_code_error(e, what, "imported", _IMPORT_FIX) from e
+    except (Exception, SystemExit) as e:
+        raise user_code_error(e, what, "imported", _IMPORT_FIX) from e
