@@ -129,6 +129,34 @@ def test_devices_are_set_up_before_the_users_code_starts_jax(tmp_path):
     assert json.loads(done.stdout)["program"] == "started.py:f"
 
 
+def test_a_file_named_by_function_and_args_is_imported_once(tmp_path):
+    """``--function model.py:f --args model.py:example``: one module, so the classes of the
+    arguments are the function's (Equinox's ``combine`` checks that they are the same)."""
+    source = """\
+    from typing import NamedTuple
+
+    import jax
+
+    print("importing the model")
+
+    class Params(NamedTuple):
+        w: jax.ShapeDtypeStruct
+
+    def example():
+        return Params(jax.ShapeDtypeStruct((4, 2), "float32")), jax.ShapeDtypeStruct((8, 4), "f4")
+
+    def f(params, x):
+        assert type(params) is Params, "a class of another import"
+        return (x @ params.w).sum()
+    """
+    src = tmp_path / "once.py"
+    src.write_text(textwrap.dedent(source))
+    argv = ["plan", "--function", f"{src}:f", "--args", f"{src}:example", *PLAN, "--json"]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("importing the model") == 1
+
+
 def test_a_module_is_found_from_the_working_directory_as_python_m_finds_it(tmp_path, monkeypatch):
     package = tmp_path / "user_models_in_cwd"
     package.mkdir()

@@ -36,12 +36,7 @@ def load_function(ref: str) -> Any:
                 f"cannot import {target!r} for --function: there is no such file; give the "
                 "path of a Python file, or a module (mypkg.models:loss)."
             )
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        if spec is None or spec.loader is None:
-            raise ArgumentError(f"cannot import {target!r} for --function: not a Python file.")
-        module, loader = importlib.util.module_from_spec(spec), spec.loader
-        sys.path.insert(0, str(path.resolve().parent))
-        _run_users(lambda: loader.exec_module(module), target)
+        module = _load_file(path, target)
     else:
         here = os.getcwd()
         if "" not in sys.path and here not in sys.path:  # as `python -m` has it
@@ -51,6 +46,39 @@ def load_function(ref: str) -> Any:
     if not callable(fn):
         raise ArgumentError(f"{target!r} has no function {attr!r}.")
     return fn
+
+
+def _load_file(path: Path, target: str) -> Any:
+    """The module of the Python file at ``path``, run once a process however often it is
+    named (``--function model.py:f --args model.py:example``: one module, so one class of
+    each), as a ``python`` script's imports are: it is put in ``sys.modules`` under its stem,
+    where that name is free (so that the user's own ``import model`` finds it too), else
+    under a name of its own path."""
+    resolved = path.resolve()
+    for name in (path.stem, f"{path.stem}@{resolved}"):
+        known = sys.modules.get(name)
+        if known is None:
+            break
+        if _file_of(known) == resolved:
+            return known
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ArgumentError(f"cannot import {target!r} for --function: not a Python file.")
+    module, loader = importlib.util.module_from_spec(spec), spec.loader
+    sys.path.insert(0, str(resolved.parent))
+    sys.modules[name] = module  # (before it runs, as import does: dataclasses look it up)
+    try:
+        _run_users(lambda: loader.exec_module(module), target)
+    except BaseException:
+        sys.modules.pop(name, None)  # a module that failed is not imported, as import has it
+        raise
+    return module
+
+
+def _file_of(module: Any) -> Path | None:
+    """The resolved path of the file ``module`` was loaded from, or ``None``."""
+    file = getattr(module, "__file__", None)
+    return Path(file).resolve() if isinstance(file, str) else None
 
 
 def _run_users(body: Callable[[], Any], target: str) -> Any:
