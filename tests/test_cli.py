@@ -224,6 +224,26 @@ def test_plan_memory_errors_name_the_new_flag():
     assert both.exit_code == 2 and "give --device-memory only" in flat(both.output)
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["nonsense", "--model", "mlp"], "given the einsum 'nonsense' and --model"),
+        (["ab,bc->ac", "--function", "{src}:f", "--args", "x=f32[8,4]", "--args", "w=f32[4,2]"],
+         "given the einsum 'ab,bc->ac' and --function"),
+        (["--shapes", "8x4,8x4", "--model", "mlp"], "given --shapes and --model"),
+        (["--function", "{src}:f", "--args", "x=f32[8,4]", "w=f32[4,2]"],
+         "each --args takes one value, so write --args before each: --args w=f32[4,2]"),
+    ],
+)  # fmt: skip
+def test_plan_refuses_an_einsum_given_with_a_program(tmp_path, argv, said):
+    src = tmp_path / "prog.py"
+    src.write_text("def f(x, w):\n    return x @ w\n")
+    argv = [a.replace("{src}", str(src)) for a in argv]
+    result = runner.invoke(app, ["plan", *argv, "--mesh", "x=2", "--profile", "h100"])
+    assert result.exit_code == 2, result.output
+    assert said in flat(result.output), result.output
+
+
 def _npy_inputs(tmp_path):
     rng = np.random.default_rng(0)
     a, b = (rng.random((10_001, 3)).astype(np.float32) for _ in range(2))

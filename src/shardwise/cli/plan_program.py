@@ -23,6 +23,7 @@ def program(given: dict[str, Any]) -> None:
 
     if given["model"] is not None and given["function"] is not None:
         raise ArgumentError("give --model or --function, not both.")
+    _no_einsum(given)
     if given["sweep_devices"] is not None:
         sweep_device_counts(given)
         return
@@ -55,6 +56,24 @@ def program(given: dict[str, Any]) -> None:
         out.print("\n" + text, end="", markup=False, highlight=False, soft_wrap=True)
     if given["html"] is not None:
         out.print(f"wrote {given['html']}")
+
+
+def _no_einsum(given: dict[str, Any]) -> None:
+    """Refuse an einsum (or its ``--shapes``) given with a program, which would be left out:
+    most often a second value after one ``--args``, which the einsum's place took."""
+    flag = "--model" if given["model"] is not None else "--function"
+    equation = given["equation"]
+    if equation is not None and flag == "--function" and "=" in equation:
+        raise ArgumentError(
+            f"plan was given {equation!r} where an einsum goes: each --args takes one value, "
+            f"so write --args before each: --args {equation}."
+        )
+    if equation is not None or given["shapes"] is not None:
+        what = f"the einsum {equation!r}" if equation is not None else "--shapes"
+        raise ArgumentError(
+            f"plan was given {what} and {flag}; it plans an einsum (an equation and --shapes) "
+            f"or a program ({flag}), not both: drop one."
+        )
 
 
 def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
