@@ -244,6 +244,35 @@ def test_plan_refuses_an_einsum_given_with_a_program(tmp_path, argv, said):
     assert said in flat(result.output), result.output
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [["--train"], ["--html", "{tmp}/report.html"], ["--batch", "256", "-q"], ["--fixed", "x=-"]],
+)
+def test_plan_of_an_einsum_refuses_what_only_a_program_reads(tmp_path, flags):
+    flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
+    result = runner.invoke(app, [*PLAN, *flags])
+    assert result.exit_code == 2, result.output
+    named = [f for f in flags if f.startswith("-")]
+    said = f"{', '.join(named).replace('-q', '--quiet')} go"
+    assert said in flat(result.output) and "not an einsum's" in flat(result.output), result.output
+    if "--html" in flags:
+        assert (
+            "shardwise explain" in flat(result.output) and not (tmp_path / "report.html").exists()
+        )
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [(["--auto", "--layout", "n=x"], "--auto and --layout each say"),
+     (["--auto", *EXPLAIN_IN], "--auto and --in each say"),
+     (["--layout", "n=x", *EXPLAIN_IN], "--layout and --in each say")],
+)  # fmt: skip
+def test_explain_takes_one_of_auto_layout_and_in(flags, said):
+    result = runner.invoke(app, [*EXPLAIN, *flags])
+    assert result.exit_code == 2, result.output
+    assert said in flat(result.output), result.output
+
+
 def _npy_inputs(tmp_path):
     rng = np.random.default_rng(0)
     a, b = (rng.random((10_001, 3)).astype(np.float32) for _ in range(2))

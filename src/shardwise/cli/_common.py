@@ -179,6 +179,18 @@ def renamed(command: str, new: str, new_value: V | None, old: str, old_value: V 
     return old_value
 
 
+def given_options(ctx: typer.Context, names: Sequence[str]) -> list[str]:
+    """The options of ``ctx``'s command among ``names`` (their parameters' names) that the
+    command line gave, as it writes them (``--train``), in the command's order: an option
+    given its default value counts too."""
+    return [
+        param.opts[0]
+        for param in ctx.command.params
+        if param.name in names
+        and getattr(ctx.get_parameter_source(param.name), "name", None) == "COMMANDLINE"
+    ]
+
+
 def console(stderr: bool = False) -> Console:
     """A console for a command's output: off a terminal, lines are never wrapped to a width
     (a pipe into ``grep`` gets each whole)."""

@@ -120,6 +120,12 @@ def explain(
     fmt = table_format(format)
     parsed = parse_dtype(dtype)
     _check_in_count(equation, in_)
+    chosen = [f for f, v in (("--auto", auto), ("--layout", layout), ("--in", in_)) if v]
+    if len(chosen) > 1:
+        raise ArgumentError(
+            f"{' and '.join(chosen)} each say how the operands are split: give one of --auto "
+            "(the planner's best), --layout (by index) or --in (by operand)."
+        )
     setup_devices(devices)
     from shardwise import explain_einsum
     from shardwise._model.mesh import mesh as make_mesh

@@ -17,6 +17,7 @@ from shardwise.cli._common import (
     Json,
     console,
     friendly_errors,
+    given_options,
     print_json,
     renamed,
     setup_devices,
@@ -40,9 +41,19 @@ from shardwise.cli._models import (
 from shardwise.cli.explain import parse_shapes
 from shardwise.render.formats import show
 
+PROGRAM_ONLY = (
+    "args", "batch", "seq", "hidden", "ffn", "heads", "layers", "size", "kv_heads", "vocab",
+    "master", "remat", "attention", "microbatches", "train", "optimizer", "fixed", "quiet",
+    "html", "rules", "respect", "choose_mesh", "roles",
+)  # fmt: skip
+"""The options of ``plan`` that only a program's plan (``--model``, ``--function``) reads, by
+parameter name; an einsum's plan refuses them (``--emit``, ``--donate`` and ``--tune``, with
+advice of their own)."""
+
 
 @friendly_errors
 def plan(
+    ctx: typer.Context,
     equation: Annotated[
         str | None, typer.Argument(help="Einsum equation, e.g. 'nd,nd->n'.")
     ] = None,
@@ -260,6 +271,19 @@ def plan(
         raise ArgumentError(
             "--tune chooses among a program's plans: give --model or --function. For an "
             "einsum, --verify times the top strategies."
+        )
+    program_only = given_options(ctx, PROGRAM_ONLY)
+    if program_only:
+        html_hint = (
+            " For an einsum's HTML report: shardwise explain EQUATION --shapes … --auto --html "
+            "FILE."
+            if html is not None
+            else ""
+        )
+        raise ArgumentError(
+            f"{', '.join(program_only)} {'goes' if len(program_only) == 1 else 'go'} with a "
+            "program's plan (--model or --function), not an einsum's: drop "
+            f"{'it' if len(program_only) == 1 else 'them'}, or plan a program.{html_hint}"
         )
     if equation is None or shapes is None:
         raise ArgumentError(
