@@ -452,6 +452,23 @@ def test_fixed_pins_an_input_and_bad_names_are_refused():
         shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, fixed={"x": "model"})
 
 
+def test_fixed_takes_an_inputs_path_with_dots_as_args_writes_it():
+    fn, args = _mlp_args(batch=6)
+    plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU,
+                          fixed={"params.w1": "-,model"})  # fmt: skip
+    assert plan.chosen.in_specs[1].describe() == "-,model"  # (x, params['w1'], …)
+    with pytest.raises(shardwise.ArgumentError, match=r"fixed names params\['w1'\] twice"):
+        shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU,
+                       fixed={"params.w1": "-", "params['w1']": "-"})  # fmt: skip
+    r = runner.invoke(app, ["plan", "--model", "mlp", "--batch", "64", "--hidden", "32",
+                            "--ffn", "64", "--mesh", "data=2,model=4", "--profile", "cpu-2core",
+                            "--fixed", "params.w1=-,model", "--json", "--top", "1"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    chosen = next(p for p in out["plans"] if p["name"] == out["chosen"])
+    assert chosen["in_specs"][1]["w1"] == [None, "model"]
+
+
 def test_cli_plan_model_json_keeps_the_contract():
     r = runner.invoke(app, ["plan", "--model", "mlp", "--batch", "64", "--hidden", "32",
                             "--ffn", "64", "--mesh", "data=2,model=4", "--profile", "cpu-2core",

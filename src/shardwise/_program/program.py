@@ -82,7 +82,7 @@ def plan(
             fastest plan if it fits, else the fastest that fits, else the fastest, with
             :attr:`ProgramPlan.over_memory` saying that none fits. ``None``: no limit.
         fixed: input name → spec, pinned (e.g. ``{"x": "data"}``); names as in the report
-            (``x``, ``params['w1']``).
+            (``x``, ``params['w1']``), or with dots as ``--args`` writes them (``params.w1``).
         top: how many of the search's plans to keep: the best, and runners-up that lay out
             some input another way (each one's inputs differ).
         rules: Flax's logical axis rules (``[("batch", "data"), ("mlp", "model")]``) for the

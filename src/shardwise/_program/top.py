@@ -33,6 +33,7 @@ from shardwise._program.search import (
 )
 from shardwise._program.solution import read
 from shardwise._program.within import solve_within, tightened
+from shardwise._xla.names import find_name
 
 TRIES_PAST_TOP = 20
 """How many more plans than ``top`` the search may find and set aside under a budget because
@@ -371,12 +372,14 @@ def fixed_pins(
     """The inputs ``fixed`` pins (input name → spec), by position, each checked on ``mesh``."""
     out: dict[int, Spec] = {}
     for name, raw in (fixed or {}).items():
-        if name not in graph.names:
+        k = find_name(graph.names, name)  # (params['w1'], or params.w1 as --args writes it)
+        if k is None:
             raise ArgumentError(
                 f"fixed names {name!r}, which is not an input; the inputs are "
-                f"{', '.join(graph.names)}."
+                f"{', '.join(graph.names)} (or written with dots, as params.w1)."
             )
-        k = graph.names.index(name)
+        if k in out:
+            raise ArgumentError(f"fixed names {graph.names[k]} twice; pin it once.")
         value = graph.values[graph.inputs[k]]
         spec = Spec.parse(raw, f"the fixed spec of {name}")
         spec.validate(mesh, value.shape, f"{name} (shape {value.shape})")

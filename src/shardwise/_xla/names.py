@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +30,32 @@ def argument_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:
         for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
             names.append(base + jax.tree_util.keystr(path))
     return names
+
+
+_INDEX = re.compile(r"""\[(?:'([^']*)'|"([^"]*)"|(\d+))\]""")
+
+
+def dotted(name: str) -> str:
+    """``name`` (a pytree path as :func:`argument_names` writes it) with dots, as the command
+    line's ``--args`` writes it.
+
+    >>> dotted("params['w1']"), dotted("opt[0].mu['w']"), dotted("x")
+    ('params.w1', 'opt.0.mu.w', 'x')
+    """
+    return _INDEX.sub(lambda m: "." + next(g for g in m.groups() if g is not None), name)
+
+
+def find_name(names: Sequence[str], name: str) -> int | None:
+    """The position among ``names`` of ``name``, written as they are (``params['w1']``) or
+    with dots (``params.w1``, :func:`dotted`); ``None`` where none is, or more than one.
+
+    >>> find_name(["x", "params['w1']"], "params.w1"), find_name(["x"], "y")
+    (1, None)
+    """
+    if name in names:
+        return list(names).index(name)
+    found = [k for k, known in enumerate(names) if dotted(known) == dotted(name)]
+    return found[0] if len(found) == 1 else None
 
 
 def result_names(tree: Any) -> list[str]:

@@ -104,7 +104,8 @@ def plan(
         list[str] | None,
         typer.Option(
             "--fixed",
-            help="Pin an input: NAME=SPEC, e.g. x=data, or x=- for replicated (repeat).",
+            help="Pin an input: NAME=SPEC, e.g. x=data, params.w1=-,model, or x=- for "
+            "replicated (repeat).",
         ),
     ] = None,
     mesh: Annotated[
