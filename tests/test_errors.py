@@ -104,6 +104,14 @@ def test_malformed_equation(equation, match):
         shardwise.einsum(equation, A, A, mesh="devices=8")
 
 
+@pytest.mark.parametrize("equation", [None, b"nd,nd->n", 3, ["nd,nd->n"]])
+def test_an_equation_that_is_not_a_str(equation):
+    with pytest.raises(shardwise.ArgumentTypeError, match="an einsum equation is a str like"):
+        shardwise.einsum(equation, A, A, mesh="devices=8")
+    with pytest.raises(shardwise.ArgumentTypeError, match=f"but {type(equation).__name__} "):
+        shardwise.plan_einsum(equation, [(16, 8)] * 2, mesh="x=2,y=4", profile="h100")
+
+
 def test_operand_count():
     with pytest.raises(ShapeError, match="takes 2 operands, but 1 was given"):
         shardwise.einsum("nd,nd->n", A, mesh="devices=8")

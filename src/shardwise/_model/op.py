@@ -84,9 +84,24 @@ class Op:
     output: str
 
     @staticmethod
-    @cached(maxsize=256)
     def parse(equation: str) -> Op:
-        """Parse ``equation``; without ``->`` the output is NumPy's (indices seen once, sorted)."""
+        """Parse ``equation``; without ``->`` the output is NumPy's (indices seen once, sorted).
+
+        >>> Op.parse(b"ij,jk->ik")
+        Traceback (most recent call last):
+        shardwise._errors.ArgumentTypeError: an einsum equation is a str like 'ij,jk->ik', ...
+        """
+        if not isinstance(equation, str):
+            decode = " (decode it: equation.decode())" if isinstance(equation, bytes) else ""
+            raise ArgumentTypeError(
+                f"an einsum equation is a str like 'ij,jk->ik', but {type(equation).__name__} "
+                f"{repr(equation)[:80]} was given{decode}."
+            )
+        return Op._parsed(equation)
+
+    @staticmethod
+    @cached(maxsize=256)
+    def _parsed(equation: str) -> Op:
         text = equation.replace(" ", "")
         if "..." in text:
             raise EquationError(
