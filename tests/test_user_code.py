@@ -82,6 +82,34 @@ def test_an_exception_in_the_users_function_is_theirs(tmp_path):
     assert "no learning rate" in text and "SHARDWISE_DEBUG=1" in text
 
 
+def test_an_exception_a_callback_raises_while_the_program_runs_is_theirs(tmp_path):
+    """In a process of its own: JAX keeps a failed callback's error and raises it again at
+    every later barrier of the process."""
+    source = """\
+    import jax
+
+    def _check(h):
+        raise FloatingPointError("NaN in activations")
+
+    def f(x, w):
+        h = x @ w
+        jax.debug.callback(_check, h)
+        return h
+    """
+    (tmp_path / "prog.py").write_text(textwrap.dedent(source))
+    src = str(Path(shardwise.__file__).parent.parent)
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    argv = ["plan", "--function", "prog.py:f", *ARGS, *PLAN, "--verify", "--repeat", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "shardwise.cli", *argv], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    text = " ".join(done.stderr.split())
+    assert "a callback in your function raised FloatingPointError: NaN in activations" in text
+    assert "bug in shardwise" not in text
+
+
 @pytest.mark.parametrize("where", ["module", "function"])
 def test_sys_exit_in_user_code_is_an_error_not_a_silent_success(tmp_path, where):
     source = "import sys\nsys.exit(0)\n" + GOOD if where == "module" else (

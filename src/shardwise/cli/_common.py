@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -238,6 +239,16 @@ def friendly_errors(command: F) -> F:
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as e:  # a bug or a JAX failure: say so plainly
+            raised = callback_error(e)
+            if raised is not None:  # the user's callback (jax.debug.callback) raised it
+                print_error(
+                    f"a callback in your function raised {raised} while the program ran "
+                    "(jax.debug.callback or jax.pure_callback); fix the callback, or what it "
+                    "checks. Set SHARDWISE_DEBUG=1 to see the whole traceback."
+                )
+                if os.environ.get("SHARDWISE_DEBUG"):
+                    raise
+                raise typer.Exit(EXIT_USAGE) from None
             print_error(
                 f"unexpected {type(e).__name__}: {e}\nThis is a bug in shardwise or a failure "
                 "in JAX; please report it with the command you ran. Set SHARDWISE_DEBUG=1 to "
@@ -277,3 +288,22 @@ def write_file(path: Path, text: str) -> None:
             f"cannot write {path}: {e.strerror or e}; give a path in a folder that exists and "
             "that you can write to."
         ) from None
+
+
+def callback_error(e: BaseException) -> str | None:
+    """The exception a Python callback of the user's program raised while it ran, as JAX
+    reports it (an ``XlaRuntimeError`` whose text holds the callback's traceback), in words
+    (``FloatingPointError: user check failed``); ``None`` for any other error.
+
+    >>> callback_error(RuntimeError("INTERNAL: CpuCallback error calling callback: Traceback"
+    ...                             " (most recent call last):\\n  ...\\nValueError: bad x"))
+    'ValueError: bad x'
+    >>> callback_error(RuntimeError("INTERNAL: out of memory")) is None
+    True
+    """
+    text = str(e)
+    if "Callback error" not in text and "callback error" not in text:
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    found = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception)\b", line)]
+    return found[-1] if found else lines[-1]
