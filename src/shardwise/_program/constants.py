@@ -1,12 +1,12 @@
 """Arrays a program makes from nothing (a causal mask ``jnp.tril(jnp.ones((n, n)))``,
 ``jnp.eye``) and arrays it closes over (a weight defined at a module's top level): not arrays
 of the graph (no layout to plan: every device makes what it needs of them, or holds them), but
-memory all the same. XLA makes one whole on every device where an op other than an elementwise
-one reads it together with the program's own arrays (a dot with a mask), and holds it until
-that op's last read; read only by elementwise ops, it is made inside their loops and never
-held. A closed-over array is held for the whole program wherever it is read. (Seen: a 256 KiB
-mask, and a 256 KiB closed-over weight, each compiled to 256 KiB more per device than the
-prediction left them out of, for every plan.)
+memory all the same. XLA makes one whole on every device where a dot or a convolution reads it
+together with the program's own arrays (a dot with a mask), and holds it until the last such
+read; read only by other ops (elementwise ones, a scatter-add into zeros), it is made inside
+their loops or is their result's buffer. A closed-over array is held for the whole program
+wherever it is read. (Seen: a 256 KiB mask, and a 256 KiB closed-over weight, each compiled to
+256 KiB more per device than the prediction left them out of, for every plan.)
 """
 
 from __future__ import annotations
@@ -18,12 +18,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardwise._caches import Bounded
-from shardwise._program.rules import rule_of
 from shardwise._program.walk import Path, Walker, is_var, rank
 from shardwise._versions import scan_counts
 
 if TYPE_CHECKING:
     from shardwise._program.graph import Graph
+
+
+CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
+"""The ops XLA gives an operand made from nothing as a whole buffer (seen: a dot reading a
+mask). Others make it inside their own loops (elementwise ops, a concatenation) or write the
+program's array into it in place (a scatter-add into zeros, the gradient of a lookup: that
+buffer is the scatter's result, held already)."""
 
 
 @dataclass(eq=False)
@@ -78,7 +84,7 @@ class _Finder(Walker[Any]):
                     self.made.append(outs[k])
             return outs
         point = next((self.graph.born[o] for o in outs if isinstance(o, int)), None)
-        if point is not None and rule_of(eqn.primitive.name).kind != "elementwise":
+        if point is not None and eqn.primitive.name in CONTRACTIONS:
             for m in made:
                 m.reads.append(point)
         return outs

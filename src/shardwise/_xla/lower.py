@@ -199,13 +199,13 @@ def lower(
 
 
 def reorders(plan: Plan, layout: Layout) -> bool:
-    """Whether the output of ``plan``, its operands on ``layout``, takes a mesh axis that
-    splits a contracted index while an output index moves off the axes it is split on: XLA's
-    SPMD partitioner (on CPU, JAX 0.10) then sums the partial results and moves the blocks in
-    one step and puts them in the wrong order (``qpt,qpt->qt`` with ``p`` on ``x`` and ``q``
-    on ``y``, asked for as ``q`` on ``x`` and ``t`` on ``y``, returned ``q``'s blocks
-    swapped). Such a result is made in the layout's own output and moved after, which XLA
-    does right.
+    """Whether the output of ``plan``, its operands on ``layout``, moves an output index off
+    the axes it is split on onto a mesh axis that splits a contracted index, while another
+    output index is split on an axis it was not: XLA's SPMD partitioner (on CPU, JAX 0.10),
+    asked to sum the partial results and move both in one step, puts blocks in the wrong order
+    (``qpt,qpt->qt`` with ``p`` on ``x`` and ``q`` on ``y``, asked for as ``q`` on ``x`` and
+    ``t`` on ``y``, returned ``q``'s blocks swapped). Such a result is made in the layout's
+    own output and moved after, which XLA does right.
 
     >>> p = Plan.make("qpt,qpt->qt", [(4, 2, 4)] * 2, mesh="x=2,y=2", in_specs=["y,x", "y,x"],
     ...               out_specs="x,y")
@@ -214,13 +214,14 @@ def reorders(plan: Plan, layout: Layout) -> bool:
     """
     op = plan.op
     summed = set(reduce_axes(op, layout, plan.mesh))
-    out = plan.out_spec.padded(len(op.output))
-    if not summed & {a for entry in out for a in entry}:
-        return False
-    return any(
-        (held := layout.axes_of(i)) and entry[: len(held)] != held
-        for i, entry in zip(op.output, out, strict=True)
-    )
+    out = dict(zip(op.output, plan.out_spec.padded(len(op.output)), strict=True))
+    for i, entry in out.items():
+        held = layout.axes_of(i)
+        if not held or entry[: len(held)] == held or not summed & set(entry):
+            continue
+        if any(set(out[j]) - set(layout.axes_of(j)) for j in op.output if j != i):
+            return True
+    return False
 
 
 def _auto_kernel(plan: Plan, mesh: Mesh, layout: Layout) -> Kernel:
