@@ -965,7 +965,7 @@ def _check_programs(
     from shardwise._model.reshard import common_layout
     from shardwise._xla.check import contraction_problems
     from shardwise._xla.hlo import collectives
-    from shardwise._xla.lower import _auto_kernel, lower, target_layout
+    from shardwise._xla.lower import _auto_kernel, lower, reorders, target_layout
 
     if expl.problems:
         problem("unsound", expl.problems[0])
@@ -1005,12 +1005,16 @@ def _check_programs(
     if raw is None or raw.status == "error":
         return
     flagged = contraction_problems(plan, raw.collectives)
-    if raw.status == "wrong" and not flagged:
+    # XLA's misordered blocks (a summed result moved in the same step): shardwise makes the
+    # result in the operands' layout and moves it after, so its program differs, and the
+    # check, which reads sums only, is not what catches raw jit's (see docs/guide/trust.md)
+    avoided = plan.mode == "auto" and reorders(plan, target_layout(plan))
+    if raw.status == "wrong" and not flagged and not avoided:
         problem("check-missed", f"raw jit wrong by {raw.max_error:.3g}, check silent")
     if raw.status == "ok" and flagged:
         notes.append(f"the check flags raw jit's right program: {flagged[0][:120]}")
     agree = common_layout(plan.op, plan.in_specs) is not None
-    if agree and kernel == "einsum" and ours != _signature(raw.collectives):
+    if agree and kernel == "einsum" and not avoided and ours != _signature(raw.collectives):
         problem("differs-from-jit", f"{ours} != raw jit's {_signature(raw.collectives)}")
 
 
