@@ -176,3 +176,24 @@ def test_blocks_of_mixed_dtypes_give_numpys_dtype(monkeypatch, split):
     want = np.einsum("ij,jk->ik", x, y)
     assert got.dtype == want.dtype == np.float64
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("equation", "shapes", "dtype", "fill"),
+    [
+        ("ij,jk->ik", [(40, 30), (30, 20)], np.int8, 3),  # 270 per element: wraps in int8
+        ("ij,jk->ik", [(40, 30), (30, 20)], np.bool_, True),
+        ("ij->", [(40, 30)], np.bool_, True),
+        ("ij->", [(40, 30)], np.uint8, 200),
+        ("ij->i", [(40, 30)], np.int8, 100),
+    ],
+)
+def test_small_integer_and_bool_blocks_keep_numpys_dtype(equation, shapes, dtype, fill):
+    """The partial sums over blocks are added in the result's dtype, as NumPy's einsum adds:
+    adding them with a plain ``sum`` widened int8, uint8 and bool to 64-bit integers."""
+    arrays = [np.full(s, fill, dtype) for s in shapes]
+    lazy = [da.from_array(a, chunks=10) for a in arrays]
+    got = np.asarray(shardwise.einsum(equation, *lazy, mesh="x=2,y=4").compute())
+    want = np.einsum(equation, *arrays)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    np.testing.assert_array_equal(got, want)

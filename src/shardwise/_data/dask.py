@@ -225,14 +225,15 @@ def _keep(x: Any, axis: Any = None, keepdims: bool = True) -> Any:
 
 
 def _add(parts: Any, axis: tuple[int, ...] = (), keepdims: bool = False) -> np.ndarray:
-    """The sum of partial sums (nested lists of NumPy or JAX arrays) over ``axis``."""
+    """The sum of partial sums (nested lists of NumPy or JAX arrays) over ``axis``, in their
+    dtype, as NumPy's einsum adds (a plain ``sum`` would widen int8 and bool to int64)."""
     while isinstance(parts, list) and parts and isinstance(parts[0], list):
         parts = [p for group in parts for p in group]
     items = parts if isinstance(parts, list) else [parts]
     total = np.asarray(items[0]).copy()
     for p in items[1:]:
         total += np.asarray(p)
-    return total if keepdims else total.sum(axis=axis)
+    return total if keepdims else total.sum(axis=axis, dtype=total.dtype)
 
 
 def dask_einsum(equation: str, *arrays: Any, mesh: Any = None) -> Any:
