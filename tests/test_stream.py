@@ -480,3 +480,23 @@ def test_an_exception_from_on_chunk_stops_the_run_and_the_same_call_resumes(tmp_
     r = shardwise.stream("nd,nd->n", a, b, out=out, budget="64KiB")
     assert r.skipped >= 2 and r.computed == r.chunks - r.skipped
     np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_folder_that_is_not_a_zarr_array_is_a_clear_error(tmp_path):
+    """A plain folder (or a Zarr group) given as an input used to end in "unexpected
+    ArrayNotFoundError", exit 1: it is refused naming the folder and what inputs can be."""
+    zarr = pytest.importorskip("zarr")
+    _inputs(tmp_path, n=300)
+    (tmp_path / "plain").mkdir()
+    zarr.open_group(str(tmp_path / "group.zarr"), mode="w")
+    out = tmp_path / "o.npy"
+    for folder in ("plain", "group.zarr"):
+        with pytest.raises(ArgumentError, match=rf"input 1 '.*{folder}' is a folder but not a"):
+            shardwise.stream("nd,nd->n", tmp_path / "a.npy", tmp_path / folder, out=out)
+        argv = ["run", "nd,nd->n", str(tmp_path / "a.npy"), str(tmp_path / folder)]
+        result = runner.invoke(app, [*argv, "--out", str(out)])
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert f"{folder}' is a folder but not a Zarr array" in text, text
+        assert "give a .npy file or a Zarr array's folder" in text, text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "b.npy", "group.zarr", "plain"]

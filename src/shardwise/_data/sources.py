@@ -253,7 +253,15 @@ def open_source(value: Any, k: int) -> Source:
         if path.is_file() and path.suffix == ".npy":
             return _open_npy(path, k)
         if path.is_dir():
-            arr = _zarr().open_array(str(path), mode="r")
+            zarr = _zarr()
+            try:
+                arr = zarr.open_array(str(path), mode="r")
+            except (ValueError, OSError) as e:  # zarr's "no array found", a group, unreadable
+                why = str(e).strip()
+                raise ArgumentError(
+                    f"input {k} {str(path)!r} is a folder but not a Zarr array ({why}); give a "
+                    ".npy file or a Zarr array's folder (one that zarr.open_array opens)."
+                ) from None
             return Source(
                 str(path), tuple(arr.shape), np.dtype(arr.dtype), "zarr", obj=arr, path=path
             )
