@@ -500,3 +500,24 @@ def test_a_folder_that_is_not_a_zarr_array_is_a_clear_error(tmp_path):
         assert f"{folder}' is a folder but not a Zarr array" in text, text
         assert "give a .npy file or a Zarr array's folder" in text, text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "b.npy", "group.zarr", "plain"]
+
+
+@pytest.mark.parametrize("kind", ["npy", "numpy"])
+def test_inputs_of_either_byte_order_stream_together(tmp_path, kind):
+    """A big-endian input beside a little-endian one used to be refused as "must share one
+    dtype, but be.npy is float32, le.npy is float32": both are read in native byte order."""
+    rng = np.random.default_rng(5)
+    little = rng.random((3000, 4)).astype("<f4")
+    big = rng.random((3000, 4)).astype(">f4")
+    np.save(tmp_path / "le.npy", little)
+    np.save(tmp_path / "be.npy", big)
+    ins = [tmp_path / "be.npy", tmp_path / "le.npy"] if kind == "npy" else [big, little]
+    out = tmp_path / "o.npy"
+    r = shardwise.stream("nd,nd->n", *ins, mesh="devices=8", out=out, budget="64KiB")
+    assert r.chunks > 1
+    want = np.einsum("nd,nd->n", big.astype(np.float64), little.astype(np.float64))
+    np.testing.assert_allclose(np.load(out), want, rtol=1e-5)
+    argv = ["run", "nd,nd->n", str(tmp_path / "be.npy"), str(tmp_path / "le.npy")]
+    result = runner.invoke(app, [*argv, "--out", str(tmp_path / "cli.npy")])
+    assert result.exit_code == 0, result.output
+    np.testing.assert_allclose(np.load(tmp_path / "cli.npy"), want, rtol=1e-5)

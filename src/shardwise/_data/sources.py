@@ -42,7 +42,8 @@ def _zarr() -> Any:
 @dataclass
 class Source:
     """A read-only array read in slices along one axis; a ``.npy`` file is read through ``fd``,
-    and ``stamp`` is its (size, mtime_ns, inode, ctime_ns) when opened."""
+    and ``stamp`` is its (size, mtime_ns, inode, ctime_ns) when opened. ``dtype`` is in native
+    byte order; ``swap``: the file holds the other one (its bytes are swapped as read)."""
 
     name: str
     shape: tuple[int, ...]
@@ -53,6 +54,7 @@ class Source:
     offset: int = 0
     fd: int | None = None
     stamp: tuple[int, int, int, int] | None = None
+    swap: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -123,12 +125,14 @@ class Source:
                     f"input {self.name} ended early (truncated while this run read it?); "
                     "chunks finished before are kept: restore it and run the same command."
                 )
+        if self.swap:
+            out.byteswap(inplace=True)
 
     @property
     def mappable(self) -> bool:
         """Whether :meth:`map_rows` can serve this source safely: a ``.npy`` file nobody can
         truncate while it is mapped (it lies on a read-only file system)."""
-        if self.kind != "npy" or self.fd is None or os.name != "posix":
+        if self.kind != "npy" or self.fd is None or self.swap or os.name != "posix":
             return False
         try:
             return bool(os.fstatvfs(self.fd).f_flag & os.ST_RDONLY)
@@ -244,6 +248,17 @@ def _digest(fd: int, length: int, sample: Any, full: Any) -> None:
         pos += len(block)
 
 
+def _native(dtype: Any) -> np.dtype[Any]:
+    """``dtype`` in this machine's byte order: inputs saved big- and little-endian are read
+    alike and computed together.
+
+    >>> _native(">f4").isnative, _native("<f4").isnative, _native(">f4").name
+    (True, True, 'float32')
+    """
+    native: np.dtype[Any] = np.dtype(dtype).newbyteorder("=")
+    return native
+
+
 def open_source(value: Any, k: int) -> Source:
     """A NumPy array, a ``.npy`` path, a Zarr array or path, or a Dask array."""
     if isinstance(value, str | os.PathLike):
@@ -263,19 +278,19 @@ def open_source(value: Any, k: int) -> Source:
                     ".npy file or a Zarr array's folder (one that zarr.open_array opens)."
                 ) from None
             return Source(
-                str(path), tuple(arr.shape), np.dtype(arr.dtype), "zarr", obj=arr, path=path
+                str(path), tuple(arr.shape), _native(arr.dtype), "zarr", obj=arr, path=path
             )
         raise ArgumentError(f"input {k} {str(path)!r} is neither a .npy file nor a Zarr directory.")
     if is_dask(value):
         return Source(
-            f"dask array {k}", tuple(value.shape), np.dtype(value.dtype), "dask", obj=value
+            f"dask array {k}", tuple(value.shape), _native(value.dtype), "dask", obj=value
         )
     if type(value).__module__.startswith("zarr"):
         return Source(
-            f"zarr array {k}", tuple(value.shape), np.dtype(value.dtype), "zarr", obj=value
+            f"zarr array {k}", tuple(value.shape), _native(value.dtype), "zarr", obj=value
         )
     if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return Source(f"array {k}", tuple(value.shape), np.dtype(value.dtype), "numpy", obj=value)
+        return Source(f"array {k}", tuple(value.shape), _native(value.dtype), "numpy", obj=value)
     raise ArgumentTypeError(
         f"input {k} is a {type(value).__name__}; give a NumPy array, a .npy path, a Zarr "
         "array or directory, or a Dask array."
@@ -323,7 +338,15 @@ def _open_npy(path: Path, k: int) -> Source:
         raise ArgumentError(f"input {k} {str(path)!r} is not a readable .npy file ({e}).") from None
     stamp = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
     return Source(
-        str(path), tuple(shape), dtype, "npy", path=path, offset=offset, fd=fd, stamp=stamp
+        str(path),
+        tuple(shape),
+        _native(dtype),
+        "npy",
+        path=path,
+        offset=offset,
+        fd=fd,
+        stamp=stamp,
+        swap=not dtype.isnative,
     )
 
 
