@@ -521,3 +521,46 @@ def test_inputs_of_either_byte_order_stream_together(tmp_path, kind):
     result = runner.invoke(app, [*argv, "--out", str(tmp_path / "cli.npy")])
     assert result.exit_code == 0, result.output
     np.testing.assert_allclose(np.load(tmp_path / "cli.npy"), want, rtol=1e-5)
+
+
+def test_an_npy_output_is_streamed_along_its_first_axis(tmp_path):
+    """'nd,nd->dn' into a .npy file used to be cut along 'n' and refused at the first chunk's
+    write ("a .npy output is written along its first axis only"), leaving work files behind:
+    the plan picks an index the output can be written along ('d'), before any file is made;
+    a Zarr output, written along any axis, keeps the longest ('n')."""
+    a, b = _inputs(tmp_path, n=300)
+    out = tmp_path / "o.npy"
+    argv = ["run", "nd,nd->dn", str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]
+    result = runner.invoke(app, [*argv, "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["index"] == "d"
+    np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->dn", a, b), rtol=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "a.npy",
+        "b.npy",
+        "o.npy",
+        "o.npy.manifest.json",
+    ]
+    zarr = pytest.importorskip("zarr")
+    zarr_out = tmp_path / "o.zarr"
+    r = shardwise.stream("nd,nd->dn", a, b, mesh="devices=8", out=zarr_out, chunk=128)
+    assert r.plan.index == "n" and r.chunks > 1
+    got = np.asarray(zarr.open_array(str(zarr_out), mode="r")[...])
+    np.testing.assert_allclose(got, np.einsum("nd,nd->dn", a, b), rtol=1e-6)
+
+
+def test_a_run_refused_before_its_first_chunk_leaves_no_work_files(tmp_path):
+    """A layout refused at the first compile used to leave o.npy.manifest.json and
+    o.npy.partial, and the corrected command on the same --out then failed with "belongs to
+    another run": a run stopped before it reads a chunk removes the files it made."""
+    a, b = _inputs(tmp_path, n=300)
+    out = tmp_path / "o.npy"
+    argv = ["run", "nd,nd->d", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"), "--out", str(out)]
+    bad = runner.invoke(app, [*argv, "--mesh", "x=2,y=4", "--layout", "n=x,d=y"])
+    assert bad.exit_code == 2, bad.output
+    assert "cannot be split evenly" in " ".join(bad.output.split()), bad.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "b.npy"]
+    argv[1] = "nd,nd->n"
+    fixed = runner.invoke(app, [*argv, "--mesh", "x=2,y=4"])
+    assert fixed.exit_code == 0, fixed.output
+    np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)

@@ -8,7 +8,7 @@ from ._api import explain_einsum as explain_einsum
 from ._api import mean as mean
 from ._api import plan_einsum as plan_einsum
 from ._caches import clear_caches as clear_caches
-from ._data.stream import StreamResult as StreamResult
+from ._data.result import StreamResult as StreamResult
 from ._data.stream import stream as stream
 from ._errors import ArgumentError as ArgumentError
 from ._errors import ArgumentTypeError as ArgumentTypeError

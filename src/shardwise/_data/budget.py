@@ -101,8 +101,11 @@ def plan_stream(
     devices: int,
     budget: int,
     chunk: int | str = "auto",
+    first_axis: bool = False,
 ) -> StreamPlan:
     """Choose the chunk index and size, or say why the budget cannot work and what would.
+    ``first_axis``: the output is written along its first axis only (a ``.npy`` file), so
+    chunks that each give a slice of it run along that axis.
 
     >>> import numpy as np
     >>> from shardwise._data.sources import Source
@@ -114,17 +117,15 @@ def plan_stream(
     sizes = op.sizes([s.shape for s in sources])
     shared = [i for i in op.contracted if all(i in t for t in op.inputs)]
     candidates = [*op.batch, *shared]
-    if candidates:
-        # the longest index, preferring the leading axis (read with plain pread) and batch
-        index = max(
-            candidates, key=lambda i: (sizes[i], all(t[0] == i for t in op.inputs), i in op.batch)
-        )
-        accumulate = index not in op.batch
-    else:
-        raise ArgumentError(
-            f"cannot stream {op.equation!r}: chunks run along an index that every input has "
-            "(a batch index, or a contracted one); this equation has none."
-        )
+    if first_axis:
+        candidates = [i for i in candidates if i not in op.output or op.output.index(i) == 0]
+    if not candidates:
+        raise _unstreamable(op, [*op.batch, *shared])
+    # the longest index, preferring the leading axis (read with plain pread) and batch
+    index = max(
+        candidates, key=lambda i: (sizes[i], all(t[0] == i for t in op.inputs), i in op.batch)
+    )
+    accumulate = index not in op.batch
     width = sources[0].dtype.itemsize
     per_row = sum(math.prod(sizes[i] for i in t if i != index) * width for t in op.inputs) * BUFFERS
     out_rest = math.prod(sizes[i] for i in op.output if i != index) * width
@@ -158,6 +159,25 @@ def plan_stream(
             f"{format_bytes(need * 1.05)} or more (--host-memory from the command line)."
         )
     return StreamPlan(index, accumulate, total, rows, -(-total // rows), rows * per_row, fixed)
+
+
+def _unstreamable(op: Op, indices: list[str]) -> ArgumentError:
+    """Why ``op`` has no index to stream along, where ``indices`` could serve another output."""
+    if not indices:
+        return ArgumentError(
+            f"cannot stream {op.equation!r}: chunks run along an index that every input has "
+            "(a batch index, or a contracted one); this equation has none."
+        )
+    names = " or ".join(repr(i) for i in indices)
+    first = indices[0]
+    rest = op.output.replace(first, "")
+    return ArgumentError(
+        f"a .npy output is written along its first axis only, and {op.equation!r} can be cut "
+        f"into chunks only along {names}, not the first axis of its output {op.output!r}; "
+        "write a Zarr folder instead (an output named *.zarr, e.g. o.zarr), or put "
+        f"{first!r} first in the output ({','.join(op.inputs) + '->' + first + rest!r}) and "
+        "transpose the result."
+    )
 
 
 def plan_from_json(data: dict[str, Any], bad: Callable[[str], Exception]) -> StreamPlan:

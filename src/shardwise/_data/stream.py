@@ -28,14 +28,15 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardwise._data.budget import Chunking, StreamPlan, check_resumable, plan_stream
+from shardwise._data.budget import Chunking, check_resumable, plan_stream
 from shardwise._data.chunks import ChunkWriter, Program, compile_program
 from shardwise._data.manifest import Manifest, lock_path, manifest_path, own_files
 from shardwise._data.reader import ChunkReader
+from shardwise._data.result import StreamResult
+from shardwise._data.result import peak_rss as peak_rss
 from shardwise._data.sink import Sink, is_zarr, remove
 from shardwise._data.sources import Source, open_source
 from shardwise._errors import ArgumentError, ShapeError, ShardwiseError
@@ -43,52 +44,6 @@ from shardwise._files import LockHeld, exclusive_lock, identity
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.units import parse_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class StreamResult:
-    """What a streamed run did."""
-
-    out: Path
-    chunks: int
-    computed: int
-    skipped: int
-    seconds: float
-    bytes_read: int
-    plan: StreamPlan
-
-    @property
-    def throughput(self) -> float:
-        """Bytes of input read per second in this run."""
-        return self.bytes_read / self.seconds if self.seconds else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "out": str(self.out),
-            "chunks": self.chunks,
-            "computed": self.computed,
-            "skipped": self.skipped,
-            "seconds": self.seconds,
-            "bytes_read": self.bytes_read,
-            "throughput_Bps": self.throughput,
-            "index": self.plan.index,
-            "chunk": self.plan.chunk,
-            "accumulate": self.plan.accumulate,
-            "predicted_peak_bytes": self.plan.peak_bytes,
-        }
-
-
-def peak_rss() -> int | None:
-    """This process's peak resident memory in bytes (Linux ``VmHWM``: the address space made
-    by exec, unlike ``ru_maxrss``, which keeps the peak of a forked parent's copy)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def stream(
@@ -180,27 +135,38 @@ def _stream(
     if isinstance(begun, StreamResult):
         return begun
     manifest, plan = begun, begun.plan
-    cpu = all(d.platform == "cpu" for d in jmesh.devices.flat)
-    chunking = Chunking.of(op, sources, plan, cpu)
-    writer = ChunkWriter(chunking, sink, manifest, on_chunk)
-    writer.check_resumed()
-    reader = ChunkReader(chunking)
-    reader.check_resumed(manifest)
-    todo = manifest.todo()
     chunk_layout = {plan.index: spec.names} if layout is None else layout
-    start_time = time.perf_counter()
-    compile_ = functools.partial(compile_program, op, chunking, dtype, jmesh, chunk_layout)
-    _run_chunks(todo, reader, writer, compile_)
-    writer.finish()
-    return StreamResult(
-        sink.path,
-        plan.chunks,
-        len(todo),
-        plan.chunks - len(todo),
-        time.perf_counter() - start_time,
-        writer.bytes_read,
-        plan,
-    )
+    cpu = all(d.platform == "cpu" for d in jmesh.devices.flat)
+    writer: ChunkWriter | None = None
+    try:
+        chunking = Chunking.of(op, sources, plan, cpu)
+        writer = ChunkWriter(chunking, sink, manifest, on_chunk)
+        writer.check_resumed()
+        reader = ChunkReader(chunking)
+        reader.check_resumed(manifest)
+        todo = manifest.todo()
+        start_time = time.perf_counter()
+        compile_ = functools.partial(compile_program, op, chunking, dtype, jmesh, chunk_layout)
+        _run_chunks(todo, reader, writer, compile_)
+        writer.finish()
+    except BaseException:
+        if not (manifest.done or manifest.complete or (writer and writer.bytes_read)):
+            _discard(manifest, sink)  # stopped before it read a chunk: nothing worth keeping
+        raise
+    seconds = time.perf_counter() - start_time
+    done = plan.chunks - len(todo)
+    return StreamResult(sink.path, plan.chunks, len(todo), done, seconds, writer.bytes_read, plan)
+
+
+def _discard(manifest: Manifest, sink: Sink) -> None:
+    """Remove the work files of a run stopped before it read any chunk (a layout refused, a
+    failed compile): nothing in them is worth resuming, and left behind they would refuse a
+    corrected command on the same output as "another run"."""
+    sink.close()
+    for path in (sink.partial, sink.tmp(manifest.token)):
+        if identity(path) == manifest.partial:
+            remove(path)
+    manifest.path.unlink(missing_ok=True)
 
 
 def _checked(out: str | os.PathLike[str], budget: str | int) -> tuple[Path, int]:
@@ -291,7 +257,7 @@ def _begin(
                 f"{sink.partial.name} exists but no run of shardwise recorded it in "
                 f"{path.name}; shardwise will not overwrite it: move it away."
             )
-        plan = plan_stream(op, sources, devices, limit, chunk)
+        plan = plan_stream(op, sources, devices, limit, chunk, first_axis=not sink.zarr)
         token = secrets.token_hex(8)
         inode = sink.create(token)
         try:
