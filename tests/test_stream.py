@@ -36,7 +36,14 @@ def _inputs(tmp_path, n=10_001, d=3, dtype=np.float32, seed=0):
 
 @pytest.mark.parametrize(
     ("equation", "shape_b"),
-    [("nd,nd->n", None), ("nd,nd->", None), ("nd,nd->d", None), ("nd,ne->de", (10_001, 2))],
+    [
+        ("nd,nd->n", None),
+        ("nd,nd->", None),
+        ("nd,nd->d", None),
+        ("nd,ne->de", (10_001, 2)),
+        ("nd,d->n", (3,)),  # along 'n', which the vector lacks: it is read whole
+        ("nd,e->nde", (2,)),
+    ],
 )
 def test_streamed_equals_in_memory(tmp_path, equation, shape_b):
     a, b = _inputs(tmp_path)
@@ -236,9 +243,9 @@ def test_plan_refuses_a_budget_too_small_and_says_what_would_do():
         ArgumentError, match=r"cannot hold the smallest chunk.*or more \(--host-memory"
     ):
         plan_stream(Op.parse("nd,nd->n"), [src, src], devices=8, budget=100)
-    with pytest.raises(ArgumentError, match="every input has"):
+    with pytest.raises(ArgumentError, match="this equation has none"):
         plan_stream(
-            Op.parse("i,j->ij"),
+            Op.parse("i,j->"),
             [Source("a", (4,), np.dtype("float32"), "numpy")] * 2,
             devices=1,
             budget=10**6,
@@ -564,3 +571,18 @@ def test_a_run_refused_before_its_first_chunk_leaves_no_work_files(tmp_path):
     fixed = runner.invoke(app, [*argv, "--mesh", "x=2,y=4"])
     assert fixed.exit_code == 0, fixed.output
     np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, b), rtol=1e-5)
+
+
+def test_a_matrix_times_a_vector_streams_along_the_matrix_rows(tmp_path):
+    """'nd,d->n' used to be cut along 'd' (4 long, padded to 128 rows per chunk) and asked
+    for a 1.5 MiB budget for 16 KB of data: it streams along 'n' within 16 KiB."""
+    rng = np.random.default_rng(9)
+    a, w = rng.random((1000, 4)).astype(np.float32), np.ones(4, np.float32)
+    sources = [Source("a", a.shape, a.dtype, "numpy"), Source("w", w.shape, w.dtype, "numpy")]
+    plan = plan_stream(Op.parse("nd,d->n"), sources, devices=8, budget=16 << 10)
+    assert (plan.index, plan.accumulate) == ("n", False)
+    assert plan.peak_bytes <= 16 << 10
+    out = tmp_path / "o.npy"
+    r = shardwise.stream("nd,d->n", a, w, mesh="devices=8", out=out, budget="16KiB")
+    assert r.chunks == plan.chunks > 1
+    np.testing.assert_allclose(np.load(out), np.einsum("nd,d->n", a, w), rtol=1e-6)

@@ -504,6 +504,33 @@ def test_arrays_in_memory_changed_where_no_chunk_is_done_resume_to_a_fresh_resul
     np.testing.assert_allclose(np.load(out), np.einsum(equation, a, changed), rtol=1e-5)
 
 
+@pytest.mark.parametrize("how", ["npy", "numpy"])
+def test_an_input_read_whole_for_every_chunk_is_checked_on_resume(tmp_path, how):
+    """'nd,d->n' streams along 'n', reading the vector whole for every chunk: a resume with
+    another vector is refused, one with the same vector gives NumPy's result."""
+    rng = np.random.default_rng(8)
+    a, w = rng.random((10_001, 3), dtype=np.float32), rng.random(3, dtype=np.float32)
+    ins = [a, w]
+    if how == "npy":
+        ins = [tmp_path / "a.npy", tmp_path / "w.npy"]
+        np.save(ins[0], a)
+        np.save(ins[1], w)
+    out = tmp_path / "o.npy"
+    data = _interrupted(ins, out, "nd,d->n")
+    assert data["plan"]["index"] == "n" and data["done"]
+    if how == "npy":
+        np.save(ins[1], w + 1)
+    with pytest.raises(ShardwiseError, match=r"input 1 .*changed"):
+        _run([a, w + 1] if how == "numpy" else ins, out, "nd,d->n")
+    if how == "npy":
+        np.save(ins[1], w)
+        out.with_name("o.npy.manifest.json").unlink()
+        out.with_name("o.npy.partial").unlink()
+    result = _run(ins, out, "nd,d->n")
+    assert result.skipped == (0 if how == "npy" else len(data["done"]))
+    np.testing.assert_allclose(np.load(out), a @ w, rtol=1e-5)
+
+
 def test_dask_arrays_changed_between_runs_refuse_the_resume(tmp_path):
     da = pytest.importorskip("dask.array")
     rng = np.random.default_rng(7)

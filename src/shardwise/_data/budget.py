@@ -38,7 +38,8 @@ class StreamPlan:
         chunk: its size in one chunk (a multiple of the mesh's device count).
         chunks: number of chunks.
         chunk_bytes: host memory one chunk needs, all buffers counted.
-        fixed_bytes: host memory independent of the chunk size (the accumulator).
+        fixed_bytes: host memory independent of the chunk size (the running sum, and the
+            inputs without the chunk index, read whole).
     """
 
     index: str
@@ -62,7 +63,8 @@ class Chunking:
     Attributes:
         plan: how the inputs are cut into chunks.
         sources: the inputs.
-        axes: each input's axis along the streamed index.
+        axes: each input's axis along the streamed index (None where it has none: it is read
+            whole, and the same for every chunk).
         shapes: each input's shape in a chunk, the last chunk padded to it (so one compiled
             program serves every chunk).
         out_axis: the output's axis along the streamed index (-1 when chunks are summed).
@@ -71,7 +73,7 @@ class Chunking:
 
     plan: StreamPlan
     sources: tuple[Source, ...]
-    axes: tuple[int, ...]
+    axes: tuple[int | None, ...]
     shapes: tuple[tuple[int, ...], ...]
     out_axis: int
     mappable: bool
@@ -80,11 +82,12 @@ class Chunking:
     def of(cls, op: Op, sources: Sequence[Source], plan: StreamPlan, cpu: bool) -> Chunking:
         """The chunking of ``op``'s inputs by ``plan``; ``cpu``: every device is a CPU (on
         CPU devices a full chunk of ``.npy`` inputs is computed straight from the page cache)."""
-        axes = tuple(t.index(plan.index) for t in op.inputs)
+        axes = tuple(t.index(plan.index) if plan.index in t else None for t in op.inputs)
         shapes = []
         for s, axis in zip(sources, axes, strict=True):
             shape = list(s.shape)
-            shape[axis] = plan.chunk
+            if axis is not None:
+                shape[axis] = plan.chunk
             shapes.append(tuple(shape))
         out_axis = op.output.index(plan.index) if not plan.accumulate else -1
         mappable = all(s.mappable and a == 0 for s, a in zip(sources, axes, strict=True)) and cpu
@@ -104,6 +107,10 @@ def plan_stream(
     first_axis: bool = False,
 ) -> StreamPlan:
     """Choose the chunk index and size, or say why the budget cannot work and what would.
+
+    Chunks run along an index of the output (each chunk gives a slice of it; an input without
+    that index is read whole, once, for every chunk) or along a contracted index every input
+    has (the chunks' results are added up): the longest whose smallest chunk fits the budget.
     ``first_axis``: the output is written along its first axis only (a ``.npy`` file), so
     chunks that each give a slice of it run along that axis.
 
@@ -113,29 +120,36 @@ def plan_stream(
     >>> p = plan_stream(Op.parse("nd,nd->n"), [src, src], devices=8, budget=32768)
     >>> (p.index, p.chunk, p.chunks, p.peak_bytes <= 32768)
     ('n', 384, 3, True)
+    >>> w = Source("w", (3,), np.dtype("float32"), "numpy")
+    >>> plan_stream(Op.parse("nd,d->n"), [src, w], devices=8, budget=32768).index
+    'n'
     """
     sizes = op.sizes([s.shape for s in sources])
     shared = [i for i in op.contracted if all(i in t for t in op.inputs)]
-    candidates = [*op.batch, *shared]
+    candidates = [*op.batch, *shared, *op.free]
     if first_axis:
         candidates = [i for i in candidates if i not in op.output or op.output.index(i) == 0]
     if not candidates:
-        raise _unstreamable(op, [*op.batch, *shared])
-    # the longest index, preferring the leading axis (read with plain pread) and batch
-    index = max(
-        candidates, key=lambda i: (sizes[i], all(t[0] == i for t in op.inputs), i in op.batch)
-    )
-    accumulate = index not in op.batch
+        raise ArgumentError(
+            f"cannot stream {op.equation!r}: chunks run along an index of the output, or a "
+            "contracted index that every input has; this equation has none."
+        )
     width = sources[0].dtype.itemsize
-    per_row = sum(math.prod(sizes[i] for i in t if i != index) * width for t in op.inputs) * BUFFERS
-    out_rest = math.prod(sizes[i] for i in op.output if i != index) * width
-    fixed = 2 * out_rest if accumulate else 0
-    if not accumulate:
-        per_row += OUT_COPIES * out_rest
-    total = sizes[index]
     # each device's rows start on a 64-byte boundary (16 rows of any dtype), so the CPU
     # devices can use the read buffers in place instead of copying them
     granule = devices * ALIGN_ROWS
+    costs = {i: _costs(op, sizes, width, i) for i in candidates}
+
+    def preference(i: str) -> tuple[bool, int, bool, bool]:
+        """Fitting the budget first; then the longest index, preferring the leading axis
+        (read with plain pread) and batch."""
+        fits = costs[i][0] + granule * costs[i][1] <= budget
+        return fits, sizes[i], all(t[:1] == i for t in op.inputs), i in op.batch
+
+    index = max(candidates, key=preference)
+    accumulate = index not in op.output
+    fixed, per_row = costs[index]
+    total = sizes[index]
     smallest = granule
     need = fixed + smallest * per_row
     if isinstance(chunk, str):
@@ -161,23 +175,24 @@ def plan_stream(
     return StreamPlan(index, accumulate, total, rows, -(-total // rows), rows * per_row, fixed)
 
 
-def _unstreamable(op: Op, indices: list[str]) -> ArgumentError:
-    """Why ``op`` has no index to stream along, where ``indices`` could serve another output."""
-    if not indices:
-        return ArgumentError(
-            f"cannot stream {op.equation!r}: chunks run along an index that every input has "
-            "(a batch index, or a contracted one); this equation has none."
-        )
-    names = " or ".join(repr(i) for i in indices)
-    first = indices[0]
-    rest = op.output.replace(first, "")
-    return ArgumentError(
-        f"a .npy output is written along its first axis only, and {op.equation!r} can be cut "
-        f"into chunks only along {names}, not the first axis of its output {op.output!r}; "
-        "write a Zarr folder instead (an output named *.zarr, e.g. o.zarr), or put "
-        f"{first!r} first in the output ({','.join(op.inputs) + '->' + first + rest!r}) and "
-        "transpose the result."
-    )
+def _costs(op: Op, sizes: dict[str, int], width: int, index: str) -> tuple[int, int]:
+    """Host bytes a run along ``index`` needs whatever its chunk size, and for each row of a
+    chunk: :data:`BUFFERS` of each input's chunk (an input without ``index`` is read once,
+    whole) and :data:`OUT_COPIES` of the result's, or twice the running sum when the chunks
+    are added up (``width``: bytes per element)."""
+    fixed = per_row = 0
+    for term in op.inputs:
+        rest = math.prod(sizes[i] for i in term if i != index) * width
+        if index in term:
+            per_row += BUFFERS * rest
+        else:
+            fixed += rest
+    out_rest = math.prod(sizes[i] for i in op.output if i != index) * width
+    if index in op.output:
+        per_row += OUT_COPIES * out_rest
+    else:
+        fixed += 2 * out_rest
+    return fixed, per_row
 
 
 def plan_from_json(data: dict[str, Any], bad: Callable[[str], Exception]) -> StreamPlan:

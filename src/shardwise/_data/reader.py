@@ -26,6 +26,7 @@ class ChunkReader:
     def __init__(self, chunking: Chunking) -> None:
         self.chunking = chunking
         self._buffers: list[list[np.ndarray]] = [[], []]
+        self._whole: dict[int, np.ndarray] = {}  # inputs without the streamed index
         self._unstamped = [k for k, s in enumerate(chunking.sources) if not s.stamped]
 
     def read(self, c: int, slot: int) -> tuple[list[np.ndarray], list[int] | None]:
@@ -41,29 +42,38 @@ class ChunkReader:
         return blocks, [self._checksum(c, self._rows(k, c, blocks[k])) for k in self._unstamped]
 
     def _read(self, k: int, c: int, slot: int) -> np.ndarray:
-        """Chunk ``c``'s block of input ``k``, read into its buffer ``slot``."""
+        """Chunk ``c``'s block of input ``k``, read into its buffer ``slot``; an input without
+        the streamed index is read whole, once, into a buffer of its own, for every chunk."""
         ch = self.chunking
+        axis = ch.axes[k]
+        if axis is None:
+            if k not in self._whole:
+                source = ch.sources[k]
+                self._whole[k] = source.read(None, out=aligned_empty(source.shape, source.dtype))
+            return self._whole[k]
         lo, hi = ch.span(c)
         if not self._buffers[slot]:
             self._buffers[slot] = [
-                aligned_empty(shape, s.dtype)
-                for shape, s in zip(ch.shapes, ch.sources, strict=True)
+                aligned_empty(shape, s.dtype) if a is not None else np.empty(0, s.dtype)
+                for shape, s, a in zip(ch.shapes, ch.sources, ch.axes, strict=True)
             ]
         buf = self._buffers[slot][k]
-        ch.sources[k].read(ch.axes[k], lo, hi, out=buf)
+        ch.sources[k].read(axis, lo, hi, out=buf)
         if hi - lo < ch.plan.chunk:  # pad the last chunk to split evenly; zeros add nothing
             tail = [slice(None)] * buf.ndim
-            tail[ch.axes[k]] = slice(hi - lo, None)
+            tail[axis] = slice(hi - lo, None)
             buf[tuple(tail)] = 0
         return buf
 
     def _rows(self, k: int, c: int, block: np.ndarray) -> np.ndarray:
         """The rows of ``block`` (input ``k``'s buffer for chunk ``c``) that hold input, not
-        padding."""
-        ch = self.chunking
+        padding (all of it for an input read whole)."""
+        ch, axis = self.chunking, self.chunking.axes[k]
+        if axis is None:
+            return block
         lo, hi = ch.span(c)
         index = [slice(None)] * block.ndim
-        index[ch.axes[k]] = slice(0, hi - lo)
+        index[axis] = slice(0, hi - lo)
         return block[tuple(index)]
 
     @staticmethod
@@ -82,13 +92,13 @@ class ChunkReader:
         arr = source.obj
         if (
             source.kind == "numpy"
-            and ch.axes[k] == 0
+            and ch.axes[k] in (0, None)
             and isinstance(arr, np.ndarray)
             and arr.flags.c_contiguous
             and arr.dtype == source.dtype
         ):
             lo, hi = ch.span(c)
-            return arr[lo:hi]
+            return arr if ch.axes[k] is None else arr[lo:hi]
         return self._rows(k, c, self._read(k, c, 0))
 
     def check_resumed(self, manifest: Manifest) -> None:

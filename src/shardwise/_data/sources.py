@@ -89,44 +89,57 @@ class Source:
                 "input and run the same command to resume."
             )
 
-    def read(self, axis: int, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
-        """The slice ``[start:stop]`` along ``axis``: into the leading part of ``out`` when
-        given (reusing warm memory is much faster than faulting in fresh pages), else a new
-        array."""
+    def read(
+        self, axis: int | None, start: int = 0, stop: int = 0, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The slice ``[start:stop]`` along ``axis``, or the whole array when ``axis`` is None:
+        into the leading part of ``out`` when given (reusing warm memory is much faster than
+        faulting in fresh pages), else a new array."""
         shape = list(self.shape)
-        shape[axis] = stop - start
-        out = np.empty(shape, self.dtype) if out is None else out[tuple(slice(0, n) for n in shape)]
+        if axis is not None:
+            shape[axis] = stop - start
+        if out is None:
+            out = np.empty(shape, self.dtype)
+        elif shape:
+            out = out[tuple(slice(0, n) for n in shape)]
         if self.kind == "npy":
             self.check()
             self._pread(axis, start, stop, out)
             self.check()  # a change while reading: these rows may mix old and new
+            if self.swap:
+                out.byteswap(inplace=True)
             return out
-        index = [slice(None)] * len(self.shape)
-        index[axis] = slice(start, stop)
+        index: list[Any] = [slice(None)] * len(self.shape)
+        if axis is not None:
+            index[axis] = slice(start, stop)
         part = self.obj[tuple(index)]
         if self.kind == "dask":
             part = part.compute()
         np.copyto(out, np.asarray(part, dtype=self.dtype))
         return out
 
-    def _pread(self, axis: int, start: int, stop: int, out: np.ndarray) -> None:
-        """Read the slice into ``out`` with ``pread``: one read per run of contiguous bytes in
-        the file (one in all along the first axis)."""
+    def _pread(self, axis: int | None, start: int, stop: int, out: np.ndarray) -> None:
+        """Read the slice (the whole array when ``axis`` is None) into ``out`` with ``pread``:
+        one read per run of contiguous bytes in the file (one in all along the first axis)."""
         assert self.fd is not None
-        inner = math.prod(self.shape[axis + 1 :]) * self.dtype.itemsize
         if out.size == 0:
             return
-        for k, outer in enumerate(np.ndindex(*self.shape[:axis])):
+        if axis is None:
+            runs: list[tuple[Any, int]] = [(..., self.offset)]
+        else:
+            inner = math.prod(self.shape[axis + 1 :]) * self.dtype.itemsize
+            runs = [
+                (outer, self.offset + (k * self.shape[axis] + start) * inner)
+                for k, outer in enumerate(np.ndindex(*self.shape[:axis]))
+            ]
+        for outer, pos in runs:
             part = out[outer]  # the slice's rows of one index before ``axis``
             assert part.flags.c_contiguous  # else the bytes would land in a copy
-            pos = self.offset + (k * self.shape[axis] + start) * inner
             if not read_exactly(self.fd, part.reshape(-1).view(np.uint8).data, pos):
                 raise ShardwiseError(
                     f"input {self.name} ended early (truncated while this run read it?); "
                     "chunks finished before are kept: restore it and run the same command."
                 )
-        if self.swap:
-            out.byteswap(inplace=True)
 
     @property
     def mappable(self) -> bool:
