@@ -586,3 +586,47 @@ def test_a_matrix_times_a_vector_streams_along_the_matrix_rows(tmp_path):
     r = shardwise.stream("nd,d->n", a, w, mesh="devices=8", out=out, budget="16KiB")
     assert r.chunks == plan.chunks > 1
     np.testing.assert_allclose(np.load(out), np.einsum("nd,d->n", a, w), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("equation", "shapes"),
+    [
+        ("nd,nd->n", [(0, 3), (0, 3)]),  # an empty result
+        ("nd,nd->", [(0, 3), (0, 3)]),  # a sum of nothing: zero
+        ("nd,nd->n", [(5, 0), (5, 0)]),
+        ("nd,d->n", [(0, 3), (3,)]),
+        ("nd,e->e", [(0, 3), (4,)]),  # summed over 'n', which the vector lacks
+        ("ij,jk->ik", [(4, 0), (0, 5)]),
+    ],
+)
+@pytest.mark.parametrize("suffix", [".npy", ".zarr"])
+def test_an_empty_input_gives_numpys_result(tmp_path, equation, shapes, suffix):
+    """An input with no elements used to end in a bare ZeroDivisionError (the CLI's
+    "unexpected ZeroDivisionError", exit 1): the run has no chunk to compute and writes
+    NumPy's result, an empty array or zeros."""
+    if suffix == ".zarr":
+        zarr = pytest.importorskip("zarr")
+    arrays = [np.ones(s, np.float32) for s in shapes]
+    paths = [tmp_path / f"in{k}.npy" for k in range(len(arrays))]
+    for p, a in zip(paths, arrays, strict=True):
+        np.save(p, a)
+    out = tmp_path / f"o{suffix}"
+    r = shardwise.stream(equation, *paths, mesh="devices=8", out=out, budget="1MiB")
+    assert (r.chunks, r.computed) == (0, 0)
+    got = np.load(out) if suffix == ".npy" else np.asarray(zarr.open_array(str(out))[...])
+    want = np.einsum(equation, *arrays)
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    np.testing.assert_array_equal(got, want)
+    assert shardwise.stream(equation, *paths, mesh="devices=8", out=out).computed == 0
+
+
+def test_the_command_line_streams_an_empty_input(tmp_path):
+    np.save(tmp_path / "e.npy", np.zeros((0, 3), np.float32))
+    argv = ["run", "nd,nd->n", str(tmp_path / "e.npy"), str(tmp_path / "e.npy")]
+    result = runner.invoke(app, [*argv, "--out", str(tmp_path / "o.npy")])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "o.npy holds the result: an input is empty, so there is nothing to compute" in text
+    want = np.einsum("nd,nd->n", *[np.zeros((0, 3), np.float32)] * 2)
+    got = np.load(tmp_path / "o.npy")
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)

@@ -34,7 +34,7 @@ class StreamPlan:
     Attributes:
         index: the index the chunks run along.
         accumulate: whether chunks are partial sums (a contracted index) to be added up.
-        total: that index's size.
+        total: that index's size (0 when an input is empty: then there is no chunk).
         chunk: its size in one chunk (a multiple of the mesh's device count).
         chunks: number of chunks.
         chunk_bytes: host memory one chunk needs, all buffers counted.
@@ -125,6 +125,11 @@ def plan_stream(
     'n'
     """
     sizes = op.sizes([s.shape for s in sources])
+    # each device's rows start on a 64-byte boundary (16 rows of any dtype), so the CPU
+    # devices can use the read buffers in place instead of copying them
+    granule = devices * ALIGN_ROWS
+    if 0 in sizes.values():
+        return _empty_plan(op, sizes, granule)
     shared = [i for i in op.contracted if all(i in t for t in op.inputs)]
     candidates = [*op.batch, *shared, *op.free]
     if first_axis:
@@ -135,9 +140,6 @@ def plan_stream(
             "contracted index that every input has; this equation has none."
         )
     width = sources[0].dtype.itemsize
-    # each device's rows start on a 64-byte boundary (16 rows of any dtype), so the CPU
-    # devices can use the read buffers in place instead of copying them
-    granule = devices * ALIGN_ROWS
     costs = {i: _costs(op, sizes, width, i) for i in candidates}
 
     def preference(i: str) -> tuple[bool, int, bool, bool]:
@@ -173,6 +175,20 @@ def plan_stream(
             f"{format_bytes(need * 1.05)} or more (--host-memory from the command line)."
         )
     return StreamPlan(index, accumulate, total, rows, -(-total // rows), rows * per_row, fixed)
+
+
+def _empty_plan(op: Op, sizes: dict[str, int], granule: int) -> StreamPlan:
+    """The plan of a run with an empty input: no chunk, along an index of size 0 — of the
+    output where it has one (the output is empty too), else a contracted one (the result is
+    the sum of nothing, zeros, written as the running sum).
+
+    >>> plan = _empty_plan(Op.parse("nd,nd->"), {"n": 0, "d": 3}, 128)
+    >>> plan.index, plan.accumulate, plan.chunks
+    ('n', True, 0)
+    """
+    zero = [i for i, n in sizes.items() if n == 0]
+    index = next((i for i in zero if i in op.output), zero[0])
+    return StreamPlan(index, index not in op.output, 0, granule, 0, 0, 0)
 
 
 def _costs(op: Op, sizes: dict[str, int], width: int, index: str) -> tuple[int, int]:
@@ -218,7 +234,7 @@ def plan_from_json(data: dict[str, Any], bad: Callable[[str], Exception]) -> Str
     ):
         raise bad(f"the plan is {data!r}")
     total, chunk, chunks = data["total"], data["chunk"], data["chunks"]
-    if chunk < 1 or total < 1 or chunks != -(-total // chunk):
+    if chunk < 1 or chunks != -(-total // chunk):
         raise bad(f"the plan cuts {total} into {chunks} chunks of {chunk}")
     return StreamPlan(**data)
 

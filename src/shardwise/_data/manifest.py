@@ -273,7 +273,7 @@ class Manifest:
         if plan.index not in sizes or plan.total != sizes[plan.index]:
             raise _bad(self.path, f"its plan runs along {plan.index!r} of size {plan.total}")
         if plan.accumulate != (plan.index not in op.output) or (
-            plan.accumulate and any(plan.index not in t for t in op.inputs)
+            plan.accumulate and plan.total and any(plan.index not in t for t in op.inputs)
         ):
             raise _bad(self.path, f"its plan cannot stream {op.equation!r} along {plan.index!r}")
         before = data["inputs"]

@@ -127,6 +127,10 @@ def run(
         from shardwise._data.stream import peak_rss
 
         print_json({**result.to_json(), "peak_rss_bytes": peak_rss()})
+    elif result.chunks == 0:
+        out_console.print(
+            f"{out} holds the result: an input is empty, so there is nothing to compute."
+        )
     elif result.computed == 0:
         out_console.print(
             f"{out} is already complete ({_count(result.chunks, 'chunk')}); nothing to do."
