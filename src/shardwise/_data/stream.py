@@ -1,13 +1,13 @@
 """Out-of-core execution: stream inputs larger than memory through the mesh, within a memory
 budget, resumably.
 
-The inputs are cut into chunks along one index — a batch index (each chunk gives its own
-slice of the output) or, where there is none, a contracted index every input shares (the
-chunks' partial sums are added up). Each chunk is read while the previous one computes
-(double buffering; a ``.npy`` chunk nobody can truncate is memory-mapped instead and used in
-place on CPU devices), split over every device of the mesh, and its result is written on
-another thread and flushed to disk on a third, before a manifest records it as done. The
-manifest is the single commit point: an interrupted run leaves ``OUT.partial`` and
+The inputs are cut into chunks along one index — an index of the output (each chunk gives its
+own slice of it; an input without that index is read whole, once) or a contracted index every
+input shares (the chunks' partial sums are added up). Each chunk is read while the previous
+one computes (double buffering; a ``.npy`` chunk nobody can truncate is memory-mapped instead
+and used in place on CPU devices), split over every device of the mesh, and its result is
+written on another thread and flushed to disk on a third, before a manifest records it as
+done. The manifest is the single commit point: an interrupted run leaves ``OUT.partial`` and
 ``OUT.manifest.json``, never a file that looks complete, and the same command resumes where it
 stopped.
 
