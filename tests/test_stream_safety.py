@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 import shardwise
 from shardwise import ArgumentError, ShardwiseError
+from shardwise._data.chunks import ChunkWriter
 from shardwise._data.sources import BLOCK, SAMPLES, Source
 from shardwise._files import exclusive_lock
 from shardwise.cli import app
@@ -53,14 +54,23 @@ def _expected(ins, equation="nd,nd->n"):
 
 def _interrupted(ins, out, equation="nd,nd->n", after=2, **kwargs):
     """Leave ``out``'s work files as a run stopped after ``after`` recorded chunks does (small
-    chunks, so that many are left to do)."""
+    chunks, so that many are left to do). Each chunk is recorded as it lands: the run records
+    landed chunks from a thread of its own, which a loaded machine can leave waiting until
+    every chunk has landed, and then nothing would be left to do."""
     kwargs.setdefault("chunk", 128)
 
     def stop(done, total, nbytes):
         if done >= after:
             raise Stop
 
-    with pytest.raises(Stop):
+    commit = ChunkWriter.commit
+
+    def commit_and_record(self, *args, **kw):  # type: ignore[no-untyped-def]
+        commit(self, *args, **kw)
+        self.sync()
+
+    with pytest.MonkeyPatch.context() as m, pytest.raises(Stop):
+        m.setattr(ChunkWriter, "commit", commit_and_record)
         _run(ins, out, equation, on_chunk=stop, **kwargs)
     assert not out.exists()
     return _manifest(out)
