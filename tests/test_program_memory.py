@@ -437,3 +437,25 @@ def test_an_array_the_program_makes_or_closes_over_is_held_whole(made):
         assert 0.9 <= ratio <= 1.1, (name, ratio)
     with pytest.raises(shardwise.ArgumentError, match="needs 2"):  # (KiB: the mask's 256)
         shardwise.plan(forward, x, mesh="data=2,model=4", profile=PROFILE, budget="64KiB")
+
+
+def test_a_bfloat16_weights_float32_copy_is_freed_after_its_last_dot() -> None:
+    """A bfloat16 training step on CPU: each weight's float32 copy (XLA's CPU dots compute in
+    float32) is freed after the last dot that reads it, not held to the update that reads the
+    weight itself. Held to the update, every plan was predicted at 1.3-1.8x its compiled
+    memory; the data-parallel plan is now exact, and the median plan at 1.26x (the replicated
+    plan stays at 1.66x: XLA updates each weight as soon as its gradient is whole, where the
+    model keeps the program's order)."""
+
+    def loss(params, x):  # type: ignore[no-untyped-def]
+        h = jnp.tanh(x @ params["w1"])
+        return jnp.mean((h @ params["w2"]).astype(jnp.float32) ** 2)
+
+    bf16 = jnp.bfloat16
+    params = {"w1": jax.ShapeDtypeStruct((64, 256), bf16),
+              "w2": jax.ShapeDtypeStruct((256, 64), bf16)}  # fmt: skip
+    plan = shardwise.plan(loss, params, jax.ShapeDtypeStruct((16, 64), bf16),
+                          mesh="data=2,model=4", profile=PROFILE, train=True)  # fmt: skip
+    over = {name: 1 / ratio for name, ratio in _ratios(plan).items()}  # predicted / compiled
+    assert 0.95 <= over["data-parallel"] <= 1.05, over
+    assert float(np.median(list(over.values()))) <= 1.3, over

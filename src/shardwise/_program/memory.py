@@ -223,9 +223,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     temps, gone = Temps(), set[int]()
     early: dict[tuple[int, Spec], tuple[int, int]] = {}  # (argument, layout) → (bytes, until)
     if cpu:
-        early = {
-            key: (b, graph.last[key[0]]) for key, b in argument_copies(graph, lay, mesh).items()
-        }
+        early = argument_copies(graph, lay, mesh)  # (each held to its last dot, :mod:`.upcast`)
     later: list[tuple[int, int, int]] = []  # partial sums summed with others: (at, bytes, buffers)
     summed: list[Summed] = []  # the other dots' partial sums
     for n in fixed.visit:  # (a fused broadcast makes no copy)

@@ -48,17 +48,23 @@ def made_halves(graph: Graph, arrays: list[int]) -> list[bool]:
     return [v not in kept and graph.values[v].dtype in HALVES for v in arrays]
 
 
-def argument_copies(graph: Graph, lay: Layouts, mesh: MeshSpec) -> dict[tuple[int, Spec], int]:
+def argument_copies(
+    graph: Graph, lay: Layouts, mesh: MeshSpec
+) -> dict[tuple[int, Spec], tuple[int, int]]:
     """The bytes of the float32 copy of each 16-bit float argument that some op computes
-    with in the argument's own layout, by (argument, layout). One that every op reads in
-    another layout is converted and moved as the program starts: its moved copies are counted
-    at float32 where the steps read them (:func:`widening`); a conversion to another type is
-    itself the copy, and a dot that makes float32 (``preferred_element_type``) reads 16-bit
-    operands as they are (seen: one fused dot of the bfloat16 arguments, no copy)."""
+    with in the argument's own layout, and the last point such an op reads it, by (argument,
+    layout): made as the program starts, freed after that op (an elementwise op, the update of
+    a training step, reads the argument itself: seen, the bfloat16 weights' float32 copies
+    freed after their last dot, where the model had held them to the update and put a
+    bfloat16 step at 1.3-1.8x its memory). One that every op reads in another layout is
+    converted and moved as the program starts: its moved copies are counted at float32 where
+    the steps read them (:func:`widening`); a conversion to another type is itself the copy,
+    and a dot that makes float32 (``preferred_element_type``) reads 16-bit operands as they
+    are (seen: one fused dot of the bfloat16 arguments, no copy)."""
     halves = {a for a in graph.inputs if graph.values[a].dtype in HALVES}
     if not halves:
         return {}
-    out: dict[tuple[int, Spec], int] = {}
+    out: dict[tuple[int, Spec], tuple[int, int]] = {}
     for step in graph.steps:
         if step.prim.startswith("convert_element_type") or (
             step.prim == "dot_general" and graph.values[step.output].dtype == "float32"
@@ -70,5 +76,8 @@ def argument_copies(graph: Graph, lay: Layouts, mesh: MeshSpec) -> dict[tuple[in
                 continue
             held = lay.specs[a].canonical()
             if found is None or j >= len(found[0]) or found[0][j].canonical() == held:
-                out[(a, held)] = 2 * shard_bytes(graph.values[a], lay.specs[a], mesh)
+                at = graph.born[step.output]  # (read in a loop: held until the loop ends)
+                at = max([at, *(loop.end for loop in graph.loops if loop.start < at <= loop.end)])
+                until = max(at, out.get((a, held), (0, 0))[1])
+                out[(a, held)] = (2 * shard_bytes(graph.values[a], lay.specs[a], mesh), until)
     return out
