@@ -266,7 +266,7 @@ class Tally:
         own = self.costs.opaque(k)
         self.flops += own.flops
         self.own_flops[k] = own.flops
-        self.add(k, own, str)
+        self.add(k, own, lambda: f"{step.prim} runs on one device; every device gets its result")
         what = step.prim if step.modelled else f"{step.prim} (not modelled)"
         self._result(k, step, Spec(), what)
 

@@ -370,14 +370,25 @@ class StepCosts:
         equation) and writes, or its FLOPs, whichever takes longer."""
         graph = self.graph
         step = graph.steps[k]
-        moved = graph.values[step.output].nbytes
-        flops = 0.0
+        out = graph.values[step.output]
+        moved, flops = out.nbytes, 0.0
         if k in self.first:
             moved += sum(graph.values[a].nbytes for a in step.inputs)
             flops = step.flops
-        rate = self.profile.flops(graph.values[step.output].dtype)
-        seconds = max(moved / self.profile.memory_Bps, flops / rate)
-        return Cost(seconds * step.repeat, (), flops * step.repeat)
+        seconds = max(moved / self.profile.memory_Bps, flops / self.profile.flops(out.dtype))
+        found: tuple[tuple[PredictedCollective, None], ...] = ()
+        group = tuple(a for a in self.mesh.names if self.mesh.shape[a] > 1)
+        if step.prim in CALLBACKS and group:  # run on one device, its result sent to all
+            size = wire_bytes(out.nbytes, out.dtype, self.profile.platform)
+            sent = ring_seconds("all-reduce", group, size, self.mesh, self.profile)
+            found = ((PredictedCollective("all-reduce", group, size, sent), None),)
+            seconds += sent
+        return Cost(seconds * step.repeat, found, flops * step.repeat)
+
+
+CALLBACKS = frozenset({"pure_callback"})
+"""Callbacks with a result: XLA runs one on one device and sums its result over the mesh
+(an all-reduce named after a sharding constraint, seen for ``jax.pure_callback``)."""
 
 
 def _at(cost: Cost, step: Step) -> Cost:
