@@ -359,3 +359,15 @@ def test_an_unknown_dtype_is_refused_with_the_valid_names(tmp_path, command):
     text = " ".join(result.output.split())
     assert "'bf99' is not a dtype (did you mean `bf16`?)" in text, text
     assert "bfloat16" in text and "f32" in text and "This is a bug" not in text
+
+
+@pytest.mark.parametrize("command", ["explain", "plan"])
+def test_empty_dimensions_are_taken_as_the_python_api_takes_them(command):
+    """``--shapes 0x8,0x8``: an empty einsum plans and explains (it had been refused as 'a
+    size below 1', where the Python API gives NumPy's empty result)."""
+    result = runner.invoke(app, [command, "nd,nd->n", "--shapes", "0x8,0x8", "--mesh", "x=2"])
+    assert result.exit_code == 0, result.output
+    if command == "plan":
+        assert "as fast as the next" in " ".join(result.output.split())
+    refused = runner.invoke(app, [command, "nd,nd->n", "--shapes", "-1x8,8x8", "--mesh", "x=2"])
+    assert refused.exit_code == 2 and "negative size" in refused.output

@@ -100,8 +100,11 @@ class PlanReport:
         runner_up = ""
         if len(self.strategies) > 1:
             second = self.strategies[1].predicted.seconds
-            ratio = second / p.seconds if p.seconds else float("inf")
-            runner_up = f", {ratio:.2f}× faster than the next"
+            if second <= p.seconds:  # (an empty einsum: nothing to do in any layout)
+                runner_up = ", as fast as the next"
+            else:
+                ratio = second / p.seconds if p.seconds else float("inf")
+                runner_up = f", {ratio:.2f}× faster than the next"
         return (
             f"{best.strategy.describe(self.op)}: predicted {p.seconds * 1e3:.3g} ms "
             f"({p.bound}-bound, {comm}, {format_bytes(p.memory_bytes)} per device){runner_up}; "

@@ -37,8 +37,8 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
                 f"cannot read shapes {text!r}: write each operand's shape as sizes joined by 'x', "
                 "and separate operands with commas, e.g. --shapes 4000x10000,4000x10000."
             ) from None
-        if any(d < 1 for d in dims):
-            raise ShapeError(f"shape {part!r} in {text!r} has a size below 1.")
+        if any(d < 0 for d in dims):  # (an empty dimension, 0, is NumPy's and ours)
+            raise ShapeError(f"shape {part!r} in {text!r} has a negative size.")
         shapes.append(dims)
     return shapes
 
