@@ -110,6 +110,9 @@ def test_an_equation_that_is_not_a_str(equation):
         shardwise.einsum(equation, A, A, mesh="devices=8")
     with pytest.raises(shardwise.ArgumentTypeError, match=f"but {type(equation).__name__} "):
         shardwise.plan_einsum(equation, [(16, 8)] * 2, mesh="x=2,y=4", profile="h100")
+    if isinstance(equation, bytes):  # (explain takes a function too: bytes are an equation)
+        with pytest.raises(shardwise.ArgumentTypeError, match="decode it"):
+            shardwise.explain(equation, A, A, mesh="devices=8")
 
 
 def test_operand_count():

@@ -320,7 +320,7 @@ def explain(
     """
     old = einsum_options.pop("out_spec", UNSET)
     out_specs = renamed_argument("explain", "out_specs", out_specs, "out_spec", old, AUTO)
-    if isinstance(fn, str):
+    if isinstance(fn, str | bytes):  # (bytes: the equation's parser says to decode them)
         check_arrays(args)
         return explain_einsum(
             fn,
