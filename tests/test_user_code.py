@@ -260,3 +260,10 @@ def test_args_bind_by_parameter_name_not_by_order():
     with pytest.raises(shardwise.ArgumentError, match="gives z after a parameter"):
         parse_args(["params.w=f32[8,4]", "x=f32[1]", "z=f32[1]"], lambda params, x, y=0, z=0: x)
     assert [a.shape for a in parse_args(["b=f32[2]", "a=f32[3]"], lambda *xs: xs)] == [(2,), (3,)]
+
+
+@pytest.mark.parametrize("option", [["--batch", "64"], ["--hidden", "256"], ["--layers", "2"]])
+def test_a_built_in_models_sizes_are_refused_with_a_function(tmp_path, option):
+    """They size ``--model``'s model; with ``--function`` they had been dropped silently."""
+    text = _error(_plan(tmp_path, GOOD, *option))
+    assert f"{option[0]} sizes a built-in model" in text and "--args" in text

@@ -51,6 +51,13 @@ parameter name; an einsum's plan refuses them (``--emit``, ``--donate`` and ``--
 advice of their own)."""
 
 
+MODEL_SIZES = (
+    "batch", "seq", "hidden", "ffn", "heads", "layers", "size", "kv_heads", "vocab", "master",
+    "remat", "attention",
+)  # fmt: skip
+"""The options that size or shape a built-in model: ``--function`` refuses them."""
+
+
 @friendly_errors
 def plan(
     ctx: typer.Context,
@@ -260,6 +267,12 @@ def plan(
                             "give --model.")  # fmt: skip
     if emit is not None and emit not in EMITS:
         raise ArgumentError(f"--emit {emit!r} is not a form; give one of {', '.join(EMITS)}.")
+    sizes = given_options(ctx, MODEL_SIZES) if function is not None else []
+    if sizes:  # (they size a built-in model; a function's arrays come from --args)
+        raise ArgumentError(
+            f"{', '.join(sizes)} {'sizes' if len(sizes) == 1 else 'size'} a built-in model "
+            "(--model), not a function: give the function's arrays' shapes with --args."
+        )
     if model is not None or function is not None:
         from shardwise.cli.plan_program import program
 
