@@ -631,3 +631,20 @@ def test_a_pure_callbacks_result_sent_to_every_device_is_predicted():
         assert p.verified is not None and p.verified.collectives_match, p.name
         assert p.verified.sources_match, p.name
         assert any(c.op_name == "pure_callback" for c in p.predicted.collectives), p.name
+
+
+def test_the_chosen_plan_is_the_fastest_predicted_of_the_searchs_plans_within_a_budget():
+    """Under a budget the search prices memory into its costs, which are not the
+    prediction's: its runners-up are predicted too, and the fastest within the budget is the
+    chosen one, the search's plans named in the order of their predicted times (the search's
+    best had been chosen at 123 µs where its runner-up was predicted at 121 µs)."""
+    fn, args = shardwise.model("mlp", batch=16, hidden=32, ffn=64)
+    for budget in (9000, 10_000, 12_000, None):
+        p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile="cpu-2core", budget=budget,
+                           top=3)  # fmt: skip
+        searched = [q for q in p.plans if q.name == "search" or q.name.startswith("search ")]
+        assert [q.name for q in searched] == ["search"] + [f"search {k}" for k in
+                                                           range(2, len(searched) + 1)]  # fmt: skip
+        times = [q.predicted.seconds for q in searched]
+        assert times == sorted(times) and p.chosen.name == "search", budget
+        assert not p.chosen.over_budget
