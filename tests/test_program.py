@@ -648,3 +648,32 @@ def test_the_chosen_plan_is_the_fastest_predicted_of_the_searchs_plans_within_a_
         times = [q.predicted.seconds for q in searched]
         assert times == sorted(times) and p.chosen.name == "search", budget
         assert not p.chosen.over_budget
+
+
+def test_fixed_given_otherwise_than_as_a_dict_of_names_says_how():
+    """fixed as a tuple of specs, or keyed by position, had raised Python's own errors; the
+    word the reports print for a whole array, 'replicated', pins it whole."""
+    S = jax.ShapeDtypeStruct
+    args = (S((8, 16), "float32"), S((16, 4), "float32"))
+    fn = lambda x, w: x @ w  # noqa: E731
+    for bad, words in [(("data", None), "a dict of input name"), ({0: "data"}, "not by int 0")]:
+        with pytest.raises(shardwise.ArgumentTypeError, match=words):
+            shardwise.plan(fn, *args, mesh="data=2,model=4", fixed=bad, top=1)
+    p = shardwise.plan(fn, *args, mesh="data=2,model=4", fixed={"w": "replicated"}, top=1)
+    assert p.chosen.in_specs[1].canonical() == shardwise.Spec()
+    with pytest.raises(shardwise.ArgumentTypeError, match="as a tuple, fn"):
+        shardwise.choose_mesh(fn, {"x": args[0], "w": args[1]}, 8, "cpu-2core")
+
+
+def test_fixed_on_the_command_line_refuses_a_name_pinned_twice():
+    from typer.testing import CliRunner
+
+    from shardwise.cli import app
+
+    runner = CliRunner()
+    base = ["plan", "--model", "mlp", "--batch", "16", "--hidden", "32", "--ffn", "64",
+            "--mesh", "data=2,model=4", "--top", "1", "--profile", "cpu-2core"]  # fmt: skip
+    twice = runner.invoke(app, [*base, "--fixed", "x=data", "--fixed", "x=-,model"])
+    assert twice.exit_code == 2 and "pins x twice" in twice.output
+    once = runner.invoke(app, [*base, "--fixed", "x=data", "--json"])
+    assert once.exit_code == 0, once.output

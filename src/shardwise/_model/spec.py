@@ -98,7 +98,7 @@ class Spec:
             text = value.strip()
             if text.startswith("P(") and text.endswith(")"):
                 text = text[2:-1]
-            if text.lower() in _UNSHARDED:
+            if text.lower() in _UNSHARDED or text.lower() == "replicated":  # (as reports say)
                 return cls(())
             return cls(tuple(_entry(p, where) for p in _split_top(text)))
         if isinstance(value, Sequence):

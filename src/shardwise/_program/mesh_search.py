@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardwise._errors import ArgumentError, did_you_mean
+from shardwise._errors import ArgumentError, ArgumentTypeError, did_you_mean
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.profile_files import load_profile
@@ -243,6 +243,11 @@ def choose_mesh(
     (2, 4)
     """
     _check(devices, roles, max_tensor, limit)
+    if isinstance(args, Mapping) or not isinstance(args, Sequence):
+        raise ArgumentTypeError(
+            f"choose_mesh takes the function's arguments as a tuple, fn(*args); got "
+            f"{type(args).__name__}: pass (x, params), not {{'x': ..., 'params': ...}}."
+        )
     start = time.perf_counter()
     prof = load_profile(profile) if isinstance(profile, str) else profile
     used, idle_why = devices, None

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from shardwise._errors import ArgumentError, SpecError
+from shardwise._errors import ArgumentError, ArgumentTypeError, SpecError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec, SpecLike
@@ -371,7 +371,17 @@ def fixed_pins(
 ) -> dict[int, Spec]:
     """The inputs ``fixed`` pins (input name → spec), by position, each checked on ``mesh``."""
     out: dict[int, Spec] = {}
+    if fixed is not None and not isinstance(fixed, Mapping):
+        raise ArgumentTypeError(
+            f"fixed takes a dict of input name to spec, e.g. {{{graph.names[0]!r}: 'data'}}; "
+            f"got {type(fixed).__name__}."
+        )
     for name, raw in (fixed or {}).items():
+        if not isinstance(name, str):
+            raise ArgumentTypeError(
+                f"fixed names inputs by their names ({', '.join(graph.names)}), not by "
+                f"{type(name).__name__} {name!r}."
+            )
         k = find_name(graph.names, name)  # (params['w1'], or params.w1 as --args writes it)
         if k is None:
             raise ArgumentError(

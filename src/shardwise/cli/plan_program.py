@@ -110,11 +110,14 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
             "--remat auto chooses a remat policy with the mesh: give --choose-mesh N, or "
             "name a policy (none, full, minimal, save_dots) for --mesh."
         )
-    fixed = {}
+    fixed: dict[str, str] = {}
     for item in given["fixed"] or []:
-        key, eq, value = item.partition("=")
-        if not eq:
+        key, eq, value = item.rpartition("=")  # (a spec has no '=', a name's key may)
+        if not eq or not key:
             raise ArgumentError(f"cannot read --fixed {item!r}: write NAME=SPEC, e.g. x=data.")
+        if key in fixed:
+            raise ArgumentError(f"--fixed pins {key} twice ({fixed[key]!r}, {value!r}); pin "
+                                "it once.")  # fmt: skip
         fixed[key] = value
     memory = given["device_memory"]
     # by default the profile's memory: the fastest plan that fits, or said that none does
