@@ -216,3 +216,16 @@ def test_a_mesh_of_manual_axes_is_refused_saying_which():
     m = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Manual,) * 2)
     with pytest.raises(shardwise.ArgumentError, match="x, y are Manual"):
         shardwise.einsum("ij,jk->ik", A, B, mesh=m, in_specs=("x,y", "y"))
+
+
+def test_arguments_of_other_shapes_than_the_plans_are_refused_saying_which():
+    """Placed or run, an array of another shape than the plan was made for had run (half
+    the batch) or failed in JAX's sharding code (a batch of 6 on 4 devices)."""
+    p = shardwise.plan(_mlp, {"w1": B[:, :4], "w2": B[:4, :]}, A, mesh="x=2,y=4",
+                       profile="cpu-2core", top=1)  # fmt: skip
+    for rows in (8, 6):
+        args = ({"w1": B[:, :4], "w2": B[:4, :]}, A[:rows])
+        with pytest.raises(shardwise.ArgumentError, match=rf"x has shape \({rows}, 32\)"):
+            p.place(args)
+        with pytest.raises(shardwise.ArgumentError, match="the plan was made for"):
+            p.sharded()(*args)

@@ -71,7 +71,23 @@ def sharded(
     guard = functools.partial(ensure_summed, plan, chosen, platform=platform(m))
     donated = plan.donate_argnums if donate else ()
     jitted = jax.jit(program, in_shardings=in_shardings, donate_argnums=donated)
-    return Placing(jitted, in_shardings, plan.graph.names, guard, m)
+    return Placing(jitted, in_shardings, plan.graph.names, guard, m, _shapes(plan))
+
+
+def _shapes(plan: ProgramPlan) -> list[tuple[int, ...]]:
+    """Each input's shape, as the plan was made for it."""
+    return [plan.graph.values[v].shape for v in plan.graph.inputs]
+
+
+def _check_shapes(names: Sequence[str], leaves: Sequence[Any], shapes: Sequence[Any]) -> None:
+    """Refuse an argument of another shape than the plan's (moved or run, it had run on
+    arrays of other shapes, or failed in JAX's sharding code)."""
+    for name, x, shape in zip(names, leaves, shapes, strict=True):
+        if hasattr(x, "shape") and tuple(x.shape) != tuple(shape):
+            raise ArgumentError(
+                f"{name} has shape {tuple(x.shape)}, but the plan was made for {tuple(shape)}: "
+                "plan again with arrays of these shapes."
+            )
 
 
 _CHECKED: Bounded[tuple[Any, ...], bool] = Bounded(512)
@@ -98,10 +114,10 @@ class Placing:
 
     def __init__(
         self, jitted: Any, in_shardings: Any, names: Sequence[str], guard: Any = None,
-        mesh: Mesh | None = None,
+        mesh: Mesh | None = None, shapes: Sequence[Any] | None = None,
     ) -> None:  # fmt: skip
         self.jitted, self.in_shardings, self.names = jitted, in_shardings, names
-        self.guard, self.mesh = guard, mesh
+        self.guard, self.mesh, self.shapes = guard, mesh, shapes
         self.said = False
 
     def _on_mesh(self, args: tuple[Any, ...]) -> Any:
@@ -115,6 +131,8 @@ class Placing:
 
     def placed(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree.flatten(args)
+        if self.shapes is not None and len(leaves) == len(self.shapes):
+            _check_shapes(self.names, leaves, self.shapes)
         targets = jax.tree.leaves(self.in_shardings)
         moved, out = [], []
         for name, x, target in zip(self.names, leaves, targets, strict=True):
@@ -172,6 +190,7 @@ def place(plan: ProgramPlan, chosen: PlannedLayout, args: Any, mesh: Any = None)
             f"place takes the arguments the plan was made for, structured as {plan.graph.tree}; "
             f"got {tree}."
         )
+    _check_shapes(plan.graph.names, leaves, _shapes(plan))
     out = []
     for x, spec in zip(leaves, chosen.in_specs, strict=True):
         target = NamedSharding(m, spec.to_partition_spec())
