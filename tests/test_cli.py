@@ -371,3 +371,16 @@ def test_empty_dimensions_are_taken_as_the_python_api_takes_them(command):
         assert "as fast as the next" in " ".join(result.output.split())
     refused = runner.invoke(app, [command, "nd,nd->n", "--shapes", "-1x8,8x8", "--mesh", "x=2"])
     assert refused.exit_code == 2 and "negative size" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [("sweep.txt", "must end in .png or .svg"), ("sweep", "must end in .png or .svg"),
+     ("missing/sweep.png", "does not exist")],
+)  # fmt: skip
+def test_a_plot_that_cannot_be_written_is_refused_before_the_sweep(tmp_path, path, words):
+    """They had failed after the sweep as 'unexpected ValueError/FileNotFoundError ... a bug
+    in shardwise' (exit 1), and a name without a suffix had been written as NAME.png."""
+    result = runner.invoke(app, ["plan", "--model", "mlp", "--mesh", "x=2", "--sweep-batch",
+                                 "16..32", "--plot", str(tmp_path / path)])  # fmt: skip
+    assert result.exit_code == 2 and words in " ".join(result.output.split())
