@@ -358,3 +358,18 @@ def test_respecting_names_keeps_plans_rules_can_write(cls: type) -> None:
             assert held.logical_rules(q.name).exact, q.name
     assert held.get("search").predicted.seconds <= 1.01 * free.get("search").predicted.seconds
     assert held.respect == "names"
+
+
+def test_rules_that_name_an_axis_the_mesh_lacks_are_said_not_dropped() -> None:
+    """Rules that map 'mlp' to 'model' on a mesh of data and tensor: the annotated kernels
+    had been left to the search (respect='annotations' laid them out as it chose, silently),
+    and the plan named 'annotations' had not been the annotations."""
+    x = jnp.ones((32, 64))
+    fn, params = _linen(LinenMLP(), x)
+    rules = [("embed", None), ("mlp", "model")]
+    with pytest.raises(shardwise.ArgumentError, match=r"name mesh axes \['model'\] not in"):
+        shardwise.plan(fn, params, x, mesh="data=2,tensor=4", profile=PROFILE, rules=rules,
+                       respect="annotations")  # fmt: skip
+    p = shardwise.plan(fn, params, x, mesh="data=2,tensor=4", profile=PROFILE, rules=rules)
+    assert "annotations" not in [q.name for q in p.plans]
+    assert any(name == "annotations" and "not in the mesh" in why for name, why in p.skipped)

@@ -203,6 +203,13 @@ def annotated_pins(
     specs, why = annotations.specs(mesh)
     if not specs:
         return f"no annotation gives a layout on {mesh.describe()}: {'; '.join(why)}"
+    lacking = [graph.names[k] for k in annotations.by_input if k not in specs]
+    if any("not in the mesh" in w for w in why):  # (dropped, those inputs would be free)
+        return (
+            f"the annotations of {', '.join(lacking[:3])}{' …' if len(lacking) > 3 else ''} "
+            f"name {'; '.join(w for w in why if 'not in the mesh' in w)}: give rules (or "
+            f"annotations) in the axes of {mesh.describe()}"
+        )
     for k, spec in specs.items():
         value = graph.values[graph.inputs[k]]
         try:
