@@ -677,3 +677,15 @@ def test_fixed_on_the_command_line_refuses_a_name_pinned_twice():
     assert twice.exit_code == 2 and "pins x twice" in twice.output
     once = runner.invoke(app, [*base, "--fixed", "x=data", "--json"])
     assert once.exit_code == 0, once.output
+
+
+def test_a_partial_is_named_after_its_function():
+    import functools
+
+    def layer(x, w, scale):  # type: ignore[no-untyped-def]
+        return (x @ w) * scale
+
+    S = jax.ShapeDtypeStruct
+    p = shardwise.plan(functools.partial(layer, scale=2.0), S((8, 16), "float32"),
+                       S((16, 4), "float32"), mesh="x=2", profile="cpu-2core", top=1)  # fmt: skip
+    assert p.program == "layer"

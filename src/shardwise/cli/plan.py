@@ -215,7 +215,8 @@ def plan(
         typer.Option(
             "--respect",
             help="For a program: what every plan keeps of what the model says: none, "
-            "annotations (its parameters' layouts) or constraints (its sharding constraints).",
+            "annotations (its parameters' layouts), constraints (its sharding constraints) "
+            "or names (only plans that rules over its logical names can write).",
         ),
     ] = "none",
     choose_mesh: Annotated[
