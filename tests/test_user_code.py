@@ -267,3 +267,15 @@ def test_a_built_in_models_sizes_are_refused_with_a_function(tmp_path, option):
     """They size ``--model``'s model; with ``--function`` they had been dropped silently."""
     text = _error(_plan(tmp_path, GOOD, *option))
     assert f"{option[0]} sizes a built-in model" in text and "--args" in text
+
+
+def test_args_bind_by_name_before_a_star_args_and_refuse_a_keyword_only_parameter(tmp_path):
+    source = "def f(w, x, *more):\n    return (x @ w).sum()\n"
+    result = _plan(tmp_path, source, name="star")  # --args x=…, w=…: out of order, by name
+    assert result.exit_code == 0, result.output
+    source = "def f(x, w, *, scale=2.0):\n    return (x @ w).sum() * scale\n"
+    src = tmp_path / "kw.py"
+    src.write_text(source)
+    refused = runner.invoke(app, ["plan", "--function", f"{src}:f", *ARGS, "--args",
+                                  "scale=f32[]", *PLAN])  # fmt: skip
+    assert "takes by keyword only" in " ".join(_error(refused).split())

@@ -136,7 +136,8 @@ def _made_args(ref: str, given: int) -> list[Any]:
 
 
 def bind(fn: Callable[..., Any], named: dict[str, Any]) -> list[Any]:
-    """The arguments ``named`` gives, in the order of ``fn``'s parameters of those names.
+    """The arguments ``named`` gives, in the order of ``fn``'s parameters of those names
+    (those its ``*args`` takes after them, in the order given).
 
     >>> def f(params, x): ...
     >>> bind(f, {"x": 1, "params": 2})
@@ -144,6 +145,9 @@ def bind(fn: Callable[..., Any], named: dict[str, Any]) -> list[Any]:
     >>> bind(f, {"x": 1})
     Traceback (most recent call last):
     shardwise._errors.ArgumentError: --args gives no params; f takes params, x: ...
+    >>> def g(params, x, *rest): ...
+    >>> bind(g, {"x": 1, "mask": 3, "params": 2})  # (by name, then *rest in order)
+    [2, 1, 3]
     """
     import inspect
 
@@ -151,17 +155,30 @@ def bind(fn: Callable[..., Any], named: dict[str, Any]) -> list[Any]:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return list(named.values())
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return list(named.values())
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     names = ", ".join(p.name for p in positional)
     fn_name = getattr(fn, "__name__", "the function")
     unknown = [k for k in named if k not in {p.name for p in positional}]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):  # the rest go to *args, in order
+        given = {k: v for k, v in named.items() if k not in unknown}
+        return [*_in_order(positional, given, fn_name, names), *(named[k] for k in unknown)]
+    keyword = [k for k in unknown if k in {p.name for p in params}]
+    if keyword:
+        raise ArgumentError(
+            f"--args gives {', '.join(keyword)}, which {fn_name} takes by keyword only; --args "
+            f"binds the parameters it takes by position ({names}): fix the others with "
+            "functools.partial in your module."
+        )
     if unknown:
         raise ArgumentError(
             f"--args gives {', '.join(unknown)}, but {fn_name} has no parameter of that name; "
             f"it takes {names}: give --args NAME=SHAPE for each."
         )
+    return _in_order(positional, named, fn_name, names)
+
+
+def _in_order(positional: list[Any], named: dict[str, Any], fn_name: str, names: str) -> list[Any]:
+    """The arguments ``named`` gives, in the order of the ``positional`` parameters."""
     out = []
     for p in positional:
         if p.name in named:
