@@ -188,9 +188,8 @@ def _traced(
     ``devices`` where given (so code that names mesh axes bare, as explicit sharding does,
     finds them; on Explicit axes, under their Auto twin first): what ``fn`` raises is the
     user's, said as such; a program past what XLA can count is refused."""
-    name = getattr(fn, "__name__", None) or getattr(
-        getattr(fn, "func", None), "__name__", "program"
-    )
+    inner = getattr(fn, "func", None)  # (a functools.partial: its function's name)
+    name = str(getattr(fn, "__name__", "") or getattr(inner, "__name__", "program"))
     traced = as_users(fn, name)
     step = train_step(traced) if train else traced
 
