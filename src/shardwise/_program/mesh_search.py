@@ -142,7 +142,12 @@ class MeshChoice:
         }  # fmt: skip
 
 
-def _check(devices: int, roles: Sequence[str], max_tensor: int, limit: int) -> None:
+def _check(devices: int, roles: Sequence[str], max_tensor: int, limit: int, args: Any) -> None:
+    if isinstance(args, Mapping) or not isinstance(args, Sequence):
+        raise ArgumentTypeError(
+            f"choose_mesh takes the function's arguments as a tuple, fn(*args); got "
+            f"{type(args).__name__}: pass (x, params), not {{'x': ..., 'params': ...}}."
+        )
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ArgumentError(f"devices is {devices!r}; give a whole number of devices, 1 or more.")
     if not roles:
@@ -242,12 +247,7 @@ def choose_mesh(
     >>> len(c.candidates), math.prod(c.ici().values())
     (2, 4)
     """
-    _check(devices, roles, max_tensor, limit)
-    if isinstance(args, Mapping) or not isinstance(args, Sequence):
-        raise ArgumentTypeError(
-            f"choose_mesh takes the function's arguments as a tuple, fn(*args); got "
-            f"{type(args).__name__}: pass (x, params), not {{'x': ..., 'params': ...}}."
-        )
+    _check(devices, roles, max_tensor, limit, args)
     start = time.perf_counter()
     prof = load_profile(profile) if isinstance(profile, str) else profile
     used, idle_why = devices, None
