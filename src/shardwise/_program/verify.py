@@ -25,13 +25,19 @@ from shardwise._program.guard import ensure_summed
 from shardwise._runtime.distributed import put
 from shardwise._runtime.timing import TURN_SECONDS, alternate, ordered_pairs, spearman
 from shardwise._versions import (
-    context_mesh,
     keys,
     sources_in_users_code,
 )
 from shardwise._xla.dtypes import x64
 from shardwise._xla.hlo import collectives
-from shardwise._xla.meshes import auto_twin, is_explicit, jax_mesh, platform, with_auto_axes
+from shardwise._xla.meshes import (
+    auto_twin,
+    is_explicit,
+    jax_mesh,
+    on_mesh,
+    platform,
+    with_auto_axes,
+)
 from shardwise._xla.verified import Verified, collectives_match
 
 if TYPE_CHECKING:
@@ -121,13 +127,11 @@ class Placing:
         self.said = False
 
     def _on_mesh(self, args: tuple[Any, ...]) -> Any:
-        """Where a call, outside any trace, runs: on the plan's mesh, whatever mesh
-        ``jax.set_mesh`` set around it (on another, with Explicit axes, JAX refuses the plan's
-        layouts)."""
-        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))
-        if self.mesh is None or traced or context_mesh() == self.mesh:
+        """Where a call runs: on the plan's mesh, whatever mesh ``jax.set_mesh`` set around it
+        (on another, with Explicit axes, JAX refuses the plan's layouts; :func:`on_mesh`)."""
+        if self.mesh is None:
             return contextlib.nullcontext()
-        return jax.set_mesh(self.mesh)
+        return on_mesh(self.mesh, jax.tree.leaves(args))
 
     def placed(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree.flatten(args)

@@ -9,7 +9,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -229,10 +229,7 @@ def friendly_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except UserCodeError as e:  # the user's module or function raised it: theirs to fix
-            print_error(f"{e} Set SHARDWISE_DEBUG=1 to see the whole traceback.")
-            if os.environ.get("SHARDWISE_DEBUG"):
-                raise
-            raise typer.Exit(EXIT_USAGE) from None
+            _stop(f"{e} Set SHARDWISE_DEBUG=1 to see the whole traceback.", EXIT_USAGE)
         except ShardwiseError as e:
             print_error(e.shell)
             raise typer.Exit(EXIT_USAGE) from None
@@ -241,24 +238,29 @@ def friendly_errors(command: F) -> F:
         except Exception as e:  # a bug or a JAX failure: say so plainly
             raised = callback_error(e)
             if raised is not None:  # the user's callback (jax.debug.callback) raised it
-                print_error(
+                _stop(
                     f"a callback in your function raised {raised} while the program ran "
                     "(jax.debug.callback or jax.pure_callback); fix the callback, or what it "
-                    "checks. Set SHARDWISE_DEBUG=1 to see the whole traceback."
+                    "checks. Set SHARDWISE_DEBUG=1 to see the whole traceback.",
+                    EXIT_USAGE,
                 )
-                if os.environ.get("SHARDWISE_DEBUG"):
-                    raise
-                raise typer.Exit(EXIT_USAGE) from None
-            print_error(
+            _stop(
                 f"unexpected {type(e).__name__}: {e}\nThis is a bug in shardwise or a failure "
                 "in JAX; please report it with the command you ran. Set SHARDWISE_DEBUG=1 to "
-                "see the traceback."
+                "see the traceback.",
+                EXIT_WRONG,
             )
-            if os.environ.get("SHARDWISE_DEBUG"):
-                raise
-            raise typer.Exit(EXIT_WRONG) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _stop(message: str, code: int) -> NoReturn:
+    """Say ``message`` and exit with ``code``; with ``SHARDWISE_DEBUG`` set, raise the
+    exception being handled instead, its traceback whole (called from an ``except`` block)."""
+    print_error(message)
+    if os.environ.get("SHARDWISE_DEBUG"):
+        raise  # (the exception its caller handles)
+    raise typer.Exit(code) from None
 
 
 def print_error(message: str) -> None:
