@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
 from shardwise._caches import Bounded
 from shardwise._errors import ArgumentError, ShardwiseWarning
@@ -32,6 +32,7 @@ from shardwise._xla.dtypes import x64
 from shardwise._xla.hlo import collectives
 from shardwise._xla.meshes import (
     auto_twin,
+    explicit_part,
     is_explicit,
     jax_mesh,
     on_mesh,
@@ -102,13 +103,9 @@ for: each is checked once, when ``jax.jit`` compiles it."""
 
 
 def _typed(mesh: Mesh, spec: Spec) -> NamedSharding:
-    """What a result laid out as ``spec`` has for its type on ``mesh``: the Explicit axes
-    of its spec (on a mixed mesh the Auto axes are not part of an array's type)."""
-    explicit = {
-        n for n, t in zip(mesh.axis_names, mesh.axis_types, strict=True) if t == AxisType.Explicit
-    }
-    kept = Spec(tuple(tuple(a for a in e if a in explicit) for e in spec.entries))
-    return NamedSharding(mesh, kept.to_partition_spec())
+    """What a result laid out as ``spec`` has for its type on ``mesh``
+    (:func:`~shardwise._xla.meshes.explicit_part`)."""
+    return NamedSharding(mesh, explicit_part(mesh, spec).to_partition_spec())
 
 
 class Placing:
