@@ -77,6 +77,10 @@ def test_bad_sizes_say_the_fix():
         shardwise.model("llama", batch=1, layers=2)
     with pytest.raises(ArgumentError, match="only model 'llama'"):
         shardwise.model("mlp", batch=1, hidden=4, ffn=8, size="llama3-8b")
+    with pytest.raises(ArgumentError, match="heads, layers: model 'mlp'"):
+        shardwise.model("mlp", batch=1, hidden=4, ffn=8, layers=3, heads=2)
+    with pytest.raises(ArgumentError, match="seq: model 'mlp'"):
+        shardwise.model("mlp", batch=1, hidden=4, ffn=8, seq=64)
 
 
 # An independent NumPy Llama: Hugging Face's LlamaForCausalLM written out by hand.
@@ -272,6 +276,9 @@ def test_cli_plans_a_named_llama_for_a_mesh_it_does_not_have():
     r = CliRunner().invoke(app, ["plan", "--model", "mlp", "--size", "llama3-8b", "--mesh",
                                  "x=8", "--profile", "cpu-2core"])  # fmt: skip
     assert r.exit_code == 2 and "only model 'llama'" in " ".join(r.output.split()), r.output
+    r = CliRunner().invoke(app, ["plan", "--model", "mlp", "--layers", "3", "--mesh", "x=8",
+                                 "--profile", "cpu-2core"])  # fmt: skip
+    assert r.exit_code == 2 and "layers: model 'mlp'" in " ".join(r.output.split()), r.output
     r = CliRunner().invoke(app, ["plan", "--model", "llama", "--size", "llama5", "--mesh",
                                  "x=8", "--profile", "cpu-2core"])  # fmt: skip
     assert r.exit_code == 2 and "llama3-70b" in r.output, r.output

@@ -155,6 +155,8 @@ def model(
     _only_llama(name, size=size, kv_heads=kv_heads, head_dim=head_dim, vocab=vocab,
                 master=master or None, remat=None if remat == "none" else remat,
                 attention=None if attention == "dot_product" else attention)  # fmt: skip
+    if name == "mlp":  # (a silently ignored size had planned another model than asked)
+        _none_for_mlp(heads=heads, layers=layers, seq=None if seq == SEQ else seq)
     if hidden is None or ffn is None:
         raise ArgumentError(f"model {name!r} is sized by hidden and ffn: give both.")
     forward, (x, params) = _simple(
@@ -176,6 +178,16 @@ def remat_variants(
         extra: dict[str, Any] = {"remat": r} if name == "llama" else {}
         out[r] = model(name, **settings, **extra)
     return out
+
+
+def _none_for_mlp(**given: Any) -> None:
+    """Refuse the transformer's sizes ``given`` (``None``: not given) for the mlp."""
+    named = [k for k, v in given.items() if v is not None]
+    if named:
+        raise ArgumentError(
+            f"{', '.join(named)}: model 'mlp' is one layer pair on (batch, hidden) rows, sized "
+            "by batch, hidden and ffn; these size model 'transformer' (or 'llama')."
+        )
 
 
 def _only_llama(name: str, **only: Any) -> None:
