@@ -47,6 +47,10 @@ def test_pruned_candidates_say_why(small):
     assert "max_tensor" in reasons["tensor=8"]
     assert "does not divide the batch 4" in reasons["data=8"]
     assert all(c.skipped is None and c.seconds is not None for c in small.candidates)
+    # a mesh not planned neither fits nor fails to: its memory is not known
+    rows = {row["mesh"]: row for row in small.to_json()["candidates"]}
+    assert rows["tensor=8"]["fits"] is None and rows["tensor=8"]["memory_bytes"] is None
+    assert all(isinstance(rows[c.mesh]["fits"], bool) for c in small.candidates)
 
 
 def test_meshes_given_in_also_are_planned_beside_the_splits():
@@ -234,3 +238,10 @@ def test_variants_are_planned_on_each_split_and_the_fastest_that_fits_kept():
     # (not compared by time: the search minimises the serial time, and the plan it finds
     # under the budget can overlap its collectives better than the one it finds without)
     assert chosen.candidates[0].memory_bytes < least
+
+
+def test_a_choice_prints_as_its_table_and_its_repr_leaves_the_plan_out(small):
+    text = str(small)
+    assert f"chosen mesh: {small.mesh}" in text and "not planned: " in text
+    assert all(c.mesh in text for c in small.candidates)
+    assert "ProgramPlan(" not in repr(small) and repr(small).startswith("MeshChoice(")

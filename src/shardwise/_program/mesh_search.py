@@ -20,7 +20,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardwise._errors import ArgumentError, ArgumentTypeError, did_you_mean
@@ -57,7 +57,7 @@ class Candidate:
             compute where the platform runs them so (``None``: not planned).
         memory_bytes: that plan's predicted peak memory per device (``None``: not planned).
         fits: whether ``memory_bytes`` is within the profile's memory (``True`` where the
-            profile gives none).
+            profile gives none; ``None``: not planned).
         skipped: why it was not planned (``None``: it was).
         variant: which of the programs given as variants the best plan is of (a remat
             policy's name; ``None``: the program itself, where no variants are given).
@@ -68,7 +68,7 @@ class Candidate:
     mesh: str
     seconds: float | None = None
     memory_bytes: int | None = None
-    fits: bool = True
+    fits: bool | None = None
     skipped: str | None = None
     variant: str | None = None
     axes: tuple[str, ...] = ()
@@ -98,7 +98,7 @@ class MeshChoice:
     candidates: tuple[Candidate, ...]
     skipped: tuple[Candidate, ...]
     ranked_by: str
-    best: ProgramPlan
+    best: ProgramPlan = field(repr=False)  # (printed whole, it filled a screen)
     wall_seconds: float
     used: int
     idle_why: str | None = None
@@ -121,6 +121,18 @@ class MeshChoice:
             zip(best.axes or self.roles, best.sizes, strict=True)
         )
         return {f"ici_{r}_parallelism": n for r, n in sizes.items()}
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+
+        from shardwise.render.program import choice_notes, choice_table
+
+        return Group(choice_table(self), *choice_notes(self))
+
+    def __str__(self) -> str:
+        from shardwise.render.terminal import plain_text
+
+        return plain_text(self)
 
     def to_json(self) -> dict[str, Any]:
         rows = [*self.candidates, *self.skipped]

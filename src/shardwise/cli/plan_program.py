@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from shardwise._errors import ArgumentError
-from shardwise._model.units import format_bytes, format_seconds, parse_bytes
+from shardwise._model.units import parse_bytes
 from shardwise.cli._common import console, print_json, setup_devices, table_format, write_file
 from shardwise.render.formats import Format, show
 
@@ -233,39 +232,11 @@ def hints(given: dict[str, Any]) -> dict[str, int | None]:
 
 def show_choice(choice: Any, out: Console, fmt: Format | None) -> None:
     """The meshes planned, best first, then why the others were not."""
-    table = Table(
-        title=f"{choice.devices} devices ({choice.profile}) over {', '.join(choice.roles)}: "
-        f"{len(choice.candidates)} best of those planned, in {choice.wall_seconds:.1f} s",
-        title_justify="left",
-        caption="predicted step: with collectives beside compute where XLA runs them so "
-        "(GPUs, TPUs)",
-        caption_justify="left",
-    )
-    remat = choice.variant is not None
-    for col in ("#", "mesh", "MaxText", *(["remat_policy"] if remat else []), "predicted step",
-                "memory/device", "fits"):  # fmt: skip
-        table.add_column(col)
-    for k, c in enumerate(choice.candidates):
-        split = zip(choice.roles, c.sizes, strict=True)
-        ici = " ".join(f"ici_{r}_parallelism={n}" for r, n in split if n > 1)
-        table.add_row(
-            str(k + 1), c.mesh, ici or "-", *([c.variant or "-"] if remat else []),
-            format_seconds(c.seconds) if c.seconds is not None else "-",
-            format_bytes(c.memory_bytes) if c.memory_bytes is not None else "-",
-            "yes" if c.fits else "[red]no[/]",
-        )  # fmt: skip
-    show(out, table, fmt)
-    if choice.idle_why is not None:
-        out.print(f"[yellow]{choice.idle_why}[/]")
-    if any("(limit)" in (c.skipped or "") for c in choice.skipped):
-        out.print(f"past the cap, ranked by {choice.ranked_by}")
-    if choice.skipped:
-        reasons = "; ".join(f"{c.mesh}: {c.skipped}" for c in choice.skipped[:3])
-        more = len(choice.skipped) - 3
-        out.print(f"not planned: {reasons}" + (f"; and {more} more" if more > 0 else ""))
-    ici = ", ".join(f"{k}: {v}" for k, v in choice.ici().items())
-    policy = f", remat_policy: {choice.variant}" if remat else ""
-    out.print(f"[bold]chosen mesh:[/] {choice.mesh} ({ici}{policy})\n")
+    from shardwise.render.program import choice_notes, choice_table
+
+    show(out, choice_table(choice), fmt)
+    for line in choice_notes(choice):
+        out.print(line)
 
 
 def sweep_device_counts(given: dict[str, Any]) -> None:

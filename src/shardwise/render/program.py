@@ -318,3 +318,47 @@ def _overlapped(predicted: Any) -> str:
     if predicted.overlapped_seconds >= 0.995 * predicted.seconds:
         return ""
     return f"\n{format_seconds(predicted.overlapped_seconds)} overlapped"
+
+
+def choice_table(choice: Any) -> Table:
+    """A :class:`~shardwise.MeshChoice`'s meshes planned, best first, as a table."""
+    table = Table(
+        title=f"{choice.devices} devices ({choice.profile}) over {', '.join(choice.roles)}: "
+        f"{len(choice.candidates)} best of those planned, in {choice.wall_seconds:.1f} s",
+        title_justify="left",
+        caption="predicted step: with collectives beside compute where XLA runs them so "
+        "(GPUs, TPUs)",
+        caption_justify="left",
+    )
+    remat = choice.variant is not None
+    for col in ("#", "mesh", "MaxText", *(["remat_policy"] if remat else []), "predicted step",
+                "memory/device", "fits"):  # fmt: skip
+        table.add_column(col)
+    for k, c in enumerate(choice.candidates):
+        split = zip(choice.roles, c.sizes, strict=True)
+        ici = " ".join(f"ici_{r}_parallelism={n}" for r, n in split if n > 1)
+        table.add_row(
+            str(k + 1), c.mesh, ici or "-", *([c.variant or "-"] if remat else []),
+            format_seconds(c.seconds) if c.seconds is not None else "-",
+            format_bytes(c.memory_bytes) if c.memory_bytes is not None else "-",
+            "yes" if c.fits else "[red]no[/]",
+        )  # fmt: skip
+    return table
+
+
+def choice_notes(choice: Any) -> list[str]:
+    """What :func:`choice_table` leaves out: why devices idle, how candidates past the cap
+    were ranked, why the others were not planned, and the chosen mesh (rich markup)."""
+    lines = []
+    if choice.idle_why is not None:
+        lines.append(f"[yellow]{escape(choice.idle_why)}[/]")
+    if any("(limit)" in (c.skipped or "") for c in choice.skipped):
+        lines.append(f"past the cap, ranked by {choice.ranked_by}")
+    if choice.skipped:
+        reasons = "; ".join(f"{c.mesh}: {c.skipped}" for c in choice.skipped[:3])
+        more = len(choice.skipped) - 3
+        lines.append(escape(f"not planned: {reasons}" + (f"; and {more} more" if more > 0 else "")))
+    ici = ", ".join(f"{k}: {v}" for k, v in choice.ici().items())
+    policy = f", remat_policy: {choice.variant}" if choice.variant is not None else ""
+    lines.append(f"[bold]chosen mesh:[/] {choice.mesh} ({ici}{policy})\n")
+    return lines
