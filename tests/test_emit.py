@@ -292,3 +292,23 @@ def test_cli_reads_rules_inline_and_from_maxtext_yaml(tmp_path: Any) -> None:
         assert refused.exit_code == 2 and said in " ".join(refused.output.split())
     refused = _cli(tmp_path, "--mesh", MESH, "--respect", "all")
     assert refused.exit_code == 2 and "'annotations'" in " ".join(refused.output.split())
+
+
+def test_json_layouts_keep_the_names_of_an_optimizer_states_fields():
+    """An optax state (named tuples) and an Equinox module are keyed by their fields' names in
+    the plan's JSON, as the user reads them: the layouts had come as bare lists."""
+    eqx = pytest.importorskip("equinox")
+    params = {"w": jnp.ones((8, 16))}
+    state = optax.adamw(1e-3).init(params)
+    layer = eqx.nn.Linear(16, 4, key=jax.random.key(0))
+
+    def step(params, state, layer, x):
+        return (layer(x @ params["w"]) + state[0].mu["w"].sum()).sum()
+
+    plan = shardwise.plan(step, params, state, layer, jnp.ones(8), mesh=MESH, profile=PROFILE,
+                          top=1)  # fmt: skip
+    given = plan.to_json()["plans"][0]["in_specs"]
+    adam = given[1][0]
+    assert set(adam) == {"count", "mu", "nu"} and set(adam["mu"]) == {"w"}
+    assert set(given[2]) == {"weight", "bias"}
+    assert len(given[2]["weight"]) == 2 and len(given[0]["w"]) == 2

@@ -61,23 +61,33 @@ def arguments(graph: Graph) -> list[tuple[str, list[str]]]:
 
 
 def plain(tree: Any) -> Any:
-    """``tree`` in JSON's containers: a mapping as a dict, a sequence as a list, a pytree
-    node of one child (a Flax box, an NNX variable) as that child, another as a list.
+    """``tree`` in JSON's containers: a mapping as a dict, a named tuple (an optax state) or
+    another node whose children are named (a dataclass, an Equinox module) as a dict by
+    those names, a sequence as a list, a pytree node of one child (a Flax box, an NNX
+    variable) as that child, another as a list.
 
     >>> import optax
     >>> plain((optax.ScaleByAdamState(count=1, mu={"w": 2}, nu={"w": 3}), "x"))
-    [[1, {'w': 2}, {'w': 3}], 'x']
+    [{'count': 1, 'mu': {'w': 2}, 'nu': {'w': 3}}, 'x']
     """
     if isinstance(tree, Mapping):
         return {str(k): plain(v) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return {str(f): plain(getattr(tree, f)) for f in tree._fields}
     if isinstance(tree, list | tuple):
         return [plain(v) for v in tree]
     if tree is None:
         return None
-    children = jax.tree_util.tree_flatten(tree, is_leaf=lambda node: node is not tree)[0]
+    keyed = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda node: node is not tree)[0]
+    children = [child for _, child in keyed]
     if children == [tree]:
         return tree
-    return plain(children[0]) if len(children) == 1 else [plain(c) for c in children]
+    if len(children) == 1:
+        return plain(children[0])
+    names = [getattr(path[0], "name", None) if len(path) == 1 else None for path, _ in keyed]
+    if all(isinstance(n, str) for n in names) and len(set(names)) == len(names):
+        return {n: plain(c) for n, c in zip(names, children, strict=True)}
+    return [plain(c) for c in children]
 
 
 def leaf_paths(graph: Graph) -> list[str]:
