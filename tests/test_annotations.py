@@ -360,6 +360,14 @@ def test_respecting_names_keeps_plans_rules_can_write(cls: type) -> None:
     assert held.respect == "names"
 
 
+def test_respecting_names_without_any_is_refused() -> None:
+    """A program with no logical names has no rules to keep to: respect='names' had planned
+    it as respect='none', silently."""
+    with pytest.raises(shardwise.ArgumentError, match="no argument has logical names"):
+        shardwise.plan(lambda x, w: x @ w, jnp.ones((8, 8)), jnp.ones((8, 8)), mesh="model=4",
+                       profile=PROFILE, respect="names")  # fmt: skip
+
+
 def test_rules_that_name_an_axis_the_mesh_lacks_are_said_not_dropped() -> None:
     """Rules that map 'mlp' to 'model' on a mesh of data and tensor: the annotated kernels
     had been left to the search (respect='annotations' laid them out as it chose, silently),

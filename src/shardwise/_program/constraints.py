@@ -66,6 +66,13 @@ def respected(
     ``"constraints"``, :func:`~shardwise._program.writable.writable` for ``"names"``; as it
     is otherwise (``"annotations"`` pins inputs, as ``fixed`` does)."""
     if respect == "names":
+        if not any(a.logical and a.names for a in annotations.by_input.values()):
+            raise ArgumentError(
+                "respect='names' keeps every plan to what rules over the model's logical "
+                "axis names can write, but no argument has logical names (Flax's "
+                "nn.with_logical_partitioning, nnx.with_partitioning with names that the "
+                "rules map): plan with respect='none', or annotate the parameters."
+            )
         return writable(graph, problem, annotations)
     return held(graph, problem, mesh) if respect == "constraints" else problem
 
