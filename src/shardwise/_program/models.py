@@ -196,7 +196,7 @@ def _only_llama(name: str, **only: Any) -> None:
     if given:
         raise ArgumentError(
             f"{', '.join(given)}: only model 'llama' takes these; model {name!r} is sized by "
-            "hidden and ffn (and heads, layers, seq)."
+            f"hidden and ffn{' (and heads, layers, seq)' if name == 'transformer' else ''}."
         )
 
 
