@@ -239,6 +239,44 @@ def test_a_planned_program_that_leaves_out_a_sum_is_refused(monkeypatch):
         plan.verify(repeat=1)
 
 
+def _cond_then_dot(x, w1, w2, p):  # (the branch's dot and the dot after it on one line)
+    return jax.lax.cond(p, lambda: jnp.tanh(x @ w1), lambda: jax.nn.relu(x @ w1)) @ w2
+
+
+def _attention_loss(p, x):
+    b, t, d = x.shape
+    q = (x @ p["wq"]).reshape(b, t, 4, d // 4)
+    k = (x @ p["wk"]).reshape(b, t, 4, d // 4)
+    v = (x @ p["wv"]).reshape(b, t, 4, d // 4)
+    s = jnp.einsum("bthd,bshd->bhts", q, k)
+    a = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s), v)
+    return jnp.mean((x + a.reshape(b, t, d) @ p["wo"]) ** 2)
+
+
+def test_the_guard_refuses_no_correct_program_it_misreads():
+    """Two programs that XLA compiles right and the guard had refused, every plan of them: a
+    ``cond`` whose branch's dot shares a line with a dot twice its size (read as that dot split
+    in two), and an attention training step whose batched products XLA fuses with a reshape
+    and gives the reshape's line, a projection's (read as the projection split four ways)."""
+    rng = np.random.default_rng(0)
+    x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((16, 32), (32, 64), (64, 32)))
+    args = (x, w1, w2, np.bool_(True))
+    plan = shardwise.plan(_cond_then_dot, *args, mesh="data=2,model=4", profile=CPU, top=1)
+    for name in ("search", "replicated"):
+        got = plan.sharded(name)(*args)
+        np.testing.assert_allclose(got, jax.jit(_cond_then_dot)(*args), rtol=1e-5, atol=1e-5)
+    params = {k: 0.2 * rng.standard_normal((32, 32)).astype(np.float32) for k in "qkvo"}
+    params = {f"w{k}": w for k, w in params.items()}
+    x = 0.2 * rng.standard_normal((4, 8, 32)).astype(np.float32)
+    plan = shardwise.plan(_attention_loss, params, x, mesh="data=2,model=4", profile=CPU,
+                          train=True, top=2)  # fmt: skip
+    want = jax.jit(train_step(_attention_loss))(params, x)
+    for p in plan.plans:
+        got = plan.sharded(p.name)(params, x)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
 def test_megatron_is_column_then_row_parallel():
     fn, args = _mlp_args(hidden=64, ffn=256)
     plan = shardwise.plan(fn, *args, mesh="model=8", profile=CPU, top=1)

@@ -266,6 +266,28 @@ def test_a_split_contraction_must_be_summed_before_a_nonlinear_op_or_the_result(
     assert dot_problems(text, [DotTerms("m.py:4", 8, axes)], {"x": 2, "y": 2}) == ()
 
 
+_BATCHED = """HloModule m, num_partitions=4
+
+ENTRY %main (a: f32[2,4,4], b: f32[2,4,4]) -> f32[2,4,4] {
+  %a = f32[2,4,4]{2,1,0} parameter(0)
+  %b = f32[2,4,4]{2,1,0} parameter(1)
+  ROOT %dot = f32[2,4,4]{2,1,0} dot(%a, %b), lhs_batch_dims={0}, lhs_contracting_dims={2}, \
+rhs_batch_dims={0}, rhs_contracting_dims={1}, \
+metadata={op_name="jit(f)/transpose(jvp())/reshape" source_file="/src/m.py" source_line=3}
+}
+"""
+
+
+def test_a_batched_contraction_is_not_read_as_a_split_of_a_dot_without_batch_indices():
+    """XLA fuses an attention product with the reshape beside it and gives it the reshape's
+    line, where a projection ``x @ wk`` (no batch index, twice the terms) is: a training step
+    that ran right had been refused as that projection split in two and never summed."""
+    ways = {"x": 2, "y": 2}
+    assert dot_problems(_BATCHED, [DotTerms("m.py:3", 8, ("x",), batched=False)], ways) == ()
+    batched = dot_problems(_BATCHED, [DotTerms("m.py:3", 8, ("x",), batched=True)], ways)
+    assert len(batched) == 1 and "the program returns it before any sum" in batched[0]
+
+
 @pytest.mark.parametrize(
     ("body", "wrong"),
     [

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from shardwise._errors import ShapeError
-from shardwise._xla.check import DotTerms, dot_problems, ensure_dots_summed
+from shardwise._program.rules import rule_of
+from shardwise._xla.check import DotTerms, dot_problems, ensure_dots_summed, jaxpr_dots
 
 if TYPE_CHECKING:
     from shardwise._program.plans import PlannedLayout, ProgramPlan
@@ -46,7 +47,33 @@ def plan_dots(plan: ProgramPlan, chosen: PlannedLayout) -> Iterator[DotTerms]:
         ]
         terms = math.prod(sizes[i] for i in op.contracted)
         axes = tuple(dict.fromkeys(split))
-        yield DotTerms(step.source, terms, axes, step.backward, repr(op.equation))
+        batched = bool(op.batch) if step.prim == "dot_general" else None
+        yield DotTerms(step.source, terms, axes, step.backward, repr(op.equation), batched)
+    yield from opaque_dots(plan.graph.closed.jaxpr)
+
+
+def opaque_dots(jaxpr: Any) -> Iterator[DotTerms]:
+    """The dots inside the ops that the planner reads whole (a ``cond``'s branches, a
+    ``while``'s body), as dots every device computes whole: a compiled contraction that sums
+    all of one's terms is that dot, not a split of a dot on the same line (``lax.cond(p, f,
+    g) @ w2``, where ``f`` computes ``x @ w1``, had been refused as ``@ w2`` split in two)."""
+    for eqn in jaxpr.eqns:
+        rule = rule_of(eqn.primitive.name)
+        bodies = [
+            getattr(inner, "jaxpr", inner)
+            for value in eqn.params.values()
+            for inner in (value if isinstance(value, tuple | list) else (value,))
+            if hasattr(getattr(inner, "jaxpr", inner), "eqns")
+        ]
+        if not bodies:
+            continue
+        if rule.kind in ("call", "scan"):  # (inlined: its dots are steps of the graph)
+            for body in bodies:
+                yield from opaque_dots(body)
+            continue
+        for body in bodies:
+            for dot in jaxpr_dots(body):
+                yield DotTerms(dot.source, dot.terms, (), dot.backward, batched=dot.batched)
 
 
 def ensure_summed(plan: ProgramPlan, chosen: PlannedLayout, compiled: Any, platform: str) -> None:

@@ -182,14 +182,15 @@ class DotTerms:
     """What a program's source says of one contraction (a ``dot_general``): the user's
     ``file:line`` it comes from, how many products are summed into each element of its result,
     the mesh axes a plan splits its contracted indices over (``None`` where no plan says),
-    whether it is part of a training step's backward pass (``None``: not known), and how to
-    name it (an einsum equation)."""
+    whether it is part of a training step's backward pass (``None``: not known), how to
+    name it (an einsum equation), and whether it has batch indices (``None``: not known)."""
 
     source: str
     terms: int
     axes: tuple[str, ...] | None = None
     backward: bool | None = None
     what: str = "dot_general"
+    batched: bool | None = None
 
 
 SUMS = frozenset({"all-reduce", "reduce-scatter"})
@@ -209,14 +210,14 @@ def jaxpr_dots(closed: Any) -> tuple[DotTerms, ...]:
                         todo.append(getattr(inner, "jaxpr", inner))
             if eqn.primitive.name != "dot_general":
                 continue
-            (contracting, _), _ = eqn.params["dimension_numbers"]
+            (contracting, _), (batch, _) = eqn.params["dimension_numbers"]
             shape = eqn.invars[0].aval.shape
             where = source_info_util.user_frame(eqn.source_info.traceback)
             if where is not None and all(isinstance(n, int) for n in shape):
                 line = f"{where.file_name.rsplit('/', 1)[-1]}:{where.start_line}"
                 backward = "transpose(" in str(eqn.source_info.name_stack)
                 terms = math.prod(shape[d] for d in contracting)
-                found.append(DotTerms(line, terms, backward=backward))
+                found.append(DotTerms(line, terms, backward=backward, batched=bool(batch)))
     return tuple(found)
 
 
@@ -230,7 +231,9 @@ def dot_problems(
 
     ``dots`` say what the program's source asks (:func:`jaxpr_dots`, or a plan's steps with the
     axes each splits); each compiled contraction is matched with those of its source line (and
-    pass, forward or backward), and checked as each of them split as a plan says (it is wrong
+    pass, forward or backward; a batched one only with dots that have batch indices: XLA
+    splits a dot without making batch dimensions, and a batched dot fused with a reshape can
+    carry the reshape's line), and checked as each of them split as a plan says (it is wrong
     only where it is summed as none of them needs: a backward pass's two products of one
     line can leave as many terms on a device), else as split the fewest ways any of them
     allows. A contraction without a source line, or none to match, is
@@ -287,6 +290,7 @@ def _match(
     matched = [
         d for d in dots
         if d.terms > 0 and d.terms % local.terms == 0 and d.backward in (None, local.backward)
+        and not (local.batched and d.batched is False)
     ]  # fmt: skip
     planned = [
         d for d in matched

@@ -184,12 +184,14 @@ class Contraction:
     """An instruction of the compiled program that sums products: a ``dot``, a cuBLAS call, or
     the ``reduce`` of a dot XLA rewrote as a multiply and a reduce. ``terms``: how many
     products each device sums into each element of its result; ``backward``: whether JAX made
-    it in a transpose (a training step's backward pass)."""
+    it in a transpose (a training step's backward pass); ``batched``: whether it has batch
+    dimensions (``None``: not known)."""
 
     name: str
     terms: int
     source: str
     backward: bool = False
+    batched: bool | None = None
 
 
 def contractions(module: Module) -> Iterator[Contraction]:
@@ -201,8 +203,10 @@ def contractions(module: Module) -> Iterator[Contraction]:
         source = module.source(instr)
         if lhs is None or not source:
             continue
+        batched: bool | None = None
         if instr.opcode == "dot":
             dims = instr.ints("lhs_contracting_dims")
+            batched = bool(instr.ints("lhs_batch_dims"))
         elif instr.opcode == "custom-call" and "lhs_contracting_dimensions" in instr.attrs:
             listed = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', instr.attrs)
             dims = tuple(int(d) for d in re.findall(r"\d+", listed.group(1))) if listed else ()
@@ -217,7 +221,8 @@ def contractions(module: Module) -> Iterator[Contraction]:
         if dims and all(d < len(lhs.dims) for d in dims):
             terms = math.prod(lhs.dims[d] for d in dims)
             if terms > 0:  # (an empty contraction sums nothing)
-                yield Contraction(instr.name, terms, source, "transpose(" in instr.op_name)
+                yield Contraction(instr.name, terms, source, "transpose(" in instr.op_name,
+                                  batched)  # fmt: skip
 
 
 def sums(
