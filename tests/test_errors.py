@@ -76,7 +76,9 @@ def test_indivisible_names_dimension_size_shards_and_fixes():
     msg = str(info.value)
     assert "dimension 0 of operand 0" in msg
     assert "size 10" in msg and "8 shards" in msg
-    assert "Pad it to 16" in msg and "2, 5" in msg
+    assert "Pad it to 16" in msg and "or leave it unsharded" in msg  # (no axis splits 10)
+    with pytest.raises(IndivisibleError, match=r"Pad it to 16, or split it over x \(2 shards\)"):
+        shardwise.einsum("nd,nd->n", b, b, mesh="x=2,y=4", in_specs=[P(("x", "y")), None])
 
 
 def test_more_devices_than_exist():

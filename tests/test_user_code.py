@@ -279,3 +279,48 @@ def test_args_bind_by_name_before_a_star_args_and_refuse_a_keyword_only_paramete
     refused = runner.invoke(app, ["plan", "--function", f"{src}:f", *ARGS, "--args",
                                   "scale=f32[]", *PLAN])  # fmt: skip
     assert "takes by keyword only" in " ".join(_error(refused).split())
+
+
+def test_arguments_are_taken_by_name_as_the_function_takes_them_and_miscounts_said():
+    """A plan's program and a ``shard`` are called as the function is: by position or by
+    parameter name (they had refused keywords with a raw TypeError), and too few arguments,
+    too many or another structure are said against the parameters (a raw ``zip()`` error)."""
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    def f(params, x):
+        return jax.numpy.tanh(x @ params["w1"]) @ params["w2"]
+
+    params = {"w1": np.ones((8, 16), np.float32), "w2": np.ones((16, 8), np.float32)}
+    x = np.ones((4, 8), np.float32)
+    want = np.asarray(jax.jit(f)(params, x))
+    run = shardwise.plan(f, params, x, mesh="data=2,model=4", profile="cpu-2core",
+                         top=1).sharded()  # fmt: skip
+    for got in (run(params, x=x), run(params=params, x=x)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    with pytest.raises(shardwise.ArgumentError, match=r"takes 2 arguments \(params, x\).*1 was"):
+        run(x)
+    with pytest.raises(shardwise.ArgumentError, match=r"'y': not a parameter"):
+        run(params, x, y=1)
+    with pytest.raises(shardwise.ArgumentError, match=r"structured as .*'v'.* made for .*'w1'"):
+        run({"v": params["w1"]}, x)
+    sharded = shardwise.shard(f, "data=2,model=4", in_specs=({"w1": P(None, "model"),
+                              "w2": P("model")}, P("data")))  # fmt: skip
+    np.testing.assert_allclose(sharded(params=params, x=x), want, rtol=1e-6)
+    wrong = shardwise.shard(f, "data=2,model=4", in_specs=({"w1": None, "w3": None}, None))
+    with pytest.raises(shardwise.SpecError, match=r"in_specs for argument 0 of f are structured"):
+        wrong(params, x)
+
+
+def test_a_setting_that_is_not_an_array_is_said_by_name_with_the_fix():
+    def f(x, w, mode):
+        return x @ w
+
+    x, w = S((4, 8), "float32"), S((8, 8), "float32")
+    with pytest.raises(shardwise.ArgumentTypeError, match=r"argument 2 \(mode\) of f is str "
+                       r"'tanh'.*functools.partial"):  # fmt: skip
+        shardwise.plan(f, x, w, "tanh", mesh="x=8")
+    with pytest.raises(shardwise.ArgumentTypeError, match=r"argument 2 of f .*functools.partial"):
+        shardwise.shard(f, "x=8", in_specs=(None, None, None))(
+            jax.numpy.ones((4, 8)), jax.numpy.ones((8, 8)), "tanh"
+        )

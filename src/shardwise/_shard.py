@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -98,6 +99,7 @@ class Sharded:
             return
         for k, (arg, spec) in enumerate(zip(args, per_arg, strict=True)):
             if not _is_spec_leaf(spec):
+                _check_structure(self.fn, k, arg, spec)
                 continue
             parsed = Spec.parse(spec, f"the spec of argument {k}")
             if parsed.axes and not leaves[k]:
@@ -115,7 +117,25 @@ class Sharded:
                 shape = tuple(getattr(leaf, "shape", ()))
                 parsed.validate(self.mesh_spec, shape, f"argument {k} (shape {shape})")
 
-    def __call__(self, *args: Any) -> Any:
+    def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """``args`` and ``kwargs`` bound by the function's signature as positional arguments
+        (``in_specs`` are one per positional argument); keyword-only ones are refused."""
+        if not kwargs:
+            return args
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        except (TypeError, ValueError) as e:
+            raise ArgumentTypeError(f"{_name(self.fn)} cannot take these arguments: {e}") from None
+        if bound.kwargs:
+            raise ArgumentTypeError(
+                f"{', '.join(map(repr, bound.kwargs))}: keyword-only parameters of "
+                f"{_name(self.fn)}, which in_specs (one per positional argument) cannot lay "
+                "out; bind them first with functools.partial and shard that."
+            )
+        return tuple(bound.args)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args = self._positional(args, kwargs)
         self._check(args)
         if is_explicit(self.mesh):  # give host arrays their sharded type before tracing
             args = tuple(jax.device_put(args, self._in_shardings))
@@ -188,8 +208,9 @@ class Sharded:
             return list(shardings)
         return []
 
-    def lower(self, *args: Any) -> Any:
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
         """``jax.jit(...).lower`` for these arguments (arrays or ``jax.ShapeDtypeStruct``)."""
+        args = self._positional(args, kwargs)
         self._check(args)
         with _explicit_hints(), self._out_specs_said(args):
             return self._jitted.lower(*args)
@@ -218,10 +239,11 @@ class Sharded:
                 "at most one entry per dimension, or out_specs='auto' to let XLA choose."
             ) from None
 
-    def explain(self, *args: Any) -> Explanation:
+    def explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """Compile for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and explain each device's
         shards, every collective with its cause and source line, memory and compute, and any
         sum XLA left out (``problems``)."""
+        args = self._positional(args, kwargs)
         self._check(args)
         with _explicit_hints(), self._out_specs_said(args):
             compiled, problems = self._compiled(args)
@@ -236,15 +258,35 @@ def _check_argument(fn: Callable[..., Any], k: int, leaves: list[Any]) -> int:
     arrays = [hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves]
     for leaf, array in zip(leaves, arrays, strict=True):
         if not array and not isinstance(leaf, int | float | complex):  # (bool is an int)
+            fix = (
+                "a setting that is not an array is bound first, as jax.jit's static arguments "
+                "are: shard(functools.partial(fn, mode=...), ...)"
+                if isinstance(leaf, str) else ARRAYS_HINT
+            )  # fmt: skip
             raise ArgumentTypeError(
                 f"argument {k} of {_name(fn)} is or holds {describe_value(leaf)}, which JAX "
-                f"cannot trace; {ARRAYS_HINT}"
+                f"cannot trace; {fix}"
             )
     return sum(
         math.prod(leaf.shape) * getattr(leaf.dtype, "itemsize", 1)
         for leaf, array in zip(leaves, arrays, strict=True)
         if array and all(isinstance(n, int) for n in leaf.shape)  # (not symbolic sizes)
     )
+
+
+def _check_structure(fn: Callable[..., Any], k: int, arg: Any, spec: Any) -> None:
+    """Refuse specs for argument ``k`` whose pytree is not a prefix of the argument's (JAX's
+    own error dumps both trees and its internals)."""
+    try:
+        jax.tree.map(lambda *_: None, spec, arg, is_leaf=_is_spec_leaf)
+    except (ValueError, TypeError):
+        want = jax.tree.structure(arg)
+        got = jax.tree.structure(spec, is_leaf=_is_spec_leaf)
+        raise SpecError(
+            f"in_specs for argument {k} of {_name(fn)} are structured as {got}, but the "
+            f"argument is {want}: give a spec per leaf in the argument's structure (the same "
+            "keys), or one spec for the whole argument."
+        ) from None
 
 
 def _put_leaf(x: Any, sharding: NamedSharding) -> Any:

@@ -10,6 +10,7 @@ every operand's spec follows from it.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -196,17 +197,30 @@ def check_divisible(size: int, entry: Entry, mesh: MeshSpec, what: str) -> None:
     if size % shards == 0:
         return
     padded = -(-size // shards) * shards
-    fits = [d for d in range(2, min(size, mesh.size) + 1) if size % d == 0]
     axes = " × ".join(f"{a}={mesh.shape[a]}" for a in entry)
-    mesh_hint = (
-        f", or split it over mesh axes whose sizes multiply to one of {', '.join(map(str, fits))}"
-        if fits
-        else ", or leave it unsharded"
-    )
+    fits = _dividing(size, mesh)  # (only splits this mesh can make)
+    mesh_hint = f", or split it over {' or '.join(fits)}" if fits else ", or leave it unsharded"
     raise IndivisibleError(
         f"{what} has size {size}, which cannot be split evenly into {shards} shards "
         f"(mesh axes {axes}). Pad it to {padded}{mesh_hint}."
     )
+
+
+def _dividing(size: int, mesh: MeshSpec, most: int = 3) -> list[str]:
+    """Up to ``most`` sets of ``mesh``'s axes whose shards divide ``size``, the most shards
+    first (``"data × model (8 shards)"``).
+
+    >>> _dividing(30, MeshSpec.parse("data=2,model=4")), _dividing(16, MeshSpec.parse("data=3"))
+    (['data (2 shards)'], [])
+    """
+    axes = [a for a, n in mesh.axes if n > 1]
+    found = [
+        (math.prod(mesh.shape[a] for a in combo), combo)
+        for k in range(1, len(axes) + 1)
+        for combo in itertools.combinations(axes, k)
+    ]
+    fits = sorted((n, c) for n, c in found if size % n == 0)
+    return [f"{' × '.join(c)} ({n} shards)" for n, c in sorted(fits, key=lambda f: -f[0])[:most]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ import jax
 from shardwise._errors import ArgumentError, ShardwiseError
 from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, fused_reads, in_kernel
 from shardwise._program.rules import IDENTITIES, REDUCTIONS, Rule, rule_of, whole_dot_flops
-from shardwise._program.walk import Key, Path, Walker, abstract, is_var, named, rank, source_of
+from shardwise._program.walk import Key, Path, Walker, abstract_args, is_var, named, rank, source_of
 from shardwise._program.walk import asked as layouts_asked
 from shardwise._program.walk import module_of as library_module
 from shardwise._versions import live_only, scan_counts
@@ -113,7 +113,7 @@ def build(
     >>> [(s.kind, s.prim) for s in g.steps], g.names
     ([('dot', 'dot_general'), ('map', 'reduce_sum')], ('x', 'w'))
     """
-    shapes = [jax.tree.map(abstract, a) for a in args]
+    shapes = abstract_args(args, signature or fn)
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*shapes)
     except ShardwiseError:

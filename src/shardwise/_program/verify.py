@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -97,6 +98,18 @@ def _check_shapes(names: Sequence[str], leaves: Sequence[Any], shapes: Sequence[
             )
 
 
+def _parameters(names: Sequence[str], tree: Any) -> list[str]:
+    """The name of each top-level argument of ``tree`` (the arguments' structure), from its
+    leaves' ``names`` (``params['w1']`` is of ``params``; ``args[k]`` where it has none)."""
+    out, at = [], 0
+    for k, child in enumerate(tree.children()):
+        first = names[at] if child.num_leaves else f"args[{k}]"
+        root = re.match(r"args\[\d+\]|[^\[.]+", first)
+        out.append(root.group(0) if root else first)
+        at += child.num_leaves
+    return out
+
+
 _CHECKED: Bounded[tuple[Any, ...], bool] = Bounded(512)
 """The jitted programs already checked, with the types of the arguments they were compiled
 for: each is checked once, when ``jax.jit`` compiles it."""
@@ -130,6 +143,36 @@ class Placing:
             return contextlib.nullcontext()
         return on_mesh(self.mesh, jax.tree.leaves(args))
 
+    def bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """``args`` and ``kwargs`` as the positional arguments the plan was made for (by the
+        function's parameter names), checked against the planned arguments' structure."""
+        expected = jax.tree.structure(self.in_shardings)
+        params = _parameters(self.names, expected)
+        given = list(args)
+        for name in params[len(args) :]:
+            if name not in kwargs:
+                break
+            given.append(kwargs.pop(name))
+        said = ", ".join(params)
+        if kwargs:
+            raise ArgumentError(
+                f"{', '.join(map(repr, kwargs))}: not a parameter after the {len(args)} given by "
+                f"position; the planned program takes ({said}), by position or by these names."
+            )
+        if len(given) != len(params):
+            raise ArgumentError(
+                f"the planned program takes {len(params)} argument"
+                f"{'s' if len(params) != 1 else ''} ({said}), as planned; {len(given)} "
+                f"{'was' if len(given) == 1 else 'were'} given."
+            )
+        found = jax.tree.structure(tuple(given))
+        if found != expected:  # type: ignore[operator]
+            raise ArgumentError(
+                f"the arguments are structured as {found}, but the plan was made for {expected} "
+                f"({said}): give them as they were planned, or plan again with these."
+            )
+        return tuple(given)
+
     def placed(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree.flatten(args)
         if self.shapes is not None and len(leaves) == len(self.shapes):
@@ -154,7 +197,8 @@ class Placing:
             )
         return tuple(jax.tree.unflatten(tree, out))
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args = self.bound(args, kwargs)
         with self._on_mesh(args):
             placed = self.placed(args)
             self.check(placed)
@@ -173,8 +217,9 @@ class Placing:
             self.guard(lowered.compile())
             _CHECKED.put(key, True)
 
-    def lower(self, *args: Any) -> Any:
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The program lowered for ``args`` (moved as a call would move them)."""
+        args = self.bound(args, kwargs)
         with self._on_mesh(args):
             return self.jitted.lower(*self.placed(args))
 

@@ -12,6 +12,8 @@ see the same equations under the same keys.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import re
 from collections.abc import Sequence
 from typing import Any, Generic, TypeAlias, TypeVar
@@ -162,13 +164,37 @@ def named(prim: str, source: str) -> str:
     return f"{prim}@{source}" if source else prim
 
 
-def abstract(x: Any) -> jax.ShapeDtypeStruct:
-    """An argument leaf as a ``jax.ShapeDtypeStruct``; anything but an array is refused."""
+def abstract(x: Any, where: str = "an argument leaf") -> jax.ShapeDtypeStruct:
+    """An argument leaf as a ``jax.ShapeDtypeStruct``; anything but an array is refused,
+    saying ``where`` it is."""
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
-    raise ArgumentTypeError(
-        f"an argument leaf is {type(x).__name__} {x!r:.60}, not an array; plan takes arrays or "
-        "jax.ShapeDtypeStruct leaves, e.g. jax.ShapeDtypeStruct((256, 1024), 'float32')."
+    setting = (
+        " A setting that is not an array (a string, a flag, a size) is bound first, as "
+        "jax.jit's static arguments are: plan(functools.partial(fn, mode=...), x, ...)."
     )
+    raise ArgumentTypeError(
+        f"{where} is {type(x).__name__} {x!r:.60}, not an array; plan takes arrays or "
+        "jax.ShapeDtypeStruct leaves, e.g. jax.ShapeDtypeStruct((256, 1024), 'float32')." + setting
+    )
+
+
+def abstract_args(args: Sequence[Any], fn: Any) -> list[Any]:
+    """Each of ``args`` (pytrees) with its leaves :func:`abstract`, a leaf that is not an
+    array refused naming its argument (by ``fn``'s parameter where it has one)."""
+    try:
+        names = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        names = []
+    out = []
+    for k, arg in enumerate(args):
+        name = f" ({names[k]})" if k < len(names) else ""
+        where = f"argument {k}{name} of {getattr(fn, '__name__', 'the function')}"
+        out.append(jax.tree.map(functools.partial(abstract, where=where), arg))
+    return out
