@@ -324,3 +324,16 @@ def test_a_setting_that_is_not_an_array_is_said_by_name_with_the_fix():
         shardwise.shard(f, "x=8", in_specs=(None, None, None))(
             jax.numpy.ones((4, 8)), jax.numpy.ones((8, 8)), "tanh"
         )
+
+
+def test_a_loss_jax_cannot_differentiate_is_the_users_not_their_arguments():
+    """train=True on a while loop: JAX's refusal to differentiate it had been said as "cannot
+    trace … with these arguments", as if the arguments were wrong."""
+
+    def loss(w, x):
+        body = lambda c: (c[0] + 1, jax.numpy.tanh(c[1] @ w))  # noqa: E731
+        return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, x))[1].sum()
+
+    with pytest.raises(shardwise.UserCodeError, match=r"'loss' raised ValueError while "
+                       r"shardwise differentiated it: Reverse-mode.*make it differentiable"):  # fmt: skip
+        shardwise.plan(loss, S((8, 8), "float32"), S((4, 8), "float32"), mesh="x=8", train=True)

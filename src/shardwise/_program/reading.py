@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from shardwise._errors import ArgumentError, UserCodeError, as_users
+from shardwise._errors import ArgumentError, ShardwiseError, UserCodeError, as_users, user_code_error
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.plan import check_program_extent
 from shardwise._model.profile import Profile
@@ -58,6 +58,8 @@ def train_step(loss: Callable[..., Any], learning_rate: float = 0.01) -> Callabl
             )
         try:
             value, grads = jax.value_and_grad(loss)(params, *batch)
+        except ShardwiseError:
+            raise
         except TypeError as e:  # (JAX's, of what the loss returned)
             if "scalar" not in str(e):
                 raise
@@ -65,6 +67,12 @@ def train_step(loss: Callable[..., Any], learning_rate: float = 0.01) -> Callabl
                 "train=True needs the function to return its loss as one scalar (JAX: "
                 f"{str(e).splitlines()[0]}): return the loss alone, {yours}."
             ) from None
+        except (ValueError, NotImplementedError) as e:  # (JAX cannot differentiate the code)
+            raise user_code_error(
+                e, f"your function {getattr(loss, '__name__', 'loss')!r}",
+                "differentiated",
+                f"train=True differentiates the loss: make it differentiable, {yours}.",
+            ) from e  # fmt: skip
         return value, jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
 
     step.__name__ = f"train_step({getattr(loss, '__name__', 'loss')})"
