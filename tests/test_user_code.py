@@ -334,6 +334,27 @@ def test_a_loss_jax_cannot_differentiate_is_the_users_not_their_arguments():
         body = lambda c: (c[0] + 1, jax.numpy.tanh(c[1] @ w))  # noqa: E731
         return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, x))[1].sum()
 
-    with pytest.raises(shardwise.UserCodeError, match=r"'loss' raised ValueError while "
-                       r"shardwise differentiated it: Reverse-mode.*make it differentiable"):  # fmt: skip
+    said = r"'loss' raised ValueError while shardwise differentiated it: Reverse-mode.*make it"
+    with pytest.raises(shardwise.UserCodeError, match=said):
         shardwise.plan(loss, S((8, 8), "float32"), S((4, 8), "float32"), mesh="x=8", train=True)
+
+
+def test_explain_given_a_plan_says_how_a_plan_is_explained():
+    plan = shardwise.plan(lambda x, w: x @ w, S((8, 8), "float32"), S((8, 8), "float32"),
+                          mesh="x=8", top=1)  # fmt: skip
+    with pytest.raises(shardwise.ArgumentTypeError, match=r"explain\(\) takes a function.*"
+                       r"plan.report\(name\)"):  # fmt: skip
+        shardwise.explain(plan, S((8, 8), "float32"))
+
+
+def test_an_out_spec_that_does_not_divide_its_output_names_the_output():
+    """JAX's own error had come through ("implies that array axis 0 is partitioned 8 times")."""
+
+    def f(x):
+        return {"y": x * 2, "s": x.sum(axis=1)}
+
+    run = shardwise.shard(f, "data=2,model=4", in_specs=None,
+                          out_specs={"y": None, "s": "(data,model)"})  # fmt: skip
+    said = r"dimension 0 of the output\['s'\] of f \(shape \(12,\)\) has size 12.*over model \(4"
+    with pytest.raises(shardwise.IndivisibleError, match=said):
+        run(jax.numpy.ones((12, 4)))

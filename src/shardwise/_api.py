@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from shardwise._caches import Bounded
 from shardwise._data.dask import dask_einsum, dask_mean, is_dask
-from shardwise._errors import UNSET, ArgumentError, Unset, renamed_argument
+from shardwise._errors import UNSET, ArgumentError, ArgumentTypeError, Unset, renamed_argument
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op, as_shapes
 from shardwise._model.plan import Plan
@@ -27,7 +27,7 @@ from shardwise._planner.layout import make_plan, plan_arrays
 from shardwise._runtime.distributed import put
 from shardwise._shard import AUTO, is_auto, shard
 from shardwise._xla.check import ensure_close
-from shardwise._xla.dtypes import check_arrays, result_dtype, supported, wide, x64
+from shardwise._xla.dtypes import check_arrays, describe_value, result_dtype, supported, wide, x64
 from shardwise._xla.explain import Explanation, compile_plan, compile_sound, explain_compiled
 from shardwise._xla.lower import check_precision, divide, jitted, place
 from shardwise._xla.meshes import MeshLike, jax_mesh, named, on_mesh, platform
@@ -331,6 +331,16 @@ def explain(
             out_specs="infer" if is_auto(out_specs) else out_specs,
             **einsum_options,
         )
+    if not callable(fn):
+        plan = hasattr(fn, "plans") and hasattr(fn, "report")  # (a ProgramPlan)
+        raise ArgumentTypeError(
+            f"explain() takes a function or an einsum equation, but was given "
+            f"{describe_value(fn)}; "
+            + ("a plan says op by op what each of its plans moves and why with "
+               "plan.report(name), and compares that with the compiled program with "
+               "plan.verify()." if plan else "pass a JAX-traceable function, e.g. "
+               "explain(jnp.dot, x, w, mesh=..., in_specs=...).")
+        )  # fmt: skip
     return shard(fn, mesh, in_specs, out_specs).explain(*args)
 
 

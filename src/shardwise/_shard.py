@@ -222,6 +222,12 @@ class Sharded:
         try:
             yield
         except ValueError as e:
+            if "implies that array axis" in str(e) and not is_auto(self.out_specs):
+                try:  # (JAX's error, said by the output's name)
+                    self._check_outputs(jax.eval_shape(self.fn, *args))
+                except SpecError as said:
+                    raise said from None
+                raise
             if "pytree structure" in str(e) and "out_shardings" in str(e):
                 out = jax.eval_shape(self.fn, *args)
                 raise SpecError(
@@ -238,6 +244,22 @@ class Sharded:
                 "has more entries than its output has dimensions; give each output a spec with "
                 "at most one entry per dimension, or out_specs='auto' to let XLA choose."
             ) from None
+
+    def _check_outputs(self, out: Any) -> None:
+        """Refuse an out-spec that does not divide its output's dimensions, naming the output
+        by its path in the result (:class:`~shardwise.IndivisibleError`)."""
+        specs, keystr = self.out_specs, jax.tree_util.keystr
+        if _is_spec_leaf(specs):
+            per, parts = [((), specs)], [out]
+        else:
+            per = jax.tree_util.tree_flatten_with_path(specs, is_leaf=_is_spec_leaf)[0]
+            tree: Any = jax.tree.structure(specs, is_leaf=_is_spec_leaf)
+            parts = tree.flatten_up_to(out)
+        for (at, spec), part in zip(per, parts, strict=True):
+            parsed = Spec.parse(spec, "out_specs")
+            for path, leaf in jax.tree_util.tree_flatten_with_path(part)[0]:
+                where = f"the output{keystr(at)}{keystr(path)} of {_name(self.fn)}"
+                parsed.validate(self.mesh_spec, tuple(leaf.shape), f"{where} (shape {leaf.shape})")
 
     def explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """Compile for ``args`` (arrays or ``jax.ShapeDtypeStruct``) and explain each device's

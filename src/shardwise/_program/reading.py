@@ -14,7 +14,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from shardwise._errors import ArgumentError, ShardwiseError, UserCodeError, as_users, user_code_error
+from shardwise._errors import (
+    ArgumentError,
+    ShardwiseError,
+    UserCodeError,
+    as_users,
+    user_code_error,
+)
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.plan import check_program_extent
 from shardwise._model.profile import Profile
