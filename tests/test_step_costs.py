@@ -32,7 +32,8 @@ CASES = [
 
 
 def _plan(name: str, train: bool, mesh: str) -> shardwise.ProgramPlan:
-    fn, args = model(name, batch=16, hidden=64, ffn=128, seq=16, layers=2, train=train)
+    sizes = {"seq": 16, "layers": 2} if name == "transformer" else {}
+    fn, args = model(name, batch=16, hidden=64, ffn=128, train=train, **sizes)
     return shardwise.plan(fn, *args, mesh=mesh, profile=CPU, train=train, top=3)
 
 

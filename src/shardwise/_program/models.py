@@ -141,9 +141,7 @@ def model(
                         kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, master=master,
                         remat=remat, attention=attention)  # fmt: skip
     if min(batch, seq) < 1:
-        raise ArgumentError(
-            f"batch {batch}, seq {seq}: model sizes are whole numbers of at least 1."
-        )
+        raise ArgumentError(f"batch {batch}, seq {seq}: model sizes are whole numbers of 1 or more.")
     if name == "llama":
         dims = dict(hidden=hidden, ffn=ffn, heads=heads, layers=layers, kv_heads=kv_heads,
                     head_dim=head_dim, vocab=vocab)  # fmt: skip
@@ -155,8 +153,7 @@ def model(
     _only_llama(name, size=size, kv_heads=kv_heads, head_dim=head_dim, vocab=vocab,
                 master=master or None, remat=None if remat == "none" else remat,
                 attention=None if attention == "dot_product" else attention)  # fmt: skip
-    if name == "mlp":  # (a silently ignored size had planned another model than asked)
-        _none_for_mlp(heads=heads, layers=layers, seq=None if seq == SEQ else seq)
+    _none_for_mlp(name, heads=heads, layers=layers, seq=None if seq == SEQ else seq)
     if hidden is None or ffn is None:
         raise ArgumentError(f"model {name!r} is sized by hidden and ffn: give both.")
     forward, (x, params) = _simple(
@@ -180,10 +177,11 @@ def remat_variants(
     return out
 
 
-def _none_for_mlp(**given: Any) -> None:
-    """Refuse the transformer's sizes ``given`` (``None``: not given) for the mlp."""
+def _none_for_mlp(name: str, **given: Any) -> None:
+    """Refuse the transformer's sizes ``given`` (``None``: not given) for the mlp (ignored,
+    they had planned another model than asked)."""
     named = [k for k, v in given.items() if v is not None]
-    if named:
+    if name == "mlp" and named:
         raise ArgumentError(
             f"{', '.join(named)}: model 'mlp' is one layer pair on (batch, hidden) rows, sized "
             "by batch, hidden and ffn; these size model 'transformer' (or 'llama')."
