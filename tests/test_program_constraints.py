@@ -228,3 +228,34 @@ def test_reshard_and_device_put_are_read_and_held_too():
     assert [a.spec for a in p.graph.placed] == [Spec.parse("model,-")] * 2
     first = p.graph.placed[0].value
     assert all(q.layouts.specs[first] == Spec.parse("model") for q in p.plans)
+
+
+def test_rules_given_to_plan_are_in_force_while_the_code_is_traced():
+    """``plan(..., rules=R)`` is ``plan`` under ``nn.logical_axis_rules(R)``: the code's
+    ``nn.with_logical_constraint`` names resolve by R. They had resolved by no rules, so every
+    constraint was dropped: ``respect="constraints"`` held nothing, and the rules handed back
+    had no rule for the activations' ``batch``."""
+    nn = pytest.importorskip("flax.linen")
+    part = nn.with_logical_partitioning
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            x = nn.with_logical_constraint(x, ("batch", "embed"))
+            init = nn.initializers.lecun_normal()
+            h = nn.Dense(256, use_bias=False, kernel_init=part(init, ("embed", "mlp")))(x)
+            h = nn.with_logical_constraint(nn.relu(h), ("batch", "mlp"))
+            return nn.Dense(32, use_bias=False, kernel_init=part(init, ("mlp", "embed")))(h)
+
+    rules = (("batch", "data"), ("embed", None), ("mlp", "model"))
+    module, x = MLP(), jnp.ones((512, 32))
+    params = module.init(jax.random.key(0), x)
+    forward = lambda params, x: module.apply(params, x)  # noqa: E731
+    given = shardwise.plan(forward, params, x, mesh="data=2,model=4", profile=PROFILE, top=1,
+                           rules=rules, respect="constraints")  # fmt: skip
+    assert len(given.graph.placed) >= 3  # the three constraints (and the kernels unboxed)
+    with nn.logical_axis_rules(rules):
+        context = shardwise.plan(forward, params, x, mesh="data=2,model=4", profile=PROFILE,
+                                 top=1, respect="constraints")  # fmt: skip
+    assert given.in_specs == context.in_specs and given.in_specs[1] == P("data")
+    assert ("batch", "data") in given.logical_rules().to_flax()

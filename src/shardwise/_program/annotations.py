@@ -282,14 +282,23 @@ Call = tuple[str, tuple[str | None, ...]]
 
 
 @contextlib.contextmanager
-def logical_constraints_recorded(into: list[Call]) -> Iterator[None]:
+def logical_constraints_recorded(
+    into: list[Call], rules: tuple[Rule, ...] | None = None
+) -> Iterator[None]:
     """Within: each call of Flax's ``nn.with_logical_constraint`` on one array is recorded in
-    ``into`` (the logical names it gives, at the user's line), then made as Flax makes it.
+    ``into`` (the logical names it gives, at the user's line), then made as Flax makes it,
+    under ``rules`` where given (``plan``'s ``rules=``: the rules the code's names resolve by,
+    as under Flax's ``logical_axis_rules``; without them every constraint had been dropped).
     Flax resolves the names while tracing, so the traced program keeps only mesh axes: the
     names are what hands the plan's layouts of activations back as rules."""
     spmd = sys.modules.get("flax.linen.spmd")
     if spmd is None:
         yield
+        return
+    core = sys.modules.get("flax.core.spmd")
+    if rules is not None and core is not None:
+        with core.logical_axis_rules(rules), logical_constraints_recorded(into):
+            yield
         return
     original = spmd.with_logical_constraint
 

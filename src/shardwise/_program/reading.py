@@ -157,15 +157,16 @@ def _read(
     for another mesh than its constraints'), traced with no mesh, as they were then not
     asked, unless ``respect="constraints"``."""
     annotations = read_annotations(args, rules)
+    given = annotations.rules if rules is not None else None  # (in force while traced)
     calls: list[Call] = []
     try:
-        with traced_under(devices, spec), logical_constraints_recorded(calls):
+        with traced_under(devices, spec), logical_constraints_recorded(calls, given):
             name, graph = _traced(fn, args, train, devices)
     except UserCodeError:
         if respect == "constraints" or devices is not None:
             raise
         calls.clear()
-        with logical_constraints_recorded(calls):
+        with logical_constraints_recorded(calls, given):
             name, graph = _traced(fn, args, train, devices)
     return name, graph, with_activations(annotations, graph, calls)
 
