@@ -252,3 +252,20 @@ def test_verify_says_how_well_it_orders_plans_the_devices_tell_apart(mlp_train):
     out = done.to_json()
     assert out["ordered"] == {"share": done.ordered, "pairs": told}
     assert "chosen plan ÷ fastest measured" in done.to_html()
+
+
+def test_what_is_held_at_the_peak_adds_up_to_the_peak():
+    """A plan that gathers a weight and sums partial products: the arrays held at the peak
+    had been listed alone, half the peak, as if that were all."""
+
+    def loss(params, x):
+        return jnp.mean(jax.nn.relu(x @ params["w1"]) @ params["w2"])
+
+    params = {"w1": S((256, 1024), "float32"), "w2": S((1024, 128), "float32")}
+    plan = shardwise.plan(loss, params, S((64, 256), "float32"), mesh="data=2,model=4",
+                          fixed={"params.w1": "model"}, profile=CPU, top=1)  # fmt: skip
+    memory = plan.report().memory
+    assert memory.others > 0
+    assert sum(b for _, b in memory.alive) + memory.others == memory.peak
+    assert memory.to_json()["others"] == memory.others
+    assert "of copies for moves, partial sums and buffers" in " ".join(str(plan.report()).split())

@@ -141,9 +141,7 @@ def model(
                         kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, master=master,
                         remat=remat, attention=attention)  # fmt: skip
     if min(batch, seq) < 1:
-        raise ArgumentError(
-            f"batch {batch}, seq {seq}: model sizes are whole numbers of 1 or more."
-        )
+        raise ArgumentError(f"batch {batch}, seq {seq}: model sizes are whole numbers, 1 or more.")
     if name == "llama":
         dims = dict(hidden=hidden, ffn=ffn, heads=heads, layers=layers, kv_heads=kv_heads,
                     head_dim=head_dim, vocab=vocab)  # fmt: skip

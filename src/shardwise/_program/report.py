@@ -106,12 +106,19 @@ class MemoryCurve:
     at: int
     alive: tuple[tuple[str, int], ...]
 
+    @property
+    def others(self) -> int:
+        """The bytes at the peak that are not the arrays listed: the copies that moves make,
+        partial sums, and the buffers steps make for their operands and results."""
+        return max(0, self.peak - sum(b for _, b in self.alive))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "points": list(self.points),
             "peak": self.peak,
             "at": self.at,
             "alive": [{"name": n, "bytes": b} for n, b in self.alive],
+            "others": self.others,
         }
 
 

@@ -309,6 +309,8 @@ def ops_view(report: Any, quiet: bool = False) -> Any:
     )
     held = ", ".join(f"{escape(n)} {format_bytes(b)}" for n, b in mem.alive[:8])
     more = f" and {len(mem.alive) - 8} more" if len(mem.alive) > 8 else ""
+    if mem.others:  # (the peak had seemed to hold half what it said)
+        more += f"; and {format_bytes(mem.others)} of copies for moves, partial sums and buffers"
     parts.append(f"held at the peak: {held}{more}")
     return Group(*parts)
 

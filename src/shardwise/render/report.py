@@ -14,7 +14,7 @@ from typing import Any
 
 from shardwise._model.units import format_bytes, format_seconds, format_shape
 from shardwise.render.report_css import MEASURED, PALETTE, PREDICTED
-from shardwise.render.report_memory import memory_svg
+from shardwise.render.report_memory import held_rows, memory_svg
 from shardwise.render.report_page import report_html
 
 Mesh = Sequence[tuple[str, int]]
@@ -374,7 +374,7 @@ def _plan_views(views: Mapping[str, Any], shown: str, mesh: Mesh) -> str:
 
 
 def _memory(memory: Mapping[str, Any]) -> str:
-    alive = "".join(_cells([a["name"], format_bytes(a["bytes"])]) for a in memory.get("alive", []))
+    alive = "".join(_cells([name, format_bytes(size)]) for name, size in held_rows(memory))
     svg = memory_svg(memory.get("points", [0]), memory.get("peak", 0), memory.get("at", 0))
     table = _table(["alive at the peak", "per device"], alive)
     return f'<section><h2>Memory per device</h2><div class="row">{svg}{table}</div></section>'

@@ -3,7 +3,8 @@ bytes at each program point, its peak marked."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from shardwise.render.report_css import PREDICTED
 
@@ -42,3 +43,12 @@ def memory_svg(points: Sequence[float], peak: float, at: int) -> str:
         f'fill="#555">program point (0 … {len(points) - 1})</text>',
     ]
     return f'<svg class="memory" width="{width}" height="{height}">{"".join(parts)}</svg>'
+
+
+def held_rows(memory: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """What is held at the peak (a memory curve's JSON): the arrays, then the bytes of the
+    copies, partial sums and buffers that make up the rest of the peak."""
+    rows = [(str(a["name"]), int(a["bytes"])) for a in memory.get("alive", [])]
+    if memory.get("others"):
+        rows.append(("copies for moves, partial sums, buffers", int(memory["others"])))
+    return rows
