@@ -158,3 +158,18 @@ def test_cli_verify_json_gives_each_collective_the_users_line(tmp_path):
         c["source"].startswith(f"{src}:2") or ("/" not in c["op"] and not c["source"]) for c in seen
     ), seen
     assert all(p["verified"]["sources_match"] for p in plans)
+
+
+def test_many_collectives_each_its_own_are_attributed_without_running_out_of_tries():
+    """A Linen decoder's training step: 27 all-gathers over `model`, each one predicted one
+    (sizes repeated across lines, some two of them summing to a third). The backtracking
+    search ran out of tries and said they did not belong to their ops."""
+    lines = {16384: [42, 42], 32768: [35, 35, 36, 36, 42, 42], 65536: [55, 55, 56, 56],
+             131072: [36, 36, 37, 37, 91], 262144: [35, 35, 52, 52], 524288: [58, 58],
+             1048576: [55, 55, 56, 56]}  # fmt: skip
+    said = [(AG, M, n, "transpose", f"m.py:{k}") for n, ks in lines.items() for k in ks]
+    hlo = [(AG, M, n, "jit(f)/sharding_constraint", f"/src/m.py:{k} (f)") for n, ks in
+           lines.items() for k in ks]  # fmt: skip
+    assert len(said) == 27 and attributed(said, hlo)
+    hlo[0] = (AG, M, 16384, "jit(f)/sharding_constraint", "/src/m.py:43 (f)")  # a line off
+    assert not attributed(said, hlo)
