@@ -203,3 +203,17 @@ def test_function_collectives_name_their_source_line():
     assert any("test_causes.py" in c.source for c in e.collectives)
     assert all(cause.reason == "partial-sum" for cause in e.causes)
     assert any("test_causes.py" in cause.text for cause in e.causes)
+
+
+def test_a_maximum_across_devices_is_said_as_one_not_as_a_sum():
+    """A softmax over a split dimension: XLA takes the maximum across devices, then sums; the
+    first had been said to be "summed" too."""
+    import jax
+    import numpy as np
+
+    e = shardwise.explain(lambda x: jax.nn.softmax(x, axis=1), jax.ShapeDtypeStruct((8, 64),
+                          np.float32), mesh=XY, in_specs="x,y")  # fmt: skip
+    texts = {c.combiner: cause.text for c, cause in zip(e.collectives, e.causes, strict=True)}
+    assert set(texts) == {"maximum", "add"}
+    assert "combined by their maximum across `y` (from `reduce_max`" in texts["maximum"]
+    assert "summed across `y` (from `reduce_sum`" in texts["add"]

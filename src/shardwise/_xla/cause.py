@@ -67,7 +67,7 @@ def _layout(spec: Spec, rank: int) -> str:
 
 
 def _where(op_name: str, source: str) -> str:
-    short = op_name.rsplit("/", 1)[-1] if op_name else ""
+    short = op_name.rsplit("/", 1)[-1].rstrip(")").replace(":", ", ") if op_name else ""
     if short and source:
         return f" (from `{short}` at {source})"
     return f" (from `{short}`)" if short else ""
@@ -83,13 +83,25 @@ _KIND_REASON: dict[str, Reason] = {
 """The reason a collective of each kind has, told from its kind alone."""
 
 
+_COMBINED = {
+    "maximum": "combined by their maximum",
+    "minimum": "combined by their minimum",
+    "multiply": "multiplied",
+    "and": "combined by logical and",
+    "or": "combined by logical or",
+}
+"""How an all-reduce's combiner (its ``to_apply`` root) puts the devices' parts together, where
+it does not sum them (a softmax's maximum had been said to be summed)."""
+
+
 def _generic_text(c: Collective, where: str) -> str:
     """The sentence for a collective told from its kind alone."""
     axes = _axes(c.mesh_axes)
+    combined = _COMBINED.get(getattr(c, "combiner", ""), "summed")
     return {
-        "all-reduce": f"all-reduce over `{axes}`: each device holds a partial result, summed "
-        f"across `{axes}`{where}",
-        "reduce-scatter": f"reduce-scatter over `{axes}`: partial results are summed across "
+        "all-reduce": f"all-reduce over `{axes}`: each device holds a partial result, "
+        f"{combined} across `{axes}`{where}",
+        "reduce-scatter": f"reduce-scatter over `{axes}`: partial results are {combined} across "
         f"`{axes}` and each device keeps one slice{where}",
         "all-gather": f"all-gather over `{axes}`: the operation needs the whole array along "
         f"`{axes}`, so each device collects the others' pieces{where}",

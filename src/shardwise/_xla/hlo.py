@@ -60,6 +60,21 @@ _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _SOURCE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
 _FRAME = re.compile(r"stack_frame_id=(\d+)")
+_HEADER = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*->.*\{\s*$")
+_ROOT = re.compile(r"^\s*ROOT\s+%?[\w.\-]+\s*=\s*\S+\s+([\w\-]+)\(")
+_APPLY = re.compile(r"to_apply=%?([\w.\-]+)")
+
+
+def _roots(hlo_text: str) -> dict[str, str]:
+    """Each computation's root opcode, by name (``add`` for an all-reduce's summing one)."""
+    roots, name = {}, ""
+    for line in hlo_text.splitlines():
+        head = _HEADER.match(line)
+        if head:
+            name = head.group(1)
+        elif name and (root := _ROOT.match(line)):
+            roots[name] = root.group(1)
+    return roots
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +90,14 @@ class Collective(BaseCollective):
         op_name: the JAX operation that produced it, from HLO metadata ('' if absent).
         source: ``file:line (function)`` of the user code behind it, where the metadata has it.
         shape: the dimensions of its (first) result array on one device.
+        combiner: how an all-reduce or a reduce-scatter combines the devices' parts: the
+            root op of its ``to_apply`` (``add``, ``maximum``, ...; ``""``: none or unknown).
     """
 
     groups: tuple[tuple[int, ...], ...] = ()
     hlo_name: str = ""
     shape: tuple[int, ...] = field(default=(), kw_only=True)
+    combiner: str = field(default="", kw_only=True)
 
 
 def _array_bytes(text: str) -> list[int]:
@@ -266,7 +284,7 @@ def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[Collective]:
     [{'kind': 'all-reduce', 'mesh_axes': ['y'], 'bytes': 8000}]
     """
     num_devices = math.prod(mesh_shape.values())
-    frames = stack_frames(hlo_text)
+    frames, roots = stack_frames(hlo_text), _roots(hlo_text)
     found = []
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
@@ -296,6 +314,9 @@ def collectives(hlo_text: str, mesh_shape: dict[str, int]) -> list[Collective]:
                 op_name=op.group(1) if op else "",
                 source=source,
                 shape=_result_shape(m.group("type"), bool(m.group("start")), kind),
+                combiner=roots.get(applied.group(1), "")
+                if (applied := _APPLY.search(line))
+                else "",
             )
         )
     return found
