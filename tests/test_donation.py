@@ -8,6 +8,7 @@ import dataclasses
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -112,3 +113,30 @@ def test_cli_donate():
     assert bad.exit_code == 2 and "give argument positions, e.g. 0,1" in bad.output
     einsum = runner.invoke(app, ["plan", "ij,jk->ik", "--shapes", "8x8,8x8", "--donate", "0"])
     assert einsum.exit_code == 2 and "a program's plan" in einsum.output
+
+
+def test_a_donated_sgd_step_updates_each_weight_as_soon_as_its_gradient_is_made():
+    """XLA writes each new weight over its donated old one as soon as its gradient is made
+    and nothing reads the old weight any more, so it holds one gradient at a time where
+    program order holds them all: a donated step had been predicted above the same step not
+    donated (replicated: 9.1 MiB against 8.7), and every plan 0.66-0.83 of what XLA holds;
+    now every plan is within 20% of it, and donating saves memory as it does in XLA."""
+    S = jax.ShapeDtypeStruct
+    params = {"w1": S((256, 512), "float32"), "w2": S((512, 256), "float32")}
+    x = S((64, 256), "float32")
+
+    def step(params, x):
+        grads = jax.grad(lambda p: jnp.mean((jax.nn.relu(x @ p["w1"]) @ p["w2"]) ** 2))(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+    kept = shardwise.plan(step, params, x, mesh="data=2,model=4", profile="cpu-2core", top=3)
+    given = shardwise.plan(step, params, x, mesh="data=2,model=4", profile="cpu-2core", top=3,
+                           donate_argnums=(0,)).verify(repeat=1)  # fmt: skip
+    assert (
+        given.get("replicated").predicted.memory_bytes
+        < kept.get("replicated").predicted.memory_bytes
+    )
+    for p in given.plans:
+        assert p.verified is not None and p.verified.memory_bytes
+        ratio = p.predicted.memory_bytes / p.verified.memory_bytes
+        assert 0.8 <= ratio <= 1.2, (p.name, ratio)

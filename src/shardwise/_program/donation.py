@@ -77,3 +77,44 @@ def unaliased_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec) -> int:
         for r, a in aliased(graph).items()
         if specs[r].canonical() != specs[a].canonical()
     ) + sum(shard_bytes(graph.values[r], specs[r], mesh) for r in returned)
+
+
+def updated_early(graph: Graph, taken: dict[int, int], born: list[int], reads: list[int]) -> None:
+    """Where XLA writes a result over a donated argument (``taken``: result → argument), it
+    makes the result as soon as what it reads is ready: the arrays it is made from
+    (its class's, by elementwise ops: an SGD step's gradient, AdamW's moments) are made and
+    the steps that read the argument's old value have run. So each array of that chain is
+    held until then, not until the program makes the result, as in program order (seen: a
+    donated SGD step holds one weight's gradient at a time, where program order holds all).
+    A chain that a step reads (a global norm of the gradients) waits as written: the result
+    needs all of it. ``born`` and ``reads`` (each array's first and last point) change."""
+    if not taken:
+        return
+    read_by_step: dict[int, int] = {}
+    for step in graph.steps:
+        for a in step.inputs:
+            read_by_step[a] = max(read_by_step.get(a, 0), born[step.output])
+    members: dict[int, list[int]] = {}
+    for v in range(len(graph.values)):
+        members.setdefault(graph.find(v), []).append(v)
+    inputs = set(graph.inputs)
+    for r in taken:
+        group = members[graph.find(r)]
+        made = [v for v in group if v not in inputs and v != r]
+        if not made or any(v in read_by_step for v in made):
+            continue
+        ready = max(
+            [born[v] for v in made if v not in graph.elementwise]
+            + [read_by_step.get(a, 0) for a in group if a in inputs]
+        )  # fmt: skip
+        for v in made:
+            born[v] = min(born[v], ready)
+            reads[v] = max(born[v], min(reads[v], ready))
+        for step in graph.steps:  # the dot writes the transposed gradient's layout at once
+            a = step.inputs[0] if step.inputs else -1
+            if (
+                step.prim == "transpose"
+                and step.output in made
+                and graph.last[a] <= born[step.output]
+            ):
+                reads[a] = born[a] - 1  # (never a buffer of its own)

@@ -22,7 +22,7 @@ from shardwise._program import loops
 from shardwise._program.bins import Temps, placed, totals
 from shardwise._program.buffers import folded_transposes, in_place, overwritten, padded_windows
 from shardwise._program.constants import made_whole
-from shardwise._program.donation import aliased, unaliased_bytes
+from shardwise._program.donation import aliased, unaliased_bytes, updated_early
 from shardwise._program.graph import Graph
 from shardwise._program.integer import Constraint
 from shardwise._program.moves import all_to_all, relayout_bytes, shard_bytes
@@ -104,6 +104,7 @@ def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Live
             written[r] = min(written[r], born[v])
     loops.loop_lives(graph, born)
     reads = last_reads(graph, plan)
+    updated_early(graph, taken, born, reads)  # (results over donated arguments)
     for v, a in sorted(folded.items(), reverse=True):  # (a later transpose of a transpose)
         reads[a] = max(reads[a], reads[v])
     first = np.ones(len(arrays), dtype=np.int64)
