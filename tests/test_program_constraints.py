@@ -259,3 +259,34 @@ def test_rules_given_to_plan_are_in_force_while_the_code_is_traced():
                                  top=1, respect="constraints")  # fmt: skip
     assert given.in_specs == context.in_specs and given.in_specs[1] == P("data")
     assert ("batch", "data") in given.logical_rules().to_flax()
+
+
+def test_respecting_names_writes_the_activations_the_code_names_too():
+    """respect="names" with activations named by nn.with_logical_constraint: every plan of
+    the search has exact rules (the activations' names were left out of the agreement, so
+    a plan split `batch` one way in the input and another in an activation)."""
+    nn = pytest.importorskip("flax.linen")
+    part = nn.with_logical_partitioning
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            x = nn.with_logical_constraint(x, ("batch", "embed"))
+            init = nn.initializers.lecun_normal()
+            h = nn.Dense(1024, use_bias=False, kernel_init=part(init, ("embed", "mlp")))(x)
+            h = nn.with_logical_constraint(nn.relu(h), ("batch", "mlp"))
+            y = nn.Dense(256, use_bias=False, kernel_init=part(init, ("mlp", "embed")))(h)
+            return nn.with_logical_constraint(y, ("batch", "embed"))
+
+    module, x = MLP(), jnp.ones((16, 256))
+    params = module.init(jax.random.key(0), x)
+    forward = lambda params, x: module.apply(params, x)  # noqa: E731
+    plan = shardwise.plan(forward, params, x, mesh="data=2,model=4", profile=PROFILE, top=3,
+                          rules=(("batch", "data"), ("embed", None), ("mlp", "model")),
+                          respect="names")  # fmt: skip
+    assert plan.annotations.activations
+    searched = [q.name for q in plan.plans if q.name.startswith("search")]
+    assert len(searched) == 3
+    for name in searched:
+        made = plan.logical_rules(name)
+        assert made.exact, (name, [c.describe() for c in made.conflicts])

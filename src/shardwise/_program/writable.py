@@ -1,5 +1,6 @@
 """Plans that logical axis rules can write: with ``respect="names"``, every plan lays out the
-model's annotated parameters so that one rule per logical name gives them all their layouts,
+model's annotated parameters, and the activations its code constrains by logical names, so
+that one rule per logical name gives them all their layouts,
 under Flax Linen's resolution and NNX's alike (NNX keeps no fallback rules).
 
 Two things make it so, both on the planning problem, before any search:
@@ -44,6 +45,12 @@ def writable(graph: Graph, problem: Problem, annotations: Annotations) -> Proble
     for k, a in annotations.by_input.items():
         if a.logical and a.names:
             named.setdefault(variables[k], a.dims)
+    # the activations the code names (nn.with_logical_constraint): rules lay them out too
+    var_of = {label[1]: k for k, label in enumerate(problem.labels) if label[0] == "class"}
+    for value, names, _ in annotations.activations:
+        var = var_of.get(graph.find(value))
+        if var is not None and any(n is not None for n in names):
+            named.setdefault(var, tuple(names))
     keep = {
         v: [i for i, spec in enumerate(problem.choices[v]) if _unnamed_whole(spec, names)]
         for v, names in named.items()
