@@ -139,7 +139,7 @@ class Conflict:
         """In words, with what to do."""
         ways = "; ".join(
             f"{axes_text(e)} in {', '.join(whats[:3])}{' …' if len(whats) > 3 else ''}"
-            for e, whats in self.wants
+            for e, whats in ((e, _once(whats)) for e, whats in self.wants)
         )
         if self.name is None:
             return (
@@ -151,6 +151,19 @@ class Conflict:
             f"different logical names (e.g. {self.name}_a, {self.name}_b), or pin one layout "
             "with fixed=."
         )
+
+
+def _once(whats: Sequence[str]) -> list[str]:
+    """``whats`` with each array named once: a parameter Flax constrains where it unboxes it
+    is the parameter again, at a line (``w``, ``w (model.py:91)``).
+
+    >>> _once(["w", "w (m.py:9)", "x (m.py:3)"])
+    ['w', 'x (m.py:3)']
+    """
+    seen: dict[str, str] = {}
+    for w in whats:
+        seen.setdefault(w.split(" (", 1)[0], w)
+    return list(seen.values())
 
 
 def axes_text(e: Entry) -> str:
