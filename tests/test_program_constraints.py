@@ -290,3 +290,25 @@ def test_respecting_names_writes_the_activations_the_code_names_too():
     for name in searched:
         made = plan.logical_rules(name)
         assert made.exact, (name, [c.describe() for c in made.conflicts])
+
+
+def test_a_shard_map_inside_a_planned_function_runs_and_is_said_not_modelled():
+    """``jax.shard_map`` in the user's function: ``sharded()`` had crashed binding it
+    (``KeyError: 'subfuns'``: a higher-order primitive takes its body as a function). It runs
+    as jax.jit runs it; its layouts and collectives are its own, so it is named not
+    modelled."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+    def fn(x: jax.Array, w: jax.Array, w2: jax.Array) -> jax.Array:
+        local = lambda h, v: jax.lax.psum(h @ v, "model")  # noqa: E731
+        specs = (P("data", "model"), P("model"))
+        o = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P("data"))(x @ w, w2)
+        return jnp.tanh(o)
+
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((32, 64), (64, 128), (128, 64))]
+    plan = shardwise.plan(fn, *args, mesh=mesh, profile=PROFILE, top=1)
+    assert plan.report().not_modelled == ("shard_map",)
+    want = jax.jit(fn)(*args)
+    for name in ("search", "megatron"):
+        np.testing.assert_allclose(plan.sharded(name)(*args), want, rtol=1e-4, atol=1e-4)

@@ -97,7 +97,9 @@ class _Applier(Walker[Any]):
         to the plan's; any other equation as it is."""
         if rule_of(eqn.primitive.name).placement:
             return ins
-        params = _unsharded(eqn.params)
+        # (as jax.core.eval_jaxpr binds: a higher-order primitive, shard_map, takes its body
+        # as a function, not as the jaxpr its params hold)
+        params = eqn.primitive.get_bind_params(_unsharded(eqn.params))
         if here not in self.layouts.steps:
             out = eqn.primitive.bind(*ins, **params)
             return list(out) if eqn.primitive.multiple_results else [out]
