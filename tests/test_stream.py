@@ -630,3 +630,18 @@ def test_the_command_line_streams_an_empty_input(tmp_path):
     want = np.einsum("nd,nd->n", *[np.zeros((0, 3), np.float32)] * 2)
     got = np.load(tmp_path / "o.npy")
     assert (got.shape, got.dtype) == (want.shape, want.dtype)
+
+
+def test_an_array_sharded_on_an_explicit_mesh_streams(tmp_path):
+    """A jax.Array laid out on an Explicit mesh (jax.make_mesh's default) cannot be indexed
+    without saying its result's layout: stream had crashed reading it (ShardingTypeError)."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((4000, 64), np.float32), rng.standard_normal((64, 16), np.float32)
+    with jax.set_mesh(mesh):
+        placed = jax.device_put(a, P("data"))
+        shardwise.stream("nd,dk->nk", placed, b, out=tmp_path / "o.npy", budget="1MiB")
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), a @ b, rtol=1e-5, atol=1e-4)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from shardwise._data.dask import is_dask
@@ -303,6 +304,8 @@ def open_source(value: Any, k: int) -> Source:
             f"zarr array {k}", tuple(value.shape), _native(value.dtype), "zarr", obj=value
         )
     if hasattr(value, "shape") and hasattr(value, "dtype"):
+        if isinstance(value, jax.Array):  # (one on an Explicit mesh cannot be indexed without
+            value = np.asarray(value)  # saying its result's layout: read it on the host once)
         return Source(f"array {k}", tuple(value.shape), _native(value.dtype), "numpy", obj=value)
     raise ArgumentTypeError(
         f"input {k} is a {type(value).__name__}; give a NumPy array, a .npy path, a Zarr "
