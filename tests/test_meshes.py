@@ -229,3 +229,23 @@ def test_arguments_of_other_shapes_than_the_plans_are_refused_saying_which():
             p.place(args)
         with pytest.raises(shardwise.ArgumentError, match="the plan was made for"):
             p.sharded()(*args)
+
+
+def test_shard_traces_the_function_under_its_own_mesh():
+    """Code that names mesh axes bare (``out_sharding=P(...)``) runs under the mesh given to
+    ``shard``, as ``pjit`` ran under its mesh; it had found no mesh ("not under a mesh
+    context"), or the one set around the call."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+
+    def f(x, w):
+        return jnp.dot(x, w, out_sharding=P("data", "model"))
+
+    run = shardwise.shard(f, mesh, in_specs=(P("data"), P(None, "model")),
+                          out_specs=P("data", "model"))  # fmt: skip
+    want = A @ B
+    np.testing.assert_allclose(run(A, B), want, rtol=1e-5, atol=1e-5)
+    with jax.set_mesh(jax.make_mesh((4, 2), ("a", "b"))):
+        out = run(A, B)
+    assert out.sharding.spec == P("data", "model")
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert run.explain(A, B).problems == ()

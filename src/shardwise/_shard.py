@@ -22,6 +22,7 @@ from shardwise._runtime.distributed import put
 from shardwise._xla.check import dot_problems, ensure_dots_summed, jaxpr_dots
 from shardwise._xla.dtypes import ARRAYS_HINT, describe_value, x64
 from shardwise._xla.explain import Explanation, explain_function
+from shardwise._versions import context_mesh
 from shardwise._xla.meshes import MeshLike, is_explicit, jax_mesh, platform
 
 AUTO = "auto"
@@ -117,6 +118,16 @@ class Sharded:
                 shape = tuple(getattr(leaf, "shape", ()))
                 parsed.validate(self.mesh_spec, shape, f"argument {k} (shape {shape})")
 
+    def _on_its_mesh(self, args: tuple[Any, ...]) -> contextlib.AbstractContextManager[Any]:
+        """Under ``jax.set_mesh`` of the mesh given to ``shard`` while ``fn`` is traced, as
+        ``pjit`` ran under its mesh: code that names mesh axes bare (``out_sharding=P(...)``,
+        ``with_sharding_constraint(x, P(...))``) finds them (it had found none, or another
+        mesh set around the call); inside a trace, where the enclosing ``jax.jit`` runs."""
+        traced = any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(args))
+        if traced or context_mesh() == self.mesh:
+            return contextlib.nullcontext()
+        return jax.set_mesh(self.mesh)
+
     def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """``args`` and ``kwargs`` bound by the function's signature as positional arguments
         (``in_specs`` are one per positional argument); keyword-only ones are refused."""
@@ -147,7 +158,7 @@ class Sharded:
             )
         else:  # arrays laid out otherwise (jax.jit would refuse them) are moved first
             args = self._moved(args)
-        with _explicit_hints(), self._out_specs_said(args):
+        with self._on_its_mesh(args), _explicit_hints(), self._out_specs_said(args):
             self._guard(args)
             return self._jitted(*args)
 
@@ -212,7 +223,7 @@ class Sharded:
         """``jax.jit(...).lower`` for these arguments (arrays or ``jax.ShapeDtypeStruct``)."""
         args = self._positional(args, kwargs)
         self._check(args)
-        with _explicit_hints(), self._out_specs_said(args):
+        with self._on_its_mesh(args), _explicit_hints(), self._out_specs_said(args):
             return self._jitted.lower(*args)
 
     @contextlib.contextmanager
@@ -267,7 +278,7 @@ class Sharded:
         sum XLA left out (``problems``)."""
         args = self._positional(args, kwargs)
         self._check(args)
-        with _explicit_hints(), self._out_specs_said(args):
+        with self._on_its_mesh(args), _explicit_hints(), self._out_specs_said(args):
             compiled, problems = self._compiled(args)
         return explain_function(compiled, args, self.mesh, self.fn, problems)
 
