@@ -249,3 +249,18 @@ def test_shard_traces_the_function_under_its_own_mesh():
     assert out.sharding.spec == P("data", "model")
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     assert run.explain(A, B).problems == ()
+
+
+def test_a_plan_refuses_a_mesh_of_other_axes_or_sizes_than_its_own():
+    """A plan run or verified on another mesh: other axis names had raised JAX's "Resource
+    axis: data ... is not found", and the same names at other sizes had been compiled and
+    compared with the prediction for the plan's own sizes."""
+    plan = shardwise.plan(lambda x, w: x @ w, A, B, mesh="data=2,model=4", profile="cpu-2core",
+                          top=1)  # fmt: skip
+    for other in ("x=8", jax.make_mesh((4, 2), ("data", "model"))):
+        with pytest.raises(shardwise.ArgumentError, match=r"made for mesh data=2,model=4, but"):
+            plan.sharded(mesh=other)
+        with pytest.raises(shardwise.ArgumentError, match=r"made for mesh data=2,model=4, but"):
+            plan.verify(repeat=1, mesh=other)
+    same = jax.make_mesh((2, 4), ("data", "model"))
+    np.testing.assert_allclose(plan.sharded(mesh=same)(A, B), A @ B, rtol=1e-5, atol=1e-5)

@@ -19,10 +19,10 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.plan import MAX_PROGRAM_BYTES
 from shardwise._model.spec import Spec
 from shardwise._runtime.distributed import put
+from shardwise._versions import context_mesh
 from shardwise._xla.check import dot_problems, ensure_dots_summed, jaxpr_dots
 from shardwise._xla.dtypes import ARRAYS_HINT, describe_value, x64
 from shardwise._xla.explain import Explanation, explain_function
-from shardwise._versions import context_mesh
 from shardwise._xla.meshes import MeshLike, is_explicit, jax_mesh, platform
 
 AUTO = "auto"

@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from shardwise._caches import Bounded
 from shardwise._errors import ArgumentError, ShardwiseWarning
+from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import check_platform
 from shardwise._model.spec import Spec
 from shardwise._program.apply import constrained
@@ -50,7 +51,14 @@ def mesh_for(plan: ProgramPlan, mesh: Any) -> Mesh:
     """The mesh to run on: ``mesh`` if given, else the JAX mesh the plan was made for, else
     one of the planned shape built on the devices at hand."""
     if mesh is not None:
-        return jax_mesh(mesh)
+        given = jax_mesh(mesh)
+        if MeshSpec.parse(given).shape != plan.mesh.shape:  # (same axes, same sizes)
+            raise ArgumentError(
+                f"the plan was made for mesh {plan.mesh.describe()}, but mesh "
+                f"{MeshSpec.parse(given).describe()} was given: its layouts name those axes at "
+                "those sizes. Plan again for this mesh, or give one of the plan's axes and sizes."
+            )
+        return given
     return plan.devices if plan.devices is not None else jax_mesh(plan.mesh)
 
 
