@@ -264,3 +264,20 @@ def test_a_plan_refuses_a_mesh_of_other_axes_or_sizes_than_its_own():
             plan.verify(repeat=1, mesh=other)
     same = jax.make_mesh((2, 4), ("data", "model"))
     np.testing.assert_allclose(plan.sharded(mesh=same)(A, B), A @ B, rtol=1e-5, atol=1e-5)
+
+
+def test_code_written_for_explicit_sharding_plans_for_a_mesh_given_as_text():
+    """A function that asks for its result's layout with ``out_sharding=``, planned for
+    ``"data=2,model=4"`` with no mesh set, and under a mesh of other axes: both had failed
+    (no mesh context; the set mesh has no ``data``), blaming the function."""
+
+    def f(x, w):
+        return jnp.dot(x, w, out_sharding=P("data", "model"))
+
+    S = jax.ShapeDtypeStruct
+    args = (S(A.shape, "float32"), S(B.shape, "float32"))
+    plans = [shardwise.plan(f, *args, mesh="data=2,model=4", profile="cpu-2core", top=1)]
+    with jax.set_mesh(jax.make_mesh((4, 2), ("a", "b"))):
+        plans.append(shardwise.plan(f, *args, mesh="data=2,model=4", profile="cpu-2core", top=1))
+    for plan in plans:
+        np.testing.assert_allclose(plan.sharded()(A, B), A @ B, rtol=1e-5, atol=1e-5)

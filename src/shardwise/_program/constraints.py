@@ -47,16 +47,26 @@ def check_respect(respect: object, top: int = 1) -> None:
         )
 
 
-def traced_under(devices: Mesh | None, mesh: MeshSpec) -> Any:
+def traced_under(devices: Mesh | None, mesh: MeshSpec, explicit: bool = False) -> Any:
     """What to trace the program under so that its constraints are in the trace: for a mesh
-    given as a description (no JAX mesh, none set), the mesh's abstract form, with Auto axes
-    (Flax's logical constraints ask for nothing where no mesh is set, and a bare
-    ``PartitionSpec`` needs one); else nothing."""
-    if devices is not None or not jax.sharding.get_abstract_mesh().empty:
+    given as a description (no JAX mesh), the mesh's abstract form, with Auto axes (Flax's
+    logical constraints ask for nothing where no mesh is set, and a bare ``PartitionSpec``
+    needs one), Explicit ones with ``explicit`` (code that asks for layouts with
+    ``out_sharding=`` needs them); the mesh set around the call where it is of the same axes
+    and sizes (it had been used whatever its axes: planning for ``data=2,model=4`` under a
+    mesh of ``a`` and ``b`` found no ``data``); else nothing."""
+    if devices is not None:
+        return contextlib.nullcontext()
+    around = jax.sharding.get_abstract_mesh()
+    if not around.empty and dict(zip(around.axis_names, around.axis_sizes, strict=True)) == (
+        mesh.shape
+    ):
         return contextlib.nullcontext()
     names, sizes = zip(*mesh.axes, strict=True)
-    abstract = AbstractMesh(sizes, names, axis_types=(AxisType.Auto,) * len(names))
-    return jax.sharding.use_abstract_mesh(abstract)
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    return jax.sharding.use_abstract_mesh(
+        AbstractMesh(sizes, names, axis_types=(kind,) * len(names))
+    )
 
 
 def respected(

@@ -153,9 +153,10 @@ def _read(
 ) -> tuple[str, Graph, Annotations]:
     """The program's name and graph, and what its arguments and code say of its layout.
     Traced under the mesh's abstract form where no JAX mesh is given, so that the code's
-    constraints are in the trace; where they name axes this mesh lacks (planning a function
-    for another mesh than its constraints'), traced with no mesh, as they were then not
-    asked, unless ``respect="constraints"``."""
+    constraints are in the trace, with Explicit axes where Auto ones fail (code that asks
+    for layouts by ``out_sharding=``); where they name axes this mesh lacks (planning a
+    function for another mesh than its constraints'), traced with no mesh, as they were then
+    not asked, unless ``respect="constraints"``."""
     annotations = read_annotations(args, rules)
     given = annotations.rules if rules is not None else None  # (in force while traced)
     calls: list[Call] = []
@@ -163,11 +164,18 @@ def _read(
         with traced_under(devices, spec), logical_constraints_recorded(calls, given):
             name, graph = _traced(fn, args, train, devices)
     except UserCodeError:
-        if respect == "constraints" or devices is not None:
+        if devices is not None:
             raise
         calls.clear()
-        with logical_constraints_recorded(calls, given):
-            name, graph = _traced(fn, args, train, devices)
+        try:  # code that asks for layouts by out_sharding= needs Explicit axes
+            with traced_under(devices, spec, True), logical_constraints_recorded(calls, given):
+                name, graph = _traced(fn, args, train, devices)
+        except UserCodeError:
+            if respect == "constraints":
+                raise
+            calls.clear()
+            with logical_constraints_recorded(calls, given):
+                name, graph = _traced(fn, args, train, devices)
     return name, graph, with_activations(annotations, graph, calls)
 
 
