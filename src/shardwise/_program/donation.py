@@ -87,7 +87,9 @@ def updated_early(graph: Graph, taken: dict[int, int], born: list[int], reads: l
     held until then, not until the program makes the result, as in program order (seen: a
     donated SGD step holds one weight's gradient at a time, where program order holds all).
     A chain that a step reads (a global norm of the gradients) waits as written: the result
-    needs all of it. ``born`` and ``reads`` (each array's first and last point) change."""
+    needs all of it, and so does one that makes several results (AdamW's weight and moments:
+    XLA made those late, as written; a donated AdamW step's memory matched program order).
+    ``born`` and ``reads`` (each array's first and last point) change."""
     if not taken:
         return
     read_by_step: dict[int, int] = {}
@@ -101,7 +103,7 @@ def updated_early(graph: Graph, taken: dict[int, int], born: list[int], reads: l
     for r in taken:
         group = members[graph.find(r)]
         made = [v for v in group if v not in inputs and v != r]
-        if not made or any(v in read_by_step for v in made):
+        if not made or any(v in read_by_step or v in taken for v in made):
             continue
         ready = max(
             [born[v] for v in made if v not in graph.elementwise]
