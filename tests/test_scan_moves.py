@@ -7,6 +7,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 import shardwise
 from shardwise._xla.hlo import collectives
@@ -94,3 +95,24 @@ def test_a_stack_one_scan_slices_moves_each_layer_in_the_loop():
         assert moved and all(("before the loop" in c.why) == train for c in moved)
         hlo = plan.sharded("fsdp").lower(*args).compile().as_text()
         assert by_kind(collectives(hlo, plan.mesh.shape)) == by_kind(fsdp.predicted.collectives)
+
+
+@pytest.mark.parametrize("unroll", [True, 2])
+def test_a_scan_jax_unrolls_is_verified_against_each_copy_of_its_body(unroll):
+    """``lax.scan(..., unroll=)``: the compiled program holds a copy of the body's collectives
+    for each copy of the body (all of them, unrolled whole), where a rolled loop holds one.
+    Every plan with a collective in the body had failed verify (``optax.contrib.muon``'s
+    Newton-Schulz steps run so)."""
+
+    def f(w, x):
+        return jax.lax.scan(lambda h, _: (jnp.tanh(h @ w), None), x, None, length=4,
+                            unroll=unroll)[0]  # fmt: skip
+
+    args = (jax.ShapeDtypeStruct((64, 64), "float32"), jax.ShapeDtypeStruct((32, 64), "float32"))
+    plan = shardwise.plan(f, *args, mesh="data=2,model=4", profile="cpu-2core", top=3)
+    checked = plan.verify(repeat=1)
+    split = [p for p in checked.plans if p.predicted.collectives]
+    assert split  # (plans with a collective in the body)
+    for p in checked.plans:
+        assert p.verified is not None and p.verified.collectives_match, p.name
+        assert p.verified.sources_match, p.name

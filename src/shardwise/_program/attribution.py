@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardwise._model.collective import Collective as BaseCollective
+from shardwise._program.nodes import Loop
 
 
 def _line(source: str) -> str:
@@ -142,3 +143,25 @@ def _stands_for(found: list[tuple[int, set[str], str]], left: list[tuple[int, st
         return False
 
     return match(0)
+
+
+def as_compiled(loops: Sequence[Loop], predicted: Sequence[Any]) -> list[Any]:
+    """The ``predicted`` collectives as the compiled program lists them: one in the body of a
+    scan that JAX unrolls (``unroll=``) once per copy of the body the program holds (nested
+    scans' copies multiplied); the others once. A scan unrolled whole, or by 2, had failed
+    ``verify`` for every plan with a collective in its body (``optax.contrib.muon``).
+
+    >>> from shardwise._model.cost import PredictedCollective as C
+    >>> found = as_compiled([Loop(0, 9, 4, frozenset(), (1, 3), unroll=4)],
+    ...                     [C("all-reduce", ("x",), 8, step=k) for k in (0, 2)])
+    >>> [c.step for c in found]
+    [0, 2, 2, 2, 2]
+    """
+    out = []
+    for c in predicted:
+        copies = 1
+        for loop in loops:
+            if loop.steps[0] <= getattr(c, "step", -1) < loop.steps[1]:
+                copies *= loop.copies
+        out += [c] * copies
+    return out

@@ -358,7 +358,8 @@ class _Builder(Walker[int]):
         ]  # fmt: skip
         self.run(body, [None] * len(body.constvars), here, [*carries, *slices])
         carried = frozenset(a for a in ins[n_consts:n_in] if a is not None)
-        self.loops.append(Loop(start, self.clock, p["length"], carried, (first, len(self.steps))))
+        body_steps = (first, len(self.steps))
+        self.loops.append(Loop(start, self.clock, p["length"], carried, body_steps, p["unroll"]))
         self.repeat = repeat
         return self._scan_results(eqn, path, here)
 

@@ -57,13 +57,30 @@ class Loop:
     """A scan: the program points its body spans (``start`` < point ≤ ``end``), how many
     times the body runs, the arrays it carries round, as the body reads them (their initial
     values'), and its steps, ``steps[0] ≤ k < steps[1]``: its slicing and its body's (nested
-    scans' included), not its stacking."""
+    scans' included), not its stacking; ``unroll``: the scan's ``unroll``, how many copies of
+    the body each turn of the compiled loop runs (the whole length: no loop)."""
 
     start: int
     end: int
     length: int
     carried: frozenset[int]
     steps: tuple[int, int] = (0, 0)
+    unroll: int = 1
+
+    @property
+    def copies(self) -> int:
+        """How many copies of the body the compiled program holds: ``unroll`` in its loop and
+        the rest of the length after it (JAX runs ``length % unroll`` turns unrolled after),
+        the whole length where it is unrolled whole, one where not at all.
+
+        >>> [Loop(0, 1, 10, frozenset(), unroll=u).copies for u in (1, 4, 5, 10, 12)]
+        [1, 6, 5, 10, 10]
+        """
+        if self.unroll <= 1:
+            return 1
+        if self.unroll >= self.length:
+            return self.length
+        return self.unroll + self.length % self.unroll
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import check_platform
 from shardwise._model.spec import Spec
 from shardwise._program.apply import constrained
-from shardwise._program.attribution import attributed
+from shardwise._program.attribution import as_compiled, attributed
 from shardwise._program.guard import ensure_summed
 from shardwise._runtime.distributed import put
 from shardwise._runtime.timing import TURN_SECONDS, alternate, ordered_pairs, spearman
@@ -353,7 +353,7 @@ def verify(
         compiled, args = compile_program(plan, item, m, leaves)
         ensure_summed(plan, item, compiled, platform(m))
         got = tuple(collectives(compiled.as_text() or "", plan.mesh.shape))
-        want = item.predicted.collectives
+        want = tuple(as_compiled(plan.graph.loops, item.predicted.collectives))
         memory = compiled.memory_analysis()
         if plan.donate_argnums:  # (the memory as donated, on the arguments placed above)
             donating = sharded(plan, item, m).lower(*args)  # type: ignore[attr-defined]
