@@ -173,3 +173,21 @@ def test_many_collectives_each_its_own_are_attributed_without_running_out_of_tri
     assert len(said) == 27 and attributed(said, hlo)
     hlo[0] = (AG, M, 16384, "jit(f)/sharding_constraint", "/src/m.py:43 (f)")  # a line off
     assert not attributed(said, hlo)
+
+
+def test_combined_collectives_among_many_small_ones_are_attributed():
+    """A ViT training step: XLA combines three 34 KiB all-reduces of one line into one, and
+    pairs of 1 KiB ones, beside thirty 4-byte norm reductions of another line combined into
+    one. The search tried the many sets the small parts make first, ran out of tries, and
+    said the collectives did not belong to their ops."""
+    DM = ("data", "model")
+    said = [(AR, DM, 34816, "dot_general", "m.py:15")] * 6
+    said += [(AR, DM, 1088, "reduce_sum", f"m.py:{k}") for k in [15] * 8 + [16] * 8 + [42] * 4]
+    said += [(AR, DM, 4, "reduce_sum", "m.py:60")] * 30
+    hlo = [(AR, DM, 104448, "jit(f)/dot_general", "/src/m.py:15 (f)")] * 2
+    hlo += [(AR, DM, 2176, "jit(f)/reduce_sum", f"/src/m.py:{k} (f)") for k in [15] * 4 +
+            [16] * 4 + [42] * 2]  # fmt: skip
+    hlo += [(AR, DM, 120, "jit(f)/reduce_sum", "/src/m.py:60 (f)")]
+    assert attributed(said, hlo)
+    hlo[-1] = (AR, DM, 120, "jit(f)/reduce_sum", "/src/m.py:61 (f)")  # a line off
+    assert not attributed(said, hlo)

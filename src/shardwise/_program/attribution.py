@@ -116,23 +116,27 @@ def _stands_for(found: list[tuple[int, set[str], str]], left: list[tuple[int, st
     search that tries each distinct set once."""
     tries = [0]
 
-    def subsets(need: int, start: int, chosen: list[tuple[int, str, str]]) -> Any:
+    def subsets(need: int, start: int, chosen: list[tuple[int, str, str]], order: list[Any]) -> Any:
         if need == 0:
             yield list(chosen)
             return
-        for i in range(start, len(left)):
+        for i in range(start, len(order)):
             tries[0] += 1
-            if (i > start and left[i] == left[i - 1]) or left[i][0] > need or tries[0] > _TRIES:
+            if (i > start and order[i] == order[i - 1]) or order[i][0] > need or tries[0] > _TRIES:
                 continue
-            chosen.append(left[i])
-            yield from subsets(need - left[i][0], i + 1, chosen)
+            chosen.append(order[i])
+            yield from subsets(need - order[i][0], i + 1, chosen, order)
             chosen.pop()
 
     def match(k: int) -> bool:
         if k == len(found):
             return not left
         nbytes, names, line = found[k]
-        for parts in subsets(nbytes, 0, []):
+        # its own line's parts first, the largest first: the few sets it is are tried before
+        # the many that small parts of other lines make (a ViT's 4-byte norms had run the
+        # search out of tries)
+        order = sorted(left, key=lambda p: (p[2] != line, -p[0], p[1], p[2]))
+        for parts in subsets(nbytes, 0, [], order):
             if _fits(names, line, parts):
                 for p in parts:
                     left.remove(p)
