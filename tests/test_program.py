@@ -647,6 +647,7 @@ def test_a_training_step_of_what_is_not_a_loss_over_float_parameters_says_what_t
         shardwise.plan(loss, params, jnp.ones((8, 16)), mesh="x=2", train=True)
     assert "without train" in str(caught.value)
     assert "cannot trace" not in str(caught.value)
+    assert "Tracer" not in str(caught.value)  # (JAX's dump of every output leaf is left out)
 
 
 def test_a_pure_callbacks_result_sent_to_every_device_is_predicted():

@@ -269,3 +269,13 @@ def test_what_is_held_at_the_peak_adds_up_to_the_peak():
     assert sum(b for _, b in memory.alive) + memory.others == memory.peak
     assert memory.to_json()["others"] == memory.others
     assert "of copies for moves, partial sums and buffers" in " ".join(str(plan.report()).split())
+
+
+def test_a_skipped_baseline_asked_for_by_name_says_why_it_was_skipped():
+    plan = shardwise.plan(lambda x, w: x @ w, S((6, 8), "float32"), S((8, 8), "float32"),
+                          mesh="data=4,model=2", profile=CPU, top=1)  # fmt: skip
+    with pytest.raises(shardwise.ArgumentError, match=r"no plan 'data-parallel': it was "
+                       r"skipped, the batch of x \(6\) does not divide"):  # fmt: skip
+        plan.sharded("data-parallel")
+    with pytest.raises(shardwise.ArgumentError, match=r"no plan named 'nope'; the plans are"):
+        plan.get("nope")

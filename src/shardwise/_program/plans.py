@@ -233,8 +233,10 @@ class ProgramPlan:
         for p in self.plans:
             if p.name == name:
                 return p
+        why = dict(self.skipped).get(name)  # (a baseline not made says why)
         raise ArgumentError(
-            f"no plan named {name!r}; the plans are {', '.join(p.name for p in self.plans)}."
+            (f"no plan {name!r}: it was skipped, {why}; " if why else f"no plan named {name!r}; ")
+            + f"the plans are {', '.join(p.name for p in self.plans)}."
         )
 
     def fastest_measured(self) -> PlannedLayout | None:

@@ -71,7 +71,8 @@ def train_step(loss: Callable[..., Any], learning_rate: float = 0.01) -> Callabl
                 raise
             raise ArgumentError(
                 "train=True needs the function to return its loss as one scalar (JAX: "
-                f"{str(e).splitlines()[0]}): return the loss alone, {yours}."
+                f"{str(e).splitlines()[0].split('. Output was')[0]}): return the loss alone, "
+                f"{yours}."
             ) from None
         except (ValueError, NotImplementedError) as e:  # (JAX cannot differentiate the code)
             raise user_code_error(
