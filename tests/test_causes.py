@@ -217,3 +217,22 @@ def test_a_maximum_across_devices_is_said_as_one_not_as_a_sum():
     assert set(texts) == {"maximum", "add"}
     assert "combined by their maximum across `y` (from `reduce_max`" in texts["maximum"]
     assert "summed across `y` (from `reduce_sum`" in texts["add"]
+
+
+def test_a_libraries_ops_are_named_by_the_users_line_that_calls_them():
+    """An optax loss explained: its collectives had named optax's own lines
+    (``_classification.py:400``); they name the user's call, as plans do."""
+    import jax
+    import numpy as np
+
+    optax = pytest.importorskip("optax")
+
+    def xent(logits, labels):
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    e = shardwise.explain(xent, jax.ShapeDtypeStruct((16, 64), np.float32),
+                          jax.ShapeDtypeStruct((16,), np.int32), mesh=XY,
+                          in_specs=("x,y", "x"))  # fmt: skip
+    line = xent.__code__.co_firstlineno + 1
+    assert e.collectives
+    assert all(c.source.split(" ")[0].endswith(f"test_causes.py:{line}") for c in e.collectives)

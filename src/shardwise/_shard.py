@@ -19,7 +19,7 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.plan import MAX_PROGRAM_BYTES
 from shardwise._model.spec import Spec
 from shardwise._runtime.distributed import put
-from shardwise._versions import context_mesh
+from shardwise._versions import context_mesh, sources_in_users_code
 from shardwise._xla.check import dot_problems, ensure_dots_summed, jaxpr_dots
 from shardwise._xla.dtypes import ARRAYS_HINT, describe_value, x64
 from shardwise._xla.explain import Explanation, explain_function
@@ -197,14 +197,15 @@ class Sharded:
             _CHECKED.put(key, True)
 
     def _compiled(self, args: tuple[Any, ...]) -> tuple[Any, tuple[str, ...]]:
-        """The program compiled for ``args``, and what :func:`dot_problems` finds wrong in it."""
-        traced = self._jitted.trace(*args)
-        compiled = traced.lower().compile()
+        """The program compiled for ``args``, and what :func:`dot_problems` finds wrong in it;
+        its ops' lines are the user's own (an optax loss's, at the line that calls it), in the
+        HLO and in the dots checked alike."""
+        with sources_in_users_code():
+            traced = self._jitted.trace(*args)
+            compiled = traced.lower().compile()
+            dots = jaxpr_dots(traced.jaxpr)
         found = dot_problems(
-            compiled.as_text() or "",
-            jaxpr_dots(traced.jaxpr),
-            self.mesh_spec.shape,
-            platform(self.mesh),
+            compiled.as_text() or "", dots, self.mesh_spec.shape, platform(self.mesh)
         )
         return compiled, found
 
