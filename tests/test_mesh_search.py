@@ -245,3 +245,17 @@ def test_a_choice_prints_as_its_table_and_its_repr_leaves_the_plan_out(small):
     assert f"chosen mesh: {small.mesh}" in text and "not planned: " in text
     assert all(c.mesh in text for c in small.candidates)
     assert "ProgramPlan(" not in repr(small) and repr(small).startswith("MeshChoice(")
+    first = small.candidates[0]
+    tied = [c.mesh for c in small.candidates if (c.seconds, c.memory_bytes) == (first.seconds,
+            first.memory_bytes)]  # fmt: skip
+    assert (f"{', '.join(tied)} tie" in text) == (len(tied) > 1)  # (a tie is said as one)
+
+
+def test_meshes_that_tie_are_said_to_tie():
+    """Three meshes with the same predicted step and memory: the first is chosen, and the
+    output says they tie (it had read as a choice among them)."""
+    fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=128)
+    choice = shardwise.choose_mesh(fn, args, 8, "cpu-2core", batch=4, top=3)
+    assert {c.seconds for c in choice.candidates} == {choice.candidates[0].seconds}
+    meshes = ", ".join(c.mesh for c in choice.candidates)
+    assert f"{meshes} tie (the same predicted step and memory); the first is chosen" in str(choice)

@@ -77,7 +77,9 @@ def _renamed(mesh: MeshSpec, rename: Mapping[str, str]) -> dict[str, int]:
         raise ArgumentError(
             f"the mesh {mesh.describe()} has axes MaxText does not know: {', '.join(unknown)}; "
             f"MaxText's mesh axes are {', '.join(MESH_AXES)}. Plan on a mesh named with "
-            f"them, or rename the axes, e.g. rename={{{unknown[0]!r}: 'tensor'}}."
+            f"them (from the command line, --mesh data=2,tensor=4), or rename the axes in "
+            "Python, e.g. plan.logical_rules().to_maxtext(mesh, "
+            f"rename={{{unknown[0]!r}: 'tensor'}})."
         )
     if len(sizes) < len(mesh.axes):
         raise ArgumentError(

@@ -93,7 +93,10 @@ def _spec(a: Annotation, rules: tuple[Rule, ...] | None, mesh: MeshSpec) -> tupl
     if a.names and a.logical:
         given = rules if rules is not None else (a.rules or None)
         if given is None:
-            return a.carried, "logical names with no rules (pass rules= to plan)"
+            return (
+                a.carried,
+                "logical names with no rules (pass rules= to plan, --rules from the command line)",
+            )
         entries = resolve(a.dims, given, a.style)
         spec: Spec | None = Spec(entries).canonical()
     elif a.names:

@@ -81,7 +81,7 @@ def respected(
                 "respect='names' keeps every plan to what rules over the model's logical "
                 "axis names can write, but no argument has logical names (Flax's "
                 "nn.with_logical_partitioning, nnx.with_partitioning with names that the "
-                "rules map): plan with respect='none', or annotate the parameters."
+                "rules map): plan with respect='none' (--respect none), or annotate the parameters."
             )
         return writable(graph, problem, annotations)
     return held(graph, problem, mesh) if respect == "constraints" else problem

@@ -199,8 +199,8 @@ def _pins(
         return pins, ({"annotations": annotated} if annotations and respect == "none" else {})
     if isinstance(annotated, str):
         raise ArgumentError(
-            f"respect='annotations', but {annotated}; plan with respect='none', or annotate "
-            "the parameters"
+            f"respect='annotations', but {annotated}; plan with respect='none' (--respect "
+            "none), or annotate the parameters"
         )
     return annotated, {}
 

@@ -352,6 +352,12 @@ def choice_notes(choice: Any) -> list[str]:
     """What :func:`choice_table` leaves out: why devices idle, how candidates past the cap
     were ranked, why the others were not planned, and the chosen mesh (rich markup)."""
     lines = []
+    best = choice.candidates[0]
+    tied = [c.mesh for c in choice.candidates if (c.memory_bytes, c.fits) == (
+        best.memory_bytes, best.fits) and _same(c.seconds, best.seconds)]  # fmt: skip
+    if len(tied) > 1:  # (said: a tie had read as a choice)
+        lines.append(escape(f"{', '.join(tied)} tie (the same predicted step and memory); the "
+                            "first is chosen"))  # fmt: skip
     if choice.idle_why is not None:
         lines.append(f"[yellow]{escape(choice.idle_why)}[/]")
     if any("(limit)" in (c.skipped or "") for c in choice.skipped):
@@ -364,3 +370,8 @@ def choice_notes(choice: Any) -> list[str]:
     policy = f", remat_policy: {choice.variant}" if choice.variant is not None else ""
     lines.append(f"[bold]chosen mesh:[/] {choice.mesh} ({ici}{policy})\n")
     return lines
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    """Two predicted times that are one (equal but for rounding)."""
+    return a is not None and b is not None and abs(a - b) <= 1e-9 * max(abs(a), abs(b))
