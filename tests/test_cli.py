@@ -34,7 +34,9 @@ def test_demo_small_json_follows_the_contract():
     assert all(p["max_abs_error"] <= 1e-9 * abs(p["dask_value"]) for p in s5["parts"])
     for s in data["scenarios"]:
         assert s["ok"] is True
-        assert 0 <= s["max_abs_error"] <= s["tolerance"]
+        # float32 sums of random rows differ from float64's: a check that passes still says
+        # by how much (it had said 0 whenever it passed)
+        assert 0 < s["max_abs_error"] <= s["tolerance"]
         assert s["seconds"] > 0
         assert set(s["explain"]) >= {
             "equation",
