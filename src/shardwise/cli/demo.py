@@ -142,7 +142,8 @@ def demo(
     ] = None,
     devices: Devices = None,
 ) -> None:
-    """Run the tutorial's sharded dot products (S1–S4) and check each against NumPy."""
+    """Run the tutorial's scenarios: sharded dot products (S1–S4), checked against NumPy, and
+    its Dask workloads (S5), checked against Dask."""
     from shardwise._demo import SIZES, run_demo
     from shardwise._errors import ArgumentError
     from shardwise.render.formats import show

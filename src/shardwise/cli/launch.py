@@ -46,8 +46,8 @@ def launch(
         typer.Option(
             "--timeout",
             min=1,
-            help="Seconds the others get after one ends (then they are stopped); also the "
-            "heartbeat timeout.",
+            help="Seconds the others get after one ends (then they are stopped), from 1 to "
+            "86,400; also the heartbeat timeout.",
         ),
     ] = 30.0,
     verbose: Annotated[
