@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import re
 from collections.abc import Sequence
 from typing import Any, Generic, TypeAlias, TypeVar
@@ -27,6 +26,7 @@ from shardwise._errors import ArgumentTypeError
 from shardwise._model.spec import Spec
 from shardwise._program.rules import rule_of
 from shardwise._versions import DropVar
+from shardwise._xla.names import positional_names
 
 Path: TypeAlias = tuple[int, ...]
 Key: TypeAlias = tuple[Path, Any]
@@ -184,14 +184,7 @@ def abstract(x: Any, where: str = "an argument leaf") -> jax.ShapeDtypeStruct:
 def abstract_args(args: Sequence[Any], fn: Any) -> list[Any]:
     """Each of ``args`` (pytrees) with its leaves :func:`abstract`, a leaf that is not an
     array refused naming its argument (by ``fn``'s parameter where it has one)."""
-    try:
-        names = [
-            p.name
-            for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        names = []
+    names = positional_names(fn)
     out = []
     for k, arg in enumerate(args):
         name = f" ({names[k]})" if k < len(names) else ""

@@ -10,20 +10,27 @@ from typing import Any
 import jax
 
 
+def positional_names(fn: Callable[..., Any]) -> list[str]:
+    """The names of ``fn``'s parameters that take arguments by position (``[]`` where its
+    signature cannot be read).
+
+    >>> positional_names(lambda x, params, *, lr=0.1: None)
+    ['x', 'params']
+    """
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def argument_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:
     """A name for every leaf of ``args``: the parameter's name and the leaf's pytree path.
 
     >>> argument_names(lambda x, params: None, [1, {"w1": 2, "w2": 3}])
     ['x', "params['w1']", "params['w2']"]
     """
-    try:
-        params = [
-            p.name
-            for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        params = []
+    params = positional_names(fn)
     names = []
     for k, arg in enumerate(args):
         base = params[k] if k < len(params) else f"args[{k}]"
