@@ -93,9 +93,12 @@ def updated_early(graph: Graph, taken: dict[int, int], born: list[int], reads: l
     if not taken:
         return
     read_by_step: dict[int, int] = {}
+    transposed: dict[int, int] = {}  # a transpose's result → its operand
     for step in graph.steps:
         for a in step.inputs:
             read_by_step[a] = max(read_by_step.get(a, 0), born[step.output])
+        if step.prim == "transpose" and step.inputs:
+            transposed[step.output] = step.inputs[0]
     members: dict[int, list[int]] = {}
     for v in range(len(graph.values)):
         members.setdefault(graph.find(v), []).append(v)
@@ -112,11 +115,7 @@ def updated_early(graph: Graph, taken: dict[int, int], born: list[int], reads: l
         for v in made:
             born[v] = min(born[v], ready)
             reads[v] = max(born[v], min(reads[v], ready))
-        for step in graph.steps:  # the dot writes the transposed gradient's layout at once
-            a = step.inputs[0] if step.inputs else -1
-            if (
-                step.prim == "transpose"
-                and step.output in made
-                and graph.last[a] <= born[step.output]
-            ):
-                reads[a] = born[a] - 1  # (never a buffer of its own)
+        for v in made:  # the dot writes the transposed gradient's layout at once
+            made_by_dot = transposed.get(v)
+            if made_by_dot is not None and graph.last[made_by_dot] <= born[v]:
+                reads[made_by_dot] = born[made_by_dot] - 1  # (never a buffer of its own)

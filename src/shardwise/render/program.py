@@ -4,6 +4,7 @@ its memory over the program (``shardwise plan --model/--function``, and ``print`
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Group
@@ -353,8 +354,13 @@ def choice_notes(choice: Any) -> list[str]:
     were ranked, why the others were not planned, and the chosen mesh (rich markup)."""
     lines = []
     best = choice.candidates[0]
-    tied = [c.mesh for c in choice.candidates if (c.memory_bytes, c.fits) == (
-        best.memory_bytes, best.fits) and _same(c.seconds, best.seconds)]  # fmt: skip
+    step = [math.nan if c.seconds is None else c.seconds for c in choice.candidates]
+    tied = [
+        c.mesh
+        for c, seconds in zip(choice.candidates, step, strict=True)
+        if (c.memory_bytes, c.fits) == (best.memory_bytes, best.fits)
+        and math.isclose(seconds, step[0], rel_tol=1e-9)
+    ]
     if len(tied) > 1:  # (said: a tie had read as a choice)
         lines.append(escape(f"{', '.join(tied)} tie (the same predicted step and memory); the "
                             "first is chosen"))  # fmt: skip
@@ -370,8 +376,3 @@ def choice_notes(choice: Any) -> list[str]:
     policy = f", remat_policy: {choice.variant}" if choice.variant is not None else ""
     lines.append(f"[bold]chosen mesh:[/] {choice.mesh} ({ici}{policy})\n")
     return lines
-
-
-def _same(a: float | None, b: float | None) -> bool:
-    """Two predicted times that are one (equal but for rounding)."""
-    return a is not None and b is not None and abs(a - b) <= 1e-9 * max(abs(a), abs(b))
