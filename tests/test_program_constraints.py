@@ -230,27 +230,35 @@ def test_reshard_and_device_put_are_read_and_held_too():
     assert all(q.layouts.specs[first] == Spec.parse("model") for q in p.plans)
 
 
+def _named_mlp(x: jax.Array, hidden: int) -> tuple[Any, Any, jax.Array]:
+    """A Linen MLP whose kernels carry logical names and whose input, hidden activation and
+    output are held by ``nn.with_logical_constraint`` (``batch``, ``embed``, ``mlp``): its
+    forward, its parameters for ``x``, and ``x``."""
+    import flax.linen as nn
+
+    part, init = nn.with_logical_partitioning, nn.initializers.lecun_normal()
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            x = nn.with_logical_constraint(x, ("batch", "embed"))
+            h = nn.Dense(hidden, use_bias=False, kernel_init=part(init, ("embed", "mlp")))(x)
+            h = nn.with_logical_constraint(nn.relu(h), ("batch", "mlp"))
+            y = nn.Dense(x.shape[-1], use_bias=False, kernel_init=part(init, ("mlp", "embed")))(h)
+            return nn.with_logical_constraint(y, ("batch", "embed"))
+
+    module = MLP()
+    return (lambda params, x: module.apply(params, x)), module.init(jax.random.key(0), x), x
+
+
 def test_rules_given_to_plan_are_in_force_while_the_code_is_traced():
     """``plan(..., rules=R)`` is ``plan`` under ``nn.logical_axis_rules(R)``: the code's
     ``nn.with_logical_constraint`` names resolve by R. They had resolved by no rules, so every
     constraint was dropped: ``respect="constraints"`` held nothing, and the rules handed back
     had no rule for the activations' ``batch``."""
     nn = pytest.importorskip("flax.linen")
-    part = nn.with_logical_partitioning
-
-    class MLP(nn.Module):
-        @nn.compact
-        def __call__(self, x: jax.Array) -> jax.Array:
-            x = nn.with_logical_constraint(x, ("batch", "embed"))
-            init = nn.initializers.lecun_normal()
-            h = nn.Dense(256, use_bias=False, kernel_init=part(init, ("embed", "mlp")))(x)
-            h = nn.with_logical_constraint(nn.relu(h), ("batch", "mlp"))
-            return nn.Dense(32, use_bias=False, kernel_init=part(init, ("mlp", "embed")))(h)
-
     rules = (("batch", "data"), ("embed", None), ("mlp", "model"))
-    module, x = MLP(), jnp.ones((512, 32))
-    params = module.init(jax.random.key(0), x)
-    forward = lambda params, x: module.apply(params, x)  # noqa: E731
+    forward, params, x = _named_mlp(jnp.ones((512, 32)), hidden=256)
     given = shardwise.plan(forward, params, x, mesh="data=2,model=4", profile=PROFILE, top=1,
                            rules=rules, respect="constraints")  # fmt: skip
     assert len(given.graph.placed) >= 3  # the three constraints (and the kernels unboxed)
@@ -265,22 +273,8 @@ def test_respecting_names_writes_the_activations_the_code_names_too():
     """respect="names" with activations named by nn.with_logical_constraint: every plan of
     the search has exact rules (the activations' names were left out of the agreement, so
     a plan split `batch` one way in the input and another in an activation)."""
-    nn = pytest.importorskip("flax.linen")
-    part = nn.with_logical_partitioning
-
-    class MLP(nn.Module):
-        @nn.compact
-        def __call__(self, x: jax.Array) -> jax.Array:
-            x = nn.with_logical_constraint(x, ("batch", "embed"))
-            init = nn.initializers.lecun_normal()
-            h = nn.Dense(1024, use_bias=False, kernel_init=part(init, ("embed", "mlp")))(x)
-            h = nn.with_logical_constraint(nn.relu(h), ("batch", "mlp"))
-            y = nn.Dense(256, use_bias=False, kernel_init=part(init, ("mlp", "embed")))(h)
-            return nn.with_logical_constraint(y, ("batch", "embed"))
-
-    module, x = MLP(), jnp.ones((16, 256))
-    params = module.init(jax.random.key(0), x)
-    forward = lambda params, x: module.apply(params, x)  # noqa: E731
+    pytest.importorskip("flax.linen")
+    forward, params, x = _named_mlp(jnp.ones((16, 256)), hidden=1024)
     plan = shardwise.plan(forward, params, x, mesh="data=2,model=4", profile=PROFILE, top=3,
                           rules=(("batch", "data"), ("embed", None), ("mlp", "model")),
                           respect="names")  # fmt: skip
