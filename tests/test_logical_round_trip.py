@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 
 import shardwise
+from shardwise._model.logical import axes_of
 from shardwise._model.spec import Spec
 from shardwise._xla.hlo import collectives
 from shardwise._xla.verified import collectives_match
@@ -177,3 +178,38 @@ def test_plans_rules_can_write_round_trip_in_nnx(cls: type, mesh: str) -> None:
     # the chosen plan compiles to its collectives; a runner-up may lay out an array the
     # names do not reach otherwise than XLA propagates
     assert found["search"] is True, found
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_every_plans_nnx_rules_lay_out_an_adamw_step_without_an_axis_twice(mesh: str) -> None:
+    """NNX takes a name's last rule whatever the other dimensions took: rules that are not
+    exact had given a kernel ``P(('data', 'model'), 'model')``, and Flax raised
+    ``DuplicateSpecError`` laying out the state. Each plan's rules now lay out every
+    parameter and moment, and a name laid out several ways takes its most common layout."""
+    nnx = pytest.importorskip("flax.nnx")
+    optax = pytest.importorskip("optax")
+    forward, state = nnx_split(NnxMLP)
+    tx = optax.adamw(1e-3)
+
+    def step(state: Any, opt_state: Any, x: jax.Array) -> Any:
+        loss, grads = jax.value_and_grad(lambda s: jnp.mean(forward(s, x) ** 2))(state)
+        updates, opt_state = tx.update(grads, opt_state, state)
+        return optax.apply_updates(state, updates), opt_state, loss
+
+    opt_state = tx.init(state)
+    p = shardwise.plan(step, state, opt_state, jnp.ones((32, 64)), mesh=mesh, profile=PROFILE)
+    devices = _jax_mesh(mesh)
+    inexact = 0
+    for q in p.plans:
+        made = p.logical_rules(q.name)
+        inexact += not made.exact
+        with nnx.logical_axis_rules(made.to_flax()):
+            for tree in (state, opt_state):
+                for s in jax.tree.leaves(nnx.get_named_sharding(tree, devices)):
+                    axes = [a for e in s.spec if e for a in ((e,) if isinstance(e, str) else e)]
+                    assert len(axes) == len(set(axes)), (q.name, s.spec)
+        for c in made.conflicts:  # the layout NNX takes is the one with the most arrays
+            taken = dict(made.rules)[c.name]
+            most = max(len(whats) for _, whats in c.wants)
+            assert any(len(w) == most and axes_of(e) == taken for e, w in c.wants), c
+    assert inexact  # (the case this guards: some plan's rules cannot be exact)

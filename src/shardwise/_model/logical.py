@@ -273,7 +273,7 @@ def rules_for(arrays: Sequence[Named]) -> LogicalRules:
     (False, ((('model',), ('a',)), ((), ('b',))))
     """
     wants = _wanted(arrays)
-    rules = tuple(_order(wants))
+    rules = _no_axis_twice(list(_order(wants)), wants, [a for a in arrays if a.style == "nnx"])
     wrong: set[str | None] = set()
     for a in arrays:
         got = resolve(a.names, rules, a.style)
@@ -286,3 +286,41 @@ def rules_for(arrays: Sequence[Named]) -> LogicalRules:
         if name in wrong
     )
     return LogicalRules(rules=rules, conflicts=conflicts, arrays=tuple(arrays))
+
+
+def _no_axis_twice(
+    rules: list[Rule], wants: dict[str | None, dict[Entry, list[str]]], nnx: Sequence[Named]
+) -> tuple[Rule, ...]:
+    """``rules`` where no NNX array (``nnx``) resolves to a mesh axis on two of its
+    dimensions: NNX takes each name's last rule whatever the other dimensions took, and Flax
+    raises ``DuplicateSpecError`` for such a spec. So a name the plan lays out several ways
+    (its rules cannot be exact) keeps one rule, the one NNX would take: its layout with the
+    most arrays that puts no axis twice, or none (not split).
+
+    >>> up = Named("up", ("embed", "mlp"), ((), ("data", "model")), "nnx")
+    >>> biases = [Named(b, ("embed",), (("model",),), "nnx") for b in ("b1", "b2")]
+    >>> rules_for([up, *biases]).rules  # (("embed", "model") puts model twice in up)
+    (('mlp', ('data', 'model')), ('embed', None))
+    >>> kernels = [Named(w, ("mlp",), (("data", "model"),), "nnx") for w in ("w1", "w2")]
+    >>> rules_for([Named("b", ("mlp",), (("data",),), "nnx"), *kernels]).rules
+    (('mlp', ('data', 'model')),)
+    """
+    for name, by in wants.items():
+        if name is None or len(by) < 2:
+            continue
+        holding = [a for a in nnx if name in a.names]
+        if not holding:
+            continue
+        for e, _ in sorted(by.items(), key=lambda kv: -len(kv[1])):
+            rules = [r for r in rules if r[0] != name] + [(name, axes_of(e))]
+            if not any(_axis_twice(resolve(a.names, rules, "nnx")) for a in holding):
+                break
+        else:
+            rules = [r for r in rules if r[0] != name] + [(name, None)]
+    return tuple(rules)
+
+
+def _axis_twice(entries: Sequence[Entry]) -> bool:
+    """Whether a mesh axis splits two of ``entries``."""
+    axes = [a for e in entries for a in e]
+    return len(axes) != len(set(axes))
