@@ -321,6 +321,18 @@ def test_verify_compares_and_times():
     assert "spearman" in data and data["strategies"][0]["verified"]["collectives_match"]
 
 
+@pytest.mark.parametrize("shape", [(16, 0), (0, 16)], ids=["contracted-empty", "output-empty"])
+def test_an_empty_product_is_predicted_with_no_collective_as_xla_compiles_it(shape):
+    """A contracted index of size 0 makes the product zeros, an empty output has nothing to
+    sum: XLA emits no collective for either, where every strategy that split ``d`` had been
+    predicted an all-reduce (ranked on it, and shown as an HLO mismatch)."""
+    op, mesh = Op.parse("nd,nd->n"), MeshSpec.parse("x=2,y=4")
+    report = rank(op, [shape] * 2, mesh, "float32", CPU)
+    assert all(not c.predicted.collectives for c in report.strategies)
+    checked = verify(report, build_mesh(mesh), top=len(report.strategies), repeat=1)
+    assert all(c.verified and c.verified.collectives_match for c in checked.strategies)
+
+
 def test_spearman():
     assert spearman([1, 2, 3], [3, 2, 1]) == -1.0
     assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
