@@ -131,6 +131,33 @@ CASES = [
         "auto",
         [("all-gather", ("x",), "gather-output", "output", None)],
     ),
+    # operands that agree, the output asked for on another axis: the output is moved
+    (
+        "nd,nd->n",
+        [(16, 8)] * 2,
+        ["x,y", "x,y"],
+        "y",
+        "auto",
+        [
+            ("all-reduce", ("y",), "partial-sum", None, "d"),
+            ("collective-permute", ("x", "y"), "relayout", "output", None),
+        ],
+    ),
+    # a 3-operand einsum's intermediate gathered: told from its kind, not said to be the
+    # output "split (x, y) but requested as (x, y)"
+    (
+        "ij,jk,kl->il",
+        [(8, 8)] * 3,
+        ["x,y", "y,x", "x,y"],
+        "infer",
+        "auto",
+        [
+            ("all-gather", ("y",), "gather-operand", "operand 1", "j"),
+            ("all-gather", ("x",), "gather-operand", "operand 0", "i"),
+            ("all-gather", ("y",), "gather-operand", None, None),
+            ("all-reduce", ("x",), "partial-sum", None, "k"),
+        ],
+    ),
     # reductions
     ("ij->i", [(16, 8)], ["-,y"], None, "auto", [("all-reduce", ("y",), "partial-sum", None, "j")]),
     (
@@ -166,6 +193,17 @@ def test_cause(case):
         assert cause.text.startswith(f"{c.kind} over `")
         if cause.index:
             assert f"`{cause.index}`" in cause.text
+
+
+def test_an_output_asked_for_more_split_is_said_to_be_split_again_not_gathered():
+    """``(x,y)`` asked where the computation makes ``(x)``: XLA gathers along ``x`` and
+    slices again; the cause had said the output "is requested as ((x,y)), so the pieces are
+    gathered", which holds only for an output asked for less split."""
+    e = shardwise.explain_einsum("nd,nd->n", [(16, 8)] * 2, mesh=XY, in_specs=["x,y", "x,y"],
+                                 out_specs="(x,y)")  # fmt: skip
+    (gather,) = [k for c, k in zip(e.collectives, e.causes, strict=True) if c.kind == "all-gather"]
+    assert gather.reason == "gather-output"
+    assert "requested split ((x,y))" in gather.text and "keeps its slice" in gather.text
 
 
 def test_cases_cover_every_kind_of_cause():

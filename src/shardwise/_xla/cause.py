@@ -227,15 +227,36 @@ def _gather(plan: Plan, c: Collective) -> _Decision | None:
             "gather-operand", f"operand {k}", index, spec, None, len(term), other=other
         )
     produced = default_out_spec(plan.op, plan.in_specs)
-    if set(produced.axes) & set(axes):
-        rank = len(plan.op.output)
+    rank = len(plan.op.output)
+    if set(produced.axes) & set(axes) and produced.padded(rank) != plan.out_spec.padded(rank):
         return _Decision("gather-output", "output", None, produced, plan.out_spec, rank)
-    return None
+    return None  # (told from its kind: e.g. an intermediate of a 3-operand einsum gathered)
+
+
+def _operands_agree(plan: Plan) -> bool:
+    """Whether the operands can be multiplied as they are laid out: each index split alike
+    wherever it appears, and no mesh axis splitting two indices."""
+    seen: dict[str, tuple[str, ...]] = {}
+    owner: dict[str, str] = {}
+    for term, spec in zip(plan.op.inputs, plan.in_specs, strict=True):
+        for index, e in zip(term, spec.padded(len(term)), strict=True):
+            if seen.setdefault(index, e) != e or any(
+                owner.setdefault(a, index) != index for a in e
+            ):
+                return False
+    return True
 
 
 def _relayout(plan: Plan, c: Collective) -> _Decision:
-    """The operand moved by all-to-all or collective-permute ``c``, else the output."""
+    """The operand moved by all-to-all or collective-permute ``c``, else the output: a
+    permute where the operands agree moves the output the computation makes to the devices
+    the requested layout puts it on (``n`` made on ``x``, asked for on ``y``)."""
     axes = c.mesh_axes
+    rank = len(plan.op.output)
+    produced = default_out_spec(plan.op, plan.in_specs)
+    moved = produced.padded(rank) != plan.out_spec.padded(rank)
+    if c.kind == "collective-permute" and moved and _operands_agree(plan):
+        return _Decision("relayout", "output", None, produced, plan.out_spec, rank)
     users = [k for k, spec in enumerate(plan.in_specs) if set(axes) & set(spec.axes)]
 
     def moved_first(k: int) -> tuple[bool, bool]:
@@ -293,10 +314,22 @@ def _einsum_text(c: Collective, d: _Decision) -> str:
             f"{head}{d.array} is laid out {layout}, its index `{d.index}` split on `{names}`, "
             f"but the computation needs it replicated on `{names}`{why}"
         )
+    if d.reason == "gather-output" and set(c.mesh_axes) <= set(d.requested.axes):
+        return (
+            f"{head}the computation produces the output split {layout} and it is requested "
+            f"split {requested}: XLA gathers the pieces along `{names}`, then each device "
+            "keeps its slice of the requested layout"
+        )
     if d.reason == "gather-output":
         return (
             f"{head}the computation produces the output split {layout} but it is requested "
             f"as {requested}, so the pieces are gathered"
+        )
+    if d.array == "output" and d.spec is not None:
+        return (
+            f"{head}the computation produces the output split {layout}, but it is requested "
+            f"as {requested}, so the computed blocks are moved to the devices that own them"
+            f"{where}"
         )
     if d.array == "output":
         return (
