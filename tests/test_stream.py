@@ -588,6 +588,25 @@ def test_a_matrix_times_a_vector_streams_along_the_matrix_rows(tmp_path):
     np.testing.assert_allclose(np.load(out), np.einsum("nd,d->n", a, w), rtol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["npy", "numpy"])
+def test_bytes_read_are_the_inputs_not_the_padded_chunks(tmp_path, kind):
+    """Two (10, 3) float32 inputs are 240 bytes; chunks padded to 128 rows had been counted
+    whole (3 KiB read, and a throughput inflated alike); a vector read whole for every chunk is
+    counted once."""
+    rng = np.random.default_rng(3)
+    a, w = rng.random((1000, 3)).astype(np.float32), np.ones(3, np.float32)
+    small = a[:10]
+    if kind == "npy":
+        np.save(tmp_path / "s.npy", small)
+        np.save(tmp_path / "a.npy", a)
+        small, a = tmp_path / "s.npy", tmp_path / "a.npy"  # type: ignore[assignment]
+    r = shardwise.stream("nd,nd->n", small, small, mesh="devices=8", out=tmp_path / "o.npy")
+    assert r.bytes_read == 2 * 10 * 3 * 4
+    r = shardwise.stream("nd,d->n", a, w, mesh="devices=8", out=tmp_path / "v.npy",
+                         budget="16KiB")  # fmt: skip
+    assert r.chunks > 1 and r.bytes_read == 1000 * 3 * 4 + 3 * 4
+
+
 @pytest.mark.parametrize(
     ("equation", "shapes"),
     [

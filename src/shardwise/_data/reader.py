@@ -28,6 +28,7 @@ class ChunkReader:
         self._buffers: list[list[np.ndarray]] = [[], []]
         self._whole: dict[int, np.ndarray] = {}  # inputs without the streamed index
         self._unstamped = [k for k, s in enumerate(chunking.sources) if not s.stamped]
+        self._counted: set[int] = set()  # inputs read whole, counted in :meth:`input_bytes`
 
     def read(self, c: int, slot: int) -> tuple[list[np.ndarray], list[int] | None]:
         """Chunk ``c``'s block of each input, read into buffer ``slot`` (0 or 1), and the
@@ -40,6 +41,20 @@ class ChunkReader:
         if not self._unstamped:
             return blocks, None
         return blocks, [self._checksum(c, self._rows(k, c, blocks[k])) for k in self._unstamped]
+
+    def input_bytes(self, c: int, blocks: list[np.ndarray]) -> int:
+        """The bytes of input in chunk ``c``'s ``blocks``: the rows read, not the last chunk's
+        padding; an input without the streamed index counted once, with the first chunk."""
+        ch, total = self.chunking, 0
+        lo, hi = ch.span(c)
+        for k, block in enumerate(blocks):
+            axis = ch.axes[k]
+            if axis is None:
+                total += 0 if k in self._counted else block.nbytes
+                self._counted.add(k)
+            elif block.shape[axis]:
+                total += block.nbytes // block.shape[axis] * min(hi - lo, block.shape[axis])
+        return total
 
     def _read(self, k: int, c: int, slot: int) -> np.ndarray:
         """Chunk ``c``'s block of input ``k``, read into its buffer ``slot``; an input without

@@ -346,7 +346,7 @@ def _run_chunks(
             pending = (
                 reads.submit(reader.read, todo[n + 1], (n + 1) % 2) if n + 1 < len(todo) else None
             )
-            writer.bytes_read += sum(b.nbytes for b in blocks)
+            writer.bytes_read += reader.input_bytes(c, blocks)
             pieces = program(blocks)
             if reader.chunking.mappable:  # on the reader's thread, before it maps the next
                 reads.submit(reader.release, blocks)
