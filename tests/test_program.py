@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import json
 import re
@@ -488,6 +489,28 @@ def test_fixed_pins_an_input_and_bad_names_are_refused():
         shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, fixed={"y": "data"})
     with pytest.raises(shardwise.IndivisibleError):
         shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, fixed={"x": "model"})
+
+
+def test_two_pins_of_inputs_laid_out_as_one_must_agree():
+    """A weight and its AdamW moment, which the update reads together, are one layout: pinned
+    apart (ZeRO-1 on a float32 step), the moment's pin had been dropped silently while
+    ``pinned`` listed both; now that is refused, and pins that agree are kept."""
+    optax = pytest.importorskip("optax")
+    opt = optax.adamw(1e-2)
+
+    def step(p, s, x):
+        g = jax.grad(lambda p: jnp.mean(jax.nn.relu(x @ p["w1"]) @ p["w2"]))(p)
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    params = {"w1": S((64, 128), "float32"), "w2": S((128, 64), "float32")}
+    args = (params, jax.eval_shape(opt.init, params), S((32, 64), "float32"))
+    plan = functools.partial(shardwise.plan, step, *args, mesh="data=2,model=4",
+                             profile="cpu-2core", top=1)  # fmt: skip
+    with pytest.raises(shardwise.SpecError, match=r"p\['w1'\] \(replicated\) and s\[0\]"):
+        plan(fixed={"p['w1']": "-", "s[0].mu['w1']": "data"})
+    p = plan(fixed={"p['w1']": "data", "s[0].mu['w1']": "data"})
+    assert str(p.in_specs[0]["w1"]) == str(p.in_specs[1][0].mu["w1"]) == "P('data',)"
 
 
 def test_fixed_takes_an_inputs_path_with_dots_as_args_writes_it():

@@ -332,11 +332,9 @@ def predict(
     ops_per_term = (len(op.inputs) - 1) + (1 if op.contracted else 0)
     flops = math.prod(local.values()) * ops_per_term
     bytes_accessed = operand_bytes + partial_bytes
-    # an axis of size 1 holds the whole sum already: nothing to communicate; nor where the
-    # product is empty or zero (a contracted index of size 0): XLA emits no collective then
-    axes = tuple(a for a in reduce_axes(op, strategy.layout, mesh) if mesh.shape[a] > 1)
-    if partial_bytes == 0 or any(sizes[i] == 0 for i in op.contracted):
-        axes = ()
+    # an axis of size 1 holds the whole sum; an empty or zero product none (XLA sums nothing)
+    summing = partial_bytes > 0 and all(sizes[i] for i in op.contracted)
+    axes = tuple(a for a in reduce_axes(op, strategy.layout, mesh) if summing and mesh.shape[a] > 1)
     collectives: list[PredictedCollective] = []
     temp = 0
     wire = wire_itemsize(dtype, profile.platform)  # (a CPU sums bfloat16 as float32)

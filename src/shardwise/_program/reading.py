@@ -37,9 +37,9 @@ from shardwise._program.constraints import respected, traced_under
 from shardwise._program.donation import donated, donated_leaves
 from shardwise._program.fold import prints_kept
 from shardwise._program.graph import Graph, build
+from shardwise._program.pins import fixed_pins, pinned
 from shardwise._program.problem import Problem, build_problem, effective_mesh
 from shardwise._program.roles import Roles, roles
-from shardwise._program.top import fixed_pins, pinned
 from shardwise._versions import sources_in_users_code
 from shardwise._xla.meshes import auto_twin, is_explicit
 

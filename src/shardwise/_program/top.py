@@ -11,16 +11,17 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from shardwise._errors import ArgumentError, ArgumentTypeError, SpecError
+from shardwise._errors import SpecError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
-from shardwise._model.spec import Spec, SpecLike
+from shardwise._model.spec import Spec
 from shardwise._program.baselines import NAMES, baseline
-from shardwise._program.fold import fold, restricted
+from shardwise._program.fold import fold
 from shardwise._program.graph import Graph
 from shardwise._program.marginals import Alternatives, alternatives
 from shardwise._program.memory import memory_constraints, peak_bytes
-from shardwise._program.problem import MAX_CHOICES, Problem, splitting
+from shardwise._program.pins import input_vars, pinned
+from shardwise._program.problem import Problem
 from shardwise._program.roles import Roles
 from shardwise._program.search import (
     Solution,
@@ -33,7 +34,6 @@ from shardwise._program.search import (
 )
 from shardwise._program.solution import read
 from shardwise._program.within import solve_within, tightened
-from shardwise._xla.names import find_name
 
 TRIES_PAST_TOP = 20
 """How many more plans than ``top`` the search may find and set aside under a budget because
@@ -87,12 +87,6 @@ def best_plans(
         elif need > budget:
             constraints = tightened(constraints, sol, budget / need)
     return found
-
-
-def input_vars(graph: Graph, problem: Problem) -> list[int]:
-    """The variable of each input's class, in input order."""
-    var_of = {label: k for k, label in enumerate(problem.labels)}
-    return [var_of[("class", graph.find(v))] for v in graph.inputs]
 
 
 def runners_up(
@@ -328,70 +322,3 @@ def baselines(
             assert result is not None  # only constraints make a problem infeasible
         solved.append((base, problem, result))
     return solved, skipped
-
-
-def pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec], mesh: MeshSpec) -> Problem:
-    """``problem`` with the inputs in ``pins`` fixed to their specs (on ``mesh``: an axis of
-    size 1 splits nothing, :func:`~shardwise._program.problem.splitting`)."""
-    keep: dict[int, list[int]] = {}
-    variables = input_vars(graph, problem)  # once for all pins, not once per pin
-    held = dict(problem.held)
-    for k, asked in pins.items():
-        spec = splitting(asked, mesh)
-        root = graph.find(graph.inputs[k])
-        var = variables[k]
-        if var in keep:
-            continue
-        choices = problem.choices[var]
-        if spec not in choices and var in held:
-            raise SpecError(
-                f"{graph.names[k]} cannot be laid out as {spec.describe()}: the program's code "
-                f"asks for its layout at {held[var]}, and the plan respects it. Plan with "
-                "respect='none' to leave it free, or pin it as the code asks."
-            )
-        if spec not in choices and problem.truncated:
-            raise SpecError(
-                f"{graph.names[k]} as {spec.describe()} is not among the layouts the search "
-                f"kept for it: it has more than {MAX_CHOICES:,} on this mesh. Plan a mesh with "
-                "fewer axes (merge axes, e.g. x=2,y=2 as xy=4)."
-            )
-        if spec not in choices:
-            raise SpecError(
-                f"{graph.names[k]} cannot be laid out as {spec.describe()} on this mesh: its "
-                f"shape {graph.values[root].shape} does not divide."
-            )
-        keep[var] = [choices.index(spec)]
-    out = problem.restrict(keep)
-    restricted(out, keep, problem)
-    return out
-
-
-def fixed_pins(
-    graph: Graph, fixed: Mapping[str, SpecLike] | None, mesh: MeshSpec
-) -> dict[int, Spec]:
-    """The inputs ``fixed`` pins (input name → spec), by position, each checked on ``mesh``."""
-    out: dict[int, Spec] = {}
-    if fixed is not None and not isinstance(fixed, Mapping):
-        raise ArgumentTypeError(
-            f"fixed takes a dict of input name to spec, e.g. {{{graph.names[0]!r}: 'data'}}; "
-            f"got {type(fixed).__name__}."
-        )
-    for name, raw in (fixed or {}).items():
-        if not isinstance(name, str):
-            raise ArgumentTypeError(
-                f"fixed names inputs by their names ({', '.join(graph.names)}), not by "
-                f"{type(name).__name__} {name!r}."
-            )
-        k = find_name(graph.names, name)  # (params['w1'], or params.w1 as --args writes it)
-        if k is None:
-            raise ArgumentError(
-                f"fixed names {name!r}, which is not an input; the inputs are "
-                f"{', '.join(graph.names)} (or written with dots, as params.w1)."
-            )
-        if k in out:
-            raise ArgumentError(f"fixed names {graph.names[k]} twice; pin it once.")
-        value = graph.values[graph.inputs[k]]
-        spec = Spec.parse(raw, f"the fixed spec of {name}")
-        spec.validate(mesh, value.shape, f"{name} (shape {value.shape})")
-        out[k] = spec.canonical()
-    return out
