@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -586,6 +587,22 @@ def test_a_matrix_times_a_vector_streams_along_the_matrix_rows(tmp_path):
     r = shardwise.stream("nd,d->n", a, w, mesh="devices=8", out=out, budget="16KiB")
     assert r.chunks == plan.chunks > 1
     np.testing.assert_allclose(np.load(out), np.einsum("nd,d->n", a, w), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_narrow_float_summed_over_many_chunks_is_as_exact_as_in_one_go(tmp_path, dtype):
+    """The running sum of bfloat16 chunks had been kept in bfloat16: past 8,192 each
+    chunk's part (about 32) was under half a step and rounded away, and the sum stopped
+    growing (16,384 for 50,000). It is kept in float32 and written in the output's type."""
+    rng = np.random.default_rng(0)
+    a, b = rng.random((40_000, 4)), rng.random((40_000, 4))
+    kind = np.dtype(getattr(ml_dtypes, dtype, dtype))
+    x, y = a.astype(kind), b.astype(kind)
+    r = shardwise.stream("nd,nd->d", x, y, mesh="devices=8", out=tmp_path / "o.npy", chunk=128)
+    assert r.chunks > 300
+    got = np.load(tmp_path / "o.npy").view(kind).astype(np.float64)  # (.npy: bfloat16 as V2)
+    want = np.einsum("nd,nd->d", x.astype(np.float64), y.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-2)  # (bfloat16 holds 3 digits)
 
 
 @pytest.mark.parametrize("kind", ["npy", "numpy"])

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwise._data.budget import Chunking
+from shardwise._data.budget import Chunking, sum_dtype
 from shardwise._data.manifest import Manifest, accumulator_name
 from shardwise._data.sink import Sink
 from shardwise._errors import ShardwiseError
@@ -67,17 +67,18 @@ class ChunkWriter:
     def _load_sum(self) -> np.ndarray:
         """The running sum recorded in the manifest, its checksum checked, or zeros."""
         acc, sink = self.manifest.accumulator, self.sink
+        wide = sum_dtype(sink.dtype)
         if acc is None:
-            return np.zeros(sink.shape, sink.dtype)
+            return np.zeros(sink.shape, wide)
         try:
             with os.fdopen(open_regular(self._folder / acc["name"]), "rb") as f:
                 arr = np.load(f, allow_pickle=False)
         except (OSError, ValueError, EOFError) as e:
             raise self._damaged(acc["name"], f"it cannot be read: {e}") from None
         crc = _crc(arr, self.manifest.done)
-        if (arr.shape, arr.dtype) != (sink.shape, sink.dtype) or crc != acc["crc32"]:
+        if arr.shape != sink.shape or arr.dtype not in (wide, sink.dtype) or crc != acc["crc32"]:
             raise self._damaged(acc["name"], "it does not hold the sum of the chunks recorded")
-        return np.ascontiguousarray(arr)
+        return np.ascontiguousarray(arr, dtype=wide)  # (kept in the output's type before)
 
     def check_resumed(self) -> None:
         """Refuse to resume when a chunk recorded as done does not hold what was written."""
@@ -148,6 +149,7 @@ class ChunkWriter:
         the output its real name."""
         acc = self._acc
         if acc is not None:
+            acc = acc.astype(self.sink.dtype, copy=False)
             self.sink.write(0, 0, acc if acc.ndim else acc.reshape(()))
         try:
             old = self.manifest.finish()
