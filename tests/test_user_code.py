@@ -358,3 +358,30 @@ def test_an_out_spec_that_does_not_divide_its_output_names_the_output():
     said = r"dimension 0 of the output\['s'\] of f \(shape \(12,\)\) has size 12.*over model \(4"
     with pytest.raises(shardwise.IndivisibleError, match=said):
         run(jax.numpy.ones((12, 4)))
+
+
+def test_a_step_that_changes_its_arguments_in_place_is_refused_not_run_untrained():
+    """The train step of Flax's ``nnx.jit`` examples updates the model and optimizer in
+    place; under a plan, as under ``jax.jit``, that update is dropped: it had planned and run
+    five steps with the loss never moving. A dict changed in place is refused alike."""
+    nnx = pytest.importorskip("flax.nnx")
+    optax = pytest.importorskip("optax")
+    model = nnx.Linear(8, 4, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+    def train_step(model, optimizer, x):
+        loss, grads = nnx.value_and_grad(lambda m: (m(x) ** 2).mean())(model)
+        optimizer.update(model, grads)
+        return loss
+
+    x = jax.numpy.ones((16, 8))
+    with pytest.raises(shardwise.ArgumentError, match=r"train_step changes its arguments in "
+                       r"place \(model\.bias.*nnx\.split"):  # fmt: skip
+        shardwise.plan(train_step, model, optimizer, x, mesh="x=8")
+
+    def sgd(params, x):
+        params["w"] = params["w"] - 0.1 * x.T @ x @ params["w"]
+        return params["w"].sum()
+
+    with pytest.raises(shardwise.ArgumentError, match=r"sgd changes .*\(params\['w'\]\)"):
+        shardwise.plan(sgd, {"w": S((8, 8), "float32")}, S((4, 8), "float32"), mesh="x=8")

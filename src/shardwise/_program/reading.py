@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -42,6 +43,7 @@ from shardwise._program.problem import Problem, build_problem, effective_mesh
 from shardwise._program.roles import Roles, roles
 from shardwise._versions import sources_in_users_code
 from shardwise._xla.meshes import auto_twin, is_explicit
+from shardwise._xla.names import argument_names
 
 
 def train_step(loss: Callable[..., Any], learning_rate: float = 0.01) -> Callable[..., Any]:
@@ -123,6 +125,33 @@ def read_program(
                          respect, annotations)  # fmt: skip
         searchable = pinned(graph, full, pins, spec)
     return Program(name, graph, annotations, role, pins, extra, full, searchable, donate)
+
+
+def _unchanged(fn: Callable[..., Any], name: str, signature: Any) -> Callable[..., Any]:
+    """``fn``, refused where it changes its arguments in place (``optimizer.update(model,
+    grads)`` on NNX objects, as ``nnx.jit`` steps are written): ``jax.jit`` drops such
+    changes, and so does a plan, so the step would run and never train."""
+
+    @functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        before = jax.tree.leaves(args)
+        out = fn(*args)
+        after = jax.tree.leaves(args)
+        if len(before) == len(after) and all(a is b for a, b in zip(before, after, strict=True)):
+            return out
+        names = argument_names(signature, args)
+        changed = [n for n, a, b in zip(names, before, after, strict=False) if a is not b]
+        shown = ", ".join(changed[:3]) + (" …" if len(changed) > 3 else "")
+        raise ArgumentError(
+            f"{name} changes its arguments in place ({shown or 'their structure'}): under "
+            "jax.jit, as in a plan, changes made so are dropped, and the step would not train. "
+            "Return the new state instead: for Flax NNX, graphdef, state = "
+            "nnx.split((model, optimizer)), and a step(state, x, y) that does model, optimizer "
+            "= nnx.merge(graphdef, state), updates them, and returns nnx.state((model, "
+            "optimizer)) with the loss."
+        )
+
+    return call
 
 
 @contextlib.contextmanager
@@ -214,7 +243,7 @@ def _traced(
     user's, said as such; a program past what XLA can count is refused."""
     inner = getattr(fn, "func", None)  # (a functools.partial: its function's name)
     name = str(getattr(fn, "__name__", "") or getattr(inner, "__name__", "program"))
-    traced = as_users(fn, name)
+    traced = _unchanged(as_users(fn, name), name, fn)
     step = train_step(traced) if train else traced
 
     def under(mesh: Mesh | None) -> Graph:
