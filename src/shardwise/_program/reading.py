@@ -128,19 +128,25 @@ def read_program(
 
 
 def _unchanged(fn: Callable[..., Any], name: str, signature: Any) -> Callable[..., Any]:
-    """``fn``, refused where it changes its arguments in place (``optimizer.update(model,
-    grads)`` on NNX objects, as ``nnx.jit`` steps are written): ``jax.jit`` drops such
-    changes, and so does a plan, so the step would run and never train."""
+    """``fn``, refused where it changes its arguments in place and does not return what it
+    changed (``optimizer.update(model, grads)`` on NNX objects, as ``nnx.jit`` steps are
+    written): ``jax.jit`` drops such changes, and so does a plan, so the step would run and
+    never train. A step over ``nnx.merge`` d state changes the state's variables too, and
+    returns them (``nnx.split``): that is the functional form, and passes."""
 
     @functools.wraps(fn)
     def call(*args: Any) -> Any:
         before = jax.tree.leaves(args)
         out = fn(*args)
         after = jax.tree.leaves(args)
-        if len(before) == len(after) and all(a is b for a, b in zip(before, after, strict=True)):
+        returned = {id(x) for x in jax.tree.leaves(out)}  # (changed and returned: functional)
+        if len(before) == len(after) and all(
+            a is b or id(b) in returned for a, b in zip(before, after, strict=True)
+        ):
             return out
         names = argument_names(signature, args)
-        changed = [n for n, a, b in zip(names, before, after, strict=False) if a is not b]
+        changed = [n for n, a, b in zip(names, before, after, strict=False)
+                   if a is not b and id(b) not in returned]  # fmt: skip
         shown = ", ".join(changed[:3]) + (" …" if len(changed) > 3 else "")
         raise ArgumentError(
             f"{name} changes its arguments in place ({shown or 'their structure'}): under "
