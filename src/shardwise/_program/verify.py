@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,12 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import check_platform
 from shardwise._model.spec import Spec
 from shardwise._program.apply import constrained
+from shardwise._program.arguments import (
+    check_arguments,
+    first_difference,
+    parameter_names,
+    planned_types,
+)
 from shardwise._program.attribution import as_compiled, attributed
 from shardwise._program.guard import ensure_summed
 from shardwise._runtime.distributed import put
@@ -87,35 +92,7 @@ def sharded(
     guard = functools.partial(ensure_summed, plan, chosen, platform=platform(m))
     donated = plan.donate_argnums if donate else ()
     jitted = jax.jit(program, in_shardings=in_shardings, donate_argnums=donated)
-    return Placing(jitted, in_shardings, plan.graph.names, guard, m, _shapes(plan))
-
-
-def _shapes(plan: ProgramPlan) -> list[tuple[int, ...]]:
-    """Each input's shape, as the plan was made for it."""
-    return [plan.graph.values[v].shape for v in plan.graph.inputs]
-
-
-def _check_shapes(names: Sequence[str], leaves: Sequence[Any], shapes: Sequence[Any]) -> None:
-    """Refuse an argument of another shape than the plan's (moved or run, it had run on
-    arrays of other shapes, or failed in JAX's sharding code)."""
-    for name, x, shape in zip(names, leaves, shapes, strict=True):
-        if hasattr(x, "shape") and tuple(x.shape) != tuple(shape):
-            raise ArgumentError(
-                f"{name} has shape {tuple(x.shape)}, but the plan was made for {tuple(shape)}: "
-                "plan again with arrays of these shapes."
-            )
-
-
-def _parameters(names: Sequence[str], tree: Any) -> list[str]:
-    """The name of each top-level argument of ``tree`` (the arguments' structure), from its
-    leaves' ``names`` (``params['w1']`` is of ``params``; ``args[k]`` where it has none)."""
-    out, at = [], 0
-    for k, child in enumerate(tree.children()):
-        first = names[at] if child.num_leaves else f"args[{k}]"
-        root = re.match(r"args\[\d+\]|[^\[.]+", first)
-        out.append(root.group(0) if root else first)
-        at += child.num_leaves
-    return out
+    return Placing(jitted, in_shardings, plan.graph.names, guard, m, planned_types(plan))
 
 
 _CHECKED: Bounded[tuple[Any, ...], bool] = Bounded(512)
@@ -155,7 +132,7 @@ class Placing:
         """``args`` and ``kwargs`` as the positional arguments the plan was made for (by the
         function's parameter names), checked against the planned arguments' structure."""
         expected = jax.tree.structure(self.in_shardings)
-        params = _parameters(self.names, expected)
+        params = parameter_names(self.names, expected)
         given = list(args)
         for name in params[len(args) :]:
             if name not in kwargs:
@@ -176,15 +153,16 @@ class Placing:
         found = jax.tree.structure(tuple(given))
         if found != expected:  # type: ignore[operator]
             raise ArgumentError(
-                f"the arguments are structured as {found}, but the plan was made for {expected} "
-                f"({said}): give them as they were planned, or plan again with these."
+                f"the arguments differ from those the plan was made for ({said}): "
+                f"{first_difference(expected, tuple(given), params)}. Give them as they were "
+                "planned, or plan again with these."
             )
         return tuple(given)
 
     def placed(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree.flatten(args)
         if self.shapes is not None and len(leaves) == len(self.shapes):
-            _check_shapes(self.names, leaves, self.shapes)
+            check_arguments(self.names, leaves, self.shapes)
         targets = jax.tree.leaves(self.in_shardings)
         moved, out = [], []
         for name, x, target in zip(self.names, leaves, targets, strict=True):
@@ -244,7 +222,7 @@ def place(plan: ProgramPlan, chosen: PlannedLayout, args: Any, mesh: Any = None)
             f"place takes the arguments the plan was made for, structured as {plan.graph.tree}; "
             f"got {tree}."
         )
-    _check_shapes(plan.graph.names, leaves, _shapes(plan))
+    check_arguments(plan.graph.names, leaves, planned_types(plan))
     out = []
     for x, spec in zip(leaves, chosen.in_specs, strict=True):
         target = NamedSharding(m, spec.to_partition_spec())

@@ -1,0 +1,94 @@
+"""The arguments a plan's program is called with, checked against those it was planned for:
+their shapes and types, whether they still hold their buffers, and the name of each
+top-level argument."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+from jax import dtypes
+
+from shardwise._errors import ArgumentError
+
+if TYPE_CHECKING:
+    from shardwise._program.plans import ProgramPlan
+
+
+def planned_types(plan: ProgramPlan) -> list[tuple[tuple[int, ...], str]]:
+    """Each input's shape and type, as the plan was made for it."""
+    return [(plan.graph.values[v].shape, plan.graph.values[v].dtype) for v in plan.graph.inputs]
+
+
+def check_arguments(names: Sequence[str], leaves: Sequence[Any], shapes: Sequence[Any]) -> None:
+    """Refuse an argument of another shape or type than the plan's (it had run on arrays of
+    other shapes, failed in JAX's sharding code or inside the program), or one deleted (given
+    to an earlier call that took its buffer: JAX's CPU runtime crashed the process)."""
+    for name, x, (shape, dtype) in zip(names, leaves, shapes, strict=True):
+        if getattr(x, "is_deleted", lambda: False)():
+            raise ArgumentError(
+                f"{name} was deleted: an earlier call took its buffer (a plan made with "
+                "donate_argnums gives it to the results). Pass that call's results instead."
+            )
+        if hasattr(x, "shape") and tuple(x.shape) != tuple(shape):
+            raise ArgumentError(
+                f"{name} has shape {tuple(x.shape)}, but the plan was made for {tuple(shape)}: "
+                "plan again with arrays of these shapes."
+            )
+        kind = getattr(x, "dtype", None)
+        if kind is not None and jnp.issubdtype(kind, dtypes.extended):
+            continue  # (a PRNG key: its implementation is the program's)
+        if kind is not None and str(dtypes.canonicalize_dtype(kind)) != dtype:
+            raise ArgumentError(
+                f"{name} is {kind}, but the plan was made for {dtype}: cast it "
+                f"(.astype('{dtype}')), or plan again with arrays of this type."
+            )
+
+
+def parameter_names(names: Sequence[str], tree: Any) -> list[str]:
+    """The name of each top-level argument of ``tree`` (the arguments' structure), from its
+    leaves' ``names`` (``params['w1']`` is of ``params``; ``args[k]`` where it has none)."""
+    out, at = [], 0
+    for k, child in enumerate(tree.children()):
+        first = names[at] if child.num_leaves else f"args[{k}]"
+        root = re.match(r"args\[\d+\]|[^\[.]+", first)
+        out.append(root.group(0) if root else first)
+        at += child.num_leaves
+    return out
+
+
+def first_difference(expected: Any, given: tuple[Any, ...], params: Sequence[str]) -> str:
+    """Where arguments ``given`` first differ from the structure ``expected`` (of the
+    arguments' tuple), in words, by the parameters' names ``params``.
+
+    >>> import jax
+    >>> planned = jax.tree.structure(({"w1": 0, "w2": 0}, 0))
+    >>> first_difference(planned, ({"w1": 0}, 0), ["p", "x"])
+    "p['w2'] is missing"
+    >>> first_difference(planned, ({"w1": 0, "w2": 0, "b": 0}, 0), ["p", "x"])
+    "p['b'] is not in the plan"
+    """
+
+    def paths(tree: Any) -> list[str]:
+        out = []
+        for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            k = getattr(path[0], "idx", None) if path else None
+            head = params[k] if isinstance(k, int) and k < len(params) else ""
+            out.append(head + jax.tree_util.keystr(path[1:]))
+        return out
+
+    planned = paths(expected.unflatten([0] * expected.num_leaves))
+    found = paths(given)
+    for ours, theirs, said in (
+        (planned, found, "is missing"),
+        (found, planned, "is not in the plan"),
+    ):
+        others = set(theirs)
+        odd = [p for p in ours if p not in others]
+        if odd:
+            more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
+            return f"{odd[0]} {said}{more}"
+    return "the same leaves, held in other containers (a dict for a State, a list for a tuple)"
