@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -188,6 +189,32 @@ def test_shardings_come_apart_by_argument() -> None:
     assert dict(leaves[0].mesh.shape) == {"data": 2, "tensor": 4}
     placed = jax.device_put(opt_state, got["opt_state"])  # as jax takes them
     assert jax.tree.leaves(placed)[1].sharding == jax.tree.leaves(got["opt_state"])[1]
+
+
+def test_shardings_on_an_explicit_mesh_run_under_plain_jax_jit() -> None:
+    """On ``jax.make_mesh``'s Explicit axes the shardings had typed each array Explicit, and
+    ``jax.jit`` of a step whose contracted dimension the plan splits failed: JAX asks such
+    code to name the dot's output sharding. They are on the mesh's Auto twin, as the plan
+    runs, and the step compiles to the plan's collectives."""
+    from jax.sharding import AxisType
+
+    from shardwise._xla.hlo import collectives
+    from shardwise._xla.verified import collectives_match
+
+    def mlp(params: Any, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ params["w1"]) @ params["w2"]
+
+    params, x = {"w1": jnp.ones((64, 256)), "w2": jnp.ones((256, 64))}, jnp.ones((32, 64))
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    p = shardwise.plan(mlp, params, x, mesh=mesh, profile=PROFILE, fixed={"params.w1": "-,model"})
+    sh = p.shardings()
+    assert all(not s.mesh.are_all_axes_explicit for s in jax.tree.leaves(sh))
+    placed = jax.device_put((params, x), (sh["params"], sh["x"]))
+    jitted = jax.jit(mlp, in_shardings=(sh["params"], sh["x"]))
+    got = jitted(*placed)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(mlp(params, x)), rtol=1e-5)
+    found = collectives(jitted.lower(*placed).compile().as_text() or "", p.mesh.shape)
+    assert collectives_match(p.chosen.predicted.collectives, tuple(found), by_bytes=True)
 
 
 MODEL = """

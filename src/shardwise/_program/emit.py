@@ -22,6 +22,7 @@ from shardwise._model.patterns import path_rules
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
 from shardwise._program.verify import mesh_for
+from shardwise._xla.meshes import auto_twin
 
 if TYPE_CHECKING:
     from shardwise._program.plans import PlannedLayout, ProgramPlan
@@ -96,8 +97,11 @@ def leaf_paths(graph: Graph) -> list[str]:
 
 
 def shardings(plan: ProgramPlan, chosen: PlannedLayout, mesh: Any = None) -> dict[str, Any]:
-    """``{argument name: its pytree of NamedShardings}`` for ``chosen`` on ``mesh``."""
-    m = mesh_for(plan, mesh)
+    """``{argument name: its pytree of NamedShardings}`` for ``chosen`` on ``mesh``: on its
+    Auto twin where it has Explicit axes, as the plan runs (under ``jax.jit`` with Explicit
+    shardings, JAX asks the code to name the layout of a dot whose contracted dimension is
+    split, and code that does not fails)."""
+    m = auto_twin(mesh_for(plan, mesh))
     leaves = [NamedSharding(m, s.to_partition_spec()) for s in chosen.in_specs]
     trees = jax.tree.unflatten(plan.graph.tree, leaves)
     return {name: tree for (name, _), tree in zip(arguments(plan.graph), trees, strict=True)}
