@@ -70,7 +70,9 @@ def plan(
 
     Args:
         fn: a JAX function; with ``train=True``, a scalar loss whose first argument holds the
-            parameters (the plan is for one SGD step: ``value_and_grad`` and the update).
+            parameters (the plan is for one SGD step: ``value_and_grad`` and
+            ``p - 0.01 * g``, its program returning ``(loss, new params)``; to train with your
+            optimizer, plan your own step without ``train``).
         args: arrays or ``jax.ShapeDtypeStruct`` leaves, in any pytrees.
         mesh: a mesh description (``"data=2,model=4"``; it need not exist here) or a JAX
             ``Mesh`` (Auto, Explicit or mixed axes); default: the one ``jax.set_mesh`` set.
