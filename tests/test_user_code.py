@@ -421,3 +421,17 @@ def test_an_argument_of_another_type_or_already_donated_is_said_before_it_runs()
                        r"for float32: cast it"):  # fmt: skip
         run(new, x.astype(jax.numpy.bfloat16))
     np.testing.assert_allclose(np.asarray(run(new, x)), want, rtol=1e-5)
+
+
+def test_a_model_with_leaves_that_are_not_arrays_is_named_by_path_with_the_fix():
+    """A whole Equinox model (as ``eqx.filter_jit`` code passes it) had been refused as
+    "argument 0 (model) is custom_jvp <jax._src.custom_derivatives.custom_jvp object at
+    0x7f40ae09" (cut in the address), with the fix for a string setting."""
+    eqx = pytest.importorskip("equinox")
+    model = eqx.nn.MLP(8, 4, 16, 1, key=jax.random.key(0))
+    def f(model, x):
+        return model(x)
+
+    with pytest.raises(shardwise.ArgumentTypeError, match=r"^model\.activation in argument 0 "
+                       r"\(model\) of f is custom_jvp, not an array.*eqx\.partition"):  # fmt: skip
+        shardwise.plan(f, model, S((8,), "float32"), mesh="x=8")

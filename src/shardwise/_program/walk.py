@@ -12,7 +12,6 @@ see the same equations under the same keys.
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 from collections.abc import Sequence
 from typing import Any, Generic, TypeAlias, TypeVar
@@ -164,20 +163,26 @@ def named(prim: str, source: str) -> str:
     return f"{prim}@{source}" if source else prim
 
 
-def abstract(x: Any, where: str = "an argument leaf") -> jax.ShapeDtypeStruct:
+def abstract(x: Any, where: str = "an argument leaf", inside: bool = False) -> jax.ShapeDtypeStruct:
     """An argument leaf as a ``jax.ShapeDtypeStruct``; anything but an array is refused,
-    saying ``where`` it is."""
+    saying ``where`` it is (``inside`` a pytree, or an argument of its own)."""
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
-    setting = (
-        " A setting that is not an array (a string, a flag, a size) is bound first, as "
+    shown = repr(x)
+    shown = f" {shown}" if len(shown) <= 60 else ""
+    fix = (
+        " A model whose leaves are not all arrays (an Equinox module's activation function) is "
+        "split first: params, static = eqx.partition(model, eqx.is_array), and the function "
+        "planned over params puts it together again with eqx.combine(params, static)."
+        if inside
+        else " A setting that is not an array (a string, a flag, a size) is bound first, as "
         "jax.jit's static arguments are: plan(functools.partial(fn, mode=...), x, ...)."
     )
     raise ArgumentTypeError(
-        f"{where} is {type(x).__name__} {x!r:.60}, not an array; plan takes arrays or "
-        "jax.ShapeDtypeStruct leaves, e.g. jax.ShapeDtypeStruct((256, 1024), 'float32')." + setting
+        f"{where} is {type(x).__name__}{shown}, not an array; plan takes arrays or "
+        "jax.ShapeDtypeStruct leaves, e.g. jax.ShapeDtypeStruct((256, 1024), 'float32')." + fix
     )
 
 
@@ -189,5 +194,12 @@ def abstract_args(args: Sequence[Any], fn: Any) -> list[Any]:
     for k, arg in enumerate(args):
         name = f" ({names[k]})" if k < len(names) else ""
         where = f"argument {k}{name} of {getattr(fn, '__name__', 'the function')}"
-        out.append(jax.tree.map(functools.partial(abstract, where=where), arg))
+
+        def leaf(path: Any, x: Any, k: int = k, where: str = where) -> jax.ShapeDtypeStruct:
+            if not path:
+                return abstract(x, where)
+            base = names[k] if k < len(names) else f"args[{k}]"
+            return abstract(x, f"{base}{jax.tree_util.keystr(path)} in {where}", inside=True)
+
+        out.append(jax.tree_util.tree_map_with_path(leaf, arg))
     return out
