@@ -589,6 +589,17 @@ def test_a_matrix_times_a_vector_streams_along_the_matrix_rows(tmp_path):
     np.testing.assert_allclose(np.load(out), np.einsum("nd,d->n", a, w), rtol=1e-6)
 
 
+def test_a_npy_output_that_cannot_be_cut_along_its_long_index_says_so():
+    """'bnd,bnd->bn' into a .npy (written along b, 3 long) can only be cut along 'd' (4
+    long, padded to 128 rows a chunk): it had asked for 925 MiB for 9.6 MB of input without
+    saying why, nor that a .zarr output, or 'n' first, streams along n."""
+    x = Source("x", (3, 100_000, 4), np.dtype("float32"), "numpy")
+    with pytest.raises(ArgumentError, match=r"cannot be cut along 'n' \(100,000 long\): write "
+                       r"the output as \.zarr, or put 'n' first"):  # fmt: skip
+        plan_stream(Op.parse("bnd,bnd->bn"), [x, x], devices=8, budget=64 << 20, first_axis=True)
+    assert plan_stream(Op.parse("bnd,bnd->bn"), [x, x], devices=8, budget=64 << 20).index == "n"
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_a_narrow_float_summed_over_many_chunks_is_as_exact_as_in_one_go(tmp_path, dtype):
     """The running sum of bfloat16 chunks had been kept in bfloat16: past 8,192 each

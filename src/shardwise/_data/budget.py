@@ -134,8 +134,17 @@ def plan_stream(
         return _empty_plan(op, sizes, granule)
     shared = [i for i in op.contracted if all(i in t for t in op.inputs)]
     candidates = [*op.batch, *shared, *op.free]
+    hint = ""
     if first_axis:
-        candidates = [i for i in candidates if i not in op.output or op.output.index(i) == 0]
+        kept = [i for i in candidates if i not in op.output or op.output.index(i) == 0]
+        longest = max(candidates, key=lambda i: sizes[i])
+        if longest not in kept and (not kept or sizes[max(kept, key=sizes.get)] < granule):
+            hint = (
+                f" A .npy output is written along its first axis only, so the run cannot be "
+                f"cut along {longest!r} ({sizes[longest]:,} long): write the output as .zarr, "
+                f"or put {longest!r} first in the output's indices."
+            )
+        candidates = kept
     if not candidates:
         raise ArgumentError(
             f"cannot stream {op.equation!r}: chunks run along an index of the output, or a "
@@ -174,7 +183,7 @@ def plan_stream(
             f"a memory budget of {format_bytes(budget)} cannot hold the smallest chunk of "
             f"{op.equation!r} ({max(rows, smallest)} along index {index!r}, split over "
             f"{devices} devices, needs {format_bytes(need)}); give a budget of "
-            f"{format_bytes(need * 1.05)} or more (--host-memory from the command line)."
+            f"{format_bytes(need * 1.05)} or more (--host-memory from the command line).{hint}"
         )
     return StreamPlan(index, accumulate, total, rows, -(-total // rows), rows * per_row, fixed)
 
