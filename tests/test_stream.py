@@ -589,6 +589,21 @@ def test_a_matrix_times_a_vector_streams_along_the_matrix_rows(tmp_path):
     np.testing.assert_allclose(np.load(out), np.einsum("nd,d->n", a, w), rtol=1e-6)
 
 
+def test_stream_under_several_processes_is_refused_before_it_touches_the_output(
+    tmp_path, monkeypatch
+):
+    """Under ``shardwise launch`` each process had taken the other's lock on the one output
+    ("being written by process 8098", leaving its work files), or crashed fetching an array
+    that spans both."""
+    import shardwise._data.stream as streaming
+
+    monkeypatch.setattr(streaming, "multi_process", lambda: True)
+    a = np.ones((64, 3), np.float32)
+    with pytest.raises(ArgumentError, match=r"runs in one process, .*Run it without launch"):
+        shardwise.stream("nd,nd->n", a, a, out=tmp_path / "o.npy")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_npy_output_that_cannot_be_cut_along_its_long_index_says_so():
     """'bnd,bnd->bn' into a .npy (written along b, 3 long) can only be cut along 'd' (4
     long, padded to 128 rows a chunk): it had asked for 925 MiB for 9.6 MB of input without

@@ -44,6 +44,7 @@ from shardwise._files import LockHeld, exclusive_lock, identity
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.units import parse_bytes
+from shardwise._runtime.distributed import multi_process, process_index
 
 
 def stream(
@@ -110,6 +111,13 @@ def _stream(
     from shardwise._xla.meshes import jax_mesh, on_mesh
 
     op = Op.parse(equation)
+    if multi_process():
+        raise ArgumentError(
+            f"stream (shardwise run) runs in one process, but this is process "
+            f"{process_index()} of several (shardwise launch): its output is one file that "
+            "one process writes. Run it without launch: one process streams through all its "
+            "devices."
+        )
     target, limit = _checked(out, budget)
     sources = []
     for k, x in enumerate(inputs):
