@@ -157,6 +157,30 @@ def test_wrong_coordinator_fails_with_a_clear_error():
     assert "Traceback" not in result.stderr
 
 
+def test_process_zero_whose_peer_never_joins_ends_with_a_clear_error():
+    """Process 0 of 2 alone: JAX's runtime had aborted it from native code (status 134 and a
+    C++ stack) when its peer never registered."""
+    from shardwise._runtime.distributed import free_port
+
+    result = shardwise(
+        "demo",
+        "--size",
+        "small",
+        "--no-dask",
+        env={
+            "SHARDWISE_COORDINATOR": f"127.0.0.1:{free_port()}",
+            "SHARDWISE_NUM_PROCESSES": "2",
+            "SHARDWISE_PROCESS_ID": "0",
+            "SHARDWISE_INIT_TIMEOUT": "2",
+        },
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    text = " ".join(result.stderr.split())
+    assert "process 0 of 2: not every process joined the runtime within 2 s" in text
+    assert "Check failure" not in result.stderr
+
+
 def test_mismatched_process_settings():
     result = shardwise(
         "demo",

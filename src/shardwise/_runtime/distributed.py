@@ -28,6 +28,8 @@ from __future__ import annotations
 import os
 import random
 import socket
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -144,12 +146,13 @@ def _join(
         else:
             _await_coordinator(coordinator, process_id or 0, num_processes, init_timeout)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    watch = _watchdog(process_id, num_processes, init_timeout)
     try:
         jax.distributed.initialize(
             coordinator_address=coordinator,
             num_processes=num_processes,
             process_id=process_id,
-            initialization_timeout=init_timeout,
+            initialization_timeout=init_timeout + _GRACE_S,
             heartbeat_timeout_seconds=heartbeat_timeout,
             shutdown_timeout_seconds=max(heartbeat_timeout, 5),
             coordinator_bind_address=bind if process_id == 0 else None,
@@ -162,6 +165,33 @@ def _join(
             f"within {init_timeout} s ({text}). Check that process 0 is running and that the "
             "address, port and process count are the same for every process."
         ) from None
+    finally:
+        watch.cancel()
+
+
+_GRACE_S = 5
+"""Seconds JAX waits past the timeout given, so that :func:`_watchdog` speaks first."""
+
+
+def _watchdog(process_id: int | None, count: int | None, timeout: int) -> threading.Timer:
+    """A timer that, where the runtime has not started ``timeout`` seconds on (a process never
+    joined), says so and ends the process with status 2, before JAX's runtime aborts it from
+    native code (status 134, a C++ stack: what process 0 had printed when a peer never came)."""
+
+    def give_up() -> None:
+        sys.stderr.write(
+            f"error: process {process_id} of {count}: not every process joined the runtime "
+            f"within {timeout} s. Check that all {count} processes were started, with the same "
+            "coordinator address, port and process count (SHARDWISE_INIT_TIMEOUT waits "
+            "longer).\n"
+        )
+        sys.stderr.flush()
+        os._exit(2)
+
+    timer = threading.Timer(timeout, give_up)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _can_host(coordinator: str, bind: str | None) -> None:
