@@ -201,6 +201,21 @@ def test_launch_needs_a_command():
     assert result.returncode == 2
 
 
+def test_a_missing_script_and_a_scripts_error_read_as_under_python(tmp_path):
+    """Under ``launch``, a script that is not there had given a traceback through shardwise's
+    child runner and runpy; a script's own exception had begun with five of their frames."""
+    missing = shardwise("launch", "-n", "2", "--", sys.executable, str(tmp_path / "nope.py"))
+    assert missing.returncode == 2
+    assert "can't open file" in missing.stderr and "Traceback" not in missing.stderr
+    script = tmp_path / "raiser.py"
+    script.write_text("def f():\n    raise ValueError('boom')\n\n\nf()\n")
+    raised = shardwise("launch", "-n", "2", "--", sys.executable, str(script))
+    assert raised.returncode == 1
+    frames = [line for line in raised.stderr.splitlines() if line.strip().startswith("File ")]
+    assert frames and all(str(script) in line for line in frames), raised.stderr
+    assert "ValueError: boom" in raised.stderr
+
+
 def test_a_launched_program_joins_once_even_when_it_asks_to_join():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,6 +18,7 @@ import signal
 import stat
 import sys
 import threading
+import traceback
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -111,10 +112,18 @@ def run_reported(program: Callable[[], object]) -> None:
     except KeyboardInterrupt:
         _STATUS.append(128 + signal.SIGINT)
         raise
-    except BaseException:
+    except BaseException as e:
         _STATUS.append(1)
-        raise
+        tb = e.__traceback__  # the user's frames, not this module's and runpy's above them
+        while tb is not None and tb.tb_frame.f_code.co_filename in _LAUNCHING:
+            tb = tb.tb_next
+        traceback.print_exception(type(e), e, tb)
+        raise SystemExit(1) from None
     _STATUS.append(0)
+
+
+_LAUNCHING = frozenset({__file__, runpy.__file__, "<frozen runpy>"})
+"""The files whose frames lead to the user's program under ``shardwise launch``."""
 
 
 def watch_launcher() -> bool:
@@ -161,9 +170,13 @@ def _run(argv: Sequence[str]) -> None:
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
+        script = Path(argv[0]).resolve()
+        if not script.is_file():  # as python says it (a traceback through runpy had)
+            sys.stderr.write(f"python: can't open file {str(script)!r}: no such file\n")
+            raise SystemExit(2)
         sys.argv = list(argv)
-        sys.path[0] = str(Path(argv[0]).resolve().parent)
-        runpy.run_path(argv[0], run_name="__main__")
+        sys.path[0] = str(script.parent)
+        runpy.run_path(str(script), run_name="__main__")  # (__file__ absolute, as python's)
 
 
 if __name__ == "__main__":
