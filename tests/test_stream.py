@@ -707,3 +707,46 @@ def test_an_array_sharded_on_an_explicit_mesh_streams(tmp_path):
         placed = jax.device_put(a, P("data"))
         shardwise.stream("nd,dk->nk", placed, b, out=tmp_path / "o.npy", budget="1MiB")
     np.testing.assert_allclose(np.load(tmp_path / "o.npy"), a @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_resuming_says_what_changed_and_how_to_start_over(tmp_path):
+    """What a resume refuses names the input the run read (another file had been said to
+    have "changed"), the rows of an input read whole as the whole of it (the streamed
+    input's rows had been named), and a way to start over that works on a finished output
+    (deleting the manifest and partial output alone left the output, then refused); a chunk
+    size other than the run's is said, not silently dropped; a chunk may be given as text."""
+    rng = np.random.default_rng(5)
+    a, b, c = (rng.random((1000, 8)).astype(np.float32) for _ in range(3))
+    for name, arr in (("a", a), ("b", b), ("c", c)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    out = tmp_path / "o.npy"
+    shardwise.stream("nd,nd->n", tmp_path / "a.npy", tmp_path / "b.npy", out=out, chunk="256")
+    said = r"input 1 is .*c\.npy, where the run begun read .*b\.npy.* delete o\.npy\.manifest"
+    with pytest.raises(ShardwiseError, match=said) as e:
+        shardwise.stream("nd,nd->n", tmp_path / "a.npy", tmp_path / "c.npy", out=out)
+    for name in ("o.npy.manifest.json", "o.npy.partial", "o.npy"):  # as the error says
+        if name in str(e.value):
+            (tmp_path / name).unlink(missing_ok=True)
+    shardwise.stream("nd,nd->n", tmp_path / "a.npy", tmp_path / "c.npy", out=out)
+    np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->n", a, c), rtol=1e-5)
+
+    class Stop(Exception):
+        pass
+
+    def stop(done: int, total: int, nbytes: int) -> None:
+        raise Stop
+
+    w = rng.random((8, 300)).astype(np.float32)  # read whole, for every chunk
+    changed = w.copy()
+    changed[3, 90] += 1  # (where the fingerprint's sample of its bytes does not look)
+    with pytest.raises(Stop):
+        shardwise.stream("nd,dk->nk", a, w, out=tmp_path / "m.npy", chunk=128, on_chunk=stop)
+    with pytest.warns(shardwise.ShardwiseWarning, match=r"in chunks of 128, not of 256"):
+        shardwise.stream("nd,dk->nk", a, w, out=tmp_path / "m.npy", chunk=256)
+    with pytest.raises(Stop):
+        shardwise.stream("nd,dk->nk", a, w, out=tmp_path / "n.npy", chunk=128, on_chunk=stop)
+    with pytest.raises(ShardwiseError, match=r"input 1 \(.*\) changed since the last run: the "
+                       r"whole of it that chunk 0 read"):  # fmt: skip
+        shardwise.stream("nd,dk->nk", a, changed, out=tmp_path / "n.npy", chunk=128)
+    with pytest.raises(ArgumentError, match=r"chunk -128 must be a positive multiple"):
+        shardwise.stream("nd,nd->n", a, b, out=tmp_path / "p.npy", chunk="-128")

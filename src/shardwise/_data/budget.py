@@ -138,7 +138,7 @@ def plan_stream(
     if first_axis:
         kept = [i for i in candidates if i not in op.output or op.output.index(i) == 0]
         longest = max(candidates, key=lambda i: sizes[i])
-        if longest not in kept and (not kept or sizes[max(kept, key=sizes.get)] < granule):
+        if longest not in kept and (not kept or max(sizes[i] for i in kept) < granule):
             hint = (
                 f" A .npy output is written along its first axis only, so the run cannot be "
                 f"cut along {longest!r} ({sizes[longest]:,} long): write the output as .zarr, "
@@ -165,9 +165,8 @@ def plan_stream(
     total = sizes[index]
     smallest = granule
     need = fixed + smallest * per_row
+    chunk = parse_chunk(chunk)
     if isinstance(chunk, str):
-        if chunk != "auto":
-            raise ArgumentError(f"chunk {chunk!r} is neither 'auto' nor a whole number.")
         rows = (budget - fixed) // per_row // granule * granule if budget > fixed else 0
         rows = min(rows, -(-total // granule) * granule)
     else:
@@ -200,6 +199,25 @@ def _empty_plan(op: Op, sizes: dict[str, int], granule: int) -> StreamPlan:
     zero = [i for i, n in sizes.items() if n == 0]
     index = next((i for i in zero if i in op.output), zero[0])
     return StreamPlan(index, index not in op.output, 0, granule, 0, 0, 0)
+
+
+def parse_chunk(chunk: int | str) -> int | str:
+    """``chunk`` as ``"auto"`` or a whole number (given as one, or as text: ``"256"``).
+
+    >>> parse_chunk("256"), parse_chunk(" auto"), parse_chunk(-128)
+    (256, 'auto', -128)
+    """
+    if isinstance(chunk, str):
+        text = chunk.strip()
+        if text == "auto":
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            raise ArgumentError(f"chunk {chunk!r} is neither 'auto' nor a whole number.") from None
+    if isinstance(chunk, bool) or not isinstance(chunk, int):
+        raise ArgumentError(f"chunk {chunk!r} is neither 'auto' nor a whole number.")
+    return chunk
 
 
 def _costs(
@@ -269,19 +287,18 @@ def plan_from_json(data: dict[str, Any], bad: Callable[[str], Exception]) -> Str
     return StreamPlan(**data)
 
 
-def check_resumable(plan: StreamPlan, devices: int, limit: int, manifest: str) -> None:
+def check_resumable(plan: StreamPlan, devices: int, limit: int, again: str) -> None:
     """Refuse to resume a ``plan`` that the budget ``limit`` or the ``devices`` cannot hold
-    (``manifest``: the name of the file it was read from)."""
-    start_over = f"or delete {manifest} and the partial output to start over"
+    (``again``: what to delete to start over, :func:`~shardwise._data.manifest.start_over`)."""
     if plan.peak_bytes > limit:
         raise ArgumentError(
             f"the interrupted run used chunks needing {format_bytes(plan.peak_bytes)}, "
             f"over the budget of {format_bytes(limit)}; resume with a budget of "
             f"{format_bytes(plan.peak_bytes)} (--host-memory from the command line), "
-            f"{start_over}."
+            f"or {again}."
         )
     if plan.chunk % devices:
         raise ArgumentError(
             f"the interrupted run cut chunks of {plan.chunk}, which do not split over "
-            f"{devices} devices; resume on the mesh it ran on, {start_over}."
+            f"{devices} devices; resume on the mesh it ran on, or {again}."
         )

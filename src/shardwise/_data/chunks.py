@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from shardwise._data.budget import Chunking, sum_dtype
-from shardwise._data.manifest import Manifest, accumulator_name
+from shardwise._data.manifest import Manifest, accumulator_name, start_over
 from shardwise._data.sink import Sink
 from shardwise._errors import ShardwiseError
 from shardwise._files import NEW, open_regular
@@ -96,8 +96,8 @@ class ChunkWriter:
 
     def _damaged(self, name: str, why: str) -> ShardwiseError:
         return ShardwiseError(
-            f"{name} is damaged or was changed since the run recorded it ({why}); delete it, "
-            f"{self.manifest.path.name} and the partial output to start over."
+            f"{name} is damaged or was changed since the run recorded it ({why}); "
+            f"{start_over(self.manifest.path)}."
         )
 
     def commit(self, c: int, pieces: Pieces, reads: list[int] | None = None) -> None:

@@ -102,6 +102,18 @@ def own_files(target: Path, token: str) -> re.Pattern[str]:
     )
 
 
+def start_over(manifest: Path) -> str:
+    """What to delete to start a run over, whether it finished or not: its output too, where
+    it finished (the manifest and partial output alone had been named, and the finished
+    output was then refused as "not written by a finished run").
+
+    >>> start_over(Path("o.npy.manifest.json"))
+    'delete o.npy.manifest.json, o.npy.partial and o.npy (those that exist) to start over'
+    """
+    out = manifest.name.removesuffix(".manifest.json")
+    return f"delete {manifest.name}, {out}.partial and {out} (those that exist) to start over"
+
+
 def _bad(path: Path, why: str) -> ShardwiseError:
     return ShardwiseError(
         f"{path.name} is damaged or was edited ({why}); shardwise will not resume from it. "
@@ -258,7 +270,7 @@ class Manifest:
     ) -> None:
         """Refuse to resume when the command or its inputs changed since this was written."""
         data, name = self.data, self.path.name
-        start_over = f"delete {name} and the partial output to start over"
+        again = start_over(self.path)
         if (
             data["equation"] != op.equation
             or data["out_shape"] != list(out_shape)
@@ -267,7 +279,7 @@ class Manifest:
         ):
             raise ShardwiseError(
                 f"{name} belongs to another run ({data['equation']!r}, shape "
-                f"{data['out_shape']}, {data['dtype']}); choose another output or {start_over}."
+                f"{data['out_shape']}, {data['dtype']}); choose another output or {again}."
             )
         plan = self.plan
         if plan.index not in sizes or plan.total != sizes[plan.index]:
@@ -292,9 +304,14 @@ class Manifest:
                         "though its size and mtime are as they were; a run with checksum=True "
                         "(--checksum) records SHA-256 and resumes across such changes"
                     )
+                if not moved and before[k].get("name") != new["name"]:
+                    raise ShardwiseError(
+                        f"input {k} is {new['name']}, where the run begun read "
+                        f"{before[k].get('name')}: give the same inputs to resume, or {again}."
+                    )
                 raise ShardwiseError(
                     f"input {k} ({new['name']}) changed since the last run "
-                    f"({how or ', '.join(changed) + ' differ'}); restore it, or {start_over}."
+                    f"({how or ', '.join(changed) + ' differ'}); restore it, or {again}."
                 )
 
     @property

@@ -11,7 +11,7 @@ import numpy as np
 import xxhash
 
 from shardwise._data.budget import Chunking
-from shardwise._data.manifest import Manifest
+from shardwise._data.manifest import Manifest, start_over
 from shardwise._data.sources import Source
 from shardwise._errors import ShardwiseError
 from shardwise._runtime.hostmem import aligned_empty
@@ -127,11 +127,12 @@ class ChunkReader:
             for k, recorded in zip(self._unstamped, manifest.reads(c), strict=True):
                 if self._checksum(c, self._rows_again(k, c)) != recorded:
                     lo, hi = ch.span(c)
+                    read = f"the rows {lo}:{hi}" if ch.axes[k] is not None else "the whole of it"
                     raise ShardwiseError(
-                        f"input {k} ({ch.sources[k].name}) changed since the last run: the "
-                        f"rows {lo}:{hi} that chunk {c} read of it are not what they were then, "
-                        "so that chunk's result is stale. Give the same inputs to resume, or "
-                        f"delete {manifest.path.name} and the partial output to start over."
+                        f"input {k} ({ch.sources[k].name}) changed since the last run: {read} "
+                        f"that chunk {c} read of it are not what they were then, so that chunk's "
+                        "result is stale. Give the same inputs to resume, or "
+                        f"{start_over(manifest.path)}."
                     )
 
     @staticmethod

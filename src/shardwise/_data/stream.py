@@ -26,20 +26,27 @@ import functools
 import os
 import secrets
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from shardwise._data.budget import Chunking, check_resumable, plan_stream
+from shardwise._data.budget import Chunking, check_resumable, parse_chunk, plan_stream
 from shardwise._data.chunks import ChunkWriter, Program, compile_program
-from shardwise._data.manifest import Manifest, lock_path, manifest_path, own_files
+from shardwise._data.manifest import (
+    Manifest,
+    lock_path,
+    manifest_path,
+    own_files,
+    start_over,
+)
 from shardwise._data.reader import ChunkReader
 from shardwise._data.result import StreamResult
 from shardwise._data.result import peak_rss as peak_rss
 from shardwise._data.sink import Sink, is_zarr, remove
 from shardwise._data.sources import Source, open_source
-from shardwise._errors import ArgumentError, ShapeError, ShardwiseError
+from shardwise._errors import ArgumentError, ShapeError, ShardwiseError, ShardwiseWarning
 from shardwise._files import LockHeld, exclusive_lock, identity
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
@@ -111,6 +118,7 @@ def _stream(
     from shardwise._xla.meshes import jax_mesh, on_mesh
 
     op = Op.parse(equation)
+    chunk = parse_chunk(chunk)
     if multi_process():
         raise ArgumentError(
             f"stream (shardwise run) runs in one process, but this is process "
@@ -278,7 +286,15 @@ def _begin(
             raise sink.failed(e, started=False) from None
         sink.publish(token)
         return manifest
-    check_resumable(manifest.plan, devices, limit, manifest.path.name)
+    check_resumable(manifest.plan, devices, limit, start_over(manifest.path))
+    if chunk != "auto" and chunk != manifest.plan.chunk:
+        warnings.warn(
+            f"resuming the run begun in chunks of {manifest.plan.chunk}, not of {chunk}: its "
+            "finished chunks are kept as they were cut. Delete the output's partial and "
+            f"manifest files to start over in chunks of {chunk}.",
+            ShardwiseWarning,
+            stacklevel=4,
+        )
     if not sink.reopen(manifest.partial, manifest.token):
         if manifest.done:
             raise ShardwiseError(

@@ -80,7 +80,6 @@ def run(
     setup_devices(devices)
     from shardwise._data.stream import stream
 
-    size: int | str = int(chunk) if chunk.isdigit() else chunk
     out_console = console(stderr=True)
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -115,7 +114,7 @@ def run(
             mesh=mesh,
             out=out,
             budget=limit,
-            chunk=size,
+            chunk=chunk,
             checksum=checksum,
             layout="auto" if auto else layout,
             on_chunk=on_chunk,
