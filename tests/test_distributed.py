@@ -123,6 +123,14 @@ def test_port_in_use():
     assert f"port {port} on 127.0.0.1 is in use" in " ".join(result.stderr.split())
 
 
+def test_a_coordinator_host_that_does_not_resolve_is_blamed_not_its_port():
+    result = shardwise("launch", "-n", "2", "--coordinator-address", "no.such.host.invalid:1234",
+                       "--", sys.executable, "-c", "pass")  # fmt: skip
+    assert result.returncode == 2
+    assert "no.such.host.invalid is not a name this machine can resolve" in result.stderr
+    assert "--port" not in result.stderr
+
+
 def test_the_launcher_picks_a_port_no_outgoing_connection_can_take():
     # a port from the ephemeral range may become some connection's end (gloo opens many)
     # in the second before process 0 listens there: that failed a launch in the test suite

@@ -26,6 +26,7 @@ import ctypes
 import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -78,6 +79,11 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
     """Refuse an address whose port is taken or that is not this machine's, before any
     process starts."""
     e = bind_error(host, port)
+    if isinstance(e, socket.gaierror):  # (the name, not the port)
+        raise DistributedError(
+            f"the coordinator's host {host} is not a name this machine can resolve ({e}); "
+            "give an address of this machine with --coordinator-address (e.g. 127.0.0.1:PORT)."
+        )
     if e is not None:
         what = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be used ({e})"
         raise DistributedError(
