@@ -120,6 +120,14 @@ def test_save_refuses_other_formats(tmp_path):
         save(s4(), tmp_path / "x.jpg")
 
 
+def test_save_into_a_folder_that_is_not_there_is_refused_as_html_is(tmp_path):
+    """``--svg`` and ``--png`` had made the missing folders (a mistyped ``/nonexistent/x.svg``
+    made a new top-level folder), where ``--html`` refuses."""
+    with pytest.raises(shardwise.ShardwiseError, match=r"its folder .*nodir.* does not exist"):
+        save(s4(), tmp_path / "nodir" / "x.svg")
+    assert not (tmp_path / "nodir").exists()
+
+
 def test_missing_matplotlib_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ImportError, match=r"shardwise\[pictures\]"):

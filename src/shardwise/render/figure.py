@@ -376,9 +376,13 @@ def save(expl: Explanation, path: str | Path) -> Path:
     fmt = path.suffix.lower().lstrip(".")
     if fmt not in ("svg", "png"):
         raise ShardwiseError(f"cannot draw {str(path)!r}: the file must end in .svg or .png.")
+    if not path.parent.is_dir():  # (as --html says it: a mistyped folder is not made)
+        raise ShardwiseError(
+            f"cannot write {str(path)!r}: its folder {str(path.parent)!r} does not exist; give "
+            "a path in a folder that exists and that you can write to."
+        )
     fig = draw(expl)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         if fmt == "svg":
             fig.savefig(path, format="svg", metadata={"Date": None})
         else:
