@@ -24,7 +24,7 @@ def test_demo_small_json_follows_the_contract():
     result = runner.invoke(app, ["demo", "--size", "small", "--json", "--repeat", "1"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["devices"] == {"platform": "cpu", "count": 8, "processes": 1}
+    assert data["devices"] == {"platform": "cpu", "count": 8, "processes": 1, "used": 8}
     assert [s["name"] for s in data["scenarios"]] == ["S1", "S2", "S3", "S4", "S5"]
     s5 = data["scenarios"].pop()
     assert s5["ok"] and [p["name"] for p in s5["parts"]] == [
@@ -75,6 +75,22 @@ def test_demo_exits_nonzero_on_a_wrong_result(monkeypatch):
     result = runner.invoke(app, ["demo", "--size", "small", "--repeat", "1"])
     assert result.exit_code == 1
     assert "wrong results in S1, S2, S3, S4" in result.output  # S5 is checked against Dask
+
+
+def test_demo_says_the_devices_it_runs_on_and_refuses_too_few(monkeypatch):
+    """On 16 devices the title had said "on 16 cpu devices" where every scenario runs on 8;
+    on 4 the error had named a mesh 'devices=8' the user never gave."""
+    from shardwise.cli.demo import demo_table
+
+    report = {"devices": {"platform": "cpu", "count": 16, "processes": 1, "used": 8},
+              "size": "small", "scenarios": [], "ok": True, "skipped": []}  # fmt: skip
+    assert "on 8 of the 16 cpu devices" in str(demo_table(report).title)
+    import shardwise._demo as demo
+
+    monkeypatch.setattr(demo.jax, "device_count", lambda: 4)
+    result = runner.invoke(app, ["demo", "--size", "small", "--repeat", "1"])
+    assert result.exit_code == 2
+    assert "run on 8 devices (a line of 8 and a 2 × 4 grid), but 4 are" in result.output
 
 
 def test_demo_bad_size():

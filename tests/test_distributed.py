@@ -51,7 +51,7 @@ def test_demo_on_two_processes_matches_one():
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     a, b = _json(one.stdout), _json(two.stdout)
-    assert b["devices"] == {"platform": "cpu", "count": 8, "processes": 2}
+    assert b["devices"] == {"platform": "cpu", "count": 8, "processes": 2, "used": 8}
     assert b["ok"]
     for s1, s2 in zip(a["scenarios"][:4], b["scenarios"], strict=False):
         assert s1["name"] == s2["name"]

@@ -242,3 +242,13 @@ def test_shard_pjit_style_with_none_means_replicated():
     )
     out = f(np.ones((8, 2), np.float32), np.ones((8, 2), np.float32))
     assert out.sharding.is_fully_replicated
+
+
+def test_the_demo_makes_the_pictures_folder_it_is_given(tmp_path):
+    """``demo --pictures DIR`` names a folder to write to: it is made, where a picture's own
+    path (``--svg``) must be in a folder that exists."""
+    from shardwise._demo import run_demo
+
+    folder = tmp_path / "new" / "pictures"
+    run_demo("small", repeat=1, pictures=folder, with_dask=False)
+    assert {p.name for p in folder.iterdir()} >= {"S1.svg", "S1.png", "S4.svg", "S4.png"}

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
+from shardwise._errors import ArgumentError
 from shardwise._extras import available, install_hint, require
 from shardwise._model.mesh import MeshSpec, build_mesh
 from shardwise._model.plan import Mode, Plan
@@ -59,13 +60,17 @@ class Scenario:
         )
 
 
+DEMO_DEVICES = 8
+"""The devices the tutorial's scenarios run on: a line of 8, and a 2 × 4 grid."""
+
+
 def scenarios(size: Size = "tutorial") -> list[Scenario]:
     """The four scenarios at the tutorial's sizes or at a quick, small size."""
     small = size == "small"
     n1 = 8_000 if small else 10_000_000
     pairs, comps = (64, 800) if small else (1_000, 10_000)
     rows, cols = (400, 1_000) if small else (4_000, 10_000)
-    line = MeshSpec.parse("devices=8")
+    line = MeshSpec.parse(f"devices={DEMO_DEVICES}")
     grid = MeshSpec.parse("x=2,y=4")
     return [
         Scenario(
@@ -260,6 +265,13 @@ def run_demo(
     With ``pictures``, also draw each scenario's data flow to ``<pictures>/<name>.png`` and
     ``.svg`` (needs the ``pictures`` extra).
     """
+    have = jax.device_count()
+    if have < DEMO_DEVICES:
+        raise ArgumentError(
+            f"the tutorial's scenarios run on {DEMO_DEVICES} devices (a line of "
+            f"{DEMO_DEVICES} and a 2 × 4 grid), but {have} are available; simulate "
+            f"{DEMO_DEVICES} or more CPU devices (--devices {DEMO_DEVICES})."
+        )
     skipped = []
     if with_dask is None:
         # blocks run in whatever order Dask picks, but across processes every process must
@@ -271,6 +283,8 @@ def run_demo(
             skipped.append({"name": "S5", "why": why})
         with_dask = not skipped
     outcomes = []
+    if pictures is not None:  # (the folder asked for; a picture's own path must exist)
+        pictures.mkdir(parents=True, exist_ok=True)
     for scenario in scenarios(size):
         if on_start is not None:
             on_start(scenario)
@@ -299,7 +313,7 @@ def run_demo(
             )
         found.append(run_s5(size))
     return {
-        "devices": device_summary(),
+        "devices": device_summary() | {"used": DEMO_DEVICES},
         "size": size,
         "ok": all(s["ok"] for s in found),
         "scenarios": found,

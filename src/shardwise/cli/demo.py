@@ -39,11 +39,17 @@ def _spec(s: Any) -> str:
     )
 
 
+def _used(dev: dict[str, Any]) -> str:
+    """How many devices the scenarios ran on: ``8``, or ``8 of the 16``."""
+    used = dev.get("used", dev["count"])
+    return str(used) if used == dev["count"] else f"{used} of the {dev['count']}"
+
+
 def demo_table(report: dict[str, Any]) -> Table:
     """The demo's results as a rich table; each scenario's description is in the caption."""
     dev = report["devices"]
     table = Table(
-        title=f"shardwise demo — the tutorial's scenarios on {dev['count']} {dev['platform']} "
+        title=f"shardwise demo — the tutorial's scenarios on {_used(dev)} {dev['platform']} "
         f"devices"
         + (f" in {dev['processes']} processes" if dev.get("processes", 1) > 1 else "")
         + f" ({report['size']} size)",
