@@ -134,7 +134,7 @@ def test_a_coordinator_host_that_does_not_resolve_is_blamed_not_its_port():
 def test_the_launcher_picks_a_port_no_outgoing_connection_can_take():
     # a port from the ephemeral range may become some connection's end (gloo opens many)
     # in the second before process 0 listens there: that failed a launch in the test suite
-    from shardwise._runtime.distributed import _ephemeral_low, bind_error, free_port
+    from shardwise._runtime.address import _ephemeral_low, bind_error, free_port
 
     low = _ephemeral_low()
     for _ in range(20):
@@ -168,7 +168,7 @@ def test_wrong_coordinator_fails_with_a_clear_error():
 def test_process_zero_whose_peer_never_joins_ends_with_a_clear_error():
     """Process 0 of 2 alone: JAX's runtime had aborted it from native code (status 134 and a
     C++ stack) when its peer never registered."""
-    from shardwise._runtime.distributed import free_port
+    from shardwise._runtime.address import free_port
 
     result = shardwise(
         "demo",

@@ -228,7 +228,7 @@ def test_killing_the_launcher_outright_ends_python_programs_everywhere(tmp_path,
 @pytest.mark.parametrize(
     ("per_process", "message"),
     [
-        (2, "needs 8 devices, but only 6"),  # 3 × 2 devices: too few for the demo's meshes
+        (2, "run on 8 devices (a line of 8 and a 2 × 4 grid), but 6 are"),  # 3 × 2: too few
         (4, "so process 2 holds none of them"),  # 3 × 4: the 8-device mesh leaves process 2 out
     ],
 )

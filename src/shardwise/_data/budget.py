@@ -136,15 +136,7 @@ def plan_stream(
     candidates = [*op.batch, *shared, *op.free]
     hint = ""
     if first_axis:
-        kept = [i for i in candidates if i not in op.output or op.output.index(i) == 0]
-        longest = max(candidates, key=lambda i: sizes[i])
-        if longest not in kept and (not kept or max(sizes[i] for i in kept) < granule):
-            hint = (
-                f" A .npy output is written along its first axis only, so the run cannot be "
-                f"cut along {longest!r} ({sizes[longest]:,} long): write the output as .zarr, "
-                f"or put {longest!r} first in the output's indices."
-            )
-        candidates = kept
+        candidates, hint = _first_axis(op, sizes, candidates, granule)
     if not candidates:
         raise ArgumentError(
             f"cannot stream {op.equation!r}: chunks run along an index of the output, or a "
@@ -199,6 +191,23 @@ def _empty_plan(op: Op, sizes: dict[str, int], granule: int) -> StreamPlan:
     zero = [i for i, n in sizes.items() if n == 0]
     index = next((i for i in zero if i in op.output), zero[0])
     return StreamPlan(index, index not in op.output, 0, granule, 0, 0, 0)
+
+
+def _first_axis(
+    op: Op, sizes: dict[str, int], candidates: list[str], granule: int
+) -> tuple[list[str], str]:
+    """The ``candidates`` a ``.npy`` output (written along its first axis only) leaves, and
+    what to say where that keeps a run from its long index (its chunks then pad a short one
+    many times over)."""
+    kept = [i for i in candidates if i not in op.output or op.output.index(i) == 0]
+    longest = max(candidates, key=lambda i: sizes[i])
+    if longest in kept or (kept and max(sizes[i] for i in kept) >= granule):
+        return kept, ""
+    return kept, (
+        f" A .npy output is written along its first axis only, so the run cannot be cut "
+        f"along {longest!r} ({sizes[longest]:,} long): write the output as .zarr, or put "
+        f"{longest!r} first in the output's indices."
+    )
 
 
 def parse_chunk(chunk: int | str) -> int | str:

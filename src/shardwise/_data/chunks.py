@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from shardwise._data.budget import Chunking, sum_dtype
-from shardwise._data.manifest import Manifest, accumulator_name, start_over
+from shardwise._data.manifest import Manifest
 from shardwise._data.sink import Sink
+from shardwise._data.workfiles import accumulator_name, start_over
 from shardwise._errors import ShardwiseError
 from shardwise._files import NEW, open_regular
 from shardwise._model.op import Op

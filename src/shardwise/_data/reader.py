@@ -11,8 +11,9 @@ import numpy as np
 import xxhash
 
 from shardwise._data.budget import Chunking
-from shardwise._data.manifest import Manifest, start_over
+from shardwise._data.manifest import Manifest
 from shardwise._data.sources import Source
+from shardwise._data.workfiles import start_over
 from shardwise._errors import ShardwiseError
 from shardwise._runtime.hostmem import aligned_empty
 

@@ -34,18 +34,13 @@ from typing import Any
 
 from shardwise._data.budget import Chunking, check_resumable, parse_chunk, plan_stream
 from shardwise._data.chunks import ChunkWriter, Program, compile_program
-from shardwise._data.manifest import (
-    Manifest,
-    lock_path,
-    manifest_path,
-    own_files,
-    start_over,
-)
+from shardwise._data.manifest import Manifest
 from shardwise._data.reader import ChunkReader
 from shardwise._data.result import StreamResult
 from shardwise._data.result import peak_rss as peak_rss
 from shardwise._data.sink import Sink, is_zarr, remove
 from shardwise._data.sources import Source, open_source
+from shardwise._data.workfiles import lock_path, manifest_path, own_files, start_over
 from shardwise._errors import ArgumentError, ShapeError, ShardwiseError, ShardwiseWarning
 from shardwise._files import LockHeld, exclusive_lock, identity
 from shardwise._model.mesh import MeshSpec

@@ -36,16 +36,13 @@ from types import FrameType
 from typing import Any
 
 from shardwise._errors import DistributedError
+from shardwise._runtime.address import bind_error, free_port, join_address, split_address
 from shardwise._runtime.distributed import (
     ENV_COORDINATOR,
     ENV_COORDINATOR_BIND,
     ENV_HEARTBEAT_TIMEOUT,
     ENV_NUM_PROCESSES,
     ENV_PROCESS_ID,
-    bind_error,
-    free_port,
-    join_address,
-    split_address,
 )
 from shardwise._runtime.ending import (
     Outcome,
