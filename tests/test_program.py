@@ -343,6 +343,16 @@ def test_the_profiles_memory_is_the_default_budget_and_none_fitting_is_said():
     assert within.chosen.in_specs == asked.chosen.in_specs
     roomy = dataclasses.replace(small, memory_bytes=2**40)
     assert shardwise.plan(loss, *args, profile=roomy, **kw).chosen.in_specs == free.chosen.in_specs
+    # where the fastest fits, a baseline that does not is still marked (it had been shown
+    # unmarked, 131 GiB on a 95 GiB chip, whenever the search's plan fitted)
+    largest = max(p.predicted.memory_bytes for p in free.plans)
+    assert largest > fastest
+    snug = shardwise.plan(loss, *args, profile=dataclasses.replace(small, memory_bytes=fastest),
+                          **kw)  # fmt: skip
+    assert snug.budget == fastest and not snug.chosen.over_budget
+    assert [p.over_budget for p in snug.plans] == [
+        p.predicted.memory_bytes > fastest for p in snug.plans
+    ] and any(p.over_budget for p in snug.plans)
     tiny = dataclasses.replace(small, memory_bytes=1024)
     over = shardwise.plan(loss, *args, profile=tiny, **kw)
     assert over.chosen.in_specs == free.chosen.in_specs and over.budget is None

@@ -148,7 +148,8 @@ def _plan(
                                         read.role, read.extra)  # fmt: skip
             plans = _predictions(graph, [*named, *solved], costs, limit)
         else:
-            plans = [*_predictions(graph, named, costs, limit), *_marked(baselines_of, limit)]
+            base = [p for p in baselines_of.plans if p.name.split()[0] != "search"]
+            plans = [*_predictions(graph, named, costs, limit), *_marked(base, limit)]
             skipped = list(baselines_of.skipped)
     plans.sort(key=lambda p: p.predicted.seconds)
     if searched:
@@ -186,13 +187,11 @@ def _fastest_searched(plans: list[PlannedLayout], method: str) -> tuple[list[Pla
     return renamed, f"{method}; its plans ranked as predicted"
 
 
-def _marked(plan: ProgramPlan, limit: int | None) -> list[PlannedLayout]:
-    """The baselines of ``plan`` (every plan but the search's), each marked over budget
-    where its memory is over ``limit``."""
+def _marked(plans: Sequence[PlannedLayout], limit: int | None) -> list[PlannedLayout]:
+    """``plans``, each marked over budget where its memory is over ``limit``."""
     return [
         dataclasses.replace(p, over_budget=limit is not None and p.predicted.memory_bytes > limit)
-        for p in plan.plans
-        if p.name != "search" and not p.name.startswith("search ")
+        for p in plans
     ]
 
 
@@ -202,8 +201,9 @@ def _within_device(plan_with: Callable[..., ProgramPlan], prof: Profile) -> Prog
     else the plan within the memory, else the one without a bound, saying that none fits."""
     assert prof.memory_bytes is not None
     free = plan_with(None)
-    if free.chosen.predicted.memory_bytes <= prof.memory_bytes:
-        return free
+    if free.chosen.predicted.memory_bytes <= prof.memory_bytes:  # (a baseline may not fit)
+        limit = int(prof.memory_bytes)
+        return dataclasses.replace(free, budget=limit, plans=tuple(_marked(free.plans, limit)))
     try:  # (the baselines as they are: re-solving them within it took tens of seconds)
         return plan_with(int(prof.memory_bytes), baselines_of=free)
     except NothingFits as e:
