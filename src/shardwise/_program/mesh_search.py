@@ -62,6 +62,7 @@ class Candidate:
         variant: which of the programs given as variants the best plan is of (a remat
             policy's name; ``None``: the program itself, where no variants are given).
         axes: a mesh given in ``also``: its axes (``()``: the roles).
+        plan: the name of that plan (``search``, or a baseline faster by this time).
     """
 
     sizes: tuple[int, ...]
@@ -72,6 +73,7 @@ class Candidate:
     skipped: str | None = None
     variant: str | None = None
     axes: tuple[str, ...] = ()
+    plan: str = "search"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +149,7 @@ class MeshChoice:
             "ranked_by": self.ranked_by,
             "wall_seconds": self.wall_seconds,
             "candidates": [
-                {"mesh": c.mesh, "variant": c.variant, "seconds": c.seconds,
+                {"mesh": c.mesh, "variant": c.variant, "plan": c.plan, "seconds": c.seconds,
                  "memory_bytes": c.memory_bytes, "fits": c.fits, "skipped": c.skipped}
                 for c in rows
             ],
@@ -347,13 +349,16 @@ def _plan_each(
         for j, (variant, (fn, args)) in enumerate(programs.items()):
             if on_step is not None:
                 on_step(k * len(programs) + j, steps)
-            # the fastest within a device's memory (plan's default: a slower plan that fits,
-            # FSDP, beats a faster one that does not); where none fits, the fastest, marked
+            # the fastest within a device's memory, by the time candidates are ranked by
+            # (collectives beside compute: a baseline may beat the search's plan, whose
+            # search adds them up); where none fits, the fastest, marked
             p = planner(fn, *args, mesh=text)
-            best = p.chosen.predicted
-            fits = prof.memory_bytes is None or best.memory_bytes <= prof.memory_bytes
-            c = Candidate(sizes, text, best.overlapped_seconds, best.memory_bytes, fits,
-                          variant=variant or None, axes=split.axes)  # fmt: skip
+            fitting = [q for q in p.plans if _fits(q.predicted.memory_bytes, prof)]
+            q = min(fitting or p.plans, key=lambda q: q.predicted.overlapped_seconds)
+            best = q.predicted
+            c = Candidate(sizes, text, best.overlapped_seconds, best.memory_bytes,
+                          bool(fitting), variant=variant or None, axes=split.axes,
+                          plan=q.name)  # fmt: skip
             tried.append((c, p))
         c, p = min(tried, key=lambda t: _order(t[0]))
         if best_plan is None or _order(c) < min(_order(o) for o in out):
@@ -361,6 +366,11 @@ def _plan_each(
         out.append(c)
     assert best_plan is not None  # splits is never empty
     return sorted(out, key=_order), best_plan
+
+
+def _fits(memory_bytes: int, prof: Profile) -> bool:
+    """Whether ``memory_bytes`` is within the profile's memory per device (it may give none)."""
+    return prof.memory_bytes is None or memory_bytes <= prof.memory_bytes
 
 
 def _order(c: Candidate) -> tuple[bool, float]:

@@ -330,18 +330,18 @@ def choice_table(choice: Any) -> Table:
         f"{len(choice.candidates)} best of those planned, in {choice.wall_seconds:.1f} s",
         title_justify="left",
         caption="predicted step: with collectives beside compute where XLA runs them so "
-        "(GPUs, TPUs)",
+        "(GPUs, TPUs); plan: each mesh's fastest within a device's memory by that time",
         caption_justify="left",
     )
     remat = choice.variant is not None
-    for col in ("#", "mesh", "MaxText", *(["remat_policy"] if remat else []), "predicted step",
-                "memory/device", "fits"):  # fmt: skip
+    for col in ("#", "mesh", "MaxText", *(["remat_policy"] if remat else []), "plan",
+                "predicted step", "memory/device", "fits"):  # fmt: skip
         table.add_column(col)
     for k, c in enumerate(choice.candidates):
         split = zip(choice.roles, c.sizes, strict=True)
         ici = " ".join(f"ici_{r}_parallelism={n}" for r, n in split if n > 1)
         table.add_row(
-            str(k + 1), c.mesh, ici or "-", *([c.variant or "-"] if remat else []),
+            str(k + 1), c.mesh, ici or "-", *([c.variant or "-"] if remat else []), c.plan,
             format_seconds(c.seconds) if c.seconds is not None else "-",
             format_bytes(c.memory_bytes) if c.memory_bytes is not None else "-",
             "yes" if c.fits else "[red]no[/]",
