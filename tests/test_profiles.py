@@ -76,6 +76,9 @@ BAD_FIGURES = [
     (("conv_tap_s",), "55ns", 'conv_tap_s is "55ns", not a number'),
     (("platform",), "quantum", "platform is 'quantum'; it must be one of cpu, gpu, tpu"),
     (("speed",), 1.0, "it has the unknown key 'speed'"),
+    # a dtype named by its short form had been no rate at all: 1 GFLOP/s, 45 times too slow
+    (("flops_per_s",), {"f32": 5.2e10}, "flops_per_s names 'f32', which is not a dtype's"),
+    (("flops_per_s",), {"bfloat16": 9.1e10}, "flops_per_s has no float32"),
 ]
 
 
@@ -127,6 +130,13 @@ def test_a_profile_over_the_size_cap_is_refused(tmp_path):
     file.write_text(json.dumps(cpu_json(sources={"all": "x" * MAX_PROFILE_BYTES})))
     with pytest.raises(shardwise.ArgumentError, match="is over 1 MiB, which no profile is"):
         load_profile(str(file))
+
+
+def test_a_folder_given_as_a_profile_is_said_to_be_a_folder(tmp_path):
+    """A path to a folder had been answered "no profile named '/tmp/…'", listing names."""
+    result = runner.invoke(app, [*PLAN, "--profile", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "is a folder, not a regular file" in flat(result.output)
 
 
 def test_dev_zero_given_as_a_profile_is_refused():

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardwise._errors import ArgumentError
+from shardwise._model.dtype_names import NAMES
 from shardwise._model.figures import figure_fault, json_type
 
 GB = 1e9
@@ -32,7 +33,8 @@ class InvalidProfile(ArgumentError):
     def __init__(self, name: object, fact: str) -> None:
         super().__init__(
             f"profile {name!r} is not usable: {fact}. Give every figure as a finite number "
-            "above 0 (latencies may be 0), or measure the devices with shardwise calibrate."
+            "above 0 (latencies and conv_tap_s may be 0), or measure the devices with shardwise "
+            "calibrate."
         )
         self.fact = fact
 
@@ -199,6 +201,19 @@ def _invalid(p: Profile) -> str | None:
         return f"platform is {p.platform!r}; it must be one of {', '.join(PLATFORMS)}"
     if not isinstance(p.flops_per_s, Mapping) or not p.flops_per_s:
         return "flops_per_s is empty; give the peak FLOP/s of float32 at least"
+    names = dict.fromkeys(NAMES.values())
+    odd = [k for k in p.flops_per_s if k not in names]
+    if odd:  # (a short form, "f32", had been read as no rate: 1 GFLOP/s, 45 times too slow)
+        said = f" (write {NAMES[odd[0]]!r})" if odd[0] in NAMES else ""
+        return (
+            f"flops_per_s names {odd[0]!r}, which is not a dtype's NumPy name{said}; the names "
+            f"are {', '.join(names)}"
+        )
+    if "float32" not in p.flops_per_s:
+        return (
+            "flops_per_s has no float32; give the peak FLOP/s of float32 at least (it is "
+            "the rate of every dtype the profile does not name)"
+        )
     figures: list[tuple[object, str, bool]] = [
         (v, f"flops_per_s[{k!r}]", False) for k, v in p.flops_per_s.items()
     ]

@@ -67,8 +67,10 @@ def load_profile(name: str) -> Profile:
     if name in BUILTIN:
         return BUILTIN[name]
     for path in (Path(name), cache_dir() / f"{name}.json"):
-        # lexists, not is_file: a link, a FIFO or a device by that name is refused, not passed
-        if os.path.lexists(path) and not (path.is_dir() and not path.is_symlink()):
+        # lexists, not is_file: a link, a FIFO or a device by that name is refused, not passed;
+        # a folder too where the name is a path (a bare name may be a folder of that name)
+        folder = path.is_dir() and not path.is_symlink()
+        if os.path.lexists(path) and (not folder or os.sep in name):
             return read_profile(path)
     cached = sorted(p.stem for p in cache_dir().glob("*.json")) if cache_dir().is_dir() else []
     raise ArgumentError(
