@@ -435,3 +435,19 @@ def test_a_model_with_leaves_that_are_not_arrays_is_named_by_path_with_the_fix()
     with pytest.raises(shardwise.ArgumentTypeError, match=r"^model\.activation in argument 0 "
                        r"\(model\) of f is custom_jvp, not an array.*eqx\.partition"):  # fmt: skip
         shardwise.plan(f, model, S((8,), "float32"), mesh="x=8")
+
+
+def test_verify_and_tune_take_a_whole_number_of_turns_and_place_takes_arrays():
+    """``verify(repeat=0)`` had compiled every plan, then failed with ``statistics``'s "no
+    median for empty data"; ``place`` of the shapes ``shardwise.model`` returns had failed
+    inside JAX's sharding code with an IndexError."""
+    fn, args = shardwise.model("mlp", batch=16, hidden=8, ffn=16)
+    p = shardwise.plan(fn, *args, mesh="x=8", top=1)
+    for bad in (0, -1, None, True, 2.5):
+        with pytest.raises(shardwise.ArgumentError, match=r"repeat=.*whole number of at least"):
+            p.verify(repeat=bad)
+        with pytest.raises(shardwise.ArgumentError, match=r"repeat=.*whole number of at least"):
+            p.tune(repeat=bad)
+    with pytest.raises(shardwise.ArgumentError, match=r"^x is a jax.ShapeDtypeStruct, a shape "
+                       r"without data: place moves arrays"):  # fmt: skip
+        p.place(args)

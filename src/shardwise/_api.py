@@ -13,7 +13,14 @@ from jax.sharding import Mesh, NamedSharding
 
 from shardwise._caches import Bounded
 from shardwise._data.dask import dask_einsum, dask_mean, is_dask
-from shardwise._errors import UNSET, ArgumentError, ArgumentTypeError, Unset, renamed_argument
+from shardwise._errors import (
+    UNSET,
+    ArgumentError,
+    ArgumentTypeError,
+    Unset,
+    check_count,
+    renamed_argument,
+)
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op, as_shapes
 from shardwise._model.plan import Plan
@@ -263,9 +270,8 @@ def plan_einsum(
     """
     op = Op.parse(equation)
     limit = None if budget is None else parse_bytes(budget, "the budget")
-    for name, value in (("top", top), ("repeat", repeat)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ArgumentError(f"{name}={value!r}; it must be a whole number of at least 1.")
+    check_count("top", top)
+    check_count("repeat", repeat)
     jmesh = mesh if isinstance(mesh, Mesh) else None
     if verify or (isinstance(mesh, str) and mesh == "auto"):
         jmesh = jax_mesh(mesh)  # the devices here

@@ -231,3 +231,14 @@ def as_users(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
             raise user_code_error(e, f"your function {name!r}", "traced", fix) from e
 
     return call
+
+
+def check_count(name: str, value: object) -> None:
+    """Refuse ``value`` for ``name`` unless it is a whole number of at least 1 (a bool is not).
+
+    >>> check_count("repeat", 0)
+    Traceback (most recent call last):
+    shardwise._errors.ArgumentError: repeat=0; it must be a whole number of at least 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArgumentError(f"{name}={value!r}; it must be a whole number of at least 1.")

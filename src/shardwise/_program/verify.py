@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from shardwise._caches import Bounded
-from shardwise._errors import ArgumentError, ShardwiseWarning
+from shardwise._errors import ArgumentError, ShardwiseWarning, check_count
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import check_platform
 from shardwise._model.spec import Spec
@@ -218,11 +218,19 @@ def place(plan: ProgramPlan, chosen: PlannedLayout, args: Any, mesh: Any = None)
     m = mesh_for(plan, mesh)
     leaves, tree = jax.tree.flatten(args)
     if tree != plan.graph.tree:
+        params = parameter_names(plan.graph.names, plan.graph.tree)
         raise ArgumentError(
-            f"place takes the arguments the plan was made for, structured as {plan.graph.tree}; "
-            f"got {tree}."
+            f"place takes the arguments the plan was made for ({', '.join(params)}): "
+            f"{first_difference(plan.graph.tree, tuple(args), params)}."
         )
     check_arguments(plan.graph.names, leaves, planned_types(plan))
+    shapes = [n for n, x in zip(plan.graph.names, leaves, strict=True)
+              if isinstance(x, jax.ShapeDtypeStruct)]  # fmt: skip
+    if shapes:  # (it had failed inside JAX's sharding code with an IndexError)
+        raise ArgumentError(
+            f"{shapes[0]} is a jax.ShapeDtypeStruct, a shape without data: place moves arrays "
+            "onto the devices; give it the arrays (plan takes either)."
+        )
     out = []
     for x, spec in zip(leaves, chosen.in_specs, strict=True):
         target = NamedSharding(m, spec.to_partition_spec())
@@ -316,6 +324,7 @@ def verify(
     does there, not here. A plan that is the same program as another (:func:`same_programs`)
     is compiled and timed once, both get what it did, and the rank correlation and the pairs
     ordered count it once."""
+    check_count("repeat", repeat)
     m = mesh_for(plan, mesh)
     check_platform(plan.profile, platform(m), "verifying")
     leaves = _arrays(plan)
