@@ -148,3 +148,30 @@ def test_cli_bench_notes_the_default_peers_that_are_missing(monkeypatch):
         result.stderr.split()
     )
     assert all("torch" not in w["peers"] for w in json.loads(result.stdout)["workloads"])
+
+
+def test_bench_refuses_a_bad_plot_an_out_folder_and_too_few_devices_before_measuring(
+    tmp_path, monkeypatch
+):
+    """A --plot of another format, or --out naming a folder, had failed after the whole run
+    (the results lost, as "a bug in shardwise"); too few devices had been said as a mesh
+    'devices=8' the user never gave, after the machine was measured."""
+    import shardwise.bench as bench
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before the arguments were checked")
+
+    monkeypatch.setattr(bench, "run_bench", measured)
+    cases = [
+        (["--plot", str(tmp_path / "b.txt")], "must end in .png or .svg"),
+        (["--out", str(tmp_path)], "is a folder; give the path of a file in it"),
+    ]
+    for extra, said in cases:
+        result = runner.invoke(app, ["bench", "--suite", "tiny", "--peers", "numpy", *extra])
+        assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    import jax
+
+    monkeypatch.setattr(jax, "device_count", lambda: 4)
+    result = runner.invoke(app, ["bench", "--suite", "tiny", "--peers", "numpy"])
+    assert result.exit_code == 2
+    assert "bench's workloads run on 8 devices" in " ".join(result.output.split())

@@ -309,3 +309,22 @@ def callback_error(e: BaseException) -> str | None:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     found = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception)\b", line)]
     return found[-1] if found else lines[-1]
+
+
+def check_plot(path: Path) -> None:
+    """Refuse a ``--plot`` path no picture can be written to: a name that is not a PNG's or
+    an SVG's, or a folder that does not exist (they had failed after the sweep or the
+    benchmark, as a bug)."""
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise ArgumentError(f"--plot {str(path)!r}: the file's name must end in .png or .svg.")
+    if not path.parent.is_dir():
+        raise ArgumentError(
+            f"--plot {str(path)!r}: the folder {str(path.parent)!r} does not exist; give a "
+            "path in a folder that exists."
+        )
+
+
+def check_out(path: Path, flag: str = "--out") -> None:
+    """Refuse an output file path that is a folder, before the work that would fill it."""
+    if path.is_dir():
+        raise ArgumentError(f"{flag} {str(path)!r} is a folder; give the path of a file in it.")

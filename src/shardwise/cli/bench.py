@@ -13,6 +13,8 @@ from shardwise.cli._common import (
     Devices,
     Formats,
     Json,
+    check_out,
+    check_plot,
     console,
     friendly_errors,
     print_json,
@@ -80,7 +82,12 @@ def bench(
     if missing:
         progress.print(f"[yellow]not installed, so not benchmarked:[/] {hints}", highlight=False)
     chosen = [p for p in chosen if p not in missing]
+    if plot is not None:  # said before the benchmark, not after it
+        check_plot(plot)
+    if out is not None:
+        check_out(out)
     setup_devices(devices)
+    _enough_devices()
     with progress.status("benchmarking") as status:
         doc = run_bench(
             suite,
@@ -89,15 +96,15 @@ def bench(
             curve=True if plot else None,
             on_step=lambda what: status.update(what),
         )
-    if plot is not None:
-        from shardwise.bench.plot import plot_bench
-
-        plot_bench(doc, plot)
-    if out is not None:
+    if out is not None:  # (first: a picture that fails leaves the results written)
         import json as json_module
 
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json_module.dumps(doc, indent=1) + "\n")
+    if plot is not None:
+        from shardwise.bench.plot import plot_bench
+
+        plot_bench(doc, plot)
     if json:
         print_json(doc)
         return
@@ -138,3 +145,20 @@ def bench(
     show(console(), table, fmt)
     if plot is not None:
         progress.print(f"plot written to {plot}")
+
+
+def _enough_devices() -> None:
+    """Refuse fewer devices than the workloads' meshes take (8: ``devices=8`` and
+    ``x=2,y=4``), before the machine is measured (it had been said as a mesh the user never
+    gave, after that)."""
+    import jax
+
+    from shardwise._demo import DEMO_DEVICES
+    from shardwise._errors import ArgumentError
+
+    if jax.device_count() < DEMO_DEVICES:
+        raise ArgumentError(
+            f"bench's workloads run on {DEMO_DEVICES} devices (the tutorial's line of "
+            f"{DEMO_DEVICES} and 2 × 4 grid), but {jax.device_count()} are available; "
+            f"simulate {DEMO_DEVICES} or more CPU devices (--devices {DEMO_DEVICES})."
+        )

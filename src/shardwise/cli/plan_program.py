@@ -12,7 +12,14 @@ from rich.console import Console
 
 from shardwise._errors import ArgumentError
 from shardwise._model.units import parse_bytes
-from shardwise.cli._common import console, print_json, setup_devices, table_format, write_file
+from shardwise.cli._common import (
+    check_plot,
+    console,
+    print_json,
+    setup_devices,
+    table_format,
+    write_file,
+)
 from shardwise.render.formats import Format, show
 
 
@@ -25,7 +32,7 @@ def program(given: dict[str, Any]) -> None:
         raise ArgumentError("give --model or --function, not both.")
     _no_einsum(given)
     if given["plot"] is not None:  # said before the sweep, not after it
-        _check_plot(Path(given["plot"]))
+        check_plot(Path(given["plot"]))
     if given["sweep_devices"] is not None:
         sweep_device_counts(given)
         return
@@ -277,15 +284,3 @@ def sweep_device_counts(given: dict[str, Any]) -> None:
 def _roles(given: dict[str, Any]) -> tuple[str, ...]:
     """``--roles``: the mesh axes' names, in order."""
     return tuple(r.strip() for r in given["roles"].split(",") if r.strip())
-
-
-def _check_plot(path: Path) -> None:
-    """Refuse a ``--plot`` path no picture can be written to: a name that is not a PNG's or
-    an SVG's, or a folder that does not exist (they had failed after the sweep, as a bug)."""
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise ArgumentError(f"--plot {str(path)!r}: the file's name must end in .png or .svg.")
-    if not path.parent.is_dir():
-        raise ArgumentError(
-            f"--plot {str(path)!r}: the folder {str(path.parent)!r} does not exist; give a "
-            "path in a folder that exists."
-        )
