@@ -451,3 +451,21 @@ def test_verify_and_tune_take_a_whole_number_of_turns_and_place_takes_arrays():
     with pytest.raises(shardwise.ArgumentError, match=r"^x is a jax.ShapeDtypeStruct, a shape "
                        r"without data: place moves arrays"):  # fmt: skip
         p.place(args)
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"seq": 1.5}, r"seq is 1\.5; model sizes are whole numbers"),
+        ({"batch": True}, r"batch is True; model sizes are whole numbers"),
+        ({"size": 8}, r"no Llama size 8; the sizes are"),
+        ({"dtype": "int8"}, r"model 'llama' computes in floats; dtype int8 is not one"),
+        ({"dtype": "float64"}, r"float64 needs JAX's 64-bit mode"),
+    ],
+)
+def test_the_built_in_models_refuse_sizes_and_types_they_cannot_be(given, said):
+    """``seq=1.5`` had built a shape (8, 1.5), ``batch=True`` a batch of 1, ``size=8`` a raw
+    AttributeError; ``int8`` had failed inside the model as "your function", and ``float64``
+    had been planned as float32 with no word but JAX's warning."""
+    with pytest.raises(shardwise.ArgumentError, match=said):
+        shardwise.model("llama", **{"size": "llama3-8b", "batch": 8, "seq": 128, **given})

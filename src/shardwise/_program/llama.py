@@ -150,9 +150,9 @@ def maxtext_size(scale: int) -> LlamaSize:
 
 def named_size(name: str) -> LlamaSize:
     """The size called ``name``: one of :data:`SIZES` or ``maxtext-<scale>``."""
-    if name in SIZES:
+    if isinstance(name, str) and name in SIZES:
         return SIZES[name]
-    prefix, _, scale = name.partition("maxtext-")
+    prefix, _, scale = name.partition("maxtext-") if isinstance(name, str) else (name, "", "")
     if not prefix and scale.isdigit():
         return maxtext_size(int(scale))
     raise ArgumentError(

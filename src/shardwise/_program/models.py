@@ -140,12 +140,12 @@ def model(
                         ffn=ffn, seq=seq, heads=heads, layers=layers, dtype=dtype, size=size,
                         kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, master=master,
                         remat=remat, attention=attention)  # fmt: skip
-    if min(batch, seq) < 1:
-        raise ArgumentError(f"batch {batch}, seq {seq}: model sizes are whole numbers, 1 or more.")
+    _whole(batch=batch, seq=seq, hidden=hidden, ffn=ffn, heads=heads, layers=layers,
+           kv_heads=kv_heads, head_dim=head_dim, vocab=vocab)  # fmt: skip
     if name == "llama":
         dims = dict(hidden=hidden, ffn=ffn, heads=heads, layers=layers, kv_heads=kv_heads,
                     head_dim=head_dim, vocab=vocab)  # fmt: skip
-        computed = supported(dtype or "bfloat16", f"model {name!r}").name
+        computed = _floating(name, dtype or "bfloat16")
         return llama(sized(size, **dims), batch=batch, seq=seq, train=train, dtype=computed,
                      master=master, remat=remat, attention=attention)  # fmt: skip
     if name not in MODELS:
@@ -162,6 +162,30 @@ def model(
     if train:
         return loss_of(forward), (params, x, x)
     return forward, (x, params)
+
+
+def _whole(**sizes: Any) -> None:
+    """Refuse a size given that is not a whole number of at least 1 (``None``: not given):
+    ``seq=1.5`` had built a shape ``(8, 1.5)`` and ``batch=True`` a batch of 1."""
+    for label, n in sizes.items():
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ArgumentError(f"{label} is {n!r}; model sizes are whole numbers of at least 1.")
+
+
+def _floating(name: str, dtype: str) -> str:
+    """The built-in model's weights' dtype, a float type JAX computes in here: ``int8`` had
+    failed inside the model, said as the user's code, and ``float64`` without JAX's 64-bit
+    mode had been planned as float32 with no word but JAX's warning."""
+    kind = supported(dtype, f"model {name!r}")
+    if not jnp.issubdtype(kind, jnp.floating):
+        raise ArgumentError(f"model {name!r} computes in floats; dtype {kind.name} is not one.")
+    if kind.itemsize == 8 and not jax.config.read("jax_enable_x64"):
+        raise ArgumentError(
+            f"model {name!r} in float64 needs JAX's 64-bit mode: run "
+            "jax.config.update('jax_enable_x64', True) first (JAX_ENABLE_X64=1 from the "
+            "command line), or choose float32."
+        )
+    return kind.name
 
 
 def remat_variants(
@@ -231,10 +255,7 @@ def _simple(
     dtype: str | None,
 ) -> tuple[Callable[..., jax.Array], tuple[Any, Any]]:  # fmt: skip
     """The mlp's or the transformer's forward and ``(x, params)``."""
-    for label, n in (("hidden", hidden), ("ffn", ffn), ("heads", heads), ("layers", layers)):
-        if n < 1:
-            raise ArgumentError(f"{label} is {n}; model sizes are whole numbers of at least 1.")
-    dtype = supported(dtype or "float32", f"model {name!r}").name
+    dtype = _floating(name, dtype or "float32")
     if name == "mlp":
         x = S((batch, hidden), dtype)
         return mlp, (x, {"w1": S((hidden, ffn), dtype), "w2": S((ffn, hidden), dtype)})
