@@ -439,3 +439,11 @@ def test_a_mask_made_from_nothing_stays_free_under_remat():
         ]
     assert held == {"none": [], "full": []}
     assert seconds["full"] < 1.5 * seconds["none"], seconds
+
+
+def test_an_adamw_steps_batch_is_named_as_the_loss_names_it():
+    """The AdamW step's batch had been named ``args[2]`` and ``args[3]`` in reports."""
+    step, args = shardwise.model("llama", size="llama3-8b", batch=8, seq=64, train=True,
+                                 optimizer="adamw", layers=1)  # fmt: skip
+    p = shardwise.plan(step, *args, mesh="data=2", profile="h100", top=1)
+    assert [n for n in p.graph.names if "[" not in n] == ["tokens", "labels"]

@@ -56,7 +56,8 @@ def parse_bytes(text: str | int | float, what: str = "the size") -> int:
         if not m or unit not in _UNITS:
             raise ArgumentError(
                 f"cannot read {what} {text!r}: write a number and a unit, e.g. 16GiB, 2GB or "
-                "500MiB (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)."
+                "500MiB (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB; K, M, G and T alone "
+                "are KiB, MiB, GiB and TiB)."
             )
         value: float = float(m.group(1)) * _UNITS[unit]
     else:  # an int of any size is compared as an int: a float cannot hold 10**400

@@ -18,6 +18,7 @@ state and the parameters), run with :meth:`~shardwise.ProgramPlan.sharded` on th
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -70,7 +71,24 @@ def adamw(
         return value, new, {"mu": mu, "nu": nu, "count": count}
 
     step.__name__ = f"adamw_step({getattr(loss, '__name__', 'loss')})"
+    step.__signature__ = _named_like(loss)  # type: ignore[attr-defined]
     return step
+
+
+def _named_like(loss: Callable[..., Any]) -> inspect.Signature:
+    """``step(params, opt_state, *batch)``'s signature, the batch named as ``loss`` names it
+    (``tokens``, ``labels``; they had been ``args[2]`` and ``args[3]`` in reports)."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    try:
+        given = list(inspect.signature(loss).parameters.values())[1:]
+    except (TypeError, ValueError):  # (a callable without one)
+        given = []
+    positional = (inspect.Parameter.POSITIONAL_ONLY, kind)
+    batch = [inspect.Parameter(p.name, kind) for p in given if p.kind in positional]
+    head = [inspect.Parameter(n, kind) for n in ("params", "opt_state")]
+    if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in given):
+        batch.append(inspect.Parameter("batch", inspect.Parameter.VAR_POSITIONAL))
+    return inspect.Signature([*head, *batch])
 
 
 def _value_and_grad(
