@@ -22,7 +22,7 @@ from shardwise._model.op import Op, as_shapes
 from shardwise._model.plan import Plan, check_extent
 from shardwise._model.profile import Profile, check_platform
 from shardwise._model.strategy import MAX_LAYOUTS, Strategy, layout_count, strategies
-from shardwise._model.units import format_bytes
+from shardwise._model.units import format_bytes, format_seconds
 from shardwise._runtime.timing import median_seconds, spearman
 from shardwise._xla.explain import compile_plan
 from shardwise._xla.hlo import collectives
@@ -106,7 +106,7 @@ class PlanReport:
                 ratio = second / p.seconds if p.seconds else float("inf")
                 runner_up = f", {ratio:.2f}× faster than the next"
         return (
-            f"{best.strategy.describe(self.op)}: predicted {p.seconds * 1e3:.3g} ms "
+            f"{best.strategy.describe(self.op)}: predicted {format_seconds(p.seconds)} "
             f"({p.bound}-bound, {comm}, {format_bytes(p.memory_bytes)} per device){runner_up}; "
             f"best of {len(self.strategies)} strategies within budget on profile "
             f"{self.profile.name}"
