@@ -122,6 +122,23 @@ def test_cli_bench_json_contract():
     assert set(w["peers"]) == {"numpy"}
 
 
+def test_the_tiny_suites_cache_sized_probe_is_not_called_memory_and_over_100_is_said():
+    """The tiny suite reads 8 MB, which a cache holds: its 239 GB/s had headed the table as the
+    machine's memory bandwidth; a workload over 100% of its roofline went unremarked."""
+    from shardwise.cli.bench import bench_table
+
+    doc = {"machine": {"cores": 2, "memory_gbps": 239.1, "probe_bytes": 8 * 10**6,
+                       "sgemm_gflops": 100.0},
+           "devices": {"count": 8, "platform": "cpu"},
+           "workloads": [{"name": "W1", "title": "t", "shardwise_seconds": 1e-3,
+                          "roofline_fraction": 1.86, "roofline_fraction_machine": 1.21,
+                          "ratios": {}, "peers": {}, "layer_overhead": 0.1,
+                          "correct": {"shardwise": True}}]}  # fmt: skip
+    table = bench_table(doc, "tiny", 1)
+    assert "a read of 8 MB (in cache) 239.1 GB/s" in str(table.title)
+    assert "roofline is a floor there, not a ceiling" in str(table.caption)
+
+
 def test_cli_bench_bad_input():
     result = runner.invoke(app, ["bench", "--suite", "huge"])
     assert result.exit_code == 2 and "not one of seed, full, tiny" in result.output

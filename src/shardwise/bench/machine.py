@@ -63,6 +63,7 @@ def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5
         "memory_read_gbps": max(v for k, v in results.items() if "read" in k),
         "memory_copy_gbps": max(v for k, v in results.items() if "copy" in k),
         "memory_gbps": max(results.values()),
+        "probe_bytes": nbytes,  # (the tiny suite's 8 MB fits a cache: its figure is the cache's)
         "sgemm_gflops": sgemm,
         # whether glibc's malloc asks for huge pages in this process (the shardwise command
         # sets it up; it speeds every large fresh buffer, the peers' too)
