@@ -523,6 +523,19 @@ def test_two_pins_of_inputs_laid_out_as_one_must_agree():
     assert str(p.in_specs[0]["w1"]) == str(p.in_specs[1][0].mu["w1"]) == "P('data',)"
 
 
+def test_baselines_pin_inputs_laid_out_as_one_without_refusing_them():
+    """A bias added to the batch shares its class with it: data-parallel pins the batch on
+    ``data`` and the bias whole, and the check that pins of one class agree (for pins a user
+    gives) had skipped data-parallel and FSDP, telling the user to pin them alike."""
+
+    def f(p, x):
+        return jnp.tanh((x + p["bias"]) @ p["w"]).sum()
+
+    params = {"bias": S((32, 64), "float32"), "w": S((64, 64), "float32")}
+    p = shardwise.plan(f, params, S((32, 64), "float32"), mesh="data=4", profile="cpu-2core")
+    assert {"data-parallel", "fsdp"} <= {q.name for q in p.plans}, p.skipped
+
+
 def test_fixed_takes_an_inputs_path_with_dots_as_args_writes_it():
     fn, args = _mlp_args(batch=6)
     plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU,

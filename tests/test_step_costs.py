@@ -16,10 +16,10 @@ from jax.interpreters import mlir
 import shardwise
 from shardwise._model.profile import BUILTIN
 from shardwise._program.models import model
+from shardwise._program.pins import pinned
 from shardwise._program.problem import build_problem, effective_mesh
 from shardwise._program.search import solve, total
 from shardwise._program.solution import predicted
-from shardwise._program.pins import pinned
 
 S = jax.ShapeDtypeStruct
 CPU = BUILTIN["cpu-2core"]

@@ -20,9 +20,14 @@ def input_vars(graph: Graph, problem: Problem) -> list[int]:
     return [var_of[("class", graph.find(v))] for v in graph.inputs]
 
 
-def pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec], mesh: MeshSpec) -> Problem:
+def pinned(
+    graph: Graph, problem: Problem, pins: Mapping[int, Spec], mesh: MeshSpec, given: bool = False
+) -> Problem:
     """``problem`` with the inputs in ``pins`` fixed to their specs (on ``mesh``: an axis of
-    size 1 splits nothing, :func:`~shardwise._program.problem.splitting`)."""
+    size 1 splits nothing, :func:`~shardwise._program.problem.splitting`). Pins the user
+    ``given`` (``fixed=``, annotations) of inputs laid out as one must agree; a baseline's,
+    which pin every input, take each class's first (a bias added to the batch: data-parallel
+    pins the batch, and the bias follows it)."""
     keep: dict[int, list[int]] = {}
     by: dict[int, tuple[int, Spec]] = {}  # each variable's first pin: (input, spec)
     variables = input_vars(graph, problem)  # once for all pins, not once per pin
@@ -32,7 +37,8 @@ def pinned(graph: Graph, problem: Problem, pins: Mapping[int, Spec], mesh: MeshS
         root = graph.find(graph.inputs[k])
         var = variables[k]
         if var in keep:
-            _pinned_alike(graph, by[var], (k, spec))
+            if given:
+                _pinned_alike(graph, by[var], (k, spec))
             continue
         by[var] = (k, spec)
         choices = problem.choices[var]

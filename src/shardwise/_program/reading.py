@@ -43,7 +43,7 @@ from shardwise._program.problem import Problem, build_problem, effective_mesh
 from shardwise._program.roles import Roles, roles
 from shardwise._versions import sources_in_users_code
 from shardwise._xla.meshes import auto_twin, is_explicit
-from shardwise._xla.names import argument_names
+from shardwise._xla.names import positional_names
 
 
 def train_step(loss: Callable[..., Any], learning_rate: float = 0.01) -> Callable[..., Any]:
@@ -123,41 +123,54 @@ def read_program(
     with prints_kept():
         full = respected(graph, build_problem(graph, effective_mesh(spec), prof), spec,
                          respect, annotations)  # fmt: skip
-        searchable = pinned(graph, full, pins, spec)
+        searchable = pinned(graph, full, pins, spec, given=True)
     return Program(name, graph, annotations, role, pins, extra, full, searchable, donate)
 
 
 def _unchanged(fn: Callable[..., Any], name: str, signature: Any) -> Callable[..., Any]:
-    """``fn``, refused where it changes its arguments in place and does not return what it
-    changed (``optimizer.update(model, grads)`` on NNX objects, as ``nnx.jit`` steps are
-    written): ``jax.jit`` drops such changes, and so does a plan, so the step would run and
-    never train. A step over ``nnx.merge`` d state changes the state's variables too, and
-    returns them (``nnx.split``): that is the functional form, and passes."""
+    """``fn``, refused where it changes a Flax object among its arguments in place and does
+    not return what it changed (``optimizer.update(model, grads)`` on NNX objects, as
+    ``nnx.jit`` steps are written): ``jax.jit`` drops such changes, and so does a plan, so the
+    step would run and never train. A step over ``nnx.merge`` d state changes the state's
+    variables too, and returns them (``nnx.split``): the functional form, which passes. A dict
+    written into as scratch space loses nothing (JAX gives the function fresh containers)."""
 
     @functools.wraps(fn)
     def call(*args: Any) -> Any:
-        before = jax.tree.leaves(args)
+        before = [jax.tree.leaves(a) if _flax(a) else None for a in args]
         out = fn(*args)
-        after = jax.tree.leaves(args)
         returned = {id(x) for x in jax.tree.leaves(out)}  # (changed and returned: functional)
-        if len(before) == len(after) and all(
-            a is b or id(b) in returned for a, b in zip(before, after, strict=True)
-        ):
+        changed = []
+        params = positional_names(signature)
+        for k, (arg, old) in enumerate(zip(args, before, strict=True)):
+            if old is None:
+                continue
+            new = jax.tree_util.tree_flatten_with_path(arg)[0]
+            head = params[k] if k < len(params) else f"args[{k}]"
+            if len(new) != len(old):
+                changed.append(head)
+                continue
+            for a, (path, b) in zip(old, new, strict=True):
+                if a is not b and id(b) not in returned:
+                    changed.append(head + jax.tree_util.keystr(path))
+        if not changed:
             return out
-        names = argument_names(signature, args)
-        changed = [n for n, a, b in zip(names, before, after, strict=False)
-                   if a is not b and id(b) not in returned]  # fmt: skip
         shown = ", ".join(changed[:3]) + (" …" if len(changed) > 3 else "")
         raise ArgumentError(
-            f"{name} changes its arguments in place ({shown or 'their structure'}): under "
-            "jax.jit, as in a plan, changes made so are dropped, and the step would not train. "
-            "Return the new state instead: for Flax NNX, graphdef, state = "
-            "nnx.split((model, optimizer)), and a step(state, x, y) that does model, optimizer "
-            "= nnx.merge(graphdef, state), updates them, and returns nnx.state((model, "
-            "optimizer)) with the loss."
+            f"{name} changes its arguments in place ({shown}): under jax.jit, as in a plan, "
+            "changes made so are dropped, and the step would not train. Return the new state "
+            "instead: for Flax NNX, graphdef, state = nnx.split((model, optimizer)), and a "
+            "step(state, x, y) that does model, optimizer = nnx.merge(graphdef, state), "
+            "updates them, and returns nnx.state((model, optimizer)) with the loss."
         )
 
     return call
+
+
+def _flax(arg: Any) -> bool:
+    """Whether ``arg`` is a Flax object (an NNX module, optimizer or state), whose changes a
+    user expects to last, as ``nnx.jit`` makes them."""
+    return type(arg).__module__.split(".")[0] == "flax"
 
 
 @contextlib.contextmanager
