@@ -16,6 +16,7 @@ result says which and why.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -359,7 +360,7 @@ def _plan_each(
             c = Candidate(sizes, text, best.overlapped_seconds, best.memory_bytes,
                           bool(fitting), variant=variant or None, axes=split.axes,
                           plan=q.name)  # fmt: skip
-            tried.append((c, p))
+            tried.append((c, dataclasses.replace(p, chosen_name=q.name)))  # (the plan ranked)
         c, p = min(tried, key=lambda t: _order(t[0]))
         if best_plan is None or _order(c) < min(_order(o) for o in out):
             best_plan = p

@@ -172,14 +172,15 @@ def _whole(**sizes: Any) -> None:
             raise ArgumentError(f"{label} is {n!r}; model sizes are whole numbers of at least 1.")
 
 
-def _floating(name: str, dtype: str) -> str:
-    """The built-in model's weights' dtype, a float type JAX computes in here: ``int8`` had
-    failed inside the model, said as the user's code, and ``float64`` without JAX's 64-bit
-    mode had been planned as float32 with no word but JAX's warning."""
+def _floating(name: str, dtype: str, ints: bool = False) -> str:
+    """The built-in model's weights' dtype, a float type (or with ``ints``, an integer one:
+    the MLP computes in any) JAX computes in here: ``int8`` had failed inside the Llama, said
+    as the user's code, and ``float64`` without JAX's 64-bit mode had been planned as float32
+    with no word but JAX's warning."""
     kind = supported(dtype, f"model {name!r}")
-    if not jnp.issubdtype(kind, jnp.floating):
+    if not jnp.issubdtype(kind, jnp.floating) and not (ints and jnp.issubdtype(kind, jnp.integer)):
         raise ArgumentError(f"model {name!r} computes in floats; dtype {kind.name} is not one.")
-    if kind.itemsize == 8 and not jax.config.read("jax_enable_x64"):
+    if kind.itemsize == 8 and not jax.config.read("jax_enable_x64"):  # (int64 alike)
         raise ArgumentError(
             f"model {name!r} in float64 needs JAX's 64-bit mode: run "
             "jax.config.update('jax_enable_x64', True) first (JAX_ENABLE_X64=1 from the "
@@ -255,7 +256,7 @@ def _simple(
     dtype: str | None,
 ) -> tuple[Callable[..., jax.Array], tuple[Any, Any]]:  # fmt: skip
     """The mlp's or the transformer's forward and ``(x, params)``."""
-    dtype = _floating(name, dtype or "float32")
+    dtype = _floating(name, dtype or "float32", ints=name == "mlp")
     if name == "mlp":
         x = S((batch, hidden), dtype)
         return mlp, (x, {"w1": S((hidden, ffn), dtype), "w2": S((ffn, hidden), dtype)})

@@ -135,6 +135,14 @@ def chosen_lines(report: Any) -> list[str]:
     """What was chosen and why: the search's plan against each baseline's prediction, or
     after ``tune`` the plan that ran fastest when tuned, against the search's measured time."""
     search = report.get("search")
+    if not report.tuned and report.chosen_name != "search":  # (choose_mesh's, by its measure)
+        mine = report.chosen.predicted
+        return [
+            f"[bold]chosen:[/] {escape(report.chosen_name)}, the fastest plan within a device's "
+            f"memory with collectives beside compute ({format_seconds(mine.overlapped_seconds)}"
+            f"; the search's plan {format_seconds(search.predicted.overlapped_seconds)}), as "
+            "the mesh search ranks them"
+        ]
     if report.tuned:
         line = (
             f"[bold]chosen:[/] {escape(report.chosen_name)}, the plan that ran fastest when tuned"
