@@ -437,6 +437,7 @@ def test_a_model_with_leaves_that_are_not_arrays_is_named_by_path_with_the_fix()
     0x7f40ae09" (cut in the address), with the fix for a string setting."""
     eqx = pytest.importorskip("equinox")
     model = eqx.nn.MLP(8, 4, 16, 1, key=jax.random.key(0))
+
     def f(model, x):
         return model(x)
 
