@@ -132,6 +132,18 @@ def test_a_profile_over_the_size_cap_is_refused(tmp_path):
         load_profile(str(file))
 
 
+def test_a_profile_may_give_rates_of_any_dtype_numpy_names():
+    """Rates of float8 types, which the planner looks up by their names, are kept (the check
+    for short forms had refused every name but 15)."""
+    import dataclasses
+
+    from shardwise._model.profile import BUILTIN
+
+    h100 = BUILTIN["h100"]
+    fp8 = dataclasses.replace(h100, flops_per_s={**h100.flops_per_s, "float8_e4m3fn": 1.9e15})
+    assert fp8.flops("float8_e4m3fn") == 1.9e15
+
+
 def test_a_folder_given_as_a_profile_is_said_to_be_a_folder(tmp_path):
     """A path to a folder had been answered "no profile named '/tmp/…'", listing names."""
     result = runner.invoke(app, [*PLAN, "--profile", str(tmp_path)])

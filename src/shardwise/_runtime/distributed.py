@@ -84,7 +84,9 @@ def initialize_distributed(
 
     Raises:
         DistributedError: a wrong coordinator address, a process count that does not match,
-            or a timeout, with what to check.
+            or a timeout JAX reports, with what to check. A process still waiting for the
+            others after ``init_timeout`` seconds (which JAX's runtime would abort from native
+            code) says so on standard error and exits with status 2.
     """
     given = (coordinator, num_processes, process_id)
     if given == (None, None, None) and os.environ.get(ENV_COORDINATOR, "").strip():
@@ -147,12 +149,15 @@ def _watchdog(process_id: int | None, count: int | None, timeout: int) -> thread
     joined), says so and ends the process with status 2, before JAX's runtime aborts it from
     native code (status 134, a C++ stack: what process 0 had printed when a peer never came)."""
 
+    who = f"process {process_id} of {count}" if count is not None else "this process"
+    every = f"all {count} processes" if count is not None else "every process"
+
     def give_up() -> None:
         sys.stderr.write(
-            f"error: process {process_id} of {count}: not every process joined the runtime "
-            f"within {timeout} s. Check that all {count} processes were started, with the same "
-            "coordinator address, port and process count (SHARDWISE_INIT_TIMEOUT waits "
-            "longer).\n"
+            f"error: {who}: not every process joined the runtime within {timeout} s. Check "
+            f"that {every} were started, with the same coordinator address, port and process "
+            f"count (a longer timeout: {ENV_INIT_TIMEOUT}, or initialize_distributed's "
+            "init_timeout).\n"
         )
         sys.stderr.flush()
         os._exit(2)
