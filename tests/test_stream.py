@@ -749,3 +749,35 @@ def test_resuming_says_what_changed_and_how_to_start_over(tmp_path):
         shardwise.stream("nd,dk->nk", a, changed, out=tmp_path / "n.npy", chunk=128)
     with pytest.raises(ArgumentError, match=r"chunk -128 must be a positive multiple"):
         shardwise.stream("nd,nd->n", a, b, out=tmp_path / "p.npy", chunk="-128")
+
+
+def test_review_leftovers_of_streams_checks(tmp_path):
+    """An equation with nothing to stream along into a .npy said so (a raw ``max()`` error
+    had escaped); a NumPy integer is a chunk size; the same file named another way, whose
+    ctime moved, is said to have changed, not to be another file."""
+    a = Source("a", (4,), np.dtype("float32"), "numpy")
+    b = Source("b", (5,), np.dtype("float32"), "numpy")
+    with pytest.raises(ArgumentError, match=r"cannot stream 'i,j->'"):
+        plan_stream(Op.parse("i,j->"), [a, b], devices=8, budget=1 << 20, first_axis=True)
+    x = Source("x", (1000, 3), np.dtype("float32"), "numpy")
+    chunked = plan_stream(Op.parse("nd,nd->n"), [x, x], devices=8, budget=1 << 20,
+                          chunk=np.int64(128))  # fmt: skip
+    assert chunked.chunk == 128
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "a.npy", rng.random((1000, 3)).astype(np.float32))
+    np.save(tmp_path / "b.npy", rng.random((1000, 3)).astype(np.float32))
+
+    class Stop(Exception):
+        pass
+
+    def stop(done: int, total: int, nbytes: int) -> None:
+        raise Stop
+
+    out = tmp_path / "o.npy"
+    with pytest.raises(Stop):
+        shardwise.stream("nd,nd->n", tmp_path / "a.npy", tmp_path / "b.npy", out=out, chunk=128,
+                         on_chunk=stop)  # fmt: skip
+    os.chmod(tmp_path / "a.npy", 0o644)  # (its ctime moves; its bytes do not)
+    with pytest.raises(ShardwiseError, match=r"input 0 \(.*\) changed since the last run \(ctime"):
+        shardwise.stream("nd,nd->n", tmp_path / "." / "a.npy", tmp_path / "b.npy", out=out,
+                         chunk=128)  # fmt: skip

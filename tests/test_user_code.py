@@ -478,3 +478,12 @@ def test_the_built_in_models_refuse_sizes_and_types_they_cannot_be(given, said):
     had been planned as float32 with no word but JAX's warning."""
     with pytest.raises(shardwise.ArgumentError, match=said):
         shardwise.model("llama", **{"size": "llama3-8b", "batch": 8, "seq": 128, **given})
+
+
+def test_place_says_how_to_give_arguments_that_are_not_a_tuple_and_sizes_may_be_numpy_ints():
+    """``place(3)`` had escaped as a raw TypeError; ``hidden=np.int64(64)`` is a size."""
+    fn, args = shardwise.model("mlp", batch=np.int64(16), hidden=np.int64(8), ffn=16)
+    p = shardwise.plan(fn, *args, mesh="x=8", top=1)
+    with pytest.raises(shardwise.ArgumentError, match=r"place takes the arguments \(x, params\) "
+                       r"as a tuple, e\.g\. place\(\(x, params\)\); got int"):  # fmt: skip
+        p.place(3)

@@ -4,6 +4,7 @@ each chunk lies in the inputs and the output."""
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -200,6 +201,8 @@ def _first_axis(
     what to say where that keeps a run from its long index (its chunks then pad a short one
     many times over)."""
     kept = [i for i in candidates if i not in op.output or op.output.index(i) == 0]
+    if not candidates:  # (said by the caller: nothing to stream along)
+        return kept, ""
     longest = max(candidates, key=lambda i: sizes[i])
     if longest in kept or (kept and max(sizes[i] for i in kept) >= granule):
         return kept, ""
@@ -224,9 +227,9 @@ def parse_chunk(chunk: int | str) -> int | str:
             return int(text)
         except ValueError:
             raise ArgumentError(f"chunk {chunk!r} is neither 'auto' nor a whole number.") from None
-    if isinstance(chunk, bool) or not isinstance(chunk, int):
+    if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral):
         raise ArgumentError(f"chunk {chunk!r} is neither 'auto' nor a whole number.")
-    return chunk
+    return int(chunk)  # (a NumPy integer too)
 
 
 def _costs(

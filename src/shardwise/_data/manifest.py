@@ -257,7 +257,8 @@ class Manifest:
                         "though its size and mtime are as they were; a run with checksum=True "
                         "(--checksum) records SHA-256 and resumes across such changes"
                     )
-                if not moved and before[k].get("name") != new["name"]:
+                other = before[k].get("inode") != new.get("inode")  # (not ./a.npy for a.npy)
+                if not moved and other and before[k].get("name") != new["name"]:
                     raise ShardwiseError(
                         f"input {k} is {new['name']}, where the run begun read "
                         f"{before[k].get('name')}: give the same inputs to resume, or {again}."

@@ -285,8 +285,8 @@ def _begin(
     if chunk != "auto" and chunk != manifest.plan.chunk:
         warnings.warn(
             f"resuming the run begun in chunks of {manifest.plan.chunk}, not of {chunk}: its "
-            "finished chunks are kept as they were cut. Delete the output's partial and "
-            f"manifest files to start over in chunks of {chunk}.",
+            f"finished chunks are kept as they were cut; {start_over(manifest.path)} in "
+            f"chunks of {chunk}.",
             ShardwiseWarning,
             stacklevel=4,
         )

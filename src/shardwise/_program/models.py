@@ -18,6 +18,7 @@ against ``y``), as :func:`shardwise.plan` with ``train=True`` expects.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -168,7 +169,7 @@ def _whole(**sizes: Any) -> None:
     """Refuse a size given that is not a whole number of at least 1 (``None``: not given):
     ``seq=1.5`` had built a shape ``(8, 1.5)`` and ``batch=True`` a batch of 1."""
     for label, n in sizes.items():
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1):
             raise ArgumentError(f"{label} is {n!r}; model sizes are whole numbers of at least 1.")
 
 

@@ -216,9 +216,15 @@ def place(plan: ProgramPlan, chosen: PlannedLayout, args: Any, mesh: Any = None)
     block), a host array is cut on the host and each block sent to its device, so none is
     ever whole on one device. An array already so laid out is returned as it is."""
     m = mesh_for(plan, mesh)
-    leaves, tree = jax.tree.flatten(args)
+    params = parameter_names(plan.graph.names, plan.graph.tree)
+    if not isinstance(args, tuple | list):
+        raise ArgumentError(
+            f"place takes the arguments ({', '.join(params)}) as a tuple, e.g. "
+            f"place(({', '.join(params)}{',' if len(params) == 1 else ''})); got "
+            f"{type(args).__name__}."
+        )
+    leaves, tree = jax.tree.flatten(tuple(args))
     if tree != plan.graph.tree:
-        params = parameter_names(plan.graph.names, plan.graph.tree)
         raise ArgumentError(
             f"place takes the arguments the plan was made for ({', '.join(params)}): "
             f"{first_difference(plan.graph.tree, tuple(args), params)}."

@@ -18,7 +18,6 @@ import signal
 import stat
 import sys
 import threading
-import traceback
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -117,7 +116,7 @@ def run_reported(program: Callable[[], object]) -> None:
         tb = e.__traceback__  # the user's frames, not this module's and runpy's above them
         while tb is not None and tb.tb_frame.f_code.co_filename in _LAUNCHING:
             tb = tb.tb_next
-        traceback.print_exception(type(e), e, tb)
+        sys.excepthook(type(e), e, tb)  # (the program's own hook, where it set one)
         raise SystemExit(1) from None
     _STATUS.append(0)
 
@@ -171,7 +170,7 @@ def _run(argv: Sequence[str]) -> None:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
         script = Path(argv[0]).resolve()
-        if not script.is_file():  # as python says it (a traceback through runpy had)
+        if not script.exists():  # as python says it (a traceback through runpy had)
             sys.stderr.write(f"python: can't open file {str(script)!r}: no such file\n")
             raise SystemExit(2)
         sys.argv = list(argv)
