@@ -40,6 +40,30 @@ def test_mean_of_numpy_jax_and_dask():
     assert float(shardwise.mean(d).compute()) == pytest.approx(x.mean(), rel=1e-12)
 
 
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "bool", "float16", "bfloat16", "int32"])
+def test_a_mean_is_numpys_in_value_and_type_for_every_dtype(dtype):
+    """An int8 mean had summed in int8 and wrapped (−2.5e−6 for 49.5), a bool mean had been
+    a logical or, a float16 one inf; Dask's int8 mean had changed from run to run (each
+    block's sum depended on its alignment)."""
+    import ml_dtypes
+
+    kind = np.dtype(getattr(ml_dtypes, dtype, dtype))
+    x = (np.random.default_rng(0).random((800, 1000)) * 100).astype(kind)
+    if dtype == "float16":
+        x = np.full((1000, 100), 1000.0, kind)
+    want = x.astype(np.float64).mean()  # (NumPy's own bfloat16 mean sums in bfloat16: 0.04)
+    got = shardwise.mean(x, mesh="devices=8")
+    assert np.dtype(got.dtype) == x.mean().dtype
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-2 if kind.itemsize < 4 else 1e-6)
+    d = da.from_array(x, chunks=(100, 250))
+    lazy = shardwise.mean(d)
+    firsts = [float(lazy.compute()) for _ in range(2)]
+    assert firsts[0] == firsts[1]
+    np.testing.assert_allclose(firsts[0], float(want), rtol=1e-2 if kind.itemsize < 4 else 1e-6)
+    if dtype == "int8":  # einsum keeps NumPy's einsum's type: its sum wraps alike
+        assert int(shardwise.einsum("ij->", d).compute()) == int(np.einsum("ij->", x))
+
+
 def test_mean_is_one_program_with_the_sum_and_the_division():
     import jax
 

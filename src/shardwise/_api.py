@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from shardwise._caches import Bounded
+from shardwise._caches import Bounded, cached
 from shardwise._data.dask import dask_einsum, dask_mean, is_dask
 from shardwise._errors import (
     UNSET,
@@ -34,9 +34,17 @@ from shardwise._planner.layout import make_plan, plan_arrays
 from shardwise._runtime.distributed import put
 from shardwise._shard import AUTO, is_auto, shard
 from shardwise._xla.check import ensure_close
-from shardwise._xla.dtypes import check_arrays, describe_value, result_dtype, supported, wide, x64
+from shardwise._xla.dtypes import (
+    check_arrays,
+    describe_value,
+    mean_dtypes,
+    result_dtype,
+    supported,
+    wide,
+    x64,
+)
 from shardwise._xla.explain import Explanation, compile_plan, compile_sound, explain_compiled
-from shardwise._xla.lower import check_precision, divide, jitted, place
+from shardwise._xla.lower import check_precision, jitted, place
 from shardwise._xla.meshes import MeshLike, jax_mesh, named, on_mesh, platform
 
 
@@ -364,9 +372,19 @@ def mean(x: Any, *, mesh: MeshLike = "auto") -> Any:
     letters = "abcdefghijklmnopqrstuvwxyz"[: x.ndim]
     jmesh = jax_mesh(mesh)
     first = {letters[0]: MeshSpec.parse(jmesh).names} if x.ndim else {}
-    with wide(result_dtype([x])), on_mesh(jmesh, [x]):
-        plan, fn, targets = _program(
+    summed, given = mean_dtypes(x.dtype)  # (NumPy's: an int8 sum wraps)
+    with wide(summed), on_mesh(jmesh, [x]):
+        plan, _, targets = _program(
             f"{letters}->", (x,), jmesh, first, None, "infer", "auto", None
         )
         # the sum and the division in one program: one dispatch on every device
-        return divide(fn, x.size)(*place(plan, jmesh, (x,), targets))
+        return _mean_of(x.size, summed.name, given.name)(*place(plan, jmesh, (x,), targets))
+
+
+@cached(maxsize=32)
+def _mean_of(size: int, summed: str, given: str) -> Callable[..., jax.Array]:
+    """The jitted mean of an array of ``size`` elements, summed in ``summed``, given in
+    ``given`` (:func:`~shardwise._xla.dtypes.mean_dtypes`); XLA sums the devices' parts."""
+    import jax.numpy as jnp
+
+    return jax.jit(lambda a: (jnp.sum(a, dtype=summed) / size).astype(given))

@@ -92,7 +92,13 @@ def _sum_program(extra: int) -> Any:
     singleton axes."""
     import jax
 
-    return jax.jit(lambda middle, rest: (middle.sum() + rest).reshape((1,) * extra))
+    # in the block's own type, as NumPy's einsum adds (JAX's sum widens an int8 to int32, and
+    # the sum had then depended on how much of the block lay before its first aligned byte)
+    return jax.jit(
+        lambda middle, rest: (middle.sum(dtype=middle.dtype) + rest)
+        .astype(middle.dtype)
+        .reshape((1,) * extra)
+    )
 
 
 def _sum_in_place(block: np.ndarray, device: Any, extra: int) -> Any:
@@ -301,6 +307,12 @@ def dask_einsum(equation: str, *arrays: Any, mesh: Any = None) -> Any:
 
 
 def dask_mean(x: Any, mesh: Any = None) -> Any:
-    """The mean of a Dask array, each block summed on the mesh."""
+    """The mean of a Dask array, each block summed on the mesh, in the types NumPy's ``mean``
+    sums and gives it in (:func:`~shardwise._xla.dtypes.mean_dtypes`; each block converted
+    as it is read)."""
+    from shardwise._xla.dtypes import mean_dtypes
+
+    summed, given = mean_dtypes(x.dtype)
     letters = "abcdefghijklmnopqrstuvwxyz"[: x.ndim]
-    return dask_einsum(f"{letters}->", x, mesh=mesh) / x.size
+    total = dask_einsum(f"{letters}->", x.astype(summed), mesh=mesh)
+    return (total / x.size).astype(given)

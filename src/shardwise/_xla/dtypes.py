@@ -123,6 +123,23 @@ def _kind(dtype: np.dtype[Any]) -> str:
     }.get(dtype.kind, "not a number")
 
 
+def mean_dtypes(dtype: Any) -> tuple[np.dtype[Any], np.dtype[Any]]:
+    """The type a mean of ``dtype`` is summed in and the type it is given in, as NumPy's
+    ``mean``: integers and bools summed and given in float64 (an int8 sum had wrapped, and a
+    bool one had been a logical or), float16 and bfloat16 summed in float32 and given in
+    their own type (a float16 sum of a thousand 1000s had been inf), others in their own.
+
+    >>> [tuple(t.name for t in mean_dtypes(d)) for d in ("int8", "bool", "float16", "float32")]
+    [('float64', 'float64'), ('float64', 'float64'), ('float32', 'float16'), ('float32', 'float32')]
+    """
+    given = np.dtype(jnp.dtype(dtype))
+    if not jnp.issubdtype(given, jnp.inexact):
+        return np.dtype(np.float64), np.dtype(np.float64)
+    if jnp.issubdtype(given, jnp.floating) and given.itemsize < 4:
+        return np.dtype(np.float32), given
+    return given, given
+
+
 def result_dtype(arrays: Sequence[Any]) -> np.dtype[Any]:
     """The dtype NumPy's einsum gives these operands, bfloat16 included (with ``ml_dtypes``, as
     JAX's own arrays convert to NumPy; JAX's promotion only where NumPy has no rule); 64-bit
