@@ -1,4 +1,5 @@
-"""The dtype names shardwise reads from text and profiles: NumPy's, and XLA's short forms.
+"""The dtype names shardwise reads from text and profiles: NumPy's, and XLA's short forms,
+and whether a name is a dtype's as NumPy names it.
 Pure."""
 
 from __future__ import annotations
@@ -22,3 +23,14 @@ NAMES: dict[str, str] = {
 }
 """Every dtype name shardwise reads from text (``--dtype``, ``--args x=bf16[…]``): the short
 form (as XLA prints them, with ``i`` for signed integers) → NumPy's name, which is read too."""
+
+
+def is_dtype_name(key: object) -> bool:
+    """Whether ``key`` is a dtype as NumPy names it (``float32``, ``bfloat16``,
+    ``float8_e4m3fn``), the names the planner looks rates up by (``f32``, ``f4``: no)."""
+    import jax.numpy as jnp
+
+    try:
+        return isinstance(key, str) and jnp.dtype(key).name == key
+    except TypeError:
+        return False

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardwise._errors import ArgumentError
-from shardwise._model.dtype_names import NAMES
+from shardwise._model.dtype_names import NAMES, is_dtype_name
 from shardwise._model.figures import figure_fault, json_type
 
 GB = 1e9
@@ -201,7 +201,7 @@ def _invalid(p: Profile) -> str | None:
         return f"platform is {p.platform!r}; it must be one of {', '.join(PLATFORMS)}"
     if not isinstance(p.flops_per_s, Mapping) or not p.flops_per_s:
         return "flops_per_s is empty; give the peak FLOP/s of float32 at least"
-    odd = [k for k in p.flops_per_s if not _dtype_name(k)]
+    odd = [k for k in p.flops_per_s if not is_dtype_name(k)]
     if odd:  # (a short form, "f32", had been read as no rate: 1 GFLOP/s, 45 times too slow)
         said = f" (write {NAMES[odd[0]]!r})" if odd[0] in NAMES else ""
         return (
@@ -248,17 +248,6 @@ def _invalid(p: Profile) -> str | None:
     if not all(isinstance(k, str) for k in keys):
         return "a dtype, mesh axis or source is named by something other than text"
     return None
-
-
-def _dtype_name(key: object) -> bool:
-    """Whether ``key`` is a dtype as NumPy names it (``float32``, ``bfloat16``,
-    ``float8_e4m3fn``), the names the planner looks rates up by (``f32``, ``f4``: no)."""
-    import jax.numpy as jnp
-
-    try:
-        return isinstance(key, str) and jnp.dtype(key).name == key
-    except TypeError:
-        return False
 
 
 _NVLINK4 = (

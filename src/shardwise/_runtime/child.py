@@ -116,7 +116,7 @@ def run_reported(program: Callable[[], object]) -> None:
         tb = e.__traceback__  # the user's frames, not this module's and runpy's above them
         while tb is not None and tb.tb_frame.f_code.co_filename in _LAUNCHING:
             tb = tb.tb_next
-        sys.excepthook(type(e), e, tb)  # (the program's own hook, where it set one)
+        sys.excepthook(type(e), e.with_traceback(tb), tb)  # (the program's hook, if it set one)
         raise SystemExit(1) from None
     _STATUS.append(0)
 
