@@ -6,7 +6,6 @@ import contextlib
 import functools
 import inspect
 import math
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,7 +13,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from shardwise._caches import Bounded
-from shardwise._errors import ArgumentTypeError, ShapeError, SpecError
+from shardwise._errors import ArgumentTypeError, ShapeError, ShardwiseError, SpecError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.plan import MAX_PROGRAM_BYTES
 from shardwise._model.spec import Spec
@@ -23,7 +22,15 @@ from shardwise._versions import context_mesh, sources_in_users_code
 from shardwise._xla.check import dot_problems, ensure_dots_summed, jaxpr_dots
 from shardwise._xla.dtypes import ARRAYS_HINT, describe_value, x64
 from shardwise._xla.explain import Explanation, explain_function
-from shardwise._xla.meshes import MeshLike, is_explicit, jax_mesh, platform
+from shardwise._xla.meshes import (
+    MeshLike,
+    auto_twin,
+    explicit_hints,
+    is_explicit,
+    jax_mesh,
+    platform,
+    typed_on,
+)
 
 AUTO = "auto"
 """``out_specs`` that let XLA choose the outputs' layout."""
@@ -64,6 +71,7 @@ class Sharded:
         self._in_shardings = in_shardings
         out_shardings = None if is_auto(out_specs) else self._shardings(out_specs, "out_specs")
         self._jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings)
+        self._auto: Sharded | None = None  # on an Explicit mesh: the same on its Auto twin
 
     def _shardings(self, specs: Any, what: str) -> Any:
         def to_sharding(s: Any) -> NamedSharding:
@@ -148,6 +156,26 @@ class Sharded:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self._positional(args, kwargs)
         self._check(args)
+        if self._auto is not None:  # (it ran with the axes Auto before)
+            return typed_on(self.mesh, self._auto(*args))
+        traced = any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(args))
+        if not is_explicit(self.mesh) or traced:
+            return self._run(args)
+        try:
+            return self._run(args)
+        except Exception as e:  # code written for jax.jit, not for Explicit axes: as pjit ran it
+            if isinstance(e, ShardwiseError) and not isinstance(e, SpecError):
+                raise
+            auto = Sharded(self.fn, auto_twin(self.mesh), self.in_specs, self.out_specs)
+            try:
+                out = auto(*args)
+            except Exception:
+                raise e from None
+            self._auto = auto
+            return typed_on(self.mesh, out)
+
+    def _run(self, args: tuple[Any, ...]) -> Any:
+        """Run on the mesh as given (on Explicit axes, as code written for them needs)."""
         if is_explicit(self.mesh):  # give host arrays their sharded type before tracing
             args = tuple(jax.device_put(args, self._in_shardings))
         elif self.mesh.is_multi_process and self._per_arg_shardings(args):
@@ -158,7 +186,7 @@ class Sharded:
             )
         else:  # arrays laid out otherwise (jax.jit would refuse them) are moved first
             args = self._moved(args)
-        with self._on_its_mesh(args), _explicit_hints(), self._out_specs_said(args):
+        with self._on_its_mesh(args), explicit_hints(), self._out_specs_said(args):
             self._guard(args)
             return self._jitted(*args)
 
@@ -224,7 +252,7 @@ class Sharded:
         """``jax.jit(...).lower`` for these arguments (arrays or ``jax.ShapeDtypeStruct``)."""
         args = self._positional(args, kwargs)
         self._check(args)
-        with self._on_its_mesh(args), _explicit_hints(), self._out_specs_said(args):
+        with self._on_its_mesh(args), explicit_hints(), self._out_specs_said(args):
             return self._jitted.lower(*args)
 
     @contextlib.contextmanager
@@ -279,7 +307,7 @@ class Sharded:
         sum XLA left out (``problems``)."""
         args = self._positional(args, kwargs)
         self._check(args)
-        with self._on_its_mesh(args), _explicit_hints(), self._out_specs_said(args):
+        with self._on_its_mesh(args), explicit_hints(), self._out_specs_said(args):
             compiled, problems = self._compiled(args)
         return explain_function(compiled, args, self.mesh, self.fn, problems)
 
@@ -360,26 +388,3 @@ def shard(
     ((16,), P('devices',))
     """
     return Sharded(fn, jax_mesh(mesh), in_specs, out_specs)
-
-
-@contextlib.contextmanager
-def _explicit_hints() -> Iterator[None]:
-    """Turn JAX's Explicit-mode error for a sharded contraction into one that lists the fixes."""
-    try:
-        yield
-    except Exception as e:
-        message = str(e)
-        if "Contracting dimensions are sharded" not in message:
-            raise
-        axes = re.findall(r"'(\w+)'", message.split("lhs_contracting_spec=")[-1])
-        names = ", ".join(dict.fromkeys(axes)) or "a mesh axis"
-        raise SpecError(
-            f"a contraction inside the function sums over an index that is sharded on "
-            f"`{names}`, and with Explicit mesh axes JAX will not guess the output's layout. "
-            f"Any of these resolves it: (1) pass out_sharding=P(...) without `{names}` to that "
-            f"einsum/matmul, so the partial sums are all-reduced and the result is replicated "
-            f"on `{names}`; (2) pass out_sharding=P(...) that puts `{names}` on one output "
-            f"dimension, so the partial sums are reduce-scattered; (3) build the mesh with "
-            f"axis_types='auto' and let XLA choose; (4) use shardwise.einsum(..., out_specs=...), "
-            f"which passes the output layout for you."
-        ) from None

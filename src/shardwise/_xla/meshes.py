@@ -6,13 +6,14 @@ its type) run as Auto ones inside a program.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding
 
-from shardwise._errors import ArgumentError
+from shardwise._errors import ArgumentError, SpecError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.mesh import mesh as make_mesh
 from shardwise._model.spec import Spec
@@ -113,3 +114,38 @@ def explicit_part(mesh: Mesh, spec: Spec) -> Spec:
     kept = {n for n, t in zip(mesh.axis_names, mesh.axis_types, strict=True)
             if t == AxisType.Explicit}  # fmt: skip
     return Spec(tuple(tuple(a for a in e if a in kept) for e in spec.entries))
+
+
+def typed_on(mesh: Mesh, out: Any) -> Any:
+    """Results computed on ``mesh``'s Auto twin (the same devices), typed by ``mesh``'s axes."""
+
+    def retyped(x: Any) -> Any:
+        sharding = getattr(x, "sharding", None)
+        if not isinstance(sharding, NamedSharding) or sharding.mesh == mesh:
+            return x
+        return jax.device_put(x, NamedSharding(mesh, sharding.spec))
+
+    return jax.tree.map(retyped, out)
+
+
+@contextlib.contextmanager
+def explicit_hints() -> Iterator[None]:
+    """Turn JAX's Explicit-mode error for a sharded contraction into one that lists the fixes."""
+    try:
+        yield
+    except Exception as e:
+        message = str(e)
+        if "Contracting dimensions are sharded" not in message:
+            raise
+        axes = re.findall(r"'(\w+)'", message.split("lhs_contracting_spec=")[-1])
+        names = ", ".join(dict.fromkeys(axes)) or "a mesh axis"
+        raise SpecError(
+            f"a contraction inside the function sums over an index that is sharded on "
+            f"`{names}`, and with Explicit mesh axes JAX will not guess the output's layout. "
+            f"Any of these resolves it: (1) pass out_sharding=P(...) without `{names}` to that "
+            f"einsum/matmul, so the partial sums are all-reduced and the result is replicated "
+            f"on `{names}`; (2) pass out_sharding=P(...) that puts `{names}` on one output "
+            f"dimension, so the partial sums are reduce-scattered; (3) build the mesh with "
+            f"axis_types='auto' and let XLA choose; (4) use shardwise.einsum(..., out_specs=...), "
+            f"which passes the output layout for you."
+        ) from None
