@@ -221,3 +221,15 @@ def test_small_integer_and_bool_blocks_keep_numpys_dtype(equation, shapes, dtype
     want = np.einsum(equation, *arrays)
     assert got.dtype == want.dtype, (got.dtype, want.dtype)
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_dask_array_of_unknown_chunk_sizes_says_how_to_know_them():
+    """A masked selection's chunks are NaN long: a raw "cannot convert float NaN to integer"
+    had escaped from the einsum's sizes."""
+    x = da.from_array(np.random.default_rng(0).random((64, 8)), chunks=(16, 8))
+    y = x[x[:, 0] > 0.5]
+    for call in (lambda: shardwise.mean(y), lambda: shardwise.einsum("ij,ij->", y, y)):
+        with pytest.raises(shardwise.ShapeError, match=r"compute_chunk_sizes\(\)"):
+            call()
+    y.compute_chunk_sizes()
+    np.testing.assert_allclose(float(shardwise.mean(y).compute()), float(y.mean().compute()))

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from shardwise._caches import cached
+from shardwise._errors import ShapeError
 from shardwise._extras import require
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
@@ -254,6 +255,12 @@ def dask_einsum(equation: str, *arrays: Any, mesh: Any = None) -> Any:
     da = _dask_array()
     op = Op.parse(equation)
     spec = None if mesh is None else MeshSpec.parse(mesh)
+    for k, x in enumerate(arrays):  # (a mask's result: NaN sizes, which had escaped raw)
+        if any(isinstance(n, float) and math.isnan(n) for n in getattr(x, "shape", ())):
+            raise ShapeError(
+                f"operand {k} of {equation!r} has chunks of unknown size {x.shape} (a Dask "
+                "array selected by a mask); call .compute_chunk_sizes() on it first."
+            )
     op.sizes([x.shape for x in arrays])
     wrapped = [x if is_dask(x) else da.from_array(np.asarray(x)) for x in arrays]
     if len(op.inputs) > 1:
