@@ -487,3 +487,22 @@ def test_place_says_how_to_give_arguments_that_are_not_a_tuple_and_sizes_may_be_
     with pytest.raises(shardwise.ArgumentError, match=r"place takes the arguments \(x, params\) "
                        r"as a tuple, e\.g\. place\(\(x, params\)\); got int"):  # fmt: skip
         p.place(3)
+
+
+def test_shard_takes_a_pytree_of_specs_for_its_one_argument_and_says_list_for_tuple():
+    """``in_specs={"u": …, "v": …}`` for a function of one dict had failed inside JAX's pjit
+    ("in_shardings is not a tuple"); a list of out_specs for a tuple of results is said to
+    be the wrong container, where it had looked like one spec per output."""
+    from jax.sharding import PartitionSpec as P
+
+    a = np.ones((40, 16), np.float32)
+    specs = {"u": P("x", "y"), "v": P("x", "y")}
+    g = shardwise.shard(lambda d: jax.vmap(jax.numpy.dot)(d["u"], d["v"]), "x=2,y=4",
+                        in_specs=specs, out_specs=P("x"))  # fmt: skip
+    out = g({"u": a, "v": a})
+    np.testing.assert_allclose(np.asarray(out), (a * a).sum(1), rtol=1e-5)
+    assert out.sharding.spec == P("x")
+    two = shardwise.shard(lambda a, b: (a + b, a * b), "x=2,y=4", in_specs=("x,y", "x,y"),
+                          out_specs=[P("x"), P(None, "y")])  # fmt: skip
+    with pytest.raises(shardwise.SpecError, match=r"give a tuple of specs, not a list"):
+        two(a, a)

@@ -65,6 +65,8 @@ class Sharded:
         self.fn = fn
         self.mesh = mesh
         self.mesh_spec = MeshSpec.parse(mesh)
+        if not _is_spec_leaf(in_specs) and not isinstance(in_specs, tuple | list):
+            in_specs = (in_specs,)  # a pytree of specs (a dict) for the one argument it mirrors
         self.in_specs = in_specs
         self.out_specs = out_specs
         in_shardings = self._shardings(in_specs, "in_specs")
@@ -270,10 +272,14 @@ class Sharded:
                 raise
             if "pytree structure" in str(e) and "out_shardings" in str(e):
                 out = jax.eval_shape(self.fn, *args)
+                kind = type(out).__name__ if isinstance(out, tuple | list | dict) else ""
+                given = type(self.out_specs).__name__
+                hint = f" (it returns a {kind}; give a {kind} of specs, not a {given})"
                 raise SpecError(
                     f"out_specs {self.out_specs!r} do not match the result of {_name(self.fn)}, "
-                    f"structured as {jax.tree.structure(out)}: give one spec per output, in the "
-                    "result's structure, or out_specs='auto' to let XLA choose."
+                    f"structured as {jax.tree.structure(out)}"
+                    f"{hint if kind and kind != given else ''}: give one spec per output, in "
+                    "the result's structure, or out_specs='auto' to let XLA choose."
                 ) from None
             if "sharding annotation" not in str(e) or "rank" not in str(e):
                 raise
