@@ -274,3 +274,19 @@ def test_a_libraries_ops_are_named_by_the_users_line_that_calls_them():
     line = xent.__code__.co_firstlineno + 1
     assert e.collectives
     assert all(c.source.split(" ")[0].endswith(f"test_causes.py:{line}") for c in e.collectives)
+
+
+def test_a_plans_maximum_over_a_split_dimension_is_a_partial_maximum_not_a_sum():
+    """A program plan's reason for the all-reduce of ``jnp.max`` over a split dimension had
+    said "sums over split dimensions: each device holds a partial sum"."""
+    import jax
+    import jax.numpy as jnp
+
+    S = jax.ShapeDtypeStruct
+    p = shardwise.plan(lambda x, w: jnp.max(x @ w, axis=1), S((256, 64), "float32"),
+                       S((64, 512), "float32"), mesh=XY, profile="cpu-2core",
+                       fixed={"w": "-,y"}, top=1)  # fmt: skip
+    whys = [c.why for c in p.chosen.predicted.collectives if c.kind == "all-reduce"]
+    assert any("reduce_max reduces over split dimensions: each device holds a partial maximum" in w
+               for w in whys), whys  # fmt: skip
+    assert not any("reduce_max" in w and "partial sum" in w for w in whys)

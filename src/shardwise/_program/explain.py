@@ -246,7 +246,10 @@ class Tally:
         head = _less(head, gathers if shared is None else shared, step.runs(False))
         for c, _ in head.collectives:
             if c.kind == "all-reduce":
-                why = f"{step.prim} sums over split dimensions: each device holds a partial sum"
+                kind = _COMBINED.get(step.prim, "sum")  # (reduce_max combines by the maximum)
+                why = (
+                    f"{step.prim} reduces over split dimensions: each device holds a partial {kind}"
+                )
             else:
                 need = ", ".join(f"d{d}" for d in step.local) or "its split dimensions"
                 why = f"{step.prim} needs {need} of [{self._text(src, step, 0, a)}] whole"
@@ -328,3 +331,15 @@ def _partial_sums(step: Step, strategy: Strategy) -> str:
         f"{step.op.equation} sums over {split}: each device holds a partial sum, added "
         f"across {axes}"
     )
+
+
+_COMBINED = {
+    "reduce_max": "maximum",
+    "reduce_min": "minimum",
+    "reduce_prod": "product",
+    "reduce_and": "and",
+    "reduce_or": "or",
+    "argmax": "maximum",
+    "argmin": "minimum",
+}
+"""What the devices' parts of a reduction other than a sum are (each holds a partial one)."""
