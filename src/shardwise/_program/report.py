@@ -175,7 +175,10 @@ def memory_curve(plan: ProgramPlan, chosen: PlannedLayout) -> MemoryCurve:
     if not len(points):
         return MemoryCurve((0,), 0, 0, ())
     at = int(points.argmax())
-    there = held.lives.alive(at)
+    # the arrays the curve holds there; a temporary (one XLA may put in a result's buffer
+    # before that is made) is counted with the step's copies, among the others: listed, they
+    # had added up past the peak, results not yet made among them
+    there = held.lives.alive(at) & ~held.lives.temporary
     alive = sorted(
         (
             (plan.graph.values[v].name, int(held.sizes[k]))
