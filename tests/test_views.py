@@ -168,12 +168,24 @@ def test_explain_any_function_and_the_sharded_object():
     assert e2.causes[0].index == "d"
 
 
-def test_explicit_mode_contraction_hint():
+def test_explicit_mode_contraction_runs_as_pjit_did_and_its_hint_stays_for_explicit_code():
+    """A split contraction on Explicit axes, which JAX refuses without an out_sharding, runs
+    with the axes Auto (it had been refused, with the hint); a function that asks for an
+    out_sharding JAX cannot give still gets the hint."""
     mesh = shardwise.mesh("x=2,y=4", axis_types="explicit")
     f = shardwise.shard(lambda a, b: a @ b, mesh, in_specs=("x,y", "y"))
     a, b = np.ones((8, 8), np.float32), np.ones((8, 8), np.float32)
-    with pytest.raises(shardwise.SpecError) as info:
-        f(a, b)
+    for run in (f, lambda a, b: f.lower(a, b).compile()(a, b)):
+        out = run(a, b)
+        np.testing.assert_allclose(np.asarray(out), a @ b)
+    assert f(a, b).sharding.mesh == mesh
+    from shardwise._xla.meshes import explicit_hints
+
+    with pytest.raises(shardwise.SpecError) as info, explicit_hints():
+        raise ValueError(
+            "Contracting dimensions are sharded and it is ambiguous how the output should be "
+            "sharded. Got lhs_contracting_spec=('y',) and rhs_contracting_spec=('y',)"
+        )
     msg = str(info.value)
     assert "sharded on `y`" in msg and "out_sharding=P(...)" in msg and "axis_types='auto'" in msg
 

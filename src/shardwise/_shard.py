@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from shardwise._errors import ArgumentTypeError, ShapeError, ShardwiseError, Spe
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.plan import MAX_PROGRAM_BYTES
 from shardwise._model.spec import Spec
+from shardwise._program.arguments import traceable_bytes
 from shardwise._runtime.distributed import put
 from shardwise._versions import context_mesh, sources_in_users_code
 from shardwise._xla.check import dot_problems, ensure_dots_summed, jaxpr_dots
@@ -87,7 +87,7 @@ class Sharded:
 
     def _check(self, args: tuple[Any, ...]) -> None:
         leaves = [jax.tree.leaves(arg) for arg in args]  # once per call: read three times
-        total = sum(_check_argument(self.fn, k, found) for k, found in enumerate(leaves))
+        total = sum(traceable_bytes(_name(self.fn), k, found) for k, found in enumerate(leaves))
         if total > MAX_PROGRAM_BYTES:
             raise ShapeError(
                 f"the arguments of {_name(self.fn)} hold {total:,} bytes together, more than one "
@@ -158,23 +158,32 @@ class Sharded:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self._positional(args, kwargs)
         self._check(args)
-        if self._auto is not None:  # (it ran with the axes Auto before)
-            return typed_on(self.mesh, self._auto(*args))
+        out = self._either(args, self._run, lambda auto: auto(*args))
+        return typed_on(self.mesh, out) if self._auto is not None else out
+
+    def _either(
+        self, args: tuple[Any, ...], run: Callable[..., Any], auto: Callable[..., Any]
+    ) -> Any:
+        """``run(args)`` on the mesh as given, or ``auto`` of this function on the mesh's Auto
+        twin where the Explicit axes refuse code written for ``jax.jit`` (as pjit ran it); the
+        Explicit error where both fail."""
         traced = any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(args))
+        if self._auto is not None:  # (it ran with the axes Auto before)
+            return auto(self._auto)
         if not is_explicit(self.mesh) or traced:
-            return self._run(args)
+            return run(args)
         try:
-            return self._run(args)
-        except Exception as e:  # code written for jax.jit, not for Explicit axes: as pjit ran it
+            return run(args)
+        except Exception as e:
             if isinstance(e, ShardwiseError) and not isinstance(e, SpecError):
                 raise
-            auto = Sharded(self.fn, auto_twin(self.mesh), self.in_specs, self.out_specs)
+            twin = Sharded(self.fn, auto_twin(self.mesh), self.in_specs, self.out_specs)
             try:
-                out = auto(*args)
+                out = auto(twin)
             except Exception:
                 raise e from None
-            self._auto = auto
-            return typed_on(self.mesh, out)
+            self._auto = twin
+            return out
 
     def _run(self, args: tuple[Any, ...]) -> Any:
         """Run on the mesh as given (on Explicit axes, as code written for them needs)."""
@@ -254,8 +263,12 @@ class Sharded:
         """``jax.jit(...).lower`` for these arguments (arrays or ``jax.ShapeDtypeStruct``)."""
         args = self._positional(args, kwargs)
         self._check(args)
-        with self._on_its_mesh(args), explicit_hints(), self._out_specs_said(args):
-            return self._jitted.lower(*args)
+
+        def lowered(args: tuple[Any, ...]) -> Any:
+            with self._on_its_mesh(args), explicit_hints(), self._out_specs_said(args):
+                return self._jitted.lower(*args)
+
+        return self._either(args, lowered, lambda auto: auto.lower(*args))
 
     @contextlib.contextmanager
     def _out_specs_said(self, args: tuple[Any, ...]) -> Iterator[None]:
@@ -316,30 +329,6 @@ class Sharded:
         with self._on_its_mesh(args), explicit_hints(), self._out_specs_said(args):
             compiled, problems = self._compiled(args)
         return explain_function(compiled, args, self.mesh, self.fn, problems)
-
-
-def _check_argument(fn: Callable[..., Any], k: int, leaves: list[Any]) -> int:
-    """The bytes of argument ``k`` (its pytree's ``leaves``); refuse one JAX cannot trace: a
-    leaf that is neither an array (``shape`` and ``dtype``) nor a Python number (a string,
-    say). Pytrees of Python numbers and ``None`` are JAX's own and pass (a spec that splits
-    them does not)."""
-    arrays = [hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves]
-    for leaf, array in zip(leaves, arrays, strict=True):
-        if not array and not isinstance(leaf, int | float | complex):  # (bool is an int)
-            fix = (
-                "a setting that is not an array is bound first, as jax.jit's static arguments "
-                "are: shard(functools.partial(fn, mode=...), ...)"
-                if isinstance(leaf, str) else ARRAYS_HINT
-            )  # fmt: skip
-            raise ArgumentTypeError(
-                f"argument {k} of {_name(fn)} is or holds {describe_value(leaf)}, which JAX "
-                f"cannot trace; {fix}"
-            )
-    return sum(
-        math.prod(leaf.shape) * getattr(leaf.dtype, "itemsize", 1)
-        for leaf, array in zip(leaves, arrays, strict=True)
-        if array and all(isinstance(n, int) for n in leaf.shape)  # (not symbolic sizes)
-    )
 
 
 def _check_structure(fn: Callable[..., Any], k: int, arg: Any, spec: Any) -> None:

@@ -1,9 +1,10 @@
-"""The arguments a plan's program is called with, checked against those it was planned for:
-their shapes and types, whether they still hold their buffers, and the name of each
-top-level argument."""
+"""The arguments a sharded program is called with, checked: a plan's against those it was
+planned for (their shapes and types, whether they still hold their buffers, the name of each
+top-level argument), and ``shard``'s as what JAX can trace."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from jax import dtypes
 
-from shardwise._errors import ArgumentError
+from shardwise._errors import ArgumentError, ArgumentTypeError
+from shardwise._xla.dtypes import ARRAYS_HINT, describe_value
 
 if TYPE_CHECKING:
     from shardwise._program.plans import ProgramPlan
@@ -92,3 +94,28 @@ def first_difference(expected: Any, given: tuple[Any, ...], params: Sequence[str
             more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
             return f"{odd[0]} {said}{more}"
     return "the same leaves, held in other containers (a dict for a State, a list for a tuple)"
+
+
+def traceable_bytes(name: str, k: int, leaves: list[Any]) -> int:
+    """The bytes of argument ``k`` of the function ``name`` given to ``shard`` (its pytree's
+    ``leaves``); refuse one JAX cannot trace: a
+    leaf that is neither an array (``shape`` and ``dtype``) nor a Python number (a string,
+    say). Pytrees of Python numbers and ``None`` are JAX's own and pass (a spec that splits
+    them does not)."""
+    arrays = [hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves]
+    for leaf, array in zip(leaves, arrays, strict=True):
+        if not array and not isinstance(leaf, int | float | complex):  # (bool is an int)
+            fix = (
+                "a setting that is not an array is bound first, as jax.jit's static arguments "
+                "are: shard(functools.partial(fn, mode=...), ...)"
+                if isinstance(leaf, str) else ARRAYS_HINT
+            )  # fmt: skip
+            raise ArgumentTypeError(
+                f"argument {k} of {name} is or holds {describe_value(leaf)}, which JAX "
+                f"cannot trace; {fix}"
+            )
+    return sum(
+        math.prod(leaf.shape) * getattr(leaf.dtype, "itemsize", 1)
+        for leaf, array in zip(leaves, arrays, strict=True)
+        if array and all(isinstance(n, int) for n in leaf.shape)  # (not symbolic sizes)
+    )
