@@ -144,22 +144,23 @@ def test_the_launcher_picks_a_port_no_outgoing_connection_can_take():
         assert bind_error("127.0.0.1", port) is None
 
 
+def _alone(port: int, process_id: int, timeout: int) -> subprocess.CompletedProcess[str]:
+    """The demo as process ``process_id`` of 2 at coordinator port ``port``, the other never
+    started, waiting ``timeout`` seconds for it."""
+    env = {
+        "SHARDWISE_COORDINATOR": f"127.0.0.1:{port}",
+        "SHARDWISE_NUM_PROCESSES": "2",
+        "SHARDWISE_PROCESS_ID": str(process_id),
+        "SHARDWISE_INIT_TIMEOUT": str(timeout),
+    }
+    return shardwise("demo", "--size", "small", "--no-dask", env=env, timeout=120)
+
+
 def test_wrong_coordinator_fails_with_a_clear_error():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing will listen here
-    result = shardwise(
-        "demo",
-        "--size",
-        "small",
-        env={
-            "SHARDWISE_COORDINATOR": f"127.0.0.1:{port}",
-            "SHARDWISE_NUM_PROCESSES": "2",
-            "SHARDWISE_PROCESS_ID": "1",
-            "SHARDWISE_INIT_TIMEOUT": "3",
-        },
-        timeout=120,
-    )
+    result = _alone(port, process_id=1, timeout=3)
     assert result.returncode != 0
     text = " ".join(result.stderr.split())
     assert "could not join the runtime" in text and f"127.0.0.1:{port}" in text
@@ -171,19 +172,7 @@ def test_process_zero_whose_peer_never_joins_ends_with_a_clear_error():
     C++ stack) when its peer never registered."""
     from shardwise._runtime.address import free_port
 
-    result = shardwise(
-        "demo",
-        "--size",
-        "small",
-        "--no-dask",
-        env={
-            "SHARDWISE_COORDINATOR": f"127.0.0.1:{free_port()}",
-            "SHARDWISE_NUM_PROCESSES": "2",
-            "SHARDWISE_PROCESS_ID": "0",
-            "SHARDWISE_INIT_TIMEOUT": "2",
-        },
-        timeout=120,
-    )
+    result = _alone(free_port(), process_id=0, timeout=2)
     assert result.returncode == 2, result.stderr[-2000:]
     text = " ".join(result.stderr.split())
     assert "process 0 of 2: not every process joined the runtime within 2 s" in text
