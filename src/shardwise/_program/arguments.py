@@ -98,10 +98,9 @@ def first_difference(expected: Any, given: tuple[Any, ...], params: Sequence[str
 
 def traceable_bytes(name: str, k: int, leaves: list[Any]) -> int:
     """The bytes of argument ``k`` of the function ``name`` given to ``shard`` (its pytree's
-    ``leaves``); refuse one JAX cannot trace: a
-    leaf that is neither an array (``shape`` and ``dtype``) nor a Python number (a string,
-    say). Pytrees of Python numbers and ``None`` are JAX's own and pass (a spec that splits
-    them does not)."""
+    ``leaves``); refuse one JAX cannot trace: a leaf that is neither an array (``shape`` and
+    ``dtype``) nor a Python number (a string, say). Pytrees of Python numbers and ``None`` are
+    JAX's own and pass (a spec that splits them does not)."""
     arrays = [hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves]
     for leaf, array in zip(leaves, arrays, strict=True):
         if not array and not isinstance(leaf, int | float | complex):  # (bool is an int)
