@@ -374,9 +374,7 @@ def mean(x: Any, *, mesh: MeshLike = "auto") -> Any:
     first = {letters[0]: MeshSpec.parse(jmesh).names} if x.ndim else {}
     summed, given = mean_dtypes(x.dtype)  # (NumPy's: an int8 sum wraps)
     with wide(summed), on_mesh(jmesh, [x]):
-        plan, _, targets = _program(
-            f"{letters}->", (x,), jmesh, first, None, "infer", "auto", None
-        )
+        plan, _, targets = _program(f"{letters}->", (x,), jmesh, first, None, "infer", "auto", None)
         # the sum and the division in one program: one dispatch on every device
         return _mean_of(x.size, summed.name, given.name)(*place(plan, jmesh, (x,), targets))
 

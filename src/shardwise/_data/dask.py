@@ -96,9 +96,9 @@ def _sum_program(extra: int) -> Any:
     # in the block's own type, as NumPy's einsum adds (JAX's sum widens an int8 to int32, and
     # the sum had then depended on how much of the block lay before its first aligned byte)
     return jax.jit(
-        lambda middle, rest: (middle.sum(dtype=middle.dtype) + rest)
-        .astype(middle.dtype)
-        .reshape((1,) * extra)
+        lambda middle, rest: (
+            (middle.sum(dtype=middle.dtype) + rest).astype(middle.dtype).reshape((1,) * extra)
+        )
     )
 
 
