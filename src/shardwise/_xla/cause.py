@@ -314,7 +314,8 @@ def _einsum_text(c: Collective, d: _Decision) -> str:
             f"{head}{d.array} is laid out {layout}, its index `{d.index}` split on `{names}`, "
             f"but the computation needs it replicated on `{names}`{why}"
         )
-    if d.reason == "gather-output" and set(c.mesh_axes) <= set(d.requested.axes):
+    split_again = d.requested is not None and set(c.mesh_axes) <= set(d.requested.axes)
+    if d.reason == "gather-output" and split_again:
         return (
             f"{head}the computation produces the output split {layout} and it is requested "
             f"split {requested}: XLA gathers the pieces along `{names}`, then each device "
