@@ -64,6 +64,19 @@ DEMO_DEVICES = 8
 """The devices the tutorial's scenarios run on: a line of 8, and a 2 × 4 grid."""
 
 
+def check_devices(what: str) -> None:
+    """Refuse fewer devices than :data:`DEMO_DEVICES`, saying that ``what`` (the demo's
+    scenarios, bench's workloads) needs them: it had been said as a mesh 'devices=8' the user
+    never gave."""
+    have = jax.device_count()
+    if have < DEMO_DEVICES:
+        raise ArgumentError(
+            f"{what} run on {DEMO_DEVICES} devices (a line of {DEMO_DEVICES} and a 2 × 4 "
+            f"grid), but {have} are available; simulate {DEMO_DEVICES} or more CPU devices "
+            f"(--devices {DEMO_DEVICES})."
+        )
+
+
 def scenarios(size: Size = "tutorial") -> list[Scenario]:
     """The four scenarios at the tutorial's sizes or at a quick, small size."""
     small = size == "small"
@@ -265,13 +278,7 @@ def run_demo(
     With ``pictures``, also draw each scenario's data flow to ``<pictures>/<name>.png`` and
     ``.svg`` (needs the ``pictures`` extra).
     """
-    have = jax.device_count()
-    if have < DEMO_DEVICES:
-        raise ArgumentError(
-            f"the tutorial's scenarios run on {DEMO_DEVICES} devices (a line of "
-            f"{DEMO_DEVICES} and a 2 × 4 grid), but {have} are available; simulate "
-            f"{DEMO_DEVICES} or more CPU devices (--devices {DEMO_DEVICES})."
-        )
+    check_devices("the tutorial's scenarios")
     skipped = []
     if with_dask is None:
         # blocks run in whatever order Dask picks, but across processes every process must

@@ -87,7 +87,9 @@ def bench(
     if out is not None:
         check_out(out)
     setup_devices(devices)
-    _enough_devices()
+    from shardwise._demo import check_devices
+
+    check_devices("bench's workloads")  # (before the machine is measured)
     with progress.status("benchmarking") as status:
         doc = run_bench(
             suite,
@@ -115,23 +117,6 @@ def bench(
 
 CACHED_BYTES = 64 * 10**6
 """A bandwidth probe smaller than this may be read from a cache, not from memory."""
-
-
-def _enough_devices() -> None:
-    """Refuse fewer devices than the workloads' meshes take (8: ``devices=8`` and
-    ``x=2,y=4``), before the machine is measured (it had been said as a mesh the user never
-    gave, after that)."""
-    import jax
-
-    from shardwise._demo import DEMO_DEVICES
-    from shardwise._errors import ArgumentError
-
-    if jax.device_count() < DEMO_DEVICES:
-        raise ArgumentError(
-            f"bench's workloads run on {DEMO_DEVICES} devices (the tutorial's line of "
-            f"{DEMO_DEVICES} and 2 × 4 grid), but {jax.device_count()} are available; "
-            f"simulate {DEMO_DEVICES} or more CPU devices (--devices {DEMO_DEVICES})."
-        )
 
 
 def bench_table(doc: dict[str, Any], suite: str, repeat: int) -> Table:
