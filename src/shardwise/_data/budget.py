@@ -15,6 +15,7 @@ from shardwise._data.sources import Source
 from shardwise._errors import ArgumentError
 from shardwise._model.op import Op
 from shardwise._model.units import format_bytes
+from shardwise._xla.dtypes import mean_dtypes
 
 ALIGN_ROWS = 16
 """Rows per device in a chunk come in multiples of this, so every device's block starts on a
@@ -265,10 +266,8 @@ def sum_dtype(dtype: np.dtype) -> np.dtype:
     >>> sum_dtype(np.dtype(ml_dtypes.bfloat16)), sum_dtype(np.dtype("int8"))
     (dtype('float32'), dtype('int8'))
     """
-    import jax.numpy as jnp  # (knows bfloat16 and the float8 types as floating)
-
-    narrow = dtype.itemsize < 4 and jnp.issubdtype(dtype, jnp.floating)
-    return np.dtype(np.float32) if narrow else dtype
+    summed, given = mean_dtypes(dtype)  # (a mean gives a float in its own type, not an int)
+    return summed if given == dtype else dtype
 
 
 def plan_from_json(data: dict[str, Any], bad: Callable[[str], Exception]) -> StreamPlan:
