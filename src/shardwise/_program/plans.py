@@ -46,6 +46,11 @@ class PlannedLayout:
     """Whether its predicted peak memory per device is over the plan's budget: only a
     baseline can be (it is shown, to compare, but never chosen nor run by ``verify``)."""
 
+    @property
+    def searched(self) -> bool:
+        """Whether the search found it (``search``, ``search 2``…), not a baseline."""
+        return self.name == "search" or self.name.startswith("search ")
+
 
 @dataclass(frozen=True, slots=True)
 class ProgramPlan:

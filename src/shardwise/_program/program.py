@@ -148,7 +148,7 @@ def _plan(
                                         read.role, read.extra)  # fmt: skip
             plans = _predictions(graph, [*named, *solved], costs, limit)
         else:
-            base = [p for p in baselines_of.plans if p.name.split()[0] != "search"]
+            base = [p for p in baselines_of.plans if not p.searched]
             plans = [*_predictions(graph, named, costs, limit), *_marked(base, limit)]
             skipped = list(baselines_of.skipped)
     plans.sort(key=lambda p: p.predicted.seconds)
@@ -179,7 +179,7 @@ def _fastest_searched(plans: list[PlannedLayout], method: str) -> tuple[list[Pla
     search's best (the solver's costs, or its memory pricing under a budget, are not the
     prediction's) takes its name. Under a budget the search's best had been chosen at 123 µs
     where a runner-up, within the budget too, was predicted at 121 µs."""
-    found = [p.name for p in plans if p.name == "search" or p.name.startswith("search ")]
+    found = [p.name for p in plans if p.searched]
     if found[0] == "search":
         return plans, method
     rank = {name: "search" if k == 0 else f"search {k + 1}" for k, name in enumerate(found)}

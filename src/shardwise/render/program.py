@@ -152,7 +152,7 @@ def chosen_lines(report: Any) -> list[str]:
             line += f"; the search's plan took {theirs.seconds / mine.seconds:.2f}× its time"
         return [line]
     best = search.predicted.seconds
-    others = [p for p in report.plans if not p.name.startswith("search")]
+    others = [p for p in report.plans if not p.searched]
     if not others:
         return []
     if best <= 0:
