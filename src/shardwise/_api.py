@@ -44,7 +44,7 @@ from shardwise._xla.dtypes import (
     x64,
 )
 from shardwise._xla.explain import Explanation, compile_plan, compile_sound, explain_compiled
-from shardwise._xla.lower import check_precision, jitted, place
+from shardwise._xla.lower import check_precision, jitted, mean_program, place
 from shardwise._xla.meshes import MeshLike, jax_mesh, named, on_mesh, platform
 
 
@@ -369,20 +369,23 @@ def mean(x: Any, *, mesh: MeshLike = "auto") -> Any:
     if is_dask(x):
         return dask_mean(x, mesh=None if mesh == "auto" else mesh)
     check_arrays([x], "the array given to mean")
-    letters = "abcdefghijklmnopqrstuvwxyz"[: x.ndim]
     jmesh = jax_mesh(mesh)
-    first = {letters[0]: MeshSpec.parse(jmesh).names} if x.ndim else {}
     summed, given = mean_dtypes(x.dtype)  # (NumPy's: an int8 sum wraps)
     with wide(summed), on_mesh(jmesh, [x]):
-        plan, _, targets = _program(f"{letters}->", (x,), jmesh, first, None, "infer", "auto", None)
-        # the sum and the division in one program: one dispatch on every device
-        return _mean_of(x.size, summed.name, given.name)(*place(plan, jmesh, (x,), targets))
+        plan, targets = _mean_layout(tuple(x.shape), str(x.dtype), jmesh, x64())
+        program = mean_program(x.size, summed.name, given.name)
+        return program(*place(plan, jmesh, (x,), targets))
 
 
 @cached(maxsize=32)
-def _mean_of(size: int, summed: str, given: str) -> Callable[..., jax.Array]:
-    """The jitted mean of an array of ``size`` elements, summed in ``summed``, given in
-    ``given`` (:func:`~shardwise._xla.dtypes.mean_dtypes`); XLA sums the devices' parts."""
-    import jax.numpy as jnp
-
-    return jax.jit(lambda a: (jnp.sum(a, dtype=summed) / size).astype(given))
+def _mean_layout(
+    shape: tuple[int, ...], dtype: str, jmesh: Mesh, x64: bool
+) -> tuple[Plan, tuple[NamedSharding, ...]]:
+    """Where a mean's array goes: its first dimension split over every mesh axis, as the
+    plan of ``ab…->`` lays it out (which checks that it divides); nothing is compiled here
+    (the einsum's own program had been compiled and checked, and not run)."""
+    letters = "abcdefghijklmnopqrstuvwxyz"[: len(shape)]
+    first = {letters[0]: MeshSpec.parse(jmesh).names} if shape else {}
+    plan, _ = plan_arrays(f"{letters}->", jax.ShapeDtypeStruct(shape, dtype), mesh=jmesh,
+                          layout=first)  # fmt: skip
+    return plan, tuple(named(jmesh, s) for s in plan.in_specs)

@@ -132,16 +132,12 @@ def _jitted(
     return lower(plan, mesh, precision)
 
 
-def divided(plan: Plan, mesh: Mesh, divisor: int) -> Callable[..., jax.Array]:
-    """``plan``'s program with its result divided by ``divisor``, as one program: a mean is
-    one dispatch, not an einsum and then a division on every device."""
-    return divide(jitted(plan, mesh), divisor)
-
-
 @cached(maxsize=32)
-def divide(program: Callable[..., jax.Array], divisor: int) -> Callable[..., jax.Array]:
-    """The jitted ``program`` with its result divided by ``divisor``, as one program."""
-    return jax.jit(lambda *arrays: program(*arrays) / divisor)
+def mean_program(size: int, summed: str, given: str) -> Callable[..., jax.Array]:
+    """The jitted mean of an array of ``size`` elements, summed in ``summed`` and given in
+    ``given`` (:func:`~shardwise._xla.dtypes.mean_dtypes`), as one program: the devices'
+    sums, XLA's all-reduce of them and the division, one dispatch on every device."""
+    return jax.jit(lambda a: (jnp.sum(a, dtype=summed) / size).astype(given))
 
 
 def lower(

@@ -225,7 +225,8 @@ def mean(size: int, chunk: int) -> Workload:
 
     import shardwise
     from shardwise._planner.layout import plan_arrays
-    from shardwise._xla.lower import divided, place
+    from shardwise._xla.dtypes import mean_dtypes
+    from shardwise._xla.lower import mean_program, place
 
     x = np.random.default_rng(2).random((size, size))
     mesh = shardwise.mesh("devices=8")
@@ -235,9 +236,9 @@ def mean(size: int, chunk: int) -> Workload:
         (px,) = place(plan, jm, [x])
         return lambda: shardwise.mean(px, mesh=mesh)
 
-    def raw() -> Runner:
+    def raw() -> Runner:  # (the program shardwise.mean runs, called directly)
         plan, jm = plan_arrays("ij->", x, mesh=mesh, layout="i=devices")
-        compiled = divided(plan, jm, x.size)
+        compiled = mean_program(x.size, *(t.name for t in mean_dtypes(x.dtype)))
         (px,) = place(plan, jm, [x])
         return lambda: compiled(px)
 
