@@ -314,3 +314,66 @@ def test_a_profile_round_trips_through_its_file(tmp_path):
     for profile in BUILTIN.values():
         assert read_profile(save_profile(profile, tmp_path / f"{profile.name}.json")) == profile
     assert isinstance(load_profile(str(tmp_path / "h100.json")), Profile)
+
+
+def _measured_on(mesh: str | None, sources: str = "") -> Profile:
+    """A calibrated CPU profile whose links along ``model`` were measured on ``mesh``."""
+    link = BUILTIN["cpu-2core"].link
+    return dataclasses.replace(
+        BUILTIN["cpu-2core"], name="local-cpu-8", mesh=mesh, axis_links={"model": link},
+        gather_links={"model": link}, sources={"all": sources},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        _measured_on("data=2,model=4"),
+        # a profile calibrated before the mesh had a field of its own names it in its sources
+        _measured_on(
+            None,
+            "shardwise calibrate on 8 cpu devices (cpu), mesh data=2,model=4, "
+            "2026-11-30; per-device figures while every device works at once",
+        ),
+    ],
+    ids=["field", "sources"],
+)
+def test_a_profile_measured_on_another_mesh_is_warned_about(profile):
+    # its links along 'model' were measured on a ring of 4; here 'model' has 2 devices
+    S = jax.ShapeDtypeStruct
+    args = S((64, 32), "float32"), S((32, 64), "float32")
+    with pytest.warns(ShardwiseWarning, match="axis 'model' has 4 devices; on mesh data=4,"):
+        shardwise.plan(lambda x, w: x @ w, *args, mesh="data=4,model=2", profile=profile, top=1)
+    with pytest.warns(ShardwiseWarning, match="calibrate --mesh data=4,model=2"):
+        shardwise.plan_einsum("mk,kn->mn", [(64, 32), (32, 64)], mesh="data=4,model=2",
+                              profile=profile)  # fmt: skip
+    with warnings.catch_warnings():  # its own mesh, and a mesh whose axes it did not measure
+        warnings.simplefilter("error")
+        for mesh in ("data=2,model=4", "x=8"):
+            shardwise.plan(lambda x, w: x @ w, *args, mesh=mesh, profile=profile, top=1)
+            shardwise.plan_einsum("mk,kn->mn", [(64, 32), (32, 64)], mesh=mesh, profile=profile)
+
+
+def test_a_calibrated_profile_records_its_mesh_and_reads_it_back(monkeypatch, tmp_path):
+    from shardwise._planner import calibrate as cal
+
+    monkeypatch.setattr(cal, "alternate", lambda runners, repeat, at_least=0.0: {
+        name: 2e-3 if name.startswith("all-") else 1e-3 for name in runners})  # fmt: skip
+    profile = cal.calibrate(build_mesh(MeshSpec.parse("x=2,y=4")), per_device_bytes=2**20,
+                            repeat=1)  # fmt: skip
+    assert profile.mesh == "x=2,y=4"
+    assert read_profile(save_profile(profile, tmp_path / "p.json")).mesh == "x=2,y=4"
+    with pytest.raises(shardwise.ArgumentError, match="the mesh is named by something other"):
+        dataclasses.replace(profile, mesh=8)
+
+
+def test_the_command_prints_the_warning_as_a_line_of_its_own(tmp_path):
+    file = save_profile(_measured_on("data=2,model=4"), tmp_path / "measured.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        result = runner.invoke(app, ["plan", "ij,jk->ik", "--shapes", "64x32,32x64", "--mesh",
+                                     "data=4,model=2", "--profile", str(file)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    # (Python's own form names the line of shardwise that warned: "…/plan.py:317: …")
+    assert "warning: profile 'local-cpu-8' measured its links on mesh" in result.output
+    assert "ShardwiseWarning" not in result.output and ".py:" not in result.output

@@ -26,6 +26,7 @@ from shardwise._model.op import Op, as_shapes
 from shardwise._model.plan import Plan
 from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile, profile_stamp
+from shardwise._model.profile_use import check_mesh
 from shardwise._model.spec import LayoutLike, SpecLike
 from shardwise._model.units import format_bytes, parse_bytes
 from shardwise._planner.einsum import PlanReport, rank
@@ -289,6 +290,7 @@ def plan_einsum(
         profile = default_profile(here, spec.size)
     elif isinstance(profile, str):
         profile = load_profile(profile)
+    check_mesh(profile, spec)
     report = rank(op, shapes, spec, supported(dtype).name, profile, limit)
     if not report.strategies:
         smallest = report.refused[0].predicted.memory_bytes if report.refused else None

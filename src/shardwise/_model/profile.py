@@ -78,6 +78,8 @@ class Profile:
             none. XLA's CPU backend takes about that long whatever the features (one output
             feature or thirty-two), so a convolution whose output features are split saves
             no time, and a kernel's gradient split on the batch none either.
+        mesh: the mesh a calibrated profile's ``axis_links`` and ``gather_links`` were
+            measured on (``"data=2,model=4"``); ``None``: not recorded.
     """
 
     name: str
@@ -92,6 +94,7 @@ class Profile:
     gather: Link | None = None
     gather_links: Mapping[str, Link] = field(default_factory=dict)
     conv_tap_s: float | None = None
+    mesh: str | None = None
 
     @property
     def overlaps_collectives(self) -> bool:
@@ -173,6 +176,7 @@ class Profile:
             gather_links={k: _link(name, f"gather_links[{k!r}]", v) for k, v in
                           data.get("gather_links", {}).items()},
             conv_tap_s=data.get("conv_tap_s"),
+            mesh=data.get("mesh"),
         )  # fmt: skip
 
 
@@ -245,8 +249,8 @@ def _invalid(p: Profile) -> str | None:
             return "sources has an entry that is not text"
     else:
         return f"sources is {type(p.sources).__name__}, not a mapping of figure to text"
-    if not all(isinstance(k, str) for k in keys):
-        return "a dtype, mesh axis or source is named by something other than text"
+    if not all(isinstance(k, str) for k in [*keys, *([p.mesh] if p.mesh is not None else [])]):
+        return "a dtype, mesh axis, source or the mesh is named by something other than text"
     return None
 
 
@@ -375,22 +379,3 @@ BUILTIN: dict[str, Profile] = {
         conv_tap_s=55e-9,
     ),
 }
-
-
-def check_platform(profile: Profile, platform: str, what: str) -> None:
-    """Refuse to check ``profile``'s predictions against programs compiled for ``platform``
-    (``what`` says who checks) when the profile is for another platform: it predicts the
-    collectives XLA emits there, which differ (a TPU's reduce-scatter is a CPU's all-reduce
-    and slice), so every comparison would be wrong.
-
-    Raises:
-        ArgumentError: when the platforms differ.
-    """
-    if profile.platform != platform:
-        raise ArgumentError(
-            f"{what} compiles and runs the plans on the {platform} devices here, but profile "
-            f"{profile.name!r} is for {profile.platform} devices: its predictions are of what "
-            f"XLA does on {profile.platform}, so they cannot be checked here. Plan with a "
-            f"{platform} profile (or none: the devices' own) to verify, or plan for "
-            f"{profile.platform} without verifying."
-        )

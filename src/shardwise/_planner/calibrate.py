@@ -247,6 +247,7 @@ def calibrate(
             gather_links=gathers,
             matmul_Bps=gemm,
             conv_tap_s=tap,
+            mesh=spec.describe(),
             sources={
                 "all": f"shardwise calibrate on {mesh.size} {platform} devices "
                 f"({getattr(device, 'device_kind', platform)}), mesh {spec.describe()}, {stamp}; "

@@ -20,7 +20,8 @@ from shardwise._model.cost import Prediction, predict
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op, as_shapes
 from shardwise._model.plan import Plan, check_extent
-from shardwise._model.profile import Profile, check_platform
+from shardwise._model.profile import Profile
+from shardwise._model.profile_use import check_platform
 from shardwise._model.strategy import MAX_LAYOUTS, Strategy, layout_count, strategies
 from shardwise._model.units import format_bytes, format_seconds
 from shardwise._runtime.timing import median_seconds, spearman

@@ -21,6 +21,7 @@ from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
+from shardwise._model.profile_use import check_mesh
 from shardwise._model.spec import SpecLike
 from shardwise._model.units import parse_bytes
 from shardwise._program.constraints import check_respect
@@ -106,6 +107,7 @@ def plan(
     """
     devices, spec = _given_mesh(mesh)
     prof = _profile(profile, spec)
+    check_mesh(prof, spec)
     check_respect(respect, top)
     with collection_paused():  # (once: JAX's trace too; cycles it makes are freed after)
         read = read_program(fn, args, train, devices, spec, prof, fixed, rules, respect,

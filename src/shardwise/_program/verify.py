@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 from shardwise._caches import Bounded
 from shardwise._errors import ArgumentError, ShardwiseWarning, check_count
 from shardwise._model.mesh import MeshSpec
-from shardwise._model.profile import check_platform
+from shardwise._model.profile_use import check_platform
 from shardwise._model.spec import Spec
 from shardwise._program.apply import constrained
 from shardwise._program.arguments import (

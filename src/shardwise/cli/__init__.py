@@ -15,7 +15,7 @@ from shardwise.cli import explain as _explain
 from shardwise.cli import launch as _launch
 from shardwise.cli import plan as _plan
 from shardwise.cli import run as _run
-from shardwise.cli._common import Command, Group
+from shardwise.cli._common import Command, Group, show_warnings_plainly
 
 app = typer.Typer(
     name="shardwise",
@@ -48,6 +48,7 @@ def _options(
     ] = False,
 ) -> None:
     """Plan, see and trust tensor parallelism in JAX."""
+    show_warnings_plainly()
 
 
 app.command("demo", cls=Command)(_demo.demo)

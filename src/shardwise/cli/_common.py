@@ -7,6 +7,7 @@ import functools
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -16,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
-from shardwise._errors import ArgumentError, ShardwiseError, UserCodeError
+from shardwise._errors import ArgumentError, ShardwiseError, ShardwiseWarning, UserCodeError
 from shardwise._files import write_atomic
 from shardwise._runtime.devices import ENV_CPU_DEVICES
 from shardwise.render.formats import FORMATS, Format
@@ -328,3 +329,28 @@ def check_out(path: Path, flag: str = "--out") -> None:
     """Refuse an output file path that is a folder, before the work that would fill it."""
     if path.is_dir():
         raise ArgumentError(f"{flag} {str(path)!r} is a folder; give the path of a file in it.")
+
+
+def show_warnings_plainly() -> None:
+    """Print shardwise's own warnings as ``warning: MESSAGE`` on stderr: Python's form names
+    the line of shardwise's code that warned, which tells a user of the command nothing.
+    Other warnings print as Python prints them.
+
+    >>> show_warnings_plainly()
+    >>> warnings.showwarning(ShardwiseWarning("a profile of another mesh"), ShardwiseWarning,
+    ...                      "plan.py", 1, file=sys.stdout)
+    warning: a profile of another mesh
+    """
+    python = warnings.showwarning
+    if getattr(python, "plain", False):
+        return
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:  # fmt: skip
+        if issubclass(category, ShardwiseWarning):
+            print(f"warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            python(message, category, filename, lineno, file, line)
+
+    show.plain = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
