@@ -16,6 +16,7 @@ from shardwise._errors import ArgumentError
 from shardwise._model import scaling
 from shardwise._model.profile import BUILTIN
 from shardwise._model.topology import TOPOLOGIES, topology
+from shardwise._program.sweep import threshold
 
 BOOK = 0.05
 """Relative tolerance: the book rounds its inputs and answers to two or three figures."""
@@ -84,6 +85,17 @@ def test_the_v6e_profile_is_built_in():
     assert v6e.flops("bfloat16") == pytest.approx(9.2e14, rel=BOOK)
     assert v6e.memory_bytes == pytest.approx(32e9, rel=BOOK)
     assert dataclasses.replace(v6e) == v6e  # its figures pass the profile's checks
+
+
+@pytest.mark.parametrize("name, one_way", [("tpu-v4", 4.5e10), ("tpu-v5p", 9e10),
+                                           ("tpu-v5e", 4.5e10), ("tpu-v6e", 9e10)])  # fmt: skip
+def test_a_tpu_profiles_link_is_its_topologys_link_one_way(name, one_way):
+    # tpus.md's interconnect table, one way per link; the v4, v5e and v6e profiles had given
+    # 90, 100 and 100 GB/s, so the flat model and the sweep's C / W_ici line disagreed with
+    # the placed model (2x on v4)
+    assert BUILTIN[name].link.bandwidth_Bps == TOPOLOGIES[name].link_Bps == one_way
+    w_ici = TOPOLOGIES[name].w_ici_Bps
+    assert threshold(BUILTIN[name], "bfloat16") == BUILTIN[name].flops("bfloat16") / w_ici
 
 
 # --- training.md ------------------------------------------------------------------------------

@@ -283,14 +283,13 @@ BUILTIN: dict[str, Profile] = {
         flops_per_s={"bfloat16": 275 * TERA, "float32": 275 * TERA},
         memory_Bps=1200 * GB,
         memory_bytes=32 * 2**30,
-        link=Link(latency_s=5e-6, bandwidth_Bps=90 * GB),
+        link=Link(latency_s=5e-6, bandwidth_Bps=45 * GB),
         sources={
             "flops_per_s": "Cloud TPU v4 docs: peak compute per chip 275 TFLOPs (bf16); f32 "
             "matmuls run as bf16 passes at JAX's default precision",
             "memory": "Cloud TPU v4 docs: HBM2 32 GiB, 1200 GBps",
-            "link": "derived from Cloud TPU v4 docs: all-reduce bandwidth 1.1 PB/s per 4096-chip "
-            "pod ≈ 269 GB/s per chip over 3 torus dimensions ≈ 90 GB/s per axis; latency 5 µs "
-            "assumed",
+            "link": "the scaling book (tpus.md), interconnect table: TPU v4p 4.5e10 B/s one way "
+            "per link, 9e10 both ways (its W_ici); latency 5 µs assumed",
         },
     ),
     "tpu-v5p": Profile(
@@ -314,13 +313,12 @@ BUILTIN: dict[str, Profile] = {
         flops_per_s={"bfloat16": 197 * TERA, "float32": 197 * TERA},
         memory_Bps=819 * GB,
         memory_bytes=16 * GB,
-        link=Link(latency_s=5e-6, bandwidth_Bps=100 * GB),
+        link=Link(latency_s=5e-6, bandwidth_Bps=45 * GB),
         sources={
             "flops_per_s": "Cloud TPU v5e docs: peak compute per chip 197 TFLOPs (bf16)",
             "memory": "Cloud TPU v5e docs: HBM2 16 GB, 819 GBps",
-            "link": "Cloud TPU v5e docs: ICI 400 GBps bidirectional per chip over 4 ports in a 2D "
-            "torus → 2 ports per axis × 50 GB/s each way = 100 GB/s per axis; latency 5 µs "
-            "assumed",
+            "link": "the scaling book (tpus.md), interconnect table: TPU v5e 4.5e10 B/s one way "
+            "per link, 9e10 both ways (its W_ici); latency 5 µs assumed",
         },
     ),
     "tpu-v6e": Profile(
@@ -329,12 +327,12 @@ BUILTIN: dict[str, Profile] = {
         flops_per_s={"bfloat16": 918 * TERA, "float32": 918 * TERA},
         memory_Bps=1638 * GB,
         memory_bytes=32 * GB,
-        link=Link(latency_s=5e-6, bandwidth_Bps=100 * GB),
+        link=Link(latency_s=5e-6, bandwidth_Bps=90 * GB),
         sources={
             "flops_per_s": "Cloud TPU v6e (Trillium) docs: peak compute per chip 918 TFLOPs (bf16)",
             "memory": "Cloud TPU v6e docs: HBM 32 GB, 1638 GBps per chip",
-            "link": "Cloud TPU v6e docs: ICI 800 GBps bidirectional per chip over 4 ports → 100 "
-            "GB/s per link one way (the scaling book, tpus.md: 9e10); latency 5 µs assumed",
+            "link": "the scaling book (tpus.md), interconnect table: TPU v6e 9e10 B/s one way "
+            "per link, 1.8e11 both ways (its W_ici); latency 5 µs assumed",
         },
     ),
     "h100": _HOPPER,
