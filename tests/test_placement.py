@@ -197,6 +197,21 @@ def test_zero3_across_h100_nodes_sends_each_block_over_infiniband():
     assert t == pytest.approx(63 / 64 * n / IB + 63 * DCN_STEP, rel=1e-9)
 
 
+def test_an_h100_all_reduce_across_512_nodes_is_a_tree_and_gathers_stay_rings():
+    # NCCL's tuning model (src/graph/tuning.cc): across nodes an all-reduce runs on a tree,
+    # 2 log2(nodes) network steps; all-gathers and reduce-scatters on rings, nodes - 1 steps.
+    # The ring's 2 x 511 steps had priced a 4096-GPU gradient all-reduce at 10.2 ms of latency
+    mesh = MeshSpec.parse("data=512,tp=8")  # one GPU per node on data
+    t = ring_seconds("all-reduce", ["data"], 0, mesh, H100)
+    assert t == pytest.approx(2 * 9 * DCN_STEP, rel=1e-9)
+    n = 10**9
+    assert ring_seconds("all-reduce", ["data"], n, mesh, H100) == pytest.approx(
+        t + 2 * 511 / 512 * n / IB, rel=1e-9
+    )  # (the tree's bandwidth is the ring's)
+    for kind in ("all-gather", "reduce-scatter"):
+        assert ring_seconds(kind, ["data"], 0, mesh, H100) == pytest.approx(511 * DCN_STEP)
+
+
 # --- what the topology does not override ------------------------------------------------------
 
 
