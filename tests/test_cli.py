@@ -370,6 +370,23 @@ def test_dtype_reads_numpy_names_and_short_forms_everywhere(tmp_path, command, d
         assert f'"{name}"' in result.stdout, result.stdout
 
 
+@pytest.mark.parametrize(
+    ("flags", "train", "optimizer"),
+    [([], False, None), (["--train"], True, "sgd"),
+     (["--train", "--optimizer", "adamw"], True, "adamw")],
+    ids=["forward", "SGD step", "AdamW step"],
+)  # fmt: skip
+def test_a_programs_json_says_whether_it_is_a_training_step_and_with_what(flags, train, optimizer):
+    """An AdamW step (planned as it is, not differentiated by the planner) had said
+    ``"train": false``, as a forward pass does, and named no optimizer."""
+    mlp = ["--model", "mlp", "--hidden", "16", "--ffn", "32", "--batch", "8"]
+    argv = ["plan", *mlp, "--mesh", "x=2", "--profile", "cpu-2core", "--top", "1", "--json"]
+    result = runner.invoke(app, [*argv, *flags])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["program"], doc["train"], doc["optimizer"]) == ("mlp", train, optimizer)
+
+
 @pytest.mark.parametrize("command", ["plan-model", "plan-einsum", "explain", "args"])
 def test_an_unknown_dtype_is_refused_with_the_valid_names(tmp_path, command):
     result = runner.invoke(app, _dtype_commands(tmp_path, "bf99")[command])

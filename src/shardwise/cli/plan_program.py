@@ -51,6 +51,11 @@ def program(given: dict[str, Any]) -> None:
     if given["json"]:
         doc = report.to_json()
         doc["program"] = name
+        # what the program is: a training step with --train, whether planned from the loss
+        # (plain SGD) or, with --optimizer, the model's whole step, planned as it is (its plan's
+        # own "train" had said false, as for a forward pass)
+        doc["train"] = given["train"]
+        doc["optimizer"] = (given["optimizer"] or "sgd") if given["train"] else None
         if choice is not None:
             doc["mesh_choice"] = choice.to_json()
         if text is not None:
