@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import shardwise
 from shardwise._runtime.timing import alternate, paired_ratio
 from shardwise.bench import run_bench
 from shardwise.bench.run import correct
@@ -110,12 +111,16 @@ def test_paired_ratio_compares_runs_pair_by_pair(monkeypatch):
     assert len(calls) == 2 + 2 * 9  # one warm-up each, then the pairs
 
 
-def test_cli_bench_json_contract():
-    result = runner.invoke(
-        app, ["bench", "--suite", "tiny", "--repeat", "1", "--peers", "numpy", "--json"]
-    )
+def test_cli_bench_json_contract(tmp_path):
+    saved = tmp_path / "bench.json"
+    argv = ["bench", "--suite", "tiny", "--repeat", "1", "--peers", "numpy", "--json"]
+    result = runner.invoke(app, [*argv, "--out", str(saved)])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
+    # the results name the CPU and the versions they ran on, printed and saved alike
+    assert json.loads(saved.read_text())["host"] == data["host"]
+    assert data["host"]["cpu"] and data["host"]["versions"]["shardwise"] == shardwise.__version__
+    assert set(data["host"]["versions"]) == {"jax", "jaxlib", "numpy", "shardwise"}
     assert {"cores", "memory_read_gbps", "memory_copy_gbps", "sgemm_gflops"} <= set(data["machine"])
     w = data["workloads"][0]
     assert {"name", "shardwise_seconds", "bytes", "flops", "roofline_fraction", "peers"} <= set(w)
@@ -137,6 +142,26 @@ def test_the_tiny_suites_cache_sized_probe_is_not_called_memory_and_over_100_is_
     table = bench_table(doc, "tiny", 1)
     assert "a read of 8 MB (in cache) 239.1 GB/s" in str(table.title)
     assert "roofline is a floor there, not a ceiling" in str(table.caption)
+
+
+def test_host_names_the_cpu_and_the_libraries_versions(tmp_path):
+    """Saved results had not said what machine and what libraries they were measured on."""
+    from shardwise.bench.machine import cpu_model, host
+    from shardwise.cli.bench import bench_table
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: x\nmodel name\t: Some CPU @ 2.0GHz\n")
+    assert cpu_model(info) == "Some CPU @ 2.0GHz"
+    assert cpu_model(tmp_path / "absent") != ""  # (platform's word, or "unknown CPU")
+    h = host(["numpy", "torch", "dask", "jax"], cpuinfo=info)
+    assert h["cpu"] == "Some CPU @ 2.0GHz"
+    assert list(h["versions"]) == ["jax", "jaxlib", "numpy", "shardwise", "torch", "dask"]
+    assert h["versions"]["numpy"] == np.__version__
+    doc = {"machine": {"cores": 2, "memory_gbps": 9.0, "sgemm_gflops": 100.0},
+           "devices": {"count": 8, "platform": "cpu"}, "host": h, "workloads": []}  # fmt: skip
+    title = str(bench_table(doc, "tiny", 1).title)
+    assert title.startswith("shardwise bench (tiny) on Some CPU @ 2.0GHz (")
+    assert f"numpy {np.__version__}, shardwise {shardwise.__version__}" in title
 
 
 def test_cli_bench_bad_input():

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 from collections.abc import Callable, Sequence
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,6 +73,54 @@ def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5
         "malloc_huge_pages": HUGE_PAGE_TUNABLE in os.environ.get("GLIBC_TUNABLES", ""),
         "tests": results,
     }
+
+
+LIBRARIES = ("jax", "jaxlib", "numpy", "shardwise")
+"""The libraries every benchmark runs on; a peer's (torch, dask) is added where it ran."""
+
+PEER_LIBRARIES = {"torch": "torch", "dask": "dask"}
+"""The distribution of each peer that is not one of :data:`LIBRARIES`."""
+
+
+def host(peers: Sequence[str] = (), cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """What a benchmark ran on besides its measured limits: the CPU's model, the system and
+    Python, and the version of each library (``None`` where one is not installed), so that
+    results from two machines or two installs can be told apart.
+
+    >>> sorted(host(["numpy", "torch"])["versions"])
+    ['jax', 'jaxlib', 'numpy', 'shardwise', 'torch']
+    """
+    names = [*LIBRARIES, *(PEER_LIBRARIES[p] for p in peers if p in PEER_LIBRARIES)]
+    return {
+        "cpu": cpu_model(cpuinfo),
+        "system": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {name: _version(name) for name in names},
+    }
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model: Linux's ``model name``, else what :mod:`platform` says, else
+    ``"unknown CPU"``."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass  # (not Linux, or not readable: platform's word below)
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _version(name: str) -> str | None:
+    if name == "shardwise":  # (the code imported, where an older install's metadata may lie)
+        import shardwise
+
+        return shardwise.__version__
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def bandwidth_probe(nbytes: int = 320 * 10**6) -> tuple[Any, int]:

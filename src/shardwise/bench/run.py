@@ -107,7 +107,7 @@ def run_bench(
     """The ``shardwise bench --json`` document."""
     import jax
 
-    from shardwise.bench.machine import bandwidth_probe, measure_machine
+    from shardwise.bench.machine import bandwidth_probe, host, measure_machine
 
     def step(what: str) -> None:
         if on_step is not None:
@@ -136,6 +136,7 @@ def run_bench(
             "repeat": repeat,
             "devices": {"platform": jax.devices()[0].platform, "count": len(jax.devices())},
             "machine": machine,
+            "host": host(peers),
             "workloads": results,
         }
         if curve if curve is not None else suite == "full":

@@ -129,10 +129,11 @@ def bench_table(doc: dict[str, Any], suite: str, repeat: int) -> Table:
     memory = "memory" if not small else f"a read of {m['probe_bytes'] / 1e6:.0f} MB (in cache)"
     over = any(w["roofline_fraction_machine"] > 1 for w in doc["workloads"])
     table = Table(
-        title=f"shardwise bench ({suite}) on {m['cores']} cores, {doc['devices']['count']} "
-        f"{doc['devices']['platform']} devices — {memory} {m['memory_gbps']:.1f} GB/s, sgemm "
-        f"{m['sgemm_gflops']:.0f} GFLOP/s"
-        f"{'; malloc in huge pages' if m.get('malloc_huge_pages') else ''}; medians of {repeat}",
+        title=f"shardwise bench ({suite}) on {_machine(doc)}{m['cores']} cores, "
+        f"{doc['devices']['count']} {doc['devices']['platform']} devices — {memory} "
+        f"{m['memory_gbps']:.1f} GB/s, sgemm {m['sgemm_gflops']:.0f} GFLOP/s"
+        f"{'; malloc in huge pages' if m.get('malloc_huge_pages') else ''}; medians of {repeat}"
+        f"{_versions(doc)}",
         title_justify="left",
         caption="over 100% of roofline: the workload read faster than the bandwidth probe "
         "did, so that roofline is a floor there, not a ceiling"
@@ -167,3 +168,17 @@ def bench_table(doc: dict[str, Any], suite: str, repeat: int) -> Table:
             else "[red]NO: " + ", ".join(k for k, v in w["correct"].items() if not v) + "[/]",
         )
     return table
+
+
+def _machine(doc: dict[str, Any]) -> str:
+    """The CPU's model and the system, as the title's start (nothing for results saved
+    before they were recorded)."""
+    h = doc.get("host")
+    return f"{h['cpu']} ({h['system']}, Python {h['python']}), " if h else ""
+
+
+def _versions(doc: dict[str, Any]) -> str:
+    """The libraries' versions, as the title's second line."""
+    versions = (doc.get("host") or {}).get("versions") or {}
+    said = [f"{name} {v if v is not None else 'not installed'}" for name, v in versions.items()]
+    return "\n" + ", ".join(said) if said else ""
