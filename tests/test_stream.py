@@ -538,7 +538,8 @@ def test_an_npy_output_is_streamed_along_its_first_axis(tmp_path):
     a, b = _inputs(tmp_path, n=300)
     out = tmp_path / "o.npy"
     argv = ["run", "nd,nd->dn", str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]
-    result = runner.invoke(app, [*argv, "--out", str(out), "--json"])
+    with pytest.warns(shardwise.ShardwiseWarning, match=r"3 rows along 'd' is padded to 128"):
+        result = runner.invoke(app, [*argv, "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["index"] == "d"
     np.testing.assert_allclose(np.load(out), np.einsum("nd,nd->dn", a, b), rtol=1e-6)
@@ -612,6 +613,23 @@ def test_a_npy_output_that_cannot_be_cut_along_its_long_index_says_so():
                        r"the output as \.zarr, or put 'n' first"):  # fmt: skip
         plan_stream(Op.parse("bnd,bnd->bn"), [x, x], devices=8, budget=64 << 20, first_axis=True)
     assert plan_stream(Op.parse("bnd,bnd->bn"), [x, x], devices=8, budget=64 << 20).index == "n"
+
+
+def test_a_npy_output_whose_chunks_pad_a_short_index_says_how_much_and_why(tmp_path):
+    """The same run within its budget: cut along 'd' (4 long), each chunk 124 rows of zeros
+    past it, it had run without a word of the padding or of the .zarr output that avoids it."""
+    rng = np.random.default_rng(0)
+    a, b = rng.random((3, 2000, 4), np.float32), rng.random((3, 2000, 4), np.float32)
+    with pytest.warns(shardwise.ShardwiseWarning) as said:
+        result = shardwise.stream("bnd,bnd->bn", a, b, out=tmp_path / "o.npy", budget="1GiB")
+    text = " ".join(str(w.message) for w in said)
+    assert "the last chunk of 4 rows along 'd' is padded to 128 (124 rows of zeros" in text
+    assert "cannot be cut along 'n' (2,000 long): write the output as .zarr" in text
+    assert result.plan.index == "d"
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), (a * b).sum(-1), rtol=1e-5)
+    # a .zarr output streams along 'n', padding no more than alignment asks: nothing to say
+    zarr_run = shardwise.stream("bnd,bnd->bn", a, b, out=tmp_path / "o.zarr", budget="1GiB")
+    assert zarr_run.plan.index == "n"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -134,11 +134,7 @@ def plan_stream(
     granule = devices * ALIGN_ROWS
     if 0 in sizes.values():
         return _empty_plan(op, sizes, granule)
-    shared = [i for i in op.contracted if all(i in t for t in op.inputs)]
-    candidates = [*op.batch, *shared, *op.free]
-    hint = ""
-    if first_axis:
-        candidates, hint = _first_axis(op, sizes, candidates, granule)
+    candidates, hint = _candidates(op, sizes, granule, first_axis)
     if not candidates:
         raise ArgumentError(
             f"cannot stream {op.equation!r}: chunks run along an index of the output, or a "
@@ -179,6 +175,44 @@ def plan_stream(
             f"{format_bytes(need * 1.05)} or more (--host-memory from the command line).{hint}"
         )
     return StreamPlan(index, accumulate, total, rows, -(-total // rows), rows * per_row, fixed)
+
+
+def _candidates(
+    op: Op, sizes: dict[str, int], granule: int, first_axis: bool
+) -> tuple[list[str], str]:
+    """The indices a run may be cut along (see :func:`plan_stream`), and what to say where a
+    ``.npy`` output (``first_axis``) keeps it from its long index (:func:`_first_axis`)."""
+    shared = [i for i in op.contracted if all(i in t for t in op.inputs)]
+    candidates = [*op.batch, *shared, *op.free]
+    return _first_axis(op, sizes, candidates, granule) if first_axis else (candidates, "")
+
+
+def padding_note(op: Op, sources: Sequence[Source], plan: StreamPlan, devices: int) -> str:
+    """What to tell a run on a ``.npy`` output that its chunks pad a short index (``""`` when
+    they do not): the output, written along its first axis only, kept the run from its long
+    index, so the chunks run along one shorter than a chunk, and every padded row of it
+    holds the long index's length of zeros, read, computed and counted in the budget.
+
+    >>> import numpy as np
+    >>> from shardwise._data.sources import Source
+    >>> x, w = Source("x", (20, 8), np.dtype("float32"), "numpy"), Source(
+    ...     "w", (8, 1000), np.dtype("float32"), "numpy")
+    >>> op = Op.parse("nd,dk->nk")
+    >>> plan = plan_stream(op, [x, w], devices=8, budget=2**30, first_axis=True)
+    >>> padding_note(op, [x, w], plan, devices=8)[:52]
+    "the last chunk of 20 rows along 'n' is padded to 128"
+    """
+    if not plan.chunks or plan.total % plan.chunk == 0:
+        return ""
+    sizes = op.sizes([s.shape for s in sources])
+    _, hint = _candidates(op, sizes, devices * ALIGN_ROWS, first_axis=True)
+    if not hint:  # (a short last chunk of a run along its long index costs a chunk at most)
+        return ""
+    last = plan.total - (plan.chunks - 1) * plan.chunk
+    return (
+        f"the last chunk of {last:,} rows along {plan.index!r} is padded to {plan.chunk:,} "
+        f"({plan.chunk - last:,} rows of zeros, read and computed like the rest).{hint}"
+    )
 
 
 def _empty_plan(op: Op, sizes: dict[str, int], granule: int) -> StreamPlan:

@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from shardwise._data.budget import Chunking, check_resumable, parse_chunk, plan_stream
+from shardwise._data.budget import Chunking, check_resumable, padding_note, parse_chunk, plan_stream
 from shardwise._data.chunks import ChunkWriter, Program, compile_program
 from shardwise._data.manifest import Manifest
 from shardwise._data.reader import ChunkReader
@@ -269,6 +269,8 @@ def _begin(
                 f"{path.name}; shardwise will not overwrite it: move it away."
             )
         plan = plan_stream(op, sources, devices, limit, chunk, first_axis=not sink.zarr)
+        if not sink.zarr and (note := padding_note(op, sources, plan, devices)):
+            warnings.warn(note, ShardwiseWarning, stacklevel=4)
         token = secrets.token_hex(8)
         inode = sink.create(token)
         try:
