@@ -726,3 +726,72 @@ def test_a_run_stopped_between_finishing_and_renaming_completes_on_rerun(tmp_pat
     assert result.computed == 0
     np.testing.assert_allclose(np.load(out), _expected(ins), rtol=1e-5)
     assert sorted(_files(tmp_path)) == ["a.npy", "b.npy", "o.npy", "o.npy.manifest.json"]
+
+
+def _read_only(folder: Path, monkeypatch, code: int) -> None:
+    """Make ``folder`` read-only: by its mode, and (for root, whom modes do not stop) by
+    failing every write, creation or removal in it with ``code`` (EROFS, EACCES)."""
+    folder.chmod(0o555)
+
+    def inside(path) -> bool:
+        return isinstance(path, str | os.PathLike) and Path(path).parent == folder
+
+    def refuse(path):
+        raise OSError(code, os.strerror(code), str(path))
+
+    writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    real_open = os.open
+
+    def open_(path, flags, *args, **kwargs):
+        if flags & writes and inside(path):
+            refuse(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    for name in ("unlink", "remove", "link", "rename", "replace", "mkdir", "rmdir"):
+        real = getattr(os, name)
+
+        def guarded(*args, _real=real, **kwargs):
+            if any(inside(a) for a in args):
+                refuse(next(a for a in args if inside(a)))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(os, name, guarded)
+
+
+def _stamps(folder: Path) -> dict[str, tuple[int, int, int, int]]:
+    return {
+        p.name: (s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+        for p in folder.iterdir()
+        if (s := p.stat())
+    }
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES], ids=["read-only disk", "no write"])
+def test_a_finished_run_on_a_read_only_folder_is_read_back_not_written(tmp_path, monkeypatch, code):
+    """Rerunning a finished run whose output lies on a read-only disk had failed taking its
+    lock ("cannot write 'o.npy': Read-only file system"), where a writable folder says the
+    run is done: the manifest and the output are read, nothing is written."""
+    ins = _inputs(tmp_path, n=1000)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = folder / "o.npy"
+    first = _run(ins, out, chunk=128)
+    unfinished = folder / "p.npy"
+    _interrupted(ins, unfinished)
+    before = _stamps(folder)
+    try:
+        _read_only(folder, monkeypatch, code)
+        again = _run(ins, out, chunk=128)
+        argv = ["run", "nd,nd->n", *map(str, ins), "--out", str(out), "--host-memory", "64KiB"]
+        said = runner.invoke(app, argv)
+        with pytest.raises(ShardwiseError, match=r"cannot write .*p\.npy'.*Choose an output in "
+                           r"a folder you can write to"):  # fmt: skip
+            _run(ins, unfinished, chunk=128)  # (not finished: it must write, and cannot)
+    finally:
+        monkeypatch.undo()
+        folder.chmod(0o755)
+    assert (again.computed, again.skipped, again.chunks) == (0, first.chunks, first.chunks)
+    assert said.exit_code == 0 and "is already complete" in said.output, said.output
+    assert _stamps(folder) == before  # nothing written, created or removed
+    np.testing.assert_allclose(np.load(out), _expected(ins), rtol=1e-6)

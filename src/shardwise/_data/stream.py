@@ -11,7 +11,8 @@ done. The manifest is the single commit point: an interrupted run leaves ``OUT.p
 ``OUT.manifest.json``, never a file that looks complete, and the same command resumes where it
 stopped.
 
-One run at a time writes an output (an exclusive lock on ``OUT.lock``). Its work files are
+One run at a time writes an output (an exclusive lock on ``OUT.lock``; a finished run in a
+folder that cannot be written is only read back, without one). Its work files are
 created exclusively and never through symbolic links; it removes only files it created; and a
 resume trusts nothing it reads back (the manifest, the partial output, the inputs: files by
 their ctime too, other inputs by the blocks done chunks read): a resumed run's result is a
@@ -34,6 +35,7 @@ from typing import Any
 
 from shardwise._data.budget import Chunking, check_resumable, padding_note, parse_chunk, plan_stream
 from shardwise._data.chunks import ChunkWriter, Program, compile_program
+from shardwise._data.finished import finished, read_back
 from shardwise._data.manifest import Manifest
 from shardwise._data.reader import ChunkReader
 from shardwise._data.result import StreamResult
@@ -140,7 +142,8 @@ def _stream(
     spec = MeshSpec.parse(jmesh)
     sizes = op.sizes([s.shape for s in sources])
     sink = Sink(target, tuple(sizes[i] for i in op.output), dtype)
-    _lock(scope, sink)
+    if (unwritable := _lock(scope, sink)) is not None:  # only read: a finished run, or the error
+        return read_back(op, sources, sink, checksum, unwritable)
     scope.callback(sink.close)
     begun = _begin(op, sources, sink, spec.size, limit, chunk, checksum)
     if isinstance(begun, StreamResult):
@@ -209,8 +212,10 @@ def _checked(out: str | os.PathLike[str], budget: str | int) -> tuple[Path, int]
     return target, limit
 
 
-def _lock(scope: contextlib.ExitStack, sink: Sink) -> None:
-    """Become the one run writing ``sink`` (until ``scope`` closes), or fail at once."""
+def _lock(scope: contextlib.ExitStack, sink: Sink) -> OSError | None:
+    """Become the one run writing ``sink`` (until ``scope`` closes), or fail at once; the
+    error, returned, where its folder cannot be written (read-only): a run finished there is
+    read back without a lock (:func:`~shardwise._data.finished.read_back`)."""
     try:
         scope.enter_context(exclusive_lock(lock_path(sink.path)))
     except LockHeld as e:
@@ -227,7 +232,10 @@ def _lock(scope: contextlib.ExitStack, sink: Sink) -> None:
                 "second run could write at the same time; choose an output on a local disk "
                 "(or a file system mounted with locks, e.g. Lustre's -o flock)."
             ) from None
+        if isinstance(e, PermissionError) or e.errno == errno.EROFS:
+            return e
         raise sink.failed(e, started=False) from None
+    return None
 
 
 def _begin(
@@ -253,7 +261,7 @@ def _begin(
         )
         _clean(manifest, sink)
         if manifest.complete:
-            done = _finished(manifest, sink)
+            done = finished(manifest, sink)
             if done is not None:
                 return done
             manifest = None  # its output was removed: the run starts over
@@ -318,26 +326,6 @@ def _clean(manifest: Manifest, sink: Sink) -> None:
         if entry.name == sink.tmp(manifest.token).name and entry.inode() == manifest.partial:
             continue  # the partial output, not yet moved to its name
         remove(folder / entry.name)
-
-
-def _finished(manifest: Manifest, sink: Sink) -> StreamResult | None:
-    """The result of a finished run whose output lies under its name (moved there now if a
-    kill came first); None when the output is gone; an error when something else is there."""
-    target, plan = sink.path, manifest.plan
-    here = identity(target)
-    if here is None and identity(sink.partial) == manifest.partial:
-        sink.inode = manifest.partial
-        sink.finish()
-    elif here is None:
-        return None
-    elif here != manifest.partial:
-        raise ArgumentError(
-            f"{str(target)!r} already exists and no finished run of this "
-            "command wrote it; remove it or choose another output."
-        )
-    elif identity(sink.partial) == here:  # a kill came between linking and unlinking
-        os.unlink(sink.partial)
-    return StreamResult(target, plan.chunks, 0, plan.chunks, 0.0, 0, plan)
 
 
 def _run_chunks(
