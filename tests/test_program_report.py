@@ -303,3 +303,18 @@ def test_what_is_held_at_the_peak_adds_up_to_no_more_than_the_peak():
     p = shardwise.plan(step, *args, mesh="data=2,model=4", profile="cpu-2core", top=1)
     m = p.report().memory
     assert sum(b for _, b in m.alive) + m.others == m.peak
+
+
+def test_a_step_with_its_optimizer_is_not_called_a_forward_pass(tmp_path):
+    # an AdamW step is planned as written (not differentiated by the planner): its report's
+    # heading had called it a forward pass
+    out = tmp_path / "adamw.html"
+    args = ["plan", "--model", "mlp", "--batch", "16", "--hidden", "16", "--ffn", "32", "--mesh",
+            "data=2,model=4", "--profile", "cpu-2core", "--top", "1", "--html", str(out)]  # fmt: skip
+    stepped = runner.invoke(app, [*args, "--train", "--optimizer", "adamw"])
+    assert stepped.exit_code == 0, stepped.output
+    html = out.read_text()
+    assert "<small>program</small>" in html and "forward pass" not in html
+    sgd = runner.invoke(app, [*args, "--train"])
+    assert sgd.exit_code == 0, sgd.output
+    assert "<small>training step</small>" in out.read_text()

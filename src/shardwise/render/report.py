@@ -203,7 +203,8 @@ def _program_header(plan: Mapping[str, Any], report: Mapping[str, Any], mesh: Me
         facts.append(("ordered as predicted, of plans measured > 25% apart", share))
     if (ratio := plan.get("chosen_vs_fastest")) is not None:
         facts.append(("chosen plan ÷ fastest measured", f"{ratio:.2f}×"))
-    kind = "training step" if report.get("train") else "forward pass"
+    # (without train, the program as written: a forward pass, or a user's own training step)
+    kind = "training step" if report.get("train") else "program"
     return _header(str(report.get("program", "program")), kind, facts, mesh)
 
 
