@@ -231,7 +231,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         step = graph.steps[n]
         at = plan.at.get(n, born[step.output])  # (plan.point)
         if step.role == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
-            if _scan_slice(graph, step, at, lay, mesh, cpu, points):
+            if loops.scan_slice(graph, step, at, lay, mesh, cpu, points, (temps, early)):
                 k = arrays.index(step.output)
                 if temporary[k]:
                     gone.add(k)
@@ -274,23 +274,6 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     if cpu:
         loops.threefry_loops(graph, lay, mesh, points)
     return Held(arrays, lives, sizes, points)
-
-
-def _scan_slice(
-    graph: Graph, step: Step, at: int, lay: Layouts, mesh: MeshSpec, cpu: bool,
-    points: np.ndarray,
-) -> bool:  # fmt: skip
-    """A scan's slice of its stack read in the layout ``lay`` maps it to: on CPU the copy of
-    it in the usual layout, and an argument's stack sliced before the loop
-    (:func:`~shardwise._program.loops.hoist`); whether the slice is fused into its reader
-    (never a buffer, :func:`~shardwise._program.loops.fused_slice`)."""
-    _, mapped = lay.scans[(step.key, step.inputs[0])]
-    if cpu:
-        points[at] += relayout_bytes(graph.values[step.output], mapped, lay.specs[step.output],
-                                     mesh)  # fmt: skip
-    if step.inputs[0] in graph.inputs:
-        loops.hoist(graph, step, lay, mapped, mesh, points)
-    return loops.fused_slice(graph, step, lay, mapped)
 
 
 def _made_copy(value: Value, made: Spec, kept: Spec, mesh: MeshSpec, cpu: bool) -> int:
