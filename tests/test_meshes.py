@@ -112,6 +112,19 @@ def test_program_plans_run_and_verify_on_explicit_meshes(kind):
     assert all(item.verified.collectives_match for item in done.plans if item.verified)
 
 
+@pytest.mark.parametrize("kind", MESHES)
+def test_a_plans_empty_result_on_an_explicit_mesh_can_be_read(kind):
+    # JAX lays out an empty result typed split as whole blocks on every device, which
+    # np.asarray cannot read ("could not broadcast input array from shape (0,4) into (0,1)");
+    # every plan's result of an empty batch had been so
+    fn = lambda p, x: jnp.tanh(x @ p["w"] + p["b"])  # noqa: E731
+    params, x = {"w": jnp.ones((6, 4)), "b": jnp.ones((4,))}, jnp.ones((0, 6))
+    p = shardwise.plan(fn, params, x, mesh=MESHES[kind](), profile="cpu-2core", top=2)
+    for item in p.plans:
+        out = p.sharded(item.name)(params, x)
+        assert np.asarray(out).shape == (0, 4), item.name
+
+
 def test_a_function_that_uses_explicit_sharding_plans_and_runs():
     """``out_sharding=`` on a dot and ``reshard`` are the user's layouts; the plan's replace
     them, and the numbers stay the function's."""

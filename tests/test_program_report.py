@@ -309,8 +309,8 @@ def test_a_step_with_its_optimizer_is_not_called_a_forward_pass(tmp_path):
     # an AdamW step is planned as written (not differentiated by the planner): its report's
     # heading had called it a forward pass
     out = tmp_path / "adamw.html"
-    args = ["plan", "--model", "mlp", "--batch", "16", "--hidden", "16", "--ffn", "32", "--mesh",
-            "data=2,model=4", "--profile", "cpu-2core", "--top", "1", "--html", str(out)]  # fmt: skip
+    args = ["plan", "--model", "mlp", "--batch", "16", "--hidden", "16", "--ffn", "32"]
+    args += ["--mesh", "data=2,model=4", "--profile", "cpu-2core", "--top", "1", "--html", str(out)]
     stepped = runner.invoke(app, [*args, "--train", "--optimizer", "adamw"])
     assert stepped.exit_code == 0, stepped.output
     html = out.read_text()
