@@ -109,3 +109,16 @@ def in_place(graph: Graph, results: set[int], cpu: bool = False) -> dict[int, in
         ):
             out[a] = out[step.output]
     return out
+
+
+def unread_inputs(graph: Graph) -> frozenset[int]:
+    """The arguments that nothing in the program reads and that are not results: ``jax.jit``
+    drops them (``keep_unused=False``), so the compiled program holds no buffer for them (seen:
+    an argument read only by dead code took none, where it had been counted whole)."""
+    jaxpr = graph.closed.jaxpr
+    read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars}
+    read |= {id(v) for v in jaxpr.outvars}
+    return frozenset(
+        graph.keys[((), var)] for var in jaxpr.invars
+        if id(var) not in read and ((), var) in graph.keys
+    )  # fmt: skip

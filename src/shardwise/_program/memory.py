@@ -20,7 +20,13 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program import loops
 from shardwise._program.bins import Temps, placed, totals
-from shardwise._program.buffers import folded_transposes, in_place, overwritten, padded_windows
+from shardwise._program.buffers import (
+    folded_transposes,
+    in_place,
+    overwritten,
+    padded_windows,
+    unread_inputs,
+)
 from shardwise._program.constants import made_whole
 from shardwise._program.donation import aliased, unaliased_bytes, updated_early
 from shardwise._program.graph import Graph
@@ -40,11 +46,12 @@ MEMORY_POINTS = 16
 
 
 def held(graph: Graph) -> list[int]:
-    """The arrays that take memory: arguments, results, and whatever a non-elementwise op
-    makes or reads, but a broadcast that only elementwise ops read (:func:`fused`)."""
+    """The arrays that take memory: arguments the program reads, results, and whatever a
+    non-elementwise op makes or reads, but a broadcast that only elementwise ops read
+    (:func:`fused`)."""
     made = {s.output for s in graph.steps if not fused(graph, s)}
     results = {v for v in graph.outputs if v is not None}
-    return sorted(set(graph.inputs) | graph.fed | made | results)
+    return sorted((set(graph.inputs) - unread_inputs(graph)) | graph.fed | made | results)
 
 
 def fused(graph: Graph, step: Step) -> bool:
