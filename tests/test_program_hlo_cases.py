@@ -133,3 +133,19 @@ def test_an_embedding_gradient_on_an_explicit_mesh_compiles_as_planned(monkeypat
     checked = shardwise.plan(fn, *args, mesh=mesh, profile="cpu-2core", top=2).verify(repeat=1)
     assert len(checked.plans) > 2
     assert all(p.verified is not None and p.verified.collectives_match for p in checked.plans)
+
+
+def test_the_zeros_of_a_contraction_over_nothing_move_as_a_product_would():
+    # the gradient of an einsum that contracts an index of size 0 is zeros made in the dot's
+    # layout: XLA moves them to where they are read (two all-to-alls of 192 B), which the
+    # search's plans had left out of their predictions, and chosen plans that need them
+    def loss(params, x):
+        v = jnp.einsum("okf,kofy,fodk->fkd", x, params["w1"], params["w2"])
+        return jnp.mean(jnp.square(jnp.concatenate([params["w3"], v], axis=1)))
+
+    z = jnp.zeros
+    params = {"w1": z((8, 0, 2, 16)), "w2": z((2, 0, 12, 8)), "w3": jnp.ones((2, 3, 12))}
+    plan = shardwise.plan(jax.grad(loss), params, z((0, 8, 2)), mesh="a=2,b=2,c=2",
+                          profile="cpu-2core")  # fmt: skip
+    checked = plan.verify(repeat=1)
+    assert all(p.verified.collectives_match for p in checked.plans if p.verified is not None)
