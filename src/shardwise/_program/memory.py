@@ -19,7 +19,7 @@ from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program import loops
-from shardwise._program.bins import Temps, placed, totals
+from shardwise._program.bins import placed, totals
 from shardwise._program.buffers import (
     folded_transposes,
     in_place,
@@ -28,14 +28,23 @@ from shardwise._program.buffers import (
     unread_inputs,
 )
 from shardwise._program.constants import made_whole
+from shardwise._program.copies import Copies, made_copy
 from shardwise._program.donation import aliased, unaliased_bytes, updated_early
 from shardwise._program.graph import Graph
 from shardwise._program.integer import Constraint
-from shardwise._program.moves import all_to_all, relayout_bytes, shard_bytes
+from shardwise._program.moves import shard_bytes
 from shardwise._program.nodes import Step, Value
 from shardwise._program.problem import Problem
 from shardwise._program.remat import Schedule, bodies, last_reads, schedule
-from shardwise._program.sums import Summed, combined, partial_buffers, to_outputs, together
+from shardwise._program.sums import (
+    Summed,
+    combined,
+    fused_into_reduce,
+    into_reduce,
+    partial_buffers,
+    to_outputs,
+    together,
+)
 from shardwise._program.upcast import argument_copies, made_halves, widening
 
 if TYPE_CHECKING:
@@ -130,7 +139,8 @@ class _Fixed(NamedTuple):
     layouts), the steps that may make copies (all but the fused broadcasts), the classes of
     :func:`~shardwise._program.sums.to_outputs`, the held arrays' kinds (each distinct
     (class root, shape, dtype), and each array's), which of them are 16-bit floats the program
-    makes (:mod:`.upcast`), and the arrays that some step reads."""
+    makes (:mod:`.upcast`), the arrays that some step reads, and the dots that the CPU backend
+    may fuse into the reduction that reads them (:func:`~shardwise._program.sums.into_reduce`)."""
 
     lives: Lives | None
     visit: list[int]
@@ -139,6 +149,7 @@ class _Fixed(NamedTuple):
     kind_of: np.ndarray
     halves: np.ndarray
     read: frozenset[int]
+    into_reduce: dict[int, int]
 
 
 _FIXED: Bounded[tuple[int, bool], tuple[Graph, _Fixed]] = Bounded(8)
@@ -172,7 +183,8 @@ def _fixed(graph: Graph, cpu: bool = False) -> _Fixed:
     each = [(root, value) for _, root, value in kinds.values()]
     halves = np.array(made_halves(graph, arrays), dtype=bool)
     read = frozenset(a for step in graph.steps for a in step.inputs)
-    found = _Fixed(lives, visit, to_outputs(graph), each, np.array(kind_of, np.intp), halves, read)
+    kind_at = np.array(kind_of, np.intp)
+    found = _Fixed(lives, visit, to_outputs(graph), each, kind_at, halves, read, into_reduce(graph))
     _FIXED.put((id(graph), cpu), (graph, found))
     return found
 
@@ -210,8 +222,9 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     result, or even a local slice, is a new buffer beside the array it came from; an argument's
     is made at the program's start and held until its last reader; a scan's loop, and the
     loop that draws random bits on CPU, hold buffers of their own, :mod:`.loops`). On CPU, a
-    gather along any dimension but the first also leaves a copy in the usual layout
-    (:func:`~shardwise._program.moves.relayout_bytes`). A checkpointed function's backward
+    gather along any dimension but the first is made in a transposed layout and copied back
+    (:func:`~shardwise._program.moves.relayout_bytes`); a step whose result is moved after it
+    is made frees its operands' copies first (:mod:`.copies`). A checkpointed function's backward
     steps and copies are counted where XLA runs them (:mod:`~shardwise._program.remat`). A
     temporary (an array, a copy, partial sums) that fits in a result's buffer before the
     result is made is kept there, as XLA's buffer assignment keeps it (:mod:`.bins`)."""
@@ -226,12 +239,13 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     sizes = _sizes(graph, lay, mesh, arrays)
     if cpu and fixed.halves.any():  # (:mod:`.upcast`: bfloat16 and float16 made as float32)
         sizes = np.where(fixed.halves, 2 * sizes, sizes)
-    arguments, temporary = set(graph.inputs), lives.temporary
+    if cpu and fixed.into_reduce:
+        sizes = _fused_dots(graph, lay, fixed.into_reduce, arrays, sizes)
+    temporary = lives.temporary
     points = lives.totals(np.where(temporary, 0, sizes)) + unaliased_bytes(graph, lay, mesh)
-    temps, gone = Temps(), set[int]()
-    early: dict[tuple[int, Spec], tuple[int, int]] = {}  # (argument, layout) → (bytes, until)
-    if cpu:
-        early = argument_copies(graph, lay, mesh)  # (each held to its last dot, :mod:`.upcast`)
+    gone = set[int]()
+    copies = Copies(argument_copies(graph, lay, mesh) if cpu else {}, cpu)  # (:mod:`.upcast`)
+    temps, early = copies.temps, copies.early
     later: list[tuple[int, int, int]] = []  # partial sums summed with others: (at, bytes, buffers)
     summed: list[Summed] = []  # the other dots' partial sums
     for n in fixed.visit:  # (a fused broadcast makes no copy)
@@ -249,20 +263,11 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         if found is None:
             continue
         ins, made = found
-        for j, (a, used) in enumerate(zip(step.inputs, ins, strict=False)):
-            if used is not specs[a] and used.canonical() != specs[a].canonical():
-                copy = shard_bytes(graph.values[a], used, mesh)
-                if cpu:
-                    copy += relayout_bytes(graph.values[a], specs[a], used, mesh)
-                    copy *= widening(graph.values[a].dtype, cpu)
-                if a in arguments:
-                    key = (a, used.canonical())
-                    early[key] = (copy, max(at, early.get(key, (0, 0))[1]))
-                else:  # made at the step, or as soon as the array is (:mod:`.remat`)
-                    temps.add(born[a] if (n, j) in plan.early else at, at, copy)
-        temps.add(
-            at, at, _made_copy(graph.values[step.output], made, specs[step.output], mesh, cpu)
-        )
+        first = {j: born[a] for j, a in enumerate(step.inputs) if (n, j) in plan.early}
+        copies.operands(graph, step, ins, at, first, lay, mesh)  # (:mod:`.remat`: first)
+        value = graph.values[step.output]
+        block = shard_bytes(value, made, mesh) * widening(value.dtype, cpu)
+        copies.result(at, step.output, made_copy(value, made, specs[step.output], mesh, cpu), block)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
             loops.conv_copies(graph, step, ins, made, mesh, points)
         if step.prim in UPDATES and _copies_argument(graph, step, fixed.read):
@@ -270,12 +275,14 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         if step.kind == "dot":
             partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, summed)
     together(graph, summed, temps)
-    for first, last, size in made_whole(graph):  # (masks, closed-over arrays: whole)
-        temps.add(first, last, size)
+    for start, end, size in made_whole(graph):  # (masks, closed-over arrays: whole)
+        temps.add(start, end, size)
     still = temporary.copy()
     still[list(gone)] = False
+    still &= (sizes > 0) & (lives.first <= lives.last)
+    results = {arrays[k]: len(temps.size) + i for i, k in enumerate(np.flatnonzero(still))}
     temps.extend(lives.first[still], lives.last[still], sizes[still])
-    _heap(graph, lives, sizes, temps, early, points)
+    _heap(graph, lives, sizes, copies, results, points)
     combined(later, points)
     loops.carry_copies(graph, lay, mesh, points)
     if cpu:
@@ -283,36 +290,41 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     return Held(arrays, lives, sizes, points)
 
 
-def _made_copy(value: Value, made: Spec, kept: Spec, mesh: MeshSpec, cpu: bool) -> int:
-    """The bytes a step holds of its result ``value`` where it makes it as ``made``, not as it
-    is ``kept``: a block, but on CPU two where an all-to-all moves it (the devices' slices of
-    it, which the step writes, and the pieces the all-to-all brings, one buffer per device,
-    which cannot be the result's buffer; seen in the compiled HLO of an MLP's training step:
-    four 32 KiB slices and four 32 KiB pieces of a 128 KiB gradient, all in the heap, where
-    one block had put the step at 1.19x). An operand moved into a step the same way is
-    counted as one block: a second there brought the built-in MLP's plans no closer to
-    XLA's memory (3.5% off on average either way)."""
-    if made is kept or made.canonical() == kept.canonical():
-        return 0
-    pieces = 2 if cpu and all_to_all(made, kept, len(value.shape), mesh) else 1
-    return pieces * shard_bytes(value, made, mesh) * widening(value.dtype, cpu)
+def _fused_dots(
+    graph: Graph, lay: Layouts, dots: dict[int, int], arrays: list[int], sizes: np.ndarray
+) -> np.ndarray:
+    """``sizes`` but none for the results of the ``dots`` (by step index, each one's
+    reduction's) that the CPU backend fuses into their reductions under ``lay``
+    (:func:`~shardwise._program.sums.fused_into_reduce`): never a buffer."""
+    index = {v: k for k, v in enumerate(arrays)}
+    out = sizes.copy()
+    for n, r in dots.items():
+        step, reader = graph.steps[n], lay.steps.get(graph.steps[r].key)
+        found, k = lay.steps.get(step.key), index.get(step.output)
+        read = reader[0][0] if reader and reader[0] else None
+        if found and k is not None and fused_into_reduce(step, found, lay.specs[step.output], read):
+            out[k] = 0
+    return out
 
 
 def _heap(
-    graph: Graph, lives: Lives, sizes: np.ndarray, temps: Temps,
-    early: dict[tuple[int, Spec], tuple[int, int]], points: np.ndarray,
+    graph: Graph, lives: Lives, sizes: np.ndarray, copies: Copies, results: dict[int, int],
+    points: np.ndarray,
 ) -> None:  # fmt: skip
-    """The ``temps`` and the copies of arguments made ``early`` added to ``points``, but those
-    kept in a result's buffer (:mod:`.bins`)."""
+    """The ``copies`` (the temporaries and the copies of arguments, :class:`Copies`) added to
+    ``points``, but those kept in a result's buffer (:mod:`.bins`); less what a step whose
+    result is moved holds of them at once (:meth:`Copies.one_or_other`; ``results``: each
+    temporary array's index among the temporaries)."""
     # XLA moves an argument (gathers a weight) before anything else, as soon as the program
     # starts, and holds it until its last reader (seen in the compiled schedules: every
     # all-gather of an FSDP weight first)
-    for copy, until in early.values():
-        temps.add(0, until, copy)
-    results = [(int(sizes[k]), lives.written[v]) for k, v in enumerate(lives.arrays)
+    arguments = copies.argument_temps()
+    buffers = [(int(sizes[k]), lives.written[v]) for k, v in enumerate(lives.arrays)
                if v in lives.written]  # fmt: skip
     spans = [(loop.start + 1, loop.end) for loop in graph.loops]
-    temps.onto(points, placed(temps, results, spans))
+    homes = placed(copies.temps, buffers, spans)
+    copies.temps.onto(points, homes)
+    copies.one_or_other(homes, arguments, results, points)
 
 
 UPDATES = frozenset({"dynamic_update_slice", "scatter", "scatter-add"})
