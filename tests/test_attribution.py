@@ -88,6 +88,22 @@ def test_combined_collectives_stand_for_their_parts():
     )
 
 
+@pytest.mark.parametrize("every", [True, False])
+def test_a_combined_collective_named_after_its_first_part_alone(monkeypatch, every):
+    # jaxlib 0.9's XLA names an all-reduce combined from a sum and two dots after the sum alone
+    # (jaxlib 0.10's lists every part): correct plans had been reported "ops/lines NO" there
+    from shardwise._program import attribution
+
+    monkeypatch.setattr(attribution, "combined_names_every_part", lambda: every)
+    said = [(AR, D, 4, "reduce_sum", "loss.py:9"), (AR, D, 100, "dot_general", "m.py:3"),
+            (AR, D, 100, "dot_general", "m.py:4")]  # fmt: skip
+    first = [(AR, D, 204, "jit(f)/jvp()/reduce_sum", "loss.py:9 (loss)")]
+    assert attributed(said, first) is not every  # (where XLA names every part, it is wrong)
+    # the one name must still be one of the parts', and its line one of theirs
+    assert not attributed(said, [(AR, D, 204, "jit(f)/mul", "loss.py:9 (loss)")])
+    assert not attributed(said, [(AR, D, 204, "jit(f)/jvp()/reduce_sum", "loss.py:7 (loss)")])
+
+
 def test_layout_changes_and_scan_slices_stand_for_the_ops_they_serve():
     said = [(AG, M, 64, "dot_general", "m.py:3"), (AG, M, 32, "scan slice", "m.py:9")]
     hlo = [

@@ -9,6 +9,7 @@ these and never asks for a version itself.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import site
@@ -55,6 +56,16 @@ def scan_counts(params: Any) -> tuple[int, int]:
     consts, carry, _ = (list(part) for part in params["ft_in"].unpack())
     return len(consts), len(carry)
 
+
+@functools.cache
+def combined_names_every_part() -> bool:
+    """Whether XLA names a collective it combined from several after every part
+    (``jit(f)/(jvp()/reduce_sum:transpose(jvp())/dot_general)``, from the XLA of jaxlib 0.10)
+    or after the first part alone (``jit(f)/jvp()/reduce_sum``, jaxlib 0.9)."""
+    from importlib.metadata import version
+
+    major, minor = (int(part) for part in version("jaxlib").split(".")[:2])
+    return (major, minor) >= (0, 10)
 
 def varying_axes(value: Any) -> frozenset[Any]:
     """The manual mesh axes ``value`` varies over inside ``shard_map`` (its type's

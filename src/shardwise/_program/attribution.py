@@ -9,6 +9,7 @@ from typing import Any
 
 from shardwise._model.collective import Collective as BaseCollective
 from shardwise._program.nodes import Loop
+from shardwise._versions import combined_names_every_part
 
 
 def _line(source: str) -> str:
@@ -102,10 +103,12 @@ def _op(name: str) -> str:
 def _fits(names: set[str], line: str, parts: list[tuple[int, str, str]]) -> bool:
     ops = {p[1] for p in parts}
     named = names - {LAYOUT_CHANGE}
+    # (an older XLA names a combined collective after its first part alone)
+    first_only = len(names) == 1 and not combined_names_every_part()
     return (
         # the change of an argument's layout, named after the argument, has no line
         ((not line and names == {LAYOUT_CHANGE}) or any(p[2] == line for p in parts))
-        and (ops - SCAN_OPS <= names or LAYOUT_CHANGE in names)
+        and (ops - SCAN_OPS <= names or LAYOUT_CHANGE in names or first_only)
         and (named <= ops or bool(ops & SCAN_OPS))
     )
 
