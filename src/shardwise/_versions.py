@@ -9,11 +9,11 @@ these and never asks for a version itself.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import site
 from collections.abc import Iterator
+from importlib.metadata import version
 from typing import Any
 
 import jax
@@ -24,6 +24,9 @@ from jax._src import source_info_util
 from jax._src import util as _jax_util
 from jax._src.interpreters import partial_eval as _partial_eval
 from jax.sharding import Mesh
+
+_JAXLIB = tuple(int(part) for part in version("jaxlib").split(".")[:2])
+"""The installed jaxlib's (major, minor): its XLA's behaviour differs where JAX's API does not."""
 
 DropVar: type = getattr(jcore, "DropVar", None) or jax_core.DropVar
 """The jaxpr variable of a result nobody reads (public in ``jax.extend.core`` from 0.10)."""
@@ -57,15 +60,11 @@ def scan_counts(params: Any) -> tuple[int, int]:
     return len(consts), len(carry)
 
 
-@functools.cache
 def combined_names_every_part() -> bool:
     """Whether XLA names a collective it combined from several after every part
     (``jit(f)/(jvp()/reduce_sum:transpose(jvp())/dot_general)``, from the XLA of jaxlib 0.10)
     or after the first part alone (``jit(f)/jvp()/reduce_sum``, jaxlib 0.9)."""
-    from importlib.metadata import version
-
-    major, minor = (int(part) for part in version("jaxlib").split(".")[:2])
-    return (major, minor) >= (0, 10)
+    return _JAXLIB >= (0, 10)
 
 def varying_axes(value: Any) -> frozenset[Any]:
     """The manual mesh axes ``value`` varies over inside ``shard_map`` (its type's
