@@ -333,6 +333,18 @@ def test_an_empty_product_is_predicted_with_no_collective_as_xla_compiles_it(sha
     assert all(c.verified and c.verified.collectives_match for c in checked.strategies)
 
 
+def test_only_the_axes_of_an_empty_contracted_index_sum_nothing():
+    """``li,lk->`` with ``i`` of size 0: the sums over ``i`` are zeros, summed nowhere, but the
+    sums over ``k`` are all-reduced over its axes (every strategy that split ``k`` had been
+    predicted with no collective, an HLO mismatch)."""
+    op, mesh = Op.parse("li,lk->"), MeshSpec.parse("x=2,y=4")
+    report = rank(op, [(1, 0), (1, 16)], mesh, "float32", CPU)
+    k_split = [c for c in report.strategies if c.strategy.layout.axes_of("k")]
+    assert k_split and all(c.predicted.collectives for c in k_split)
+    checked = verify(report, build_mesh(mesh), top=len(report.strategies), repeat=1)
+    assert all(c.verified and c.verified.collectives_match for c in checked.strategies)
+
+
 def test_spearman():
     assert spearman([1, 2, 3], [3, 2, 1]) == -1.0
     assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)

@@ -337,9 +337,11 @@ def predict(
     ops_per_term = (len(op.inputs) - 1) + (1 if op.contracted else 0)
     flops = math.prod(local.values()) * ops_per_term
     bytes_accessed = operand_bytes + partial_bytes
-    # an axis of size 1 holds the whole sum; an empty or zero product none (XLA sums nothing)
-    summing = partial_bytes > 0 and all(sizes[i] for i in op.contracted)
-    axes = tuple(a for a in reduce_axes(op, strategy.layout, mesh) if summing and mesh.shape[a] > 1)
+    # an axis of size 1 holds the whole sum; an empty output none, nor an axis that splits a
+    # contracted index of size 0 (XLA sums nothing: "li,lk->", i empty on x, k on y: over y)
+    empty = {a for i in op.contracted if not sizes[i] for a in strategy.layout.axes_of(i)}
+    axes = tuple(a for a in reduce_axes(op, strategy.layout, mesh)
+                 if partial_bytes > 0 and mesh.shape[a] > 1 and a not in empty)  # fmt: skip
     collectives: list[PredictedCollective] = []
     temp = 0
     wire = wire_itemsize(dtype, profile.platform)  # (a CPU sums bfloat16 as float32)
