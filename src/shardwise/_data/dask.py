@@ -266,12 +266,15 @@ def dask_einsum(equation: str, *arrays: Any, mesh: Any = None) -> Any:
     if len(op.inputs) > 1:
         # sum each operand over the indices no other operand or the output needs first (as
         # opt_einsum does): ij,jk-> becomes ij->j and jk->j, then j,j->, O(n²) not O(n³)
+        # in the type of the whole product, as NumPy's einsum computes (a bool operand summed
+        # alone had been a logical or: "l,->" of [T, T, T, F] and 2.0 had given 2.0, not 6.0)
+        common = np.result_type(*(x.dtype for x in wrapped))
         terms = []
         for k, (term, x) in enumerate(zip(op.inputs, wrapped, strict=True)):
             others = "".join(t for j, t in enumerate(op.inputs) if j != k) + op.output
             kept = "".join(i for i in term if i in others)
             if kept != term:
-                wrapped[k] = dask_einsum(f"{term}->{kept}", x, mesh=mesh)
+                wrapped[k] = dask_einsum(f"{term}->{kept}", x.astype(common), mesh=mesh)
             terms.append(kept)
         if terms != list(op.inputs):
             return dask_einsum(f"{','.join(terms)}->{op.output}", *wrapped, mesh=mesh)
