@@ -233,3 +233,27 @@ def test_a_dask_array_of_unknown_chunk_sizes_says_how_to_know_them():
             call()
     y.compute_chunk_sizes()
     np.testing.assert_allclose(float(shardwise.mean(y).compute()), float(y.mean().compute()))
+
+
+@pytest.mark.parametrize(
+    ("equation", "arrays"),
+    [
+        ("l,->", [np.array([True, True, True, False]), np.float64(2.0)]),
+        ("ij,j->", [np.ones((4, 3), bool), np.ones(3)]),
+        ("ij,jk->", [np.ones((4, 3), np.int8) * 100, np.ones((3, 2), np.int32)]),
+    ],
+    ids=["bool-scalar", "bool-float", "int8-int32"],
+)
+def test_an_operand_summed_on_its_own_is_summed_in_the_products_type(equation, arrays):
+    # each operand is summed over the indices only it has first: in its own type a bool
+    # sum had been a logical or (2.0 for NumPy's 6.0) and an int8 one would wrap
+    lazy = [da.from_array(a, chunks=2) if a.ndim else a for a in arrays]
+    got = shardwise.einsum(equation, *lazy, mesh="x=8").compute()
+    want = np.einsum(equation, *arrays)
+    assert np.asarray(got).dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_list_beside_a_dask_array_is_refused_as_without_dask():
+    with pytest.raises(shardwise.ArgumentTypeError, match="operand 0 is a list"):
+        shardwise.einsum("n,n->", [1.0, 2.0], da.ones(2, chunks=1), mesh="x=2")

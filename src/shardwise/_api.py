@@ -104,6 +104,7 @@ def einsum(
     (P('devices',), True)
     """
     out_specs = renamed_argument("einsum", "out_specs", out_specs, "out_spec", out_spec, "infer")
+    check_arrays(arrays)  # (beside a Dask array too: a list had escaped as an AttributeError)
     if any(is_dask(a) for a in arrays):
         chosen = layout not in (None, "auto") or in_specs is not None or mode != "auto"
         if chosen or precision is not None:
@@ -112,7 +113,6 @@ def einsum(
                 "in_specs=, mode= and precision= (or compute the Dask arrays first)."
             )
         return dask_einsum(equation, *arrays, mesh=None if mesh == "auto" else mesh)
-    check_arrays(arrays)
     jmesh = jax_mesh(mesh)
     dtype = result_dtype(arrays) if arrays else np.dtype("float32")
     with wide(dtype), on_mesh(jmesh, arrays):
