@@ -413,6 +413,16 @@ def test_empty_dimensions_give_numpys_result(shapes):
     assert out.shape == (shapes[0][0],) * 2
 
 
+def test_an_empty_einsum_in_manual_mode_is_explained():
+    # einsum places its zeros; explain had compiled the manual program of empty blocks, which
+    # XLA cannot, and raised JAX's runtime error
+    a = np.zeros((0,), np.float32)
+    options = {"mesh": "x=2", "layout": "i=x", "mode": "manual"}
+    assert float(shardwise.einsum("i,i->", a, a, **options)) == 0.0
+    explained = shardwise.explain("i,i->", a, a, **options)
+    assert explained.output.shard_shape == ()
+
+
 @pytest.mark.parametrize(
     ("array", "words"),
     [

@@ -159,8 +159,12 @@ def mesh_matches(plan: Plan, mesh: Mesh) -> None:
 
 
 def compile_plan(plan: Plan, mesh: Mesh, precision: Any = None) -> jax.stages.Compiled:
-    """Lower and compile ``plan`` on ``mesh`` from shapes alone (no data needed)."""
+    """Lower and compile ``plan`` on ``mesh`` from shapes alone (no data needed). An empty
+    einsum in manual mode is compiled as in auto mode: ``einsum`` never runs it (it places
+    zeros), and XLA cannot compile a manual computation of empty blocks."""
     mesh_matches(plan, mesh)
+    if plan.empty and plan.mode == "manual":
+        plan = dataclasses.replace(plan, mode="auto")
     return _compiled(jitted(plan, mesh, precision), plan, mesh)
 
 
