@@ -257,3 +257,11 @@ def test_an_operand_summed_on_its_own_is_summed_in_the_products_type(equation, a
 def test_a_list_beside_a_dask_array_is_refused_as_without_dask():
     with pytest.raises(shardwise.ArgumentTypeError, match="operand 0 is a list"):
         shardwise.einsum("n,n->", [1.0, 2.0], da.ones(2, chunks=1), mesh="x=2")
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (7,), (3, 5, 16), (1, 1)])
+def test_a_mean_of_a_shape_the_mesh_does_not_divide_is_numpys(shape):
+    # the first dimension split over all 8 devices does not divide these: mean takes the
+    # planner's layout (it had refused them, advising a spec mean takes no argument for)
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    np.testing.assert_allclose(float(shardwise.mean(x, mesh="x=8")), np.mean(x), rtol=1e-6)

@@ -384,10 +384,14 @@ def _mean_layout(
     shape: tuple[int, ...], dtype: str, jmesh: Mesh, x64: bool
 ) -> tuple[Plan, tuple[NamedSharding, ...]]:
     """Where a mean's array goes: its first dimension split over every mesh axis, as the
-    plan of ``ab…->`` lays it out (which checks that it divides); nothing is compiled here
-    (the einsum's own program had been compiled and checked, and not run)."""
+    plan of ``ab…->`` lays it out, where the mesh divides it, else where the planner puts it
+    (a ``(5, 3)`` array on 8 devices had been refused with advice ``mean`` takes no argument
+    for); nothing is compiled here (the einsum's own program had been compiled and checked,
+    and not run)."""
     letters = "abcdefghijklmnopqrstuvwxyz"[: len(shape)]
-    first = {letters[0]: MeshSpec.parse(jmesh).names} if shape else {}
+    spec = MeshSpec.parse(jmesh)
+    divides = bool(shape) and shape[0] % spec.size == 0
+    first = {letters[0]: spec.names} if divides else "auto" if shape else {}
     plan, _ = plan_arrays(f"{letters}->", jax.ShapeDtypeStruct(shape, dtype), mesh=jmesh,
                           layout=first)  # fmt: skip
     return plan, tuple(named(jmesh, s) for s in plan.in_specs)
