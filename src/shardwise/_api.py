@@ -391,7 +391,9 @@ def _mean_layout(
     letters = "abcdefghijklmnopqrstuvwxyz"[: len(shape)]
     spec = MeshSpec.parse(jmesh)
     divides = bool(shape) and shape[0] % spec.size == 0
-    first = {letters[0]: spec.names} if divides else "auto" if shape else {}
+    first: LayoutLike | Literal["auto"] = {letters[0]: spec.names} if divides else "auto"
+    if not shape:
+        first = {}
     plan, _ = plan_arrays(f"{letters}->", jax.ShapeDtypeStruct(shape, dtype), mesh=jmesh,
                           layout=first)  # fmt: skip
     return plan, tuple(named(jmesh, s) for s in plan.in_specs)
