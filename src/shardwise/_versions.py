@@ -66,6 +66,7 @@ def combined_names_every_part() -> bool:
     or after the first part alone (``jit(f)/jvp()/reduce_sum``, jaxlib 0.9)."""
     return _JAXLIB >= (0, 10)
 
+
 def varying_axes(value: Any) -> frozenset[Any]:
     """The manual mesh axes ``value`` varies over inside ``shard_map`` (its type's
     ``manual_axis_type.varying`` from JAX 0.10, ``vma`` before)."""
