@@ -132,6 +132,7 @@ def test_layout_errors():
         ("ij->", ("ij",), "", "", "ij", ""),
         ("ij,jk", ("ij", "jk"), "ik", "", "j", "ik"),
         ("md, nd -> mn", ("md", "nd"), "mn", "", "d", "mn"),
+        ("", ("",), "", "", "", ""),  # (one scalar, as NumPy's einsum reads it)
     ],
 )
 def test_op_parse(equation, inputs, output, batch, contracted, free):

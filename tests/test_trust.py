@@ -557,3 +557,8 @@ def test_dask_blocks_of_int64_are_computed_in_64_bits():
     a = np.full((8, 2), 2**20, np.int64)
     out = shardwise.einsum("nd,nd->n", da.from_array(a, chunks=(4, 2)), da.from_array(a)).compute()
     np.testing.assert_array_equal(out, np.einsum("nd,nd->n", a, a))
+
+
+def test_the_empty_equation_is_numpys_one_scalar():
+    # NumPy's einsum reads '' as one scalar operand; it had been refused as having none
+    assert float(shardwise.einsum("", np.float32(3.0), mesh=MESH)) == np.einsum("", 3.0)

@@ -126,8 +126,7 @@ class Op:
                     f"({term!r}); traces and diagonals are not supported, take them with "
                     "jnp.diagonal first."
                 )
-        if not any(inputs) and not arrow:
-            raise EquationError(f"equation {equation!r} has no operands.")
+        # ('' is one scalar operand and a scalar result, as NumPy's einsum reads it)
         seen = "".join(inputs)
         if arrow:
             output = rhs
