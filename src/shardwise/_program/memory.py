@@ -1,6 +1,5 @@
 """Per-device memory of a plan at each point of the program: which arrays are held and when,
-the copies steps make of their operands and results, and the budget as linear constraints for
-the search.
+the copies steps make of their operands and results, and the budget as constraints.
 
 Memory is counted in program order: an array is held from the op that makes it to its last
 reader (arguments for the whole program); an elementwise result that only elementwise ops read
@@ -149,7 +148,7 @@ class _Fixed(NamedTuple):
     kind_of: np.ndarray
     halves: np.ndarray
     read: frozenset[int]
-    into_reduce: dict[int, int]
+    into_reduce: dict[int, tuple[int, tuple[int, ...]]]
 
 
 _FIXED: Bounded[tuple[int, bool], tuple[Graph, _Fixed]] = Bounded(8)
@@ -291,19 +290,20 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
 
 
 def _fused_dots(
-    graph: Graph, lay: Layouts, dots: dict[int, int], arrays: list[int], sizes: np.ndarray
-) -> np.ndarray:
-    """``sizes`` but none for the results of the ``dots`` (by step index, each one's
-    reduction's) that the CPU backend fuses into their reductions under ``lay``
-    (:func:`~shardwise._program.sums.fused_into_reduce`): never a buffer."""
+    graph: Graph, lay: Layouts, dots: dict[int, tuple[int, tuple[int, ...]]],
+    arrays: list[int], sizes: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """``sizes`` but none for the arrays of the ``dots`` (by step index, each one's reduction
+    and the arrays it never stores) that the CPU backend fuses into their reductions under
+    ``lay`` (:func:`~shardwise._program.sums.fused_into_reduce`): never a buffer."""
     index = {v: k for k, v in enumerate(arrays)}
     out = sizes.copy()
-    for n, r in dots.items():
+    for n, (r, chain) in dots.items():
         step, reader = graph.steps[n], lay.steps.get(graph.steps[r].key)
-        found, k = lay.steps.get(step.key), index.get(step.output)
+        found = lay.steps.get(step.key)
         read = reader[0][0] if reader and reader[0] else None
-        if found and k is not None and fused_into_reduce(step, found, lay.specs[step.output], read):
-            out[k] = 0
+        if found and fused_into_reduce(step, found, lay.specs[step.output], read):
+            out[[index[u] for u in chain if u in index]] = 0
     return out
 
 

@@ -152,38 +152,46 @@ REDUCES = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
 """The reductions XLA's CPU backend fuses into the dot they read (:func:`into_reduce`)."""
 
 
-def into_reduce(graph: Graph) -> dict[int, int]:
-    """The dots whose result XLA's CPU backend never stores: a float32 dot, contracted over
-    its left operand's last dimensions and reading no transposed operand, whose one reader is
-    a sum, maximum or minimum; it fuses the two (one YNNPACK fusion: seen in the compiled HLO
-    of ``(e @ w).sum(-1)``, the dot's ``f32[8,128,1024]`` never made, where counting it had
-    put every plan of an embedding at 1.2x XLA's memory; the same for 2-D and 3-D dots,
-    ``sum``, ``mean``, ``max`` and ``min`` over any axis). Not a float16 or an integer dot, nor
-    one whose transposed operand XLA folds into it (``x.T @ w``): XLA stores those. A bfloat16
-    dot it fuses too, but the model's other bfloat16 copies are too far off there (3.8x) to
-    check it, so it stays counted. (:func:`fused_into_reduce` also asks that nothing is
-    summed after it.) By step index: the reduction's."""
-    readers: dict[int, list[int]] = {}
+def into_reduce(graph: Graph) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """The dots whose result XLA's CPU backend never stores: a float32 or bfloat16 dot,
+    contracted over its left operand's last dimensions and reading no transposed operand,
+    whose result only elementwise ops read (a bfloat16 sum's conversion to float32, a
+    ``tanh``) until one sum, maximum or minimum reads their last; it fuses them all (one
+    YNNPACK fusion: seen in the compiled HLO of ``(e @ w).sum(-1)``, the dot's
+    ``f32[8,128,1024]`` never made, where counting it had put every plan of an embedding at
+    1.2x XLA's memory, and ``(x @ w).sum(-1)`` in bfloat16 at 3.3x; the same for 2-D and 3-D
+    dots, ``sum``, ``mean``, ``max`` and ``min`` over any axis). Not a float16 or an integer
+    dot, nor one whose transposed operand XLA folds into it (``x.T @ w``): XLA stores those.
+    (:func:`fused_into_reduce` also asks that nothing is summed after it.) By the dot's step
+    index: the reduction's, and the arrays never stored (the dot's and the elementwise ones')."""
+    readers: dict[int, set[int]] = {}
     for n, step in enumerate(graph.steps):
-        for a in set(step.inputs):
-            readers.setdefault(a, []).append(n)
+        for a in step.inputs:
+            readers.setdefault(a, set()).add(n)
+    members: dict[int, list[int]] = {}
+    for u in range(len(graph.values)):
+        members.setdefault(graph.find(u), []).append(u)
     results = {v for v in graph.outputs if v is not None}
     transposed = {s.output for s in graph.steps if s.prim.startswith("transpose")}
     out = {}
     for n, step in enumerate(graph.steps):
         v, op = step.output, step.op
-        if step.prim != "dot_general" or op is None or v in results or step.repeat != 1:
+        if step.prim != "dot_general" or op is None or step.repeat != 1:
             continue
+        chain = members[graph.find(v)]  # (arrays elementwise ops join to the dot's result)
+        reading = {r for u in chain for r in readers.get(u, ())}
         contracted = [c for c in op.inputs[0] if c not in op.output]
         last = op.inputs[0][len(op.inputs[0]) - len(contracted) :]
         if (
-            graph.values[v].dtype == "float32"
+            graph.values[v].dtype in ("float32", "bfloat16")
+            and all(u == v or u in graph.elementwise for u in chain)
+            and not results & set(chain)
             and sorted(last) == sorted(contracted)
             and not transposed & set(step.inputs)
-            and len(readers.get(v, [])) == 1
-            and graph.steps[readers[v][0]].prim in REDUCES
+            and len(reading) == 1
+            and graph.steps[min(reading)].prim in REDUCES
         ):
-            out[n] = readers[v][0]
+            out[n] = (min(reading), tuple(chain))
     return out
 
 
