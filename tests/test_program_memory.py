@@ -546,10 +546,11 @@ def test_a_moved_results_operand_copies_and_a_relayout_are_freed_early(embed_rat
     [
         (lambda x, w: (x @ w).max(-1), "float32", (2048, 512)),
         (lambda x, w: jnp.tanh(x @ w + 1.0).mean(-1), "float32", (2048, 512)),
+        (lambda x, w: (x @ w).sum(-1), "bfloat16", (2048, 512)),
         (lambda x, w: (x @ w).sum(-1), "float16", (2048, 512)),
         (lambda x, w: (x.T @ w).sum(-1), "float32", (512, 2048)),
     ],
-    ids=["max", "elementwise ops between", "float16: stored", "x.T @ w: stored"],
+    ids=["max", "elementwise ops between", "bfloat16", "float16: stored", "x.T @ w: stored"],
 )
 def test_which_dots_the_cpu_backend_fuses_into_a_reduction(fn, dtype, rows) -> None:  # type: ignore[no-untyped-def]
     """XLA's CPU backend fuses a float32 dot, contracted over its left operand's last

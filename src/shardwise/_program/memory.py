@@ -38,7 +38,7 @@ from shardwise._program.remat import Schedule, bodies, last_reads, schedule
 from shardwise._program.sums import (
     Summed,
     combined,
-    fused_into_reduce,
+    fused_dots,
     into_reduce,
     partial_buffers,
     to_outputs,
@@ -238,12 +238,13 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     sizes = _sizes(graph, lay, mesh, arrays)
     if cpu and fixed.halves.any():  # (:mod:`.upcast`: bfloat16 and float16 made as float32)
         sizes = np.where(fixed.halves, 2 * sizes, sizes)
+    fused: frozenset[tuple[int, ...]] = frozenset()  # (the dots fused into a reduction)
     if cpu and fixed.into_reduce:
-        sizes = _fused_dots(graph, lay, fixed.into_reduce, arrays, sizes)
+        sizes, fused = fused_dots(graph, lay, mesh, fixed.into_reduce, arrays, sizes)
     temporary = lives.temporary
     points = lives.totals(np.where(temporary, 0, sizes)) + unaliased_bytes(graph, lay, mesh)
     gone = set[int]()
-    copies = Copies(argument_copies(graph, lay, mesh) if cpu else {}, cpu)  # (:mod:`.upcast`)
+    copies = Copies(argument_copies(graph, lay, mesh, fused) if cpu else {}, cpu)  # (.upcast)
     temps, early = copies.temps, copies.early
     later: list[tuple[int, int, int]] = []  # partial sums summed with others: (at, bytes, buffers)
     summed: list[Summed] = []  # the other dots' partial sums
@@ -287,24 +288,6 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     if cpu:
         loops.threefry_loops(graph, lay, mesh, points)
     return Held(arrays, lives, sizes, points)
-
-
-def _fused_dots(
-    graph: Graph, lay: Layouts, dots: dict[int, tuple[int, tuple[int, ...]]],
-    arrays: list[int], sizes: np.ndarray,
-) -> np.ndarray:  # fmt: skip
-    """``sizes`` but none for the arrays of the ``dots`` (by step index, each one's reduction
-    and the arrays it never stores) that the CPU backend fuses into their reductions under
-    ``lay`` (:func:`~shardwise._program.sums.fused_into_reduce`): never a buffer."""
-    index = {v: k for k, v in enumerate(arrays)}
-    out = sizes.copy()
-    for n, (r, chain) in dots.items():
-        step, reader = graph.steps[n], lay.steps.get(graph.steps[r].key)
-        found = lay.steps.get(step.key)
-        read = reader[0][0] if reader and reader[0] else None
-        if found and fused_into_reduce(step, found, lay.specs[step.output], read):
-            out[[index[u] for u in chain if u in index]] = 0
-    return out
 
 
 def _heap(

@@ -8,6 +8,8 @@ after the last of them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from shardwise._caches import cached
@@ -19,6 +21,9 @@ from shardwise._program.graph import Graph
 from shardwise._program.moves import shard_bytes
 from shardwise._program.nodes import Step
 from shardwise._program.upcast import widening
+
+if TYPE_CHECKING:
+    from shardwise._program.solution import Layouts
 
 
 def _layout(op: Op, ins: tuple[Spec, ...]) -> Spec:
@@ -208,3 +213,29 @@ def fused_into_reduce(
         and not _summed_axes(step.op, ins)
         and made.canonical() == kept.canonical() == read.canonical()
     )
+
+
+def fused_dots(
+    graph: Graph, lay: Layouts, mesh: MeshSpec, dots: dict[int, tuple[int, tuple[int, ...]]],
+    arrays: list[int], sizes: np.ndarray,
+) -> tuple[np.ndarray, frozenset[tuple[int, ...]]]:  # fmt: skip
+    """``sizes`` (one per array of ``arrays``) but none for the arrays of the ``dots``
+    (:func:`into_reduce`) that the CPU backend fuses into their reductions under ``lay``
+    (:func:`fused_into_reduce`), and the keys of those of them that gather no operand: they
+    read 16-bit operands as they are (:func:`~shardwise._program.upcast.argument_copies`;
+    one that gathers one makes float32 copies, seen in an FSDP plan)."""
+    index, out, fused = {v: k for k, v in enumerate(arrays)}, sizes.copy(), set()
+    for n, (r, chain) in dots.items():
+        step, reader = graph.steps[n], lay.steps.get(graph.steps[r].key)
+        found = lay.steps.get(step.key)
+        read = reader[0][0] if reader and reader[0] else None
+        if found and fused_into_reduce(step, found, lay.specs[step.output], read):
+            out[[index[u] for u in chain if u in index]] = 0
+            pairs = zip(step.inputs, found[0], strict=False)
+            if all(
+                shard_bytes(graph.values[a], used, mesh)
+                <= shard_bytes(graph.values[a], lay.specs[a], mesh)
+                for a, used in pairs
+            ):
+                fused.add(step.key)  # fmt: skip
+    return out, frozenset(fused)

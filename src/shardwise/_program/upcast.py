@@ -49,7 +49,7 @@ def made_halves(graph: Graph, arrays: list[int]) -> list[bool]:
 
 
 def argument_copies(
-    graph: Graph, lay: Layouts, mesh: MeshSpec
+    graph: Graph, lay: Layouts, mesh: MeshSpec, fused: frozenset[tuple[int, ...]] = frozenset()
 ) -> dict[tuple[int, Spec], tuple[int, int]]:
     """The bytes of the float32 copy of each 16-bit float argument that some op computes
     with in the argument's own layout, and the last point such an op reads it, by (argument,
@@ -60,14 +60,17 @@ def argument_copies(
     converted and moved as the program starts: its moved copies are counted at float32 where
     the steps read them (:func:`widening`); a conversion to another type is itself the copy,
     and a dot that makes float32 (``preferred_element_type``) reads 16-bit operands as they
-    are (seen: one fused dot of the bfloat16 arguments, no copy)."""
+    are (seen: one fused dot of the bfloat16 arguments, no copy), as does a dot ``fused`` into
+    a reduction (:func:`~shardwise._program.sums.into_reduce`: its fusion reads bfloat16)."""
     halves = {a for a in graph.inputs if graph.values[a].dtype in HALVES}
     if not halves:
         return {}
     out: dict[tuple[int, Spec], tuple[int, int]] = {}
     for step in graph.steps:
-        if step.prim.startswith("convert_element_type") or (
-            step.prim == "dot_general" and graph.values[step.output].dtype == "float32"
+        if (
+            step.prim.startswith("convert_element_type")
+            or step.key in fused
+            or (step.prim == "dot_general" and graph.values[step.output].dtype == "float32")
         ):
             continue
         found = lay.steps.get(step.key)
