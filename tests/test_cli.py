@@ -419,3 +419,39 @@ def test_a_plot_that_cannot_be_written_is_refused_before_the_sweep(tmp_path, pat
     result = runner.invoke(app, ["plan", "--model", "mlp", "--mesh", "x=2", "--sweep-batch",
                                  "16..32", "--plot", str(tmp_path / path)])  # fmt: skip
     assert result.exit_code == 2 and words in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["explain", "nd,nd->n", "--shapes", "8x4,8x4", "-q", "--html"],
+        ["explain", "nd,nd->n", "--shapes", "8x4,8x4", "-q", "--svg"],
+        ["plan", "--model", "mlp", "--mesh", "x=2", "--profile", "cpu-2core", "--html"],
+        ["calibrate", "--size", "4KiB", "--repeat", "1", "--devices", "2", "--out"],
+    ],
+    ids=["explain-html", "explain-svg", "plan-html", "calibrate-out"],
+)
+def test_an_output_path_that_is_not_a_file_is_refused_and_left_as_it_is(tmp_path, argv):
+    # written atomically, a file had been renamed over it: as root, a device (/dev/full)
+    # was replaced by the profile, and the command said it had written it
+    import os
+    import stat
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    result = runner.invoke(app, [*argv, str(pipe)])
+    assert result.exit_code == 2, result.output
+    assert "is a named pipe; give the path of a file" in result.output
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
+
+
+def test_write_atomic_never_replaces_a_device_or_a_pipe(tmp_path):
+    import os
+
+    from shardwise._files import write_atomic
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with pytest.raises(OSError, match="it is a named pipe, not a file that can be replaced"):
+        write_atomic(pipe, "{}")
+    assert os.listdir(tmp_path) == ["pipe"]  # (and no temporary file left beside it)

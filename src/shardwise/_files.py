@@ -29,6 +29,24 @@ class LockHeld(BlockingIOError):
         self.pid = pid
 
 
+def not_regular(path: Path) -> str | None:
+    """What ``path`` is where it is there and neither a regular file nor a symbolic link
+    (``"a character device"``, ``"a folder"``, ...), else ``None``.
+
+    >>> not_regular(Path("/dev/null")), not_regular(Path("/nowhere/at/all"))
+    ('a character device', None)
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "a socket")
+
+
 def write_atomic(
     path: Path, data: bytes | str, *, durable: bool = True, tmp: Path | None = None
 ) -> None:
@@ -40,7 +58,8 @@ def write_atomic(
     ``tmp`` by an earlier, interrupted write of the caller's own is removed first. With
     ``durable``, the file is flushed to disk before the rename and its folder after, so the
     new contents survive a crash once this returns. If anything fails, the new file is
-    removed and ``path`` is as it was. A ``str`` is written as UTF-8.
+    removed and ``path`` is as it was. A ``str`` is written as UTF-8. A ``path`` that is a
+    folder, a device, a pipe or a socket is refused (``OSError``), never replaced.
 
     >>> import tempfile
     >>> folder = Path(tempfile.mkdtemp())
@@ -48,6 +67,9 @@ def write_atomic(
     >>> (folder / "a.json").read_text(), sorted(p.name for p in folder.iterdir())
     ('{"done": []}', ['a.json'])
     """
+    kind = not_regular(path)
+    if kind is not None:  # (renamed over, a device or a pipe would be replaced by the file)
+        raise OSError(errno.EINVAL, f"it is {kind}, not a file that can be replaced", str(path))
     if tmp is None:
         tmp = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")
     else:

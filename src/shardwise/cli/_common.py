@@ -18,7 +18,7 @@ from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from shardwise._errors import ArgumentError, ShardwiseError, ShardwiseWarning, UserCodeError
-from shardwise._files import write_atomic
+from shardwise._files import not_regular, write_atomic
 from shardwise._runtime.devices import ENV_CPU_DEVICES
 from shardwise.render.formats import FORMATS, Format
 
@@ -326,9 +326,15 @@ def check_plot(path: Path) -> None:
 
 
 def check_out(path: Path, flag: str = "--out") -> None:
-    """Refuse an output file path that is a folder, before the work that would fill it."""
+    """Refuse an output file path that is a folder, a device or a pipe, or no name at all,
+    before the work that would fill it."""
     if path.is_dir():
         raise ArgumentError(f"{flag} {str(path)!r} is a folder; give the path of a file in it.")
+    kind = not_regular(path)
+    if kind is not None or not path.name:
+        raise ArgumentError(
+            f"{flag} {str(path)!r} is {kind or 'no file name'}; give the path of a file."
+        )
 
 
 def show_warnings_plainly() -> None:

@@ -12,6 +12,7 @@ from shardwise.cli._common import (
     Devices,
     Formats,
     Json,
+    check_out,
     console,
     friendly_errors,
     print_json,
@@ -48,6 +49,8 @@ def calibrate(
     from shardwise.render.formats import show
 
     fmt = table_format(format)
+    if out is not None:
+        check_out(out)
     per_device = parse_bytes(size, "--size")
     setup_devices(devices)
     from shardwise._model.mesh import mesh as make_mesh

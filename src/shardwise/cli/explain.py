@@ -12,6 +12,7 @@ from shardwise.cli._common import (
     Devices,
     Formats,
     Json,
+    check_out,
     console,
     friendly_errors,
     print_json,
@@ -126,6 +127,9 @@ def explain(
             f"{' and '.join(chosen)} each say how the operands are split: give one of --auto "
             "(the planner's best), --layout (by index) or --in (by operand)."
         )
+    for flag, path in (("--svg", svg), ("--png", png), ("--html", html)):
+        if path is not None:  # (said before the work, never written over a device)
+            check_out(path, flag)
     setup_devices(devices)
     from shardwise import explain_einsum
     from shardwise._model.mesh import mesh as make_mesh

@@ -13,6 +13,7 @@ from rich.console import Console
 from shardwise._errors import ArgumentError
 from shardwise._model.units import parse_bytes
 from shardwise.cli._common import (
+    check_out,
     check_plot,
     console,
     print_json,
@@ -33,6 +34,8 @@ def program(given: dict[str, Any]) -> None:
     _no_einsum(given)
     if given["plot"] is not None:  # said before the sweep, not after it
         check_plot(Path(given["plot"]))
+    if given["html"] is not None:
+        check_out(Path(given["html"]), "--html")
     if given["sweep_devices"] is not None:
         sweep_device_counts(given)
         return
