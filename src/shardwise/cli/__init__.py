@@ -48,7 +48,6 @@ def _options(
     ] = False,
 ) -> None:
     """Plan, see and trust tensor parallelism in JAX."""
-    show_warnings_plainly()
 
 
 app.command("demo", cls=Command)(_demo.demo)
@@ -68,6 +67,7 @@ def main() -> None:
     ``SHARDWISE_CPU_DEVICES``, joins a distributed runtime if ``shardwise launch`` started
     it, and keeps freed host memory warm for CPU devices."""
     rerun_with_huge_pages()
+    show_warnings_plainly()  # (here, not for every app call: a caller's own capture stays)
     set_up()
     keep_freed_memory_warm()
     run_reported(app)
