@@ -99,6 +99,8 @@ def test_help_and_docstrings_say_there_is_no_authentication():
         (["--coordinator-address", "nowhere"], "'nowhere' is not HOST:PORT"),
         (["--coordinator-address", "127.0.0.1:99999"], "is not HOST:PORT"),
         (["--coordinator-address", "127.0.0.1:1234", "--port", "1234"], "both give the port"),
+        # (a count of 10^20 had been taken: its processes' environments filled the memory)
+        (["-n", "99999999999999999999"], "less than or equal to 1024"),
     ],
 )
 def test_a_wrong_coordinator_address_is_refused(args, message):

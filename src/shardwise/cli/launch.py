@@ -8,13 +8,19 @@ import typer
 
 from shardwise.cli._common import friendly_errors, print_error
 
+MAX_PROCESSES = 1024
+"""The most processes ``launch`` starts on one machine (a count of 10^20 had been taken, and
+the environments of its processes made until memory ran out)."""
+
 
 @friendly_errors
 def launch(
     command: Annotated[
         list[str], typer.Argument(help="The command, after --, e.g. -- shardwise demo.")
     ],
-    processes: Annotated[int, typer.Option("-n", "--processes", min=1, help="Processes.")] = 2,
+    processes: Annotated[
+        int, typer.Option("-n", "--processes", min=1, max=MAX_PROCESSES, help="Processes.")
+    ] = 2,
     devices_per_process: Annotated[
         int | None,
         typer.Option("--devices-per-process", min=1, help="Simulated CPU devices in each process."),
