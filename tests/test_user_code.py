@@ -270,6 +270,14 @@ def test_a_built_in_models_sizes_are_refused_with_a_function(tmp_path, option):
     assert f"{option[0]} sizes a built-in model" in text and "--args" in text
 
 
+
+def test_a_dtype_is_refused_with_a_function(tmp_path):
+    """A function's arrays take their dtypes from ``--args``: ``--dtype`` had been dropped
+    silently (a bfloat16 plan of float32 arrays, said to be planned)."""
+    text = _error(_plan(tmp_path, GOOD, "--dtype", "bf16"))
+    assert "--dtype bfloat16 sets an einsum's or a built-in model's dtype" in text
+    assert "--args x=bf16[8,4]" in text
+
 def test_args_bind_by_name_before_a_star_args_and_refuse_a_keyword_only_parameter(tmp_path):
     source = "def f(w, x, *more):\n    return (x @ w).sum()\n"
     result = _plan(tmp_path, source, name="star")  # --args x=…, w=…: out of order, by name

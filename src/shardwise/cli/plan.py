@@ -274,6 +274,11 @@ def plan(
             f"{', '.join(sizes)} {'sizes' if len(sizes) == 1 else 'size'} a built-in model "
             "(--model), not a function: give the function's arrays' shapes with --args."
         )
+    if function is not None and dtype is not None:  # (it had been ignored, silently)
+        raise ArgumentError(
+            f"--dtype {dtype} sets an einsum's or a built-in model's dtype; a function's arrays "
+            "take theirs from --args: give each there, e.g. --args x=bf16[8,4]."
+        )
     if model is not None or function is not None:
         from shardwise.cli.plan_program import program
 
