@@ -122,6 +122,15 @@ def test_sys_exit_in_user_code_is_an_error_not_a_silent_success(tmp_path, where)
     assert ("prog.py:2" if where == "module" else "prog.py:4 (in f)") in text
 
 
+def test_an_exception_of_the_users_own_base_class_is_theirs(tmp_path):
+    """A class of the user's own deriving from ``BaseException`` (not ``Exception``) had
+    escaped as a raw traceback, exit 1."""
+    source = "class Stop(BaseException):\n    pass\n\ndef f(x, w):\n    raise Stop('halt')\n"
+    text = _error(_plan(tmp_path, source, "--json"))
+    assert "your function 'f' raised Stop at" in text and "halt" in text
+    assert "Traceback" not in text
+
+
 def test_prints_in_user_code_go_to_stderr_and_leave_the_json_whole(tmp_path):
     source = """\
     print("importing the model")
@@ -270,13 +279,13 @@ def test_a_built_in_models_sizes_are_refused_with_a_function(tmp_path, option):
     assert f"{option[0]} sizes a built-in model" in text and "--args" in text
 
 
-
 def test_a_dtype_is_refused_with_a_function(tmp_path):
     """A function's arrays take their dtypes from ``--args``: ``--dtype`` had been dropped
     silently (a bfloat16 plan of float32 arrays, said to be planned)."""
     text = _error(_plan(tmp_path, GOOD, "--dtype", "bf16"))
     assert "--dtype bfloat16 sets an einsum's or a built-in model's dtype" in text
     assert "--args x=bf16[8,4]" in text
+
 
 def test_args_bind_by_name_before_a_star_args_and_refuse_a_keyword_only_parameter(tmp_path):
     source = "def f(w, x, *more):\n    return (x @ w).sum()\n"

@@ -221,9 +221,9 @@ def as_users(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except ShardwiseError:
+        except (ShardwiseError, KeyboardInterrupt, GeneratorExit):
             raise
-        except (Exception, SystemExit) as e:
+        except BaseException as e:  # (SystemExit, and a class of the user's own of it)
             fix = (
                 "Planning traces the function once with abstract arrays of the arguments' "
                 "shapes: fix the function, or the shapes it was given."
