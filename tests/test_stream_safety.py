@@ -795,3 +795,14 @@ def test_a_finished_run_on_a_read_only_folder_is_read_back_not_written(tmp_path,
     assert said.exit_code == 0 and "is already complete" in said.output, said.output
     assert _stamps(folder) == before  # nothing written, created or removed
     np.testing.assert_allclose(np.load(out), _expected(ins), rtol=1e-6)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".txt"])
+def test_an_output_name_too_long_for_its_work_files_is_refused_up_front(tmp_path, suffix):
+    # the name, or its work files' (.manifest.json), over the 255 bytes of a name: it had
+    # escaped as 'unexpected OSError … a bug in shardwise', or been told to free space
+    x = np.ones((16, 4), np.float32)
+    out = tmp_path / ("z" * 240 + suffix)
+    with pytest.raises(shardwise.ArgumentError, match="over the 241 an output's may have"):
+        shardwise.stream("nd,nd->n", x, x, out=out)
+    assert list(tmp_path.iterdir()) == []

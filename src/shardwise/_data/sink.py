@@ -249,6 +249,11 @@ class Sink:
             return ShardwiseError(
                 f"{where}: {e.strerror}. Choose an output in a folder you can write to."
             )
+        if e.errno == errno.ENAMETOOLONG:  # (its work files' names are longer still)
+            return ShardwiseError(
+                f"{where}: {e.strerror} (with its work files' endings, .manifest.json and "
+                ".partial); give the output a shorter name."
+            )
         why = e.strerror or str(e)
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             left = 0 if not self.zarr and started else self.nbytes - self._written

@@ -191,6 +191,12 @@ def _checked(out: str | os.PathLike[str], budget: str | int) -> tuple[Path, int]
             f"the output {str(out)!r} names no file; give a .npy file or a Zarr folder to "
             "write, e.g. --out result.npy."
         )
+    if len(target.name.encode()) > NAME_MAX:  # (with its work files' endings, longer still)
+        raise ArgumentError(
+            f"the output's name is {len(target.name.encode())} bytes ({target.name[:24]}…), "
+            f"over the {NAME_MAX} an output's may have (a name holds 255 bytes, and its work "
+            "files add .manifest.json); give it a shorter name."
+        )
     if not target.parent.is_dir():
         raise ArgumentError(
             f"cannot write {str(target)!r}: folder {str(target.parent)!r} does not exist."
@@ -210,6 +216,10 @@ def _checked(out: str | os.PathLike[str], budget: str | int) -> tuple[Path, int]
             "--host-memory 1GiB.",
         )
     return target, limit
+
+
+NAME_MAX = 255 - len(".manifest.json")
+"""The longest output name whose work files' names are within the 255 bytes of a name."""
 
 
 def _lock(scope: contextlib.ExitStack, sink: Sink) -> OSError | None:
