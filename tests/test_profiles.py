@@ -378,3 +378,13 @@ def test_the_command_prints_the_warning_as_a_line_of_its_own(tmp_path):
     # (Python's own form names the line of shardwise that warned: "…/plan.py:317: …")
     assert "warning: profile 'local-cpu-8' measured its links on mesh" in result.stderr
     assert "ShardwiseWarning" not in result.stderr and ".py:" not in result.stderr
+
+
+def test_a_calibration_too_large_for_the_machine_is_refused_before_it_runs(cache_slot):
+    from shardwise._planner import calibrate as cal
+
+    mesh = build_mesh(MeshSpec.parse("x=2"))
+    # (16 GiB on 2 devices had failed in XLA as a bug in shardwise; larger ones were killed)
+    with pytest.raises(shardwise.ArgumentError, match="give a smaller size"):
+        cal.calibrate(mesh, per_device_bytes=2**42, repeat=1)
+    assert not cache_slot.exists()

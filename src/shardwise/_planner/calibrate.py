@@ -8,6 +8,7 @@ cost model needs (on simulated CPU devices the devices share the host's cores).
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -19,10 +20,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from scipy.optimize import nnls
 
-from shardwise._errors import ShardwiseError
+from shardwise._errors import ArgumentError, ShardwiseError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import InvalidProfile, Link, Profile
 from shardwise._model.profile_files import local_name
+from shardwise._model.units import format_bytes
 from shardwise._runtime.timing import alternate
 from shardwise._xla.resources import device_capacity
 
@@ -190,6 +192,7 @@ def calibrate(
     device = mesh.devices.flat[0]
     platform = device.platform
     spec = MeshSpec.parse(mesh)
+    _check_size(mesh, per_device_bytes)
 
     def step(what: str) -> None:
         if on_step is not None:
@@ -291,6 +294,26 @@ def _check_times(seconds: dict[str, float]) -> None:
     for name, t in seconds.items():
         if not (math.isfinite(t) and t > 0):
             raise _unusable(f"timed {name} at {t!r} s, which is no time to fit figures to")
+
+
+def _check_size(mesh: Mesh, per_device_bytes: int) -> None:
+    """Refuse a size whose buffers do not fit: the bandwidth tests hold two of
+    ``per_device_bytes`` on each device, all of them in the machine's memory for CPU devices
+    (16 GiB on 2 devices had failed in XLA as a bug in shardwise; 1.5 GiB on 8 devices of a
+    24 GiB machine was killed)."""
+    device = mesh.devices.flat[0]
+    if device.platform == "cpu":
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        need, where = 2 * per_device_bytes * mesh.size, "this machine's memory"
+    else:
+        have = device_capacity(device) or 0
+        need, where = 2 * per_device_bytes, "a device's memory"
+    if have and need > have // 2:
+        raise ArgumentError(
+            f"a size of {format_bytes(per_device_bytes)} per device needs about "
+            f"{format_bytes(need)} for the bandwidth tests, over half {where} "
+            f"({format_bytes(have)}); give a smaller size (--size).",
+        )
 
 
 def _unusable(what: str) -> ShardwiseError:
