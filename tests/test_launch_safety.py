@@ -109,6 +109,17 @@ def test_a_wrong_coordinator_address_is_refused(args, message):
     assert message in _text(result) and "Traceback" not in result.stderr
 
 
+def test_a_python_without_shardwise_is_refused_before_any_process_starts(tmp_path):
+    # each process had failed on its own ("Error while finding module specification for
+    # 'shardwise._runtime.child'"), and the launch with "process 0 exited with status 1"
+    other = tmp_path / "python3"
+    other.write_text("#!/bin/sh\nexit 1\n")
+    other.chmod(0o755)
+    result = _run([*LAUNCH, "-n", "2", "--", str(other), "-c", "print(1)"], timeout=60)
+    assert result.returncode == 2
+    assert "cannot import shardwise" in _text(result) and sys.executable in _text(result)
+
+
 # --- 8: the processes end with the launcher -------------------------------------------------
 
 

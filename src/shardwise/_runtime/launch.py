@@ -142,6 +142,25 @@ def command_line(command: Sequence[str]) -> list[str]:
     return [command[0], *options, "-m", "shardwise._runtime.child", *rest]
 
 
+def check_python(line: Sequence[str]) -> None:
+    """Refuse a Python program whose interpreter cannot import shardwise (another
+    installation than this one), before any process starts: each had failed on its own with
+    "Error while finding module specification for 'shardwise._runtime.child'"."""
+    if "shardwise._runtime.child" not in line or line[0] == sys.executable:
+        return
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('shardwise') is None)"
+    try:
+        found = subprocess.run([line[0], "-c", probe], capture_output=True, timeout=60).returncode
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise DistributedError(f"cannot run {line[0]!r}: {e}.") from None
+    if found != 0:
+        raise DistributedError(
+            f"{line[0]!r} cannot import shardwise (it is another Python than the one shardwise "
+            f"is installed in); launch the program with {sys.executable}, e.g. shardwise "
+            f"launch -n 2 -- {sys.executable} train.py."
+        )
+
+
 def _is_python(program: str) -> bool:
     name = os.path.basename(program)
     return program == sys.executable or name.startswith("python")
@@ -290,6 +309,7 @@ def launch(
             "no command to launch; give one after --, e.g. "
             "shardwise launch -n 2 -- shardwise demo --size small"
         )
+    check_python(command_line(command))
     where = coordinator(coordinator_address, port)
     base = {k: v for k, v in os.environ.items() if k != ENV_COORDINATOR_BIND}
     base[ENV_COORDINATOR] = where
