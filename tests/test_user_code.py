@@ -270,6 +270,8 @@ def test_args_bind_by_parameter_name_not_by_order():
     with pytest.raises(shardwise.ArgumentError, match="gives z after a parameter"):
         parse_args(["params.w=f32[8,4]", "x=f32[1]", "z=f32[1]"], lambda params, x, y=0, z=0: x)
     assert [a.shape for a in parse_args(["b=f32[2]", "a=f32[3]"], lambda *xs: xs)] == [(2,), (3,)]
+    with pytest.raises(shardwise.ArgumentError, match="it takes no array arguments"):
+        parse_args(["x=f32[8]"], lambda: 0)  # (it had said "it takes : give --args…")
 
 
 @pytest.mark.parametrize("option", [["--batch", "64"], ["--hidden", "256"], ["--layers", "2"]])

@@ -170,9 +170,12 @@ def bind(fn: Callable[..., Any], named: dict[str, Any]) -> list[Any]:
             "functools.partial in your module."
         )
     if unknown:
+        takes = f"it takes {names}: give --args NAME=SHAPE for each" if names else (
+            "it takes no array arguments: plan a function of the arrays to lay out"
+        )  # fmt: skip
         raise ArgumentError(
             f"--args gives {', '.join(unknown)}, but {fn_name} has no parameter of that name; "
-            f"it takes {names}: give --args NAME=SHAPE for each."
+            f"{takes}."
         )
     return _in_order(positional, named, fn_name, names)
 
