@@ -333,14 +333,23 @@ def test_an_empty_product_is_predicted_with_no_collective_as_xla_compiles_it(sha
     assert all(c.verified and c.verified.collectives_match for c in checked.strategies)
 
 
-def test_only_the_axes_of_an_empty_contracted_index_sum_nothing():
-    """``li,lk->`` with ``i`` of size 0: the sums over ``i`` are zeros, summed nowhere, but the
-    sums over ``k`` are all-reduced over its axes (every strategy that split ``k`` had been
-    predicted with no collective, an HLO mismatch)."""
-    op, mesh = Op.parse("li,lk->"), MeshSpec.parse("x=2,y=4")
-    report = rank(op, [(1, 0), (1, 16)], mesh, "float32", CPU)
-    k_split = [c for c in report.strategies if c.strategy.layout.axes_of("k")]
-    assert k_split and all(c.predicted.collectives for c in k_split)
+@pytest.mark.parametrize(
+    ("equation", "shapes"),
+    [
+        ("li,lk->", [(8, 0), (8, 16)]),
+        ("ai,ab->b", [(8, 0), (8, 16)]),
+        ("ij,jk->", [(4, 0), (0, 8)]),
+        ("jl,jl->", [(0, 8), (0, 8)]),
+    ],
+)
+def test_an_empty_contracted_index_sums_what_jnp_einsum_sums(equation, shapes):
+    """As ``jnp.einsum`` computes: each operand summed first over the indices only it has
+    (an empty one to zeros, summing nothing), then the operands over those they share
+    (nothing, if one of them is empty). ``li,lk->`` with ``i`` empty had been predicted with
+    no all-reduce over ``k`` and ``l``; then, with one, ``ij,jk->`` with ``j`` empty had an
+    all-reduce over ``i``'s axes predicted that XLA never makes."""
+    op, mesh = Op.parse(equation), MeshSpec.parse("x=2,y=4")
+    report = rank(op, shapes, mesh, "float32", CPU)
     checked = verify(report, build_mesh(mesh), top=len(report.strategies), repeat=1)
     assert all(c.verified and c.verified.collectives_match for c in checked.strategies)
 

@@ -37,7 +37,7 @@ from shardwise._model.placement import placement
 from shardwise._model.profile import Profile
 from shardwise._model.scatter import Hop, scatter_hops
 from shardwise._model.spec import Layout
-from shardwise._model.strategy import Strategy, reduce_axes
+from shardwise._model.strategy import Strategy, summed_axes
 from shardwise._model.topology import TOPOLOGIES
 
 
@@ -305,17 +305,6 @@ def sum_groups(op: Op, layout: Layout, axes: Sequence[str]) -> list[tuple[str, .
     return groups
 
 
-def _summing_axes(
-    op: Op, strategy: Strategy, mesh: MeshSpec, sizes: Mapping[str, int]
-) -> tuple[str, ...]:
-    """The mesh axes ``strategy``'s partial sums are summed over: those of its reduced
-    indices but an axis of size 1 or one that splits a contracted index of size 0."""
-    empty = {a for i in op.contracted if not sizes[i] for a in strategy.layout.axes_of(i)}
-    return tuple(
-        a for a in reduce_axes(op, strategy.layout, mesh) if mesh.shape[a] > 1 and a not in empty
-    )
-
-
 def predict(
     op: Op,
     shapes: Sequence[Sequence[int]],
@@ -350,7 +339,7 @@ def predict(
     bytes_accessed = operand_bytes + partial_bytes
     # an axis of size 1 holds the whole sum; an empty output none, nor an axis on a contracted
     # index of size 0 (XLA sums nothing: "li,lk->", i empty on x, k on y: over y)
-    axes = _summing_axes(op, strategy, mesh, sizes) if partial_bytes > 0 else ()
+    axes = summed_axes(op, strategy.layout, mesh, sizes) if partial_bytes > 0 else ()
     collectives: list[PredictedCollective] = []
     temp = 0
     wire = wire_itemsize(dtype, profile.platform)  # (a CPU sums bfloat16 as float32)

@@ -102,6 +102,28 @@ def reduce_axes(op: Op, layout: Layout, mesh: MeshSpec) -> tuple[str, ...]:
     return tuple(a for a in mesh.names if a in used)
 
 
+def summed_axes(
+    op: Op, layout: Layout, mesh: MeshSpec, sizes: Mapping[str, int]
+) -> tuple[str, ...]:
+    """The mesh axes ``layout``'s partial sums are summed over: those of its reduced
+    indices but an axis of size 1. Where a contracted index is empty, as ``jnp.einsum``
+    computes: each operand is summed first over the indices only it has (an empty one to
+    zeros, summing nothing), then the operands over the indices they share (nothing, if one
+    of those or of the output's is empty). Seen in the HLO: ``li,lk->`` with ``i`` empty
+    sums over ``k``'s axes and ``l``'s, ``ij,jk->`` with ``j`` empty over none."""
+    contracted = set(op.contracted)
+    shared = {i for i in contracted if sum(i in term for term in op.inputs) > 1}
+    kept = {i for term in op.inputs for i in term if i not in contracted - shared}
+    summed = shared if all(sizes[i] for i in kept) else set()
+    for term in op.inputs:
+        if all(sizes[i] for i in term):  # (an operand summed alone over its own indices)
+            summed |= {i for i in term if i in contracted - shared}
+    return tuple(
+        a for a in reduce_axes(op, layout, mesh)
+        if mesh.shape[a] > 1 and any(a in layout.axes_of(i) for i in summed)
+    )  # fmt: skip
+
+
 def output_choices(op: Op, layout: Layout, mesh: MeshSpec) -> list[Spec]:
     """The output layouts that matter for ``layout``: keep it, or scatter the partial sums onto
     one output index that the layout leaves unsplit."""
