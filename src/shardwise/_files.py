@@ -29,6 +29,11 @@ class LockHeld(BlockingIOError):
         self.pid = pid
 
 
+_TOKEN_BYTES = 8
+TEMPORARY_SUFFIX = len(".") + 2 * _TOKEN_BYTES + len(".tmp")
+"""Bytes :func:`write_atomic` adds to a name for its new file (``.<16 hex digits>.tmp``)."""
+
+
 def not_regular(path: Path) -> str | None:
     """What ``path`` is where it is there and neither a regular file nor a symbolic link
     (``"a character device"``, ``"a folder"``, ...), else ``None``.
@@ -71,7 +76,7 @@ def write_atomic(
     if kind is not None:  # (renamed over, a device or a pipe would be replaced by the file)
         raise OSError(errno.EINVAL, f"it is {kind}, not a file that can be replaced", str(path))
     if tmp is None:
-        tmp = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(_TOKEN_BYTES)}.tmp")
     else:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -44,7 +44,7 @@ from shardwise._data.sink import Sink, is_zarr, remove
 from shardwise._data.sources import Source, open_source
 from shardwise._data.workfiles import lock_path, manifest_path, own_files, start_over
 from shardwise._errors import ArgumentError, ShapeError, ShardwiseError, ShardwiseWarning
-from shardwise._files import LockHeld, exclusive_lock, identity
+from shardwise._files import TEMPORARY_SUFFIX, LockHeld, exclusive_lock, identity
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.units import parse_bytes
@@ -195,7 +195,7 @@ def _checked(out: str | os.PathLike[str], budget: str | int) -> tuple[Path, int]
         raise ArgumentError(
             f"the output's name is {len(target.name.encode())} bytes ({target.name[:24]}…), "
             f"over the {NAME_MAX} an output's may have (a name holds 255 bytes, and its work "
-            "files add .manifest.json); give it a shorter name."
+            "files add .manifest.json and a temporary ending); give it a shorter name."
         )
     if not target.parent.is_dir():
         raise ArgumentError(
@@ -218,8 +218,9 @@ def _checked(out: str | os.PathLike[str], budget: str | int) -> tuple[Path, int]
     return target, limit
 
 
-NAME_MAX = 255 - len(".manifest.json")
-"""The longest output name whose work files' names are within the 255 bytes of a name."""
+NAME_MAX = 255 - len(".manifest.json") - TEMPORARY_SUFFIX
+"""The longest output name whose work files' names (the manifest's, as it is written) are
+within the 255 bytes of a name."""
 
 
 def _lock(scope: contextlib.ExitStack, sink: Sink) -> OSError | None:
