@@ -229,13 +229,19 @@ def fused_dots(
         step, reader = graph.steps[n], lay.steps.get(graph.steps[r].key)
         found = lay.steps.get(step.key)
         read = reader[0][0] if reader and reader[0] else None
-        if found and fused_into_reduce(step, found, lay.specs[step.output], read):
-            out[[index[u] for u in chain if u in index]] = 0
-            pairs = zip(step.inputs, found[0], strict=False)
-            if all(
-                shard_bytes(graph.values[a], used, mesh)
-                <= shard_bytes(graph.values[a], lay.specs[a], mesh)
-                for a, used in pairs
-            ):
-                fused.add(step.key)  # fmt: skip
+        if not found or not fused_into_reduce(step, found, lay.specs[step.output], read):
+            continue
+        assert step.op is not None
+        gathered = [j for j, (a, used) in enumerate(zip(step.inputs, found[0], strict=False))
+                    if shard_bytes(graph.values[a], used, mesh)
+                    > shard_bytes(graph.values[a], lay.specs[a], mesh)]  # fmt: skip
+        terms, contracted = step.op.inputs, set(step.op.contracted)
+        # (a right operand gathered and contracted on its last dimensions, w of x @ w.T:
+        # stored, seen in an FSDP plan of einsum("nd,kd->nk", x, w).sum(-1))
+        if any(j and set(terms[j][: len(contracted & set(terms[j]))]) != contracted & set(
+                terms[j]) for j in gathered):  # fmt: skip
+            continue
+        out[[index[u] for u in chain if u in index]] = 0
+        if not gathered:
+            fused.add(step.key)
     return out, frozenset(fused)
