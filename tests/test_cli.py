@@ -455,3 +455,18 @@ def test_write_atomic_never_replaces_a_device_or_a_pipe(tmp_path):
     with pytest.raises(OSError, match="it is a named pipe, not a file that can be replaced"):
         write_atomic(pipe, "{}")
     assert os.listdir(tmp_path) == ["pipe"]  # (and no temporary file left beside it)
+    link = tmp_path / "link"  # (as /dev/stdout is a link to a device)
+    link.symlink_to(pipe)
+    with pytest.raises(OSError, match="it is a named pipe"):
+        write_atomic(link, "{}")
+    assert link.is_symlink()
+    regular = tmp_path / "file"
+    regular.write_text("old")
+    (tmp_path / "to-file").symlink_to(regular)
+    write_atomic(tmp_path / "to-file", "new")  # (a link to a file is replaced, not followed)
+    assert regular.read_text() == "old" and (tmp_path / "to-file").read_text() == "new"
+
+
+def test_an_empty_output_path_is_said_to_name_no_file():
+    result = runner.invoke(app, ["calibrate", "--out", ""])
+    assert result.exit_code == 2 and "--out names no file" in result.output

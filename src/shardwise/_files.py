@@ -35,17 +35,20 @@ TEMPORARY_SUFFIX = len(".") + 2 * _TOKEN_BYTES + len(".tmp")
 
 
 def not_regular(path: Path) -> str | None:
-    """What ``path`` is where it is there and neither a regular file nor a symbolic link
-    (``"a character device"``, ``"a folder"``, ...), else ``None``.
+    """What ``path`` is where it is there and not a regular file, or a symbolic link to one
+    (``"a character device"``, ``"a folder"``, ...), else ``None`` (a link that leads
+    nowhere too).
 
     >>> not_regular(Path("/dev/null")), not_regular(Path("/nowhere/at/all"))
     ('a character device', None)
     """
     try:
         mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):  # (replaced, not followed: /dev/stdout is a link to a device)
+            mode = os.stat(path).st_mode
     except OSError:
         return None
-    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+    if stat.S_ISREG(mode):
         return None
     kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"))  # fmt: skip

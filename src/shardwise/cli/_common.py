@@ -328,13 +328,13 @@ def check_plot(path: Path) -> None:
 def check_out(path: Path, flag: str = "--out") -> None:
     """Refuse an output file path that is a folder, a device or a pipe, or no name at all,
     before the work that would fill it."""
+    if str(path) in ("", "."):  # (the command line reads '' as '.')
+        raise ArgumentError(f"{flag} names no file; give the path of a file.")
     if path.is_dir():
         raise ArgumentError(f"{flag} {str(path)!r} is a folder; give the path of a file in it.")
     kind = not_regular(path)
-    if kind is not None or not path.name:
-        raise ArgumentError(
-            f"{flag} {str(path)!r} is {kind or 'no file name'}; give the path of a file."
-        )
+    if kind is not None:
+        raise ArgumentError(f"{flag} {str(path)!r} is {kind}; give the path of a file.")
 
 
 def show_warnings_plainly() -> None:
