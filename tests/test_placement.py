@@ -210,6 +210,9 @@ def test_an_h100_all_reduce_across_512_nodes_is_a_tree_and_gathers_stay_rings():
     )  # (the tree's bandwidth is the ring's)
     for kind in ("all-gather", "reduce-scatter"):
         assert ring_seconds(kind, ["data"], 0, mesh, H100) == pytest.approx(511 * DCN_STEP)
+    # NCCL's log2i rounds down: 6 nodes take 2 steps each way, not 3
+    six = ring_seconds("all-reduce", ["data"], 0, MeshSpec.parse("data=6,tp=8"), H100)
+    assert six == pytest.approx(2 * 2 * DCN_STEP, rel=1e-9)
 
 
 # --- what the topology does not override ------------------------------------------------------

@@ -208,7 +208,7 @@ def placed_terms(
     within the slice first, so each device sends ``1 / p_ici`` of the block over the network,
     ``(g_d - 1) / g_d · n / p_ici / dcn_Bps`` in ``g_d - 1`` steps of
     :attr:`~shardwise._model.topology.Topology.dcn_latency_s` (assumed 10 µs); a GPU
-    all-reduce across nodes in ``⌈log2 g_d⌉`` (NCCL's tuning model, ``src/graph/tuning.cc``:
+    all-reduce across nodes in ``⌊log2 g_d⌋`` (NCCL's tuning model, ``src/graph/tuning.cc``:
     a tree across nodes, whose bandwidth is the ring's, for all-reduce only; all-gathers and
     reduce-scatters run on rings, ``nNodes - 1`` steps across the network). The same
     across axes: ``others`` is how many devices the collective's other axes span within the
@@ -243,7 +243,7 @@ def placed_terms(
     for s in segments:
         if s.over_dcn:  # (NCCL all-reduces across nodes on a tree: log2 steps, not a ring's)
             tree = kind == "all-reduce" and topo.fabric == "switched"
-            steps = math.ceil(math.log2(s.devices)) if tree else s.devices - 1
+            steps = s.devices.bit_length() - 1 if tree else s.devices - 1  # (log2i: floor)
             latency += steps * topo.dcn_latency_s
             per_byte += (s.devices - 1) / s.devices / (p_ici * others) / topo.dcn_Bps
     return latency, per_byte
