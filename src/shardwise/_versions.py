@@ -13,7 +13,6 @@ import math
 import os
 import site
 from collections.abc import Iterator
-from importlib.metadata import version
 from typing import Any
 
 import jax
@@ -23,10 +22,12 @@ from jax._src import mesh as _mesh_lib
 from jax._src import source_info_util
 from jax._src import util as _jax_util
 from jax._src.interpreters import partial_eval as _partial_eval
+from jax._src.lib import version as _jaxlib_version
 from jax.sharding import Mesh
 
-_JAXLIB = tuple(int(part) for part in version("jaxlib").split(".")[:2])
-"""The installed jaxlib's (major, minor): its XLA's behaviour differs where JAX's API does not."""
+_JAXLIB: tuple[int, ...] = tuple(_jaxlib_version)
+"""The installed jaxlib's version: its XLA's behaviour differs where JAX's API does not
+(read from jaxlib itself, so a jaxlib without package metadata imports as well)."""
 
 DropVar: type = getattr(jcore, "DropVar", None) or jax_core.DropVar
 """The jaxpr variable of a result nobody reads (public in ``jax.extend.core`` from 0.10)."""
@@ -64,7 +65,7 @@ def combined_names_every_part() -> bool:
     """Whether XLA names a collective it combined from several after every part
     (``jit(f)/(jvp()/reduce_sum:transpose(jvp())/dot_general)``, from the XLA of jaxlib 0.10)
     or after the first part alone (``jit(f)/jvp()/reduce_sum``, jaxlib 0.9)."""
-    return _JAXLIB >= (0, 10)
+    return _JAXLIB[:2] >= (0, 10)
 
 
 def varying_axes(value: Any) -> frozenset[Any]:

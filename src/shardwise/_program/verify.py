@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -88,7 +87,12 @@ def sharded(
         # (an empty result is typed replicated: JAX gives an empty array laid out split as
         # whole blocks on every device, which np.asarray then cannot read)
         outs = [
-            _typed(m, chosen.layouts.specs[v] if v is not None and _filled(plan, v) else Spec())
+            _typed(
+                m,
+                chosen.layouts.specs[v]
+                if v is not None and plan.graph.values[v].nbytes
+                else Spec(),
+            )
             for v in plan.graph.outputs
         ]
         program = with_auto_axes(program, jax.tree.unflatten(plan.graph.out_tree, outs))
@@ -101,11 +105,6 @@ def sharded(
 _CHECKED: Bounded[tuple[Any, ...], bool] = Bounded(512)
 """The jitted programs already checked, with the types of the arguments they were compiled
 for: each is checked once, when ``jax.jit`` compiles it."""
-
-
-def _filled(plan: ProgramPlan, v: int) -> bool:
-    """Whether the program's array ``v`` has elements."""
-    return math.prod(plan.graph.values[v].shape) > 0
 
 
 def _typed(mesh: Mesh, spec: Spec) -> NamedSharding:

@@ -110,6 +110,10 @@ def coordinator(address: str | None, port: int | None) -> str:
     return join_address(host, port)
 
 
+MAX_PROCESSES = 1024
+"""The most processes :func:`launch` starts on one machine (a count of 10^20 had been taken,
+and its processes' environments made until memory ran out)."""
+
 _PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
 
 
@@ -301,8 +305,10 @@ def launch(
             print after their program ended or once the launch is stopping (the native
             crash reports of a runtime that lost a process), which is otherwise held back.
     """
-    if processes < 1:
-        raise DistributedError(f"-n {processes}: at least one process is needed.")
+    if not 1 <= processes <= MAX_PROCESSES:
+        raise DistributedError(
+            f"-n {processes}: give from 1 to {MAX_PROCESSES} processes (one machine's)."
+        )
     check_seconds(timeout, "--timeout", 1.0, MAX_TIMEOUT_S)
     if not command:
         raise DistributedError(

@@ -342,10 +342,12 @@ def show_warnings_plainly() -> None:
     the line of shardwise's code that warned, which tells a user of the command nothing.
     Other warnings print as Python prints them.
 
+    >>> python = warnings.showwarning
     >>> show_warnings_plainly()
     >>> warnings.showwarning(ShardwiseWarning("a profile of another mesh"), ShardwiseWarning,
     ...                      "plan.py", 1, file=sys.stdout)
     warning: a profile of another mesh
+    >>> warnings.showwarning = python  # (as it was, for what runs after)
     """
     python = warnings.showwarning
     if getattr(python, "plain", False):

@@ -6,11 +6,8 @@ from typing import Annotated
 
 import typer
 
+from shardwise._runtime.launch import MAX_PROCESSES
 from shardwise.cli._common import friendly_errors, print_error
-
-MAX_PROCESSES = 1024
-"""The most processes ``launch`` starts on one machine (a count of 10^20 had been taken, and
-the environments of its processes made until memory ran out)."""
 
 
 @friendly_errors
