@@ -774,3 +774,24 @@ def test_a_partial_is_named_after_its_function():
     p = shardwise.plan(functools.partial(layer, scale=2.0), S((8, 16), "float32"),
                        S((16, 4), "float32"), mesh="x=2", profile="cpu-2core", top=1)  # fmt: skip
     assert p.program == "layer"
+
+
+def test_a_plans_program_runs_inside_jit_grad_and_vmap():
+    # the check for arguments already donated asked a tracer whether it was deleted, and JAX
+    # raised ConcretizationTypeError: a plan's program could not be composed
+    def g(w, x):
+        return jnp.tanh(x @ w).sum()
+
+    w, x = jnp.ones((16, 8)), jnp.ones((32, 16))
+    step = shardwise.plan(g, w, x, mesh="data=2,model=4", profile="cpu-2core", top=1).sharded()
+    np.testing.assert_allclose(jax.jit(step)(w, x), g(w, x), rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(step)(w, x), jax.grad(g)(w, x), rtol=1e-5)
+    batched = jax.vmap(step, in_axes=(None, 0))(w, jnp.ones((2, 32, 16)))
+    np.testing.assert_allclose(batched, [g(w, x)] * 2, rtol=1e-5)
+
+
+def test_a_number_where_the_plan_has_an_array_is_refused_saying_so():
+    w, x = jnp.ones((16, 8)), jnp.ones((32, 16))
+    step = shardwise.plan(lambda w, x: x @ w, w, x, mesh="x=2", profile="cpu-2core").sharded()
+    with pytest.raises(shardwise.ArgumentError, match=r"x is a float, but the plan was made"):
+        step(w, 2.0)  # (JAX's "only valid for values of rank at least 1" had escaped raw)

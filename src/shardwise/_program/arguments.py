@@ -30,6 +30,13 @@ def check_arguments(names: Sequence[str], leaves: Sequence[Any], shapes: Sequenc
     other shapes, failed in JAX's sharding code or inside the program), or one deleted (given
     to an earlier call that took its buffer: JAX's CPU runtime crashed the process)."""
     for name, x, (shape, dtype) in zip(names, leaves, shapes, strict=True):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):  # (a float: JAX's rank error)
+            raise ArgumentError(
+                f"{name} is {describe_value(x)}, but the plan was made for a {dtype} array of "
+                f"shape {tuple(shape)}: pass one (jnp.asarray(x, '{dtype}'))."
+            )
+        if isinstance(x, jax.core.Tracer):  # (a call inside jax.jit, grad or vmap)
+            continue
         if getattr(x, "is_deleted", lambda: False)():
             raise ArgumentError(
                 f"{name} was deleted: an earlier call took its buffer (a plan made with "
@@ -48,6 +55,34 @@ def check_arguments(names: Sequence[str], leaves: Sequence[Any], shapes: Sequenc
                 f"{name} is {kind}, but the plan was made for {dtype}: cast it "
                 f"(.astype('{dtype}')), or plan again with arrays of this type."
             )
+
+
+def donated_leaves(tree: Any, argnums: Sequence[int]) -> frozenset[int]:
+    """The leaves, by position, of the top-level arguments ``argnums`` of the arguments'
+    structure ``tree``."""
+    out: set[int] = set()
+    at = 0
+    for k, child in enumerate(tree.children()):
+        if k in argnums:
+            out.update(range(at, at + child.num_leaves))
+        at += child.num_leaves
+    return frozenset(out)
+
+
+def donated_once(names: Sequence[str], leaves: Sequence[Any], donated: frozenset[int]) -> None:
+    """Refuse a donated array given twice (a tied weight, in two places of the donated
+    parameters): JAX's CPU runtime crashed the process ("Attempt to donate the same buffer
+    twice", then a segmentation fault)."""
+    seen: dict[int, str] = {}
+    for k, (name, x) in enumerate(zip(names, leaves, strict=True)):
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+            other = seen.setdefault(id(x), name)
+            if other != name and (k in donated or names.index(other) in donated):
+                raise ArgumentError(
+                    f"{other} and {name} are the same array, and the program takes a donated "
+                    "buffer: give one of them a copy (jnp.array(x, copy=True)), or plan "
+                    "without donate_argnums."
+                )
 
 
 def parameter_names(names: Sequence[str], tree: Any) -> list[str]:
