@@ -96,6 +96,25 @@ def test_donate_argnums_that_are_not_positions_say_which_are():
                        mesh="x=2", profile="cpu-2core", donate_argnums=(0, 5))  # fmt: skip
 
 
+def test_donate_argnums_none_is_none_as_jax_jits():
+    assert donated((1, 2), None) == ()  # (it had raised "'NoneType' object is not iterable")
+
+
+def test_an_array_given_twice_to_a_donating_program_is_refused():
+    # a tied weight in two places of the donated parameters: JAX's runtime had crashed the
+    # process ("Attempt to donate the same buffer twice", then a segmentation fault)
+    def step(p, x):
+        return p, x.sum()
+
+    a, x = jnp.ones((16, 8)), jnp.ones((32, 16))
+    p = shardwise.plan(step, {"a": a, "b": a}, x, mesh="data=2,model=4", profile="cpu-2core",
+                       top=1, donate_argnums=0)  # fmt: skip
+    with pytest.raises(ArgumentError, match=r"p\['a'\] and p\['b'\] are the same array"):
+        p.sharded()({"a": a, "b": a}, x)
+    out, _ = p.sharded()({"a": a, "b": jnp.array(a, copy=True)}, x)  # (a copy: its own buffer)
+    np.testing.assert_array_equal(out["b"], np.ones((16, 8)))
+
+
 def test_cli_donate():
     common = ["plan", "--model", "llama", "--batch", "8", "--seq", "16", "--hidden", "64",
               "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--vocab",

@@ -20,9 +20,11 @@ if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
 
 
-def donated(args: Sequence[Any], donate_argnums: int | Sequence[int]) -> tuple[int, ...]:
+def donated(args: Sequence[Any], donate_argnums: int | Sequence[int] | None) -> tuple[int, ...]:
     """``donate_argnums`` as positions of ``args``, sorted (a negative one counts from the
-    end, as ``jax.jit``'s)."""
+    end, and ``None`` is none, as ``jax.jit``'s)."""
+    if donate_argnums is None:
+        return ()
     asked = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
     wrong = [k for k in asked if not isinstance(k, int) or not -len(args) <= k < len(args)]
     if wrong:

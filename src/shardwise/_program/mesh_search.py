@@ -220,7 +220,7 @@ def choose_mesh(
     limit: int = MAX_PLANNED,
     variants: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]] | None = None,
     on_step: Callable[[int, int], None] | None = None,
-    donate_argnums: int | Sequence[int] = (),
+    donate_argnums: int | Sequence[int] | None = (),
     also: Sequence[str] = (),
 ) -> MeshChoice:
     """Split ``devices`` over ``roles`` every way there is, plan ``fn(*args)`` on each split

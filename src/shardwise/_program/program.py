@@ -64,7 +64,7 @@ def plan(
     time_limit: float = TIME_LIMIT_S,
     rules: Any = None,
     respect: str = "none",
-    donate_argnums: int | Sequence[int] = (),
+    donate_argnums: int | Sequence[int] | None = (),
 ) -> ProgramPlan:
     """Plan a layout for every array of ``fn(*args)`` on ``mesh``; what ``fn`` raises while
     traced comes back as a :class:`UserCodeError` that says where.

@@ -109,7 +109,7 @@ class Program(NamedTuple):
 def read_program(
     fn: Callable[..., Any], args: tuple[Any, ...], train: bool, devices: Mesh | None,
     spec: MeshSpec, prof: Profile, fixed: Mapping[str, SpecLike] | None, rules: Any,
-    respect: str, donate_argnums: int | Sequence[int] = (),
+    respect: str, donate_argnums: int | Sequence[int] | None = (),
 ) -> Program:  # fmt: skip
     """``fn(*args)`` read for planning on ``spec`` (traced, its training step with
     ``train``; the arguments at ``donate_argnums`` donated), its pins and its problem built

@@ -23,6 +23,8 @@ from shardwise._model.spec import Spec
 from shardwise._program.apply import constrained
 from shardwise._program.arguments import (
     check_arguments,
+    donated_leaves,
+    donated_once,
     first_difference,
     parameter_names,
     planned_types,
@@ -99,7 +101,9 @@ def sharded(
     guard = functools.partial(ensure_summed, plan, chosen, platform=platform(m))
     donated = plan.donate_argnums if donate else ()
     jitted = jax.jit(program, in_shardings=in_shardings, donate_argnums=donated)
-    return Placing(jitted, in_shardings, plan.graph.names, guard, m, planned_types(plan))
+    placing = Placing(jitted, in_shardings, plan.graph.names, guard, m, planned_types(plan))
+    placing.donated = donated_leaves(plan.graph.tree, donated)
+    return placing
 
 
 _CHECKED: Bounded[tuple[Any, ...], bool] = Bounded(512)
@@ -127,6 +131,7 @@ class Placing:
         self.jitted, self.in_shardings, self.names = jitted, in_shardings, names
         self.guard, self.mesh, self.shapes = guard, mesh, shapes
         self.said = False
+        self.donated: frozenset[int] = frozenset()  # (the leaves whose buffers it takes)
 
     def _on_mesh(self, args: tuple[Any, ...]) -> Any:
         """Where a call runs: on the plan's mesh, whatever mesh ``jax.set_mesh`` set around it
@@ -179,6 +184,7 @@ class Placing:
                 moved.append(f"{name} ({_layout(x.sharding)} → {_layout(target)})")
                 x = jax.device_put(x, target)
             out.append(x)
+        donated_once(self.names, out, self.donated)
         if moved and not self.said:
             self.said = True
             warnings.warn(
