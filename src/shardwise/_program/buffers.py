@@ -11,8 +11,17 @@ from collections import Counter
 import numpy as np
 
 from shardwise._program.graph import Graph
-from shardwise._program.nodes import Step
 from shardwise._program.upcast import held_dtype
+
+
+def readers(graph: Graph) -> dict[int, list[int]]:
+    """The steps that read each array, by index in program order (a step that reads an array
+    twice, once)."""
+    out: dict[int, list[int]] = {}
+    for n, step in enumerate(graph.steps):
+        for a in dict.fromkeys(step.inputs):
+            out.setdefault(a, []).append(n)
+    return out
 
 
 def folded_transposes(graph: Graph, results: set[int]) -> dict[int, int]:
@@ -20,10 +29,7 @@ def folded_transposes(graph: Graph, results: set[int]) -> dict[int, int]:
     into the products' dimension numbers, so the transposed array is never made and the
     products read the operand, held until then (seen: ``x @ w.T`` compiles to one ``dot`` of
     ``w``, and a training step holds no transposed weights)."""
-    readers: dict[int, list[Step]] = {}
-    for step in graph.steps:
-        for a in step.inputs:
-            readers.setdefault(a, []).append(step)
+    read_by = readers(graph)
     joined = Counter(graph.classes)
     return {
         s.output: s.inputs[0]
@@ -31,26 +37,23 @@ def folded_transposes(graph: Graph, results: set[int]) -> dict[int, int]:
         if s.prim == "transpose"
         and s.output not in results
         and joined[graph.find(s.output)] == 1  # (no elementwise op reads it)
-        and readers.get(s.output)
-        and all(r.prim == "dot_general" for r in readers[s.output])
+        and read_by.get(s.output)
+        and all(graph.steps[n].prim == "dot_general" for n in read_by[s.output])
     }
 
 
 def padded_windows(graph: Graph, results: set[int]) -> set[int]:
     """The padded operands of poolings (an average pool's gradient pads, then sums windows):
     XLA pads inside the pooling's loop, so the padded array is never made."""
-    readers: dict[int, list[Step]] = {}
-    for step in graph.steps:
-        for a in step.inputs:
-            readers.setdefault(a, []).append(step)
+    read_by = readers(graph)
     made = {s.output: s for s in graph.steps if s.prim == "pad"}
     return {
         v
         for v, pad in made.items()
         if v not in results
-        and readers.get(v)
-        and all(r.prim.startswith("reduce_window") for r in readers[v])
-        and graph.last[v] == max(graph.born[r.output] for r in readers[v])
+        and read_by.get(v)
+        and all(graph.steps[n].prim.startswith("reduce_window") for n in read_by[v])
+        and graph.last[v] == max(graph.born[graph.steps[n].output] for n in read_by[v])
     }
 
 

@@ -17,6 +17,7 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.spec import Spec
 from shardwise._program.bins import Temps
+from shardwise._program.buffers import readers
 from shardwise._program.graph import Graph
 from shardwise._program.moves import shard_bytes
 from shardwise._program.nodes import Step
@@ -169,10 +170,7 @@ def into_reduce(graph: Graph) -> dict[int, tuple[int, tuple[int, ...]]]:
     dot, nor one whose transposed operand XLA folds into it (``x.T @ w``): XLA stores those.
     (:func:`fused_into_reduce` also asks that nothing is summed after it.) By the dot's step
     index: the reduction's, and the arrays never stored (the dot's and the elementwise ones')."""
-    readers: dict[int, set[int]] = {}
-    for n, step in enumerate(graph.steps):
-        for a in step.inputs:
-            readers.setdefault(a, set()).add(n)
+    read_by = readers(graph)
     members: dict[int, list[int]] = {}
     for u in range(len(graph.values)):
         members.setdefault(graph.find(u), []).append(u)
@@ -184,7 +182,7 @@ def into_reduce(graph: Graph) -> dict[int, tuple[int, tuple[int, ...]]]:
         if step.prim != "dot_general" or op is None or step.repeat != 1:
             continue
         chain = members[graph.find(v)]  # (arrays elementwise ops join to the dot's result)
-        reading = {r for u in chain for r in readers.get(u, ())}
+        reading = {r for u in chain for r in read_by.get(u, ())}
         contracted = [c for c in op.inputs[0] if c not in op.output]
         last = op.inputs[0][len(op.inputs[0]) - len(contracted) :]
         if (
