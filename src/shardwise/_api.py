@@ -390,10 +390,9 @@ def _mean_layout(
     and not run)."""
     letters = "abcdefghijklmnopqrstuvwxyz"[: len(shape)]
     spec = MeshSpec.parse(jmesh)
-    divides = bool(shape) and shape[0] % spec.size == 0
-    first: LayoutLike | Literal["auto"] = {letters[0]: spec.names} if divides else "auto"
-    if not shape:
-        first = {}
+    first: LayoutLike | Literal["auto"] = (
+        {} if not shape else {letters[0]: spec.names} if shape[0] % spec.size == 0 else "auto"
+    )
     plan, _ = plan_arrays(f"{letters}->", jax.ShapeDtypeStruct(shape, dtype), mesh=jmesh,
                           layout=first)  # fmt: skip
     return plan, tuple(named(jmesh, s) for s in plan.in_specs)

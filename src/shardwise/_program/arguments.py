@@ -73,15 +73,15 @@ def donated_once(names: Sequence[str], leaves: Sequence[Any], donated: frozenset
     """Refuse a donated array given twice (a tied weight, in two places of the donated
     parameters): JAX's CPU runtime crashed the process ("Attempt to donate the same buffer
     twice", then a segmentation fault)."""
-    seen: dict[int, str] = {}
-    for k, (name, x) in enumerate(zip(names, leaves, strict=True)):
+    seen: dict[int, int] = {}  # (each array, by id: the first leaf it is)
+    for k, x in enumerate(leaves):
         if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-            other = seen.setdefault(id(x), name)
-            if other != name and (k in donated or names.index(other) in donated):
+            first = seen.setdefault(id(x), k)
+            if first != k and (k in donated or first in donated):
                 raise ArgumentError(
-                    f"{other} and {name} are the same array, and the program takes a donated "
-                    "buffer: give one of them a copy (jnp.array(x, copy=True)), or plan "
-                    "without donate_argnums."
+                    f"{names[first]} and {names[k]} are the same array, and the program takes "
+                    "a donated buffer: give one of them a copy (jnp.array(x, copy=True)), or "
+                    "plan without donate_argnums."
                 )
 
 

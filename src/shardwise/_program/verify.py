@@ -101,9 +101,8 @@ def sharded(
     guard = functools.partial(ensure_summed, plan, chosen, platform=platform(m))
     donated = plan.donate_argnums if donate else ()
     jitted = jax.jit(program, in_shardings=in_shardings, donate_argnums=donated)
-    placing = Placing(jitted, in_shardings, plan.graph.names, guard, m, planned_types(plan))
-    placing.donated = donated_leaves(plan.graph.tree, donated)
-    return placing
+    return Placing(jitted, in_shardings, plan.graph.names, guard, m, planned_types(plan),
+                   donated_leaves(plan.graph.tree, donated))  # fmt: skip
 
 
 _CHECKED: Bounded[tuple[Any, ...], bool] = Bounded(512)
@@ -127,11 +126,12 @@ class Placing:
     def __init__(
         self, jitted: Any, in_shardings: Any, names: Sequence[str], guard: Any = None,
         mesh: Mesh | None = None, shapes: Sequence[Any] | None = None,
+        donated: frozenset[int] = frozenset(),
     ) -> None:  # fmt: skip
         self.jitted, self.in_shardings, self.names = jitted, in_shardings, names
         self.guard, self.mesh, self.shapes = guard, mesh, shapes
+        self.donated = donated  # (the leaves whose buffers it takes)
         self.said = False
-        self.donated: frozenset[int] = frozenset()  # (the leaves whose buffers it takes)
 
     def _on_mesh(self, args: tuple[Any, ...]) -> Any:
         """Where a call runs: on the plan's mesh, whatever mesh ``jax.set_mesh`` set around it
