@@ -78,8 +78,8 @@ def measure_machine(nbytes: int = 320 * 10**6, gemm: int = 2048, repeat: int = 5
 LIBRARIES = ("jax", "jaxlib", "numpy", "shardwise")
 """The libraries every benchmark runs on; a peer's (torch, dask) is added where it ran."""
 
-PEER_LIBRARIES = {"torch": "torch", "dask": "dask"}
-"""The distribution of each peer that is not one of :data:`LIBRARIES`."""
+PEER_LIBRARIES = ("torch", "dask")
+"""The peers a benchmark may run beside shardwise that are not among :data:`LIBRARIES`."""
 
 
 def host(peers: Sequence[str] = (), cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def host(peers: Sequence[str] = (), cpuinfo: Path = Path("/proc/cpuinfo")) -> di
     >>> sorted(host(["numpy", "torch"])["versions"])
     ['jax', 'jaxlib', 'numpy', 'shardwise', 'torch']
     """
-    names = [*LIBRARIES, *(PEER_LIBRARIES[p] for p in peers if p in PEER_LIBRARIES)]
+    names = [*LIBRARIES, *(p for p in peers if p in PEER_LIBRARIES)]
     return {
         "cpu": cpu_model(cpuinfo),
         "system": platform.platform(),
