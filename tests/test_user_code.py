@@ -331,6 +331,25 @@ def test_arguments_are_taken_by_name_as_the_function_takes_them_and_miscounts_sa
         wrong(params, x)
 
 
+def test_an_argument_given_as_none_is_named_by_its_parameter_and_taken_by_name():
+    """A ``None`` argument has no leaves to name it: it had been ``args[1]``, so a call by the
+    parameters' names was refused ("'mask', 'w': not a parameter"), and ``place`` said so."""
+
+    def f(x, mask, w):
+        y = x @ w
+        return y if mask is None else y * mask
+
+    x, w = np.ones((16, 32), np.float32), np.ones((32, 8), np.float32)
+    p = shardwise.plan(f, x, None, w, mesh="data=2,model=4", profile="cpu-2core", top=1)
+    run = p.sharded()
+    for got in (run(x, None, w), run(x, mask=None, w=w), run(x=x, mask=None, w=w)):
+        np.testing.assert_allclose(np.asarray(got), x @ w, rtol=1e-6)
+    with pytest.raises(shardwise.ArgumentError, match=r"program takes \(x, mask, w\), by pos"):
+        run(x, w=w)
+    with pytest.raises(shardwise.ArgumentError, match=r"\(x, mask, w\) as a tuple"):
+        p.place(x)
+
+
 def test_a_setting_that_is_not_an_array_is_said_by_name_with_the_fix():
     def f(x, w, mode):
         return x @ w

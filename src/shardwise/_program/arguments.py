@@ -85,9 +85,13 @@ def donated_once(names: Sequence[str], leaves: Sequence[Any], donated: frozenset
                 )
 
 
-def parameter_names(names: Sequence[str], tree: Any) -> list[str]:
-    """The name of each top-level argument of ``tree`` (the arguments' structure), from its
-    leaves' ``names`` (``params['w1']`` is of ``params``; ``args[k]`` where it has none)."""
+def parameter_names(names: Sequence[str], tree: Any, given: Sequence[str] = ()) -> list[str]:
+    """The name of each top-level argument of ``tree`` (the arguments' structure): ``given``
+    (the function's, :attr:`~shardwise._program.graph.Graph.parameters`) where it names each,
+    else from its leaves' ``names`` (``params['w1']`` is of ``params``; ``args[k]`` where it
+    has none)."""
+    if given and len(given) == len(tree.children()):
+        return list(given)
     out, at = [], 0
     for k, child in enumerate(tree.children()):
         first = names[at] if child.num_leaves else f"args[{k}]"

@@ -35,7 +35,7 @@ from shardwise._program.walk import asked as layouts_asked
 from shardwise._program.walk import module_of as library_module
 from shardwise._versions import live_only, scan_counts
 from shardwise._xla.dtypes import storage_name
-from shardwise._xla.names import argument_names
+from shardwise._xla.names import argument_names, top_names
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,7 @@ class Graph:
         looped: arrays a scan's loop takes in or carries round (XLA writes each every time).
         carries: each scan's initial carries, with the path of the scan's body.
         closed, tree: the traced jaxpr; the arguments' pytree (``out_tree``: the result's).
+        parameters: each top-level argument's name (one with no leaves too, ``None``).
         elementwise_ops: elementwise ops in the program.
         drawn: each draw of random bits (``random_bits``), its program point and shape.
         placed: each layout the code asks an array to have, in program order.
@@ -68,7 +69,6 @@ class Graph:
     steps: tuple[Step, ...]
     inputs: tuple[int, ...]
     names: tuple[str, ...]
-    data: tuple[int, ...]
     outputs: tuple[int | None, ...]
     classes: tuple[int, ...]
     elementwise: Mapping[int, int]
@@ -80,13 +80,15 @@ class Graph:
     looped: frozenset[int]
     carries: tuple[tuple[int, Path], ...]
     closed: Any
-    tree: Any
-    out_tree: Any
     elementwise_ops: int
     drawn: tuple[tuple[int, tuple[int, ...]], ...] = ()
     placed: tuple[Asked, ...] = ()
     loops: tuple[Loop, ...] = ()
     donated: frozenset[int] = frozenset()
+    parameters: tuple[str, ...] = ()
+    data: tuple[int, ...] = ()
+    tree: Any = None
+    out_tree: Any = None
 
     def find(self, v: int) -> int:
         """The class of array ``v``."""
@@ -128,6 +130,7 @@ def build(
         data=tuple(k for k, a in enumerate(shapes) if isinstance(a, jax.ShapeDtypeStruct)),
         tree=jax.tree.structure(tuple(shapes)),
         out_tree=jax.tree.structure(out_shape),
+        parameters=tuple(top_names(signature or fn, len(shapes))),
     )
 
 
@@ -159,7 +162,6 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         steps=tuple(b.steps),
         inputs=tuple(inputs),
         names=names,
-        data=(),
         outputs=tuple(outputs),
         classes=tuple(b.classes.find(v) for v in range(len(b.values))),
         elementwise=types.MappingProxyType(b.elementwise),
@@ -171,8 +173,6 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         looped=frozenset(b.looped),
         carries=tuple(b.carries),
         closed=closed,
-        tree=None,
-        out_tree=None,
         elementwise_ops=b.elementwise_ops,
         drawn=tuple(b.drawn),
         placed=tuple(b.placed),

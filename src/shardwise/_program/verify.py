@@ -102,7 +102,7 @@ def sharded(
     donated = plan.donate_argnums if donate else ()
     jitted = jax.jit(program, in_shardings=in_shardings, donate_argnums=donated)
     return Placing(jitted, in_shardings, plan.graph.names, guard, m, planned_types(plan),
-                   donated_leaves(plan.graph.tree, donated))  # fmt: skip
+                   donated_leaves(plan.graph.tree, donated), plan.graph.parameters)  # fmt: skip
 
 
 _CHECKED: Bounded[tuple[Any, ...], bool] = Bounded(512)
@@ -126,9 +126,10 @@ class Placing:
     def __init__(
         self, jitted: Any, in_shardings: Any, names: Sequence[str], guard: Any = None,
         mesh: Mesh | None = None, shapes: Sequence[Any] | None = None,
-        donated: frozenset[int] = frozenset(),
+        donated: frozenset[int] = frozenset(), parameters: Sequence[str] = (),
     ) -> None:  # fmt: skip
         self.jitted, self.in_shardings, self.names = jitted, in_shardings, names
+        self.parameters = parameters  # (the function's names for its arguments)
         self.guard, self.mesh, self.shapes = guard, mesh, shapes
         self.donated = donated  # (the leaves whose buffers it takes)
         self.said = False
@@ -144,7 +145,7 @@ class Placing:
         """``args`` and ``kwargs`` as the positional arguments the plan was made for (by the
         function's parameter names), checked against the planned arguments' structure."""
         expected = jax.tree.structure(self.in_shardings)
-        params = parameter_names(self.names, expected)
+        params = parameter_names(self.names, expected, self.parameters)
         given = list(args)
         for name in params[len(args) :]:
             if name not in kwargs:
@@ -229,7 +230,7 @@ def place(plan: ProgramPlan, chosen: PlannedLayout, args: Any, mesh: Any = None)
     block), a host array is cut on the host and each block sent to its device, so none is
     ever whole on one device. An array already so laid out is returned as it is."""
     m = mesh_for(plan, mesh)
-    params = parameter_names(plan.graph.names, plan.graph.tree)
+    params = parameter_names(plan.graph.names, plan.graph.tree, plan.graph.parameters)
     if not isinstance(args, tuple | list):
         raise ArgumentError(
             f"place takes the arguments ({', '.join(params)}) as a tuple, e.g. "

@@ -24,16 +24,25 @@ def positional_names(fn: Callable[..., Any]) -> list[str]:
     return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
+def top_names(fn: Callable[..., Any], count: int) -> list[str]:
+    """A name for each of ``count`` arguments given to ``fn`` by position: its parameter's,
+    ``args[k]`` past them (``*args``).
+
+    >>> top_names(lambda x, mask, *rest: None, 3)
+    ['x', 'mask', 'args[2]']
+    """
+    params = positional_names(fn)
+    return [params[k] if k < len(params) else f"args[{k}]" for k in range(count)]
+
+
 def argument_names(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:
     """A name for every leaf of ``args``: the parameter's name and the leaf's pytree path.
 
     >>> argument_names(lambda x, params: None, [1, {"w1": 2, "w2": 3}])
     ['x', "params['w1']", "params['w2']"]
     """
-    params = positional_names(fn)
     names = []
-    for k, arg in enumerate(args):
-        base = params[k] if k < len(params) else f"args[{k}]"
+    for base, arg in zip(top_names(fn, len(args)), args, strict=True):
         for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
             names.append(base + jax.tree_util.keystr(path))
     return names
