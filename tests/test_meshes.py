@@ -4,6 +4,7 @@ through einsum, shard, explain, stream and the program planner, every result aga
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import jax
@@ -151,6 +152,21 @@ def test_arguments_laid_out_otherwise_are_moved_once_and_said():
         warnings.simplefilter("error")  # said once
         run(odd, A)
     np.testing.assert_allclose(np.asarray(out), _mlp(PARAMS, A), rtol=1e-4, atol=1e-5)
+
+
+def test_a_move_between_meshes_says_what_differs_where_the_specs_are_the_same():
+    """Arrays laid out as the plan says on an Auto mesh, or on its devices in another order,
+    are moved: the warning had shown the same spec on both sides."""
+    p = shardwise.plan(_mlp, PARAMS, A, mesh=_explicit(), profile="cpu-2core", top=1)
+    auto = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+    turned = jax.sharding.Mesh(np.array(jax.devices()[::-1]).reshape(2, 4), ("x", "y"),
+                               axis_types=(AxisType.Explicit,) * 2)  # fmt: skip
+    for mesh, said in ((auto, "on Auto axes → P.* on Explicit axes"), (turned, "another order")):
+        on = functools.partial(lambda m, a, s: jax.device_put(a, NamedSharding(m, s)), mesh)
+        args = jax.tree.map(on, (PARAMS, A), p.in_specs)
+        with pytest.warns(shardwise.ShardwiseWarning, match=rf"moved 3 arguments.*{said}"):
+            out = p.sharded()(*args)
+        np.testing.assert_allclose(np.asarray(out), _mlp(PARAMS, A), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", MESHES)

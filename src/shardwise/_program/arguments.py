@@ -157,3 +157,29 @@ def traceable_bytes(name: str, k: int, leaves: list[Any]) -> int:
         for leaf, array in zip(leaves, arrays, strict=True)
         if array and all(isinstance(n, int) for n in leaf.shape)  # (not symbolic sizes)
     )
+
+
+def moved_text(held: Any, target: Any) -> str:
+    """A move from the sharding ``held`` to ``target`` in words: their specs, and where those
+    are the same, what else differs (the mesh's axis types, or its devices' order).
+
+    >>> from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    >>> auto = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Auto,))
+    >>> explicit = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
+    >>> moved_text(NamedSharding(auto, P("x")), NamedSharding(explicit, P("x")))
+    "P('x',) on Auto axes → P('x',) on Explicit axes"
+    """
+    was, now = _spec_text(held), _spec_text(target)
+    if was != now:
+        return f"{was} → {now}"
+    old, new = getattr(held, "mesh", None), getattr(target, "mesh", None)
+    types = [None if m is None else tuple(t.name for t in m.axis_types) for m in (old, new)]
+    if old is not None and new is not None and types[0] != types[1]:
+        said = ["/".join(dict.fromkeys(t)) for t in types if t is not None]
+        return f"{was} on {said[0]} axes → {now} on {said[1]} axes"
+    return f"{was} on other devices, or in another order → {now} on the plan's mesh"
+
+
+def _spec_text(sharding: Any) -> str:
+    spec = getattr(sharding, "spec", None)
+    return str(spec) if spec is not None else type(sharding).__name__

@@ -26,6 +26,7 @@ from shardwise._program.arguments import (
     donated_leaves,
     donated_once,
     first_difference,
+    moved_text,
     parameter_names,
     planned_types,
 )
@@ -182,7 +183,7 @@ class Placing:
             if isinstance(x, jax.ShapeDtypeStruct) and _elsewhere(x, target):
                 x = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=target)  # nothing to move
             elif _elsewhere(x, target):
-                moved.append(f"{name} ({_layout(x.sharding)} → {_layout(target)})")
+                moved.append(f"{name} ({moved_text(x.sharding, target)})")
                 x = jax.device_put(x, target)
             out.append(x)
         donated_once(self.names, out, self.donated)
@@ -278,11 +279,6 @@ def _elsewhere(x: Any, target: NamedSharding) -> bool:
     if mesh is not None and tuple(mesh.axis_types) != tuple(target.mesh.axis_types):
         return True
     return not x.sharding.is_equivalent_to(target, len(x.shape))
-
-
-def _layout(sharding: Any) -> str:
-    spec = getattr(sharding, "spec", None)
-    return str(spec) if spec is not None else type(sharding).__name__
 
 
 def _arrays(plan: ProgramPlan) -> list[Any]:
