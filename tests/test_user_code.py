@@ -257,6 +257,24 @@ def test_plan_says_an_exception_in_the_function_is_the_users():
         assert f"{__file__.rsplit('/', 1)[-1]}:" in str(e) and "(in loss)" in str(e)
 
 
+def test_a_function_that_returns_what_is_not_an_array_is_told_to_return_arrays(tmp_path):
+    """A function that returned a str had been refused with JAX's own "returned a value of
+    type <class 'str'>, which is not a valid JAX type", which says no fix."""
+    text = _error(_plan(tmp_path, "def f(x, w):\n    return 'done'\n"))
+    assert "f returned str 'done', not an array" in text and "must return arrays" in text
+    assert "not a valid JAX type" not in text
+
+    def g(x, w):
+        return {"loss": (x @ w).sum(), "label": "step"}
+
+    args = S((8, 4), "float32"), S((4, 2), "float32")
+    with pytest.raises(shardwise.ArgumentError, match=r"g returned a result whose \['label'\] is "
+                       r"str 'step', not an array.*pytree of arrays"):  # fmt: skip
+        shardwise.plan(g, *args, mesh="x=2", profile="cpu-2core")
+    assert shardwise.plan(lambda x, w: ((x @ w).sum(), 1.0), *args, mesh="x=2",
+                          profile="cpu-2core").chosen is not None  # fmt: skip
+
+
 def test_args_bind_by_parameter_name_not_by_order():
     def f(params, x, scale=1.0):
         return x @ params["w"] * scale

@@ -139,6 +139,7 @@ def _unchanged(fn: Callable[..., Any], name: str, signature: Any) -> Callable[..
     def call(*args: Any) -> Any:
         before = [jax.tree.leaves(a) if _flax(a) else None for a in args]
         out = fn(*args)
+        _check_results(out, name)
         returned = {id(x) for x in jax.tree.leaves(out)}  # (changed and returned: functional)
         changed = []
         params = positional_names(signature)
@@ -165,6 +166,25 @@ def _unchanged(fn: Callable[..., Any], name: str, signature: Any) -> Callable[..
         )
 
     return call
+
+
+def _check_results(out: Any, name: str) -> None:
+    """Refuse a result of ``name`` that JAX cannot return (a string, an object), saying
+    which and what a planned function returns; Python numbers JAX takes as arrays."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(out):
+        if isinstance(leaf, (bool, int, float, complex)) or (
+            hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+        ):
+            continue
+        shown = repr(leaf)
+        shown = f"{type(leaf).__name__} {shown}" if len(shown) <= 60 else type(leaf).__name__
+        what = f"a result whose {jax.tree_util.keystr(path)} is " if path else ""
+        raise ArgumentError(
+            f"{name} returned {what}{shown}, not an array: a planned function must return "
+            "arrays (or a pytree of arrays: a tuple, list or dict of them), as a jax.jit "
+            "function does. Return the arrays alone, and make the rest (a string, a label, an "
+            "object) outside the function."
+        )
 
 
 def _flax(arg: Any) -> bool:
