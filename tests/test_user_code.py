@@ -72,6 +72,19 @@ def test_a_module_that_is_not_there_is_an_argument_error(tmp_path):
     assert "cannot import 'no_such_module_here'" in text and "folder that holds it" in text
 
 
+@pytest.mark.parametrize("target", ["a.npy", "data/a.npy", "weights.json", "my-model"])
+def test_a_path_that_is_not_a_python_file_is_said_to_be_one(tmp_path, monkeypatch, target):
+    """``--function a.npy:f`` had been imported as the module ``a.npy``: "No module named
+    'a'", with advice to run from the folder that holds it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "weights.json").write_text("{}")
+    result = runner.invoke(app, ["plan", "--function", f"{target}:f", *ARGS, *PLAN])
+    text = _error(result)
+    assert f"--function {target}:f names {target!r}" in text
+    assert "not a Python file (.py) or module" in text and "train.py:loss" in text
+    assert "No module named" not in text
+
+
 def test_an_exception_in_the_users_function_is_theirs(tmp_path):
     source = """\
     def f(x, w):

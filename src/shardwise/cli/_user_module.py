@@ -38,14 +38,39 @@ def load_function(ref: str) -> Any:
             )
         module = _load_file(path, target)
     else:
+        _a_module_name(ref, target)
         here = os.getcwd()
         if "" not in sys.path and here not in sys.path:  # as `python -m` has it
             sys.path.insert(0, here)
-        module = _run_users(lambda: importlib.import_module(target), target)
+        module = _run_users(lambda: importlib.import_module(target), target, ref)
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ArgumentError(f"{target!r} has no function {attr!r}.")
     return fn
+
+
+FILE_SUFFIXES = frozenset({
+    "npy", "npz", "json", "yaml", "yml", "toml", "txt", "csv", "pkl", "pickle", "h5", "hdf5",
+    "msgpack", "safetensors", "ckpt", "ipynb",
+})  # fmt: skip
+"""The endings of files that are not Python: a name that ends so, and is not a module, is
+said to be a path."""
+
+
+def _a_module_name(ref: str, target: str, missing: bool = False) -> None:
+    """Refuse ``target`` of ``--function ref`` where it is a path, not a module: not a dotted
+    name, or the name of a file here; once no module of that name was found (``missing``), one
+    that ends as a data file does (``a.npy``)."""
+    dotted = all(part.isidentifier() for part in target.split("."))
+    data = missing and target.rpartition(".")[2].lower() in FILE_SUFFIXES
+    if dotted and not Path(target).is_file() and not data:
+        return
+    raise ArgumentError(
+        f"--function {ref} names {target!r}, a path but not a Python file (.py) or module: "
+        "--function takes the function to plan, as module:function (--function "
+        "mypkg.models:loss) or the path of a Python file and its function (--function "
+        "train.py:loss); the shapes of its arguments go in --args."
+    )
 
 
 def _load_file(path: Path, target: str) -> Any:
@@ -81,15 +106,18 @@ def _file_of(module: Any) -> Path | None:
     return Path(file).resolve() if isinstance(file, str) else None
 
 
-def _run_users(body: Callable[[], Any], target: str) -> Any:
-    """``body()``, which imports the user's module ``target``: whatever it raises is theirs,
-    said so with where, except that ``target`` itself cannot be found."""
+def _run_users(body: Callable[[], Any], target: str, ref: str | None = None) -> Any:
+    """``body()``, which imports the user's module ``target`` (of ``--function ref``, where
+    given): whatever it raises is theirs, said so with where, except that ``target`` itself
+    cannot be found."""
     what = f"your module {target!r}"
     try:
         return body()
     except ModuleNotFoundError as e:
         missing = e.name or ""
         if missing and (target == missing or target.startswith(missing + ".")):
+            if ref is not None:
+                _a_module_name(ref, target, missing=True)
             raise ArgumentError(
                 f"cannot import {target!r} for --function: {e}. Run shardwise from the "
                 "folder that holds it (or add that folder to PYTHONPATH), or give its file: "
