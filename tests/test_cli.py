@@ -193,6 +193,28 @@ EXPLAIN = ["explain", "nd,nd->n", "--shapes", "64x32,64x32", "--mesh", "x=2,y=4"
 EXPLAIN_IN = ["--in", "x,y", "--in", "x,y"]
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--size", "small"],
+        EXPLAIN[:-1],
+        ["plan", "nd,nd->n", "--shapes", "64x32,64x32"],
+        ["plan", "--model", "mlp"],
+        ["bench"],
+        ["calibrate"],
+    ],
+)
+@pytest.mark.parametrize("fmt", ["markdown", "plain"])
+def test_json_and_format_together_are_refused_not_one_left_out(argv, fmt):
+    """--json --format markdown had printed the JSON and left --format out, silently."""
+    result = runner.invoke(app, [*argv, "--json", "--format", fmt])
+    assert result.exit_code == 2, result.output
+    said = flat(result.stderr)
+    assert f"--json and --format {fmt} were both given" in said
+    assert "--format says how tables are printed" in said and "give one" in said
+    assert result.stdout == ""
+
+
 def test_explain_out_spec_and_its_deprecated_name_out():
     new = runner.invoke(app, [*EXPLAIN, *EXPLAIN_IN, "--out-spec", "x"])
     assert new.exit_code == 0, new.output

@@ -201,10 +201,16 @@ def console(stderr: bool = False) -> Console:
     return out
 
 
-def table_format(given: str | None) -> Format | None:
-    """``--format``'s value, checked (``None``: the default for where the output goes)."""
+def table_format(given: str | None, json: bool = False) -> Format | None:
+    """``--format``'s value, checked (``None``: the default for where the output goes), and
+    refused beside ``--json`` (which prints no table)."""
     if given is None:
         return None
+    if json:
+        raise ArgumentError(
+            f"--json and --format {given} were both given: --json prints the result as JSON, "
+            "and --format says how tables are printed, which JSON has none of; give one."
+        )
     for fmt in FORMATS:
         if given == fmt:
             return fmt

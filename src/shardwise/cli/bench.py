@@ -63,7 +63,7 @@ def bench(
     from shardwise.bench.workloads import PEER_MODULES, PEERS, installed
     from shardwise.render.formats import show
 
-    fmt = table_format(format)
+    fmt = table_format(format, json)
     if suite not in SUITES:
         raise ArgumentError(f"--suite {suite!r} is not one of {', '.join(SUITES)}.")
     chosen = list(PEERS) if peers is None else [p.strip() for p in peers.split(",") if p.strip()]

@@ -48,7 +48,7 @@ def calibrate(
     from shardwise._model.units import format_bytes, parse_bytes
     from shardwise.render.formats import show
 
-    fmt = table_format(format)
+    fmt = table_format(format, json)
     if out is not None:
         check_out(out)
     per_device = parse_bytes(size, "--size")

@@ -154,7 +154,7 @@ def demo(
     from shardwise._errors import ArgumentError
     from shardwise.render.formats import show
 
-    fmt = table_format(format)
+    fmt = table_format(format, json)
     if size not in SIZES:
         raise ArgumentError(f"--size {size!r} is not one of {', '.join(SIZES)}.")
     setup_devices(devices)

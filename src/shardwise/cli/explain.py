@@ -118,7 +118,7 @@ def explain(
     from shardwise._xla.dtypes import parse_dtype
 
     out_spec = renamed("explain", "--out-spec", out_spec, "--out", out)
-    fmt = table_format(format)
+    fmt = table_format(format, json)
     parsed = parse_dtype(dtype)
     _check_in_count(equation, in_)
     chosen = [f for f, v in (("--auto", auto), ("--layout", layout), ("--in", in_)) if v]

@@ -260,7 +260,7 @@ def plan(
     from shardwise._xla.dtypes import parse_dtype
 
     device_memory = renamed("plan", "--device-memory", device_memory, "--budget", budget)
-    table_format(format)  # a bad --format is said before any planning
+    table_format(format, json)  # a bad --format is said before any planning
     dtype = None if dtype is None else parse_dtype(dtype).name
     swept = sweep_batch is not None or sweep_devices is not None or plot is not None
     if swept and model is None and function is None:
