@@ -215,6 +215,22 @@ def test_json_and_format_together_are_refused_not_one_left_out(argv, fmt):
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("argv", "needs"),
+    [
+        (["nd,nd->n", "--shapes", "64x32,64x32"], "--verify"),
+        (["--model", "mlp"], "--verify or --tune"),
+    ],
+)
+def test_plan_refuses_repeat_without_what_it_times(argv, needs):
+    """An einsum's --repeat 3 without --verify had been taken and left out: nothing is timed."""
+    result = runner.invoke(app, ["plan", *argv, "--mesh", "x=2", "--repeat", "3"])
+    assert result.exit_code == 2, result.output
+    said = flat(result.stderr)
+    assert f"--repeat 3 counts the timed runs of {needs}, and nothing is timed without" in said
+    assert f"--repeat needs {needs}" in said and "or drop --repeat" in said
+
+
 def test_explain_out_spec_and_its_deprecated_name_out():
     new = runner.invoke(app, [*EXPLAIN, *EXPLAIN_IN, "--out-spec", "x"])
     assert new.exit_code == 0, new.output

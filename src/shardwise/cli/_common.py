@@ -193,6 +193,19 @@ def given_options(ctx: typer.Context, names: Sequence[str]) -> list[str]:
     ]
 
 
+def timed(ctx: typer.Context, repeat: int, measured: bool, program: bool) -> None:
+    """Refuse ``plan``'s ``--repeat`` given without what it counts the runs of (``--verify``,
+    or for a ``program`` ``--tune`` too): nothing would be timed."""
+    if measured or not given_options(ctx, ("repeat",)):
+        return
+    needs = "--verify or --tune" if program else "--verify"
+    raise ArgumentError(
+        f"--repeat {repeat} counts the timed runs of {needs}, and nothing is timed without "
+        f"{'one of them' if program else 'it'}: --repeat needs {needs}; add "
+        f"{'one' if program else 'it'}, or drop --repeat."
+    )
+
+
 def console(stderr: bool = False) -> Console:
     """A console for a command's output: off a terminal, lines are never wrapped to a width
     (a pipe into ``grep`` gets each whole)."""

@@ -22,6 +22,7 @@ from shardwise.cli._common import (
     renamed,
     setup_devices,
     table_format,
+    timed,
 )
 from shardwise.cli._models import (
     Attention,
@@ -279,6 +280,7 @@ def plan(
             f"--dtype {dtype} sets an einsum's or a built-in model's dtype; a function's arrays "
             "take theirs from --args: give each there, e.g. --args x=bf16[8,4]."
         )
+    timed(ctx, repeat, verify or tune, program=model is not None or function is not None)
     if model is not None or function is not None:
         from shardwise.cli.plan_program import program
 
