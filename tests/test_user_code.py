@@ -288,6 +288,13 @@ def test_a_function_that_returns_what_is_not_an_array_is_told_to_return_arrays(t
                           profile="cpu-2core").chosen is not None  # fmt: skip
 
 
+def test_plan_says_it_takes_no_keyword_arguments_for_the_function_and_how_to_bind_them():
+    """plan(fn, *args) passes no keywords to fn, and its docstring had not said so."""
+    doc = " ".join((shardwise.plan.__doc__ or "").split())
+    assert "takes no keyword arguments for ``fn``" in doc
+    assert "plan(functools.partial(fn, scale=2.0), x, w)" in doc
+
+
 def test_args_bind_by_parameter_name_not_by_order():
     def f(params, x, scale=1.0):
         return x @ params["w"] * scale

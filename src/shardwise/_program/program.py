@@ -74,7 +74,11 @@ def plan(
             parameters (the plan is for one SGD step: ``value_and_grad`` and
             ``p - 0.01 * g``, its program returning ``(loss, new params)``; to train with your
             optimizer, plan your own step without ``train``).
-        args: arrays or ``jax.ShapeDtypeStruct`` leaves, in any pytrees.
+        args: ``fn``'s arguments, by position: arrays or ``jax.ShapeDtypeStruct`` leaves, in
+            any pytrees. ``plan`` takes no keyword arguments for ``fn`` (its keywords are its
+            own: ``mesh``, ``top``, …): bind a setting first, as ``jax.jit``'s static
+            arguments are, ``plan(functools.partial(fn, scale=2.0), x, w)``. An array bound
+            so is a constant of the program, not planned: pass arrays by position.
         mesh: a mesh description (``"data=2,model=4"``; it need not exist here) or a JAX
             ``Mesh`` (Auto, Explicit or mixed axes); default: the one ``jax.set_mesh`` set.
         profile: a device profile name or object; default: the devices at hand.
@@ -104,6 +108,12 @@ def plan(
     ...          mesh="x=4", profile="cpu-2core", top=1)
     >>> p.chosen.name, p.optimal, len(p.plans) > 1
     ('search', True, True)
+    >>> import functools
+    >>> def scaled(x, w, scale=1.0):
+    ...     return x @ w * scale
+    >>> plan(functools.partial(scaled, scale=2.0), S((512, 256), "float32"),
+    ...      S((256, 1024), "float32"), mesh="x=4", profile="cpu-2core", top=1).chosen.name
+    'search'
     """
     devices, spec = _given_mesh(mesh)
     prof = _profile(profile, spec)
