@@ -402,6 +402,22 @@ def test_a_setting_that_is_not_an_array_is_said_by_name_with_the_fix():
         )
 
 
+def test_a_number_inside_an_argument_is_told_every_fix_not_only_eqx_partition():
+    """A Python float in a dict of parameters had been refused with only the Equinox fix
+    (eqx.partition), which a model that is a dict cannot use."""
+
+    def f(p, x):
+        return x * p["scale"]
+
+    with pytest.raises(shardwise.ArgumentTypeError) as caught:
+        shardwise.plan(f, {"scale": 2.0}, S((8, 4), "float32"), mesh="x=2", profile="cpu-2core")
+    said = str(caught.value)
+    assert said.startswith("p['scale'] in argument 0 (p) of f is float 2.0, not an array")
+    assert "jnp.asarray(2.0)" in said and "jax.ShapeDtypeStruct((), 'float32')" in said
+    assert "close over it" in said and "functools.partial(fn, scale=2.0)" in said
+    assert "eqx.partition" in said
+
+
 def test_a_loss_jax_cannot_differentiate_is_the_users_not_their_arguments():
     """train=True on a while loop: JAX's refusal to differentiate it had been said as "cannot
     trace … with these arguments", as if the arguments were wrong."""

@@ -172,17 +172,41 @@ def abstract(x: Any, where: str = "an argument leaf", inside: bool = False) -> j
         return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
     shown = repr(x)
     shown = f" {shown}" if len(shown) <= 60 else ""
-    fix = (
-        " A model whose leaves are not all arrays (an Equinox module's activation function) is "
-        "split first: params, static = eqx.partition(model, eqx.is_array), and the function "
-        "planned over params puts it together again with eqx.combine(params, static)."
-        if inside
-        else " A setting that is not an array (a string, a flag, a size) is bound first, as "
-        "jax.jit's static arguments are: plan(functools.partial(fn, mode=...), x, ...)."
-    )
+    fix = _fix(x, shown.strip(), inside)
     raise ArgumentTypeError(
         f"{where} is {type(x).__name__}{shown}, not an array; plan takes arrays or "
         "jax.ShapeDtypeStruct leaves, e.g. jax.ShapeDtypeStruct((256, 1024), 'float32')." + fix
+    )
+
+
+NUMBER_DTYPES = {bool: "bool", int: "int32", float: "float32", complex: "complex64"}
+"""The dtype JAX gives a Python number, by its type."""
+
+
+def _fix(x: Any, shown: str, inside: bool) -> str:
+    """How to plan over ``x`` (``shown`` as its repr, or ``""``), a leaf that is not an array
+    of a pytree argument (``inside``) or a whole argument: as an array where it is a number,
+    bound with ``functools.partial``, or (in a model) split off with Equinox."""
+    dtype = NUMBER_DTYPES.get(type(x))
+    array = (
+        f" Pass it as an array, jnp.asarray({shown or '...'}) (or "
+        f"jax.ShapeDtypeStruct((), '{dtype}') for its shape alone), or "
+        if dtype is not None
+        else " "
+    )
+    if not inside:
+        return (
+            f"{array}{'b' if dtype else 'B'}ind it first, as jax.jit's static arguments are "
+            "(a string, a flag, a size): plan(functools.partial(fn, mode=...), x, ...)."
+        )
+    value = shown if 0 < len(shown) <= 20 else "..."
+    return (
+        f"{array}{'t' if dtype else 'T'}ake it out of the argument and close over it, as "
+        "jax.jit's static arguments are bound: plan(functools.partial(fn, scale="
+        f"{value}), ...), fn reading scale where it read the leaf. A model whose leaves are "
+        "not all arrays (an Equinox module's activation function) is split: params, static "
+        "= eqx.partition(model, eqx.is_array), and the function planned over params puts it "
+        "together again with eqx.combine(params, static)."
     )
 
 
