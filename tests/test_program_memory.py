@@ -574,3 +574,25 @@ def test_a_gathered_right_operand_contracted_on_its_last_dimension_is_stored() -
                        mesh="data=2,model=4", profile=PROFILE, top=1)  # fmt: skip
     over = {name: 1 / ratio for name, ratio in _ratios(p).items()}
     assert 0.95 <= over["fsdp"] <= 1.05 and 0.95 <= over["replicated"] <= 1.05, over
+
+
+def test_a_transpose_gathered_before_its_product_is_made_and_held() -> None:
+    """``x.T @ w``: XLA folds the transpose into the product's dimensions, unless a gather
+    stands between them. A plan that makes ``x.T`` split on every device and keeps it split
+    on ``data`` alone makes it, gathers it and holds it until the product; the model, which
+    folded it, had put that plan at 1.36x."""
+    from shardwise._program.buffers import gathered_transposes
+    from shardwise._program.memory import _fixed
+
+    S = jax.ShapeDtypeStruct
+    plan = shardwise.plan(lambda x, w: x.T @ w, S((512, 256), "float32"),
+                          S((512, 1024), "float32"), mesh="data=2,model=4",
+                          profile=PROFILE)  # fmt: skip
+    folded = _fixed(plan.graph).folded
+    gathered = [p.name for p in plan.plans
+                if gathered_transposes(plan.graph, p.layouts, plan.mesh, folded)]  # fmt: skip
+    assert gathered, "no plan gathers the transpose: the rule is not tried"
+    for name, ratio in _ratios(plan).items():
+        assert 0.8 <= ratio <= 1.25, (name, ratio)
+        if name in gathered:
+            assert 0.95 <= ratio <= 1.05, (name, ratio)

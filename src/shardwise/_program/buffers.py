@@ -7,11 +7,17 @@ buffer. :mod:`.memory` holds none of them apart.
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from shardwise._model.mesh import MeshSpec
 from shardwise._program.graph import Graph
+from shardwise._program.moves import shard_bytes
 from shardwise._program.upcast import held_dtype
+
+if TYPE_CHECKING:
+    from shardwise._program.solution import Layouts
 
 
 def readers(graph: Graph) -> dict[int, list[int]]:
@@ -40,6 +46,25 @@ def folded_transposes(graph: Graph, results: set[int]) -> dict[int, int]:
         and read_by.get(s.output)
         and all(graph.steps[n].prim == "dot_general" for n in read_by[s.output])
     }
+
+
+def gathered_transposes(
+    graph: Graph, lay: Layouts, mesh: MeshSpec, folded: dict[int, int]
+) -> list[int]:
+    """The ``folded`` transposes (:func:`folded_transposes`) kept gathered beyond the layout
+    the transpose makes them in: a collective stands between the transpose and the products,
+    so XLA makes the transposed array (``transpose_copy_fusion``), gathers it, and holds the
+    gathered array until the products (seen: ``x.T @ w`` with ``x`` split along its columns
+    on every device and kept split on ``data`` alone, 1.36x the prediction that folded it). A
+    product that reads it gathered further makes a copy of its own (:mod:`.copies`)."""
+    return [
+        s.output
+        for s in graph.steps
+        if s.output in folded
+        and s.key in lay.steps
+        and shard_bytes(graph.values[s.output], lay.specs[s.output], mesh)
+        > shard_bytes(graph.values[s.output], lay.steps[s.key][1], mesh)
+    ]
 
 
 def padded_windows(graph: Graph, results: set[int]) -> set[int]:

@@ -21,6 +21,7 @@ from shardwise._program import loops
 from shardwise._program.bins import placed, totals
 from shardwise._program.buffers import (
     folded_transposes,
+    gathered_transposes,
     in_place,
     overwritten,
     padded_windows,
@@ -149,6 +150,7 @@ class _Fixed(NamedTuple):
     halves: np.ndarray
     read: frozenset[int]
     into_reduce: dict[int, tuple[int, tuple[int, ...]]]
+    folded: dict[int, int]
 
 
 _FIXED: Bounded[tuple[int, bool], tuple[Graph, _Fixed]] = Bounded(8)
@@ -183,7 +185,9 @@ def _fixed(graph: Graph, cpu: bool = False) -> _Fixed:
     halves = np.array(made_halves(graph, arrays), dtype=bool)
     read = frozenset(a for step in graph.steps for a in step.inputs)
     kind_at = np.array(kind_of, np.intp)
-    found = _Fixed(lives, visit, to_outputs(graph), each, kind_at, halves, read, into_reduce(graph))
+    results = {v for v in graph.outputs if v is not None}
+    found = _Fixed(lives, visit, to_outputs(graph), each, kind_at, halves, read, into_reduce(graph),
+                   folded_transposes(graph, results))  # fmt: skip
     _FIXED.put((id(graph), cpu), (graph, found))
     return found
 
@@ -277,6 +281,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     together(graph, summed, temps)
     for start, end, size in made_whole(graph):  # (masks, closed-over arrays: whole)
         temps.add(start, end, size)
+    for v in gathered_transposes(graph, lay, mesh, fixed.folded):  # (made after all)
+        temps.add(born[v], graph.last[v], int(sizes[arrays.index(v)]))
     still = temporary.copy()
     still[list(gone)] = False
     still &= (sizes > 0) & (lives.first <= lives.last)
