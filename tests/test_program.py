@@ -501,6 +501,19 @@ def test_fixed_pins_an_input_and_bad_names_are_refused():
         shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, fixed={"x": "model"})
 
 
+def test_a_pin_whose_axes_are_out_of_the_meshs_order_says_so_not_that_it_does_not_divide():
+    """(model,data) on a data=2,model=4 mesh divides a (64, 256) weight 8 ways, but plans order
+    the axes of a dimension as the mesh does: it had been refused as "does not divide"."""
+    f = lambda x, w: x @ w  # noqa: E731
+    args = (S((32, 64), "float32"), S((64, 256), "float32"))
+    p = shardwise.plan(f, *args, mesh="data=2,model=4", profile=CPU, top=1,
+                       fixed={"w": "(data,model)"})  # fmt: skip
+    assert p.chosen.in_specs[1].describe() == "(data,model)"
+    with pytest.raises(shardwise.SpecError, match=r"another order than the mesh's axes "
+                       r"\(data, model\).*Write \(data,model\)"):  # fmt: skip
+        shardwise.plan(f, *args, mesh="data=2,model=4", profile=CPU, fixed={"w": "(model,data)"})
+
+
 def test_two_pins_of_inputs_laid_out_as_one_must_agree():
     """A weight and its AdamW moment, which the update reads together, are one layout: pinned
     apart (ZeRO-1 on a float32 step), the moment's pin had been dropped silently while

@@ -56,13 +56,29 @@ def pinned(
             )
         if spec not in choices:
             raise SpecError(
-                f"{graph.names[k]} cannot be laid out as {spec.describe()} on this mesh: its "
-                f"shape {graph.values[root].shape} does not divide."
+                f"{graph.names[k]} cannot be laid out as {spec.describe()} on this mesh: "
+                f"{_why_not(spec, graph.values[root].shape, mesh)}"
             )
         keep[var] = [choices.index(spec)]
     out = problem.restrict(keep)
     restricted(out, keep, problem)
     return out
+
+
+def _why_not(spec: Spec, shape: tuple[int, ...], mesh: MeshSpec) -> str:
+    """Why ``spec`` is not a layout the search has for an array of ``shape``: axes that split
+    one dimension in another order than the mesh's (the search orders them as the mesh does),
+    or a dimension they do not divide."""
+    order = {a: n for n, a in enumerate(mesh.names)}
+    for entry in spec.entries:
+        if list(entry) != sorted(entry, key=lambda a: order.get(a, -1)):
+            ordered = sorted(entry, key=lambda a: order.get(a, -1))
+            return (
+                f"({','.join(entry)}) splits one dimension in another order than the mesh's "
+                f"axes ({', '.join(mesh.names)}), and plans order them as the mesh does. Write "
+                f"({','.join(ordered)}), or order the mesh's axes as you need them."
+            )
+    return f"its shape {shape} does not divide."
 
 
 def _pinned_alike(graph: Graph, first: tuple[int, Spec], second: tuple[int, Spec]) -> None:
