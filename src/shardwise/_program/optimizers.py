@@ -2,10 +2,11 @@
 holds per device (AdamW's two moments per parameter, in float32) and moves.
 
 A step is a plain JAX function ``step(params, opt_state, *batch) → (loss, params,
-opt_state)``: planned as any program (its state is an input like the parameters, so the
-planner lays the moments out with them: ZeRO-1 and ZeRO-3 are FSDP of the state, and of the
-state and the parameters), run with :meth:`~shardwise.ProgramPlan.sharded` on the state
-:func:`adamw_state` describes (zeros to start).
+opt_state)``: planned as any program (its state is an input like the parameters; the update
+reads each weight and its moments in one elementwise op, so the planner lays the moments out
+as their weights: ZeRO-3, FSDP of both, is a plan like any other, ZeRO-1 is none), run
+with :meth:`~shardwise.ProgramPlan.sharded` on the state :func:`adamw_state` describes
+(zeros to start).
 
 >>> loss = lambda p, x: jnp.sum((x @ p["w"]) ** 2)
 >>> step = adamw(loss)

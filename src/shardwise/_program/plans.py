@@ -198,9 +198,10 @@ class ProgramPlan:
 
     def shardings(self, name: str | None = None, mesh: Any = None) -> dict[str, Any]:
         """The ``NamedSharding`` of every input leaf in plan ``name`` (default: the chosen
-        one) on ``mesh`` (default: the plan's, as :meth:`place` uses), by argument: ``{name:
-        pytree}``, each pytree mirroring that argument, so parameters and optimizer state
-        come apart (``shardings()["params"]``, ``shardings()["opt_state"]``)."""
+        one) on ``mesh`` (default: the plan's), with its axes Auto, for your own ``jax.jit``
+        of code that names no layouts (:meth:`place` and :meth:`sharded` keep Explicit axes
+        Explicit), by argument: ``{name: pytree}``, each pytree mirroring that argument, so
+        parameters and optimizer state come apart (``shardings()["params"]``)."""
         chosen = self.get(name) if name is not None else self.chosen
         return shardings(self, chosen, mesh)
 
