@@ -65,13 +65,6 @@ KNOWN: dict[tuple[str, str], tuple[str, type[BaseException]]] = {
         "prediction; benchmarks/xla_heap.py)",
         MemoryOffPrediction,
     ),
-    ("linen-cnn-step", "verify"): (
-        _MEMORY + "fsdp compiled to 1.30×: its convolutions split the batch 8 ways, and in "
-        "the forward pass XLA holds three of the convolution's 16 KB images at once "
-        "(its output before and after the bias, and a broadcast it makes whole) where the "
-        "model holds two",
-        MemoryOffPrediction,
-    ),
 }
 """What each check that fails today found (the same on both meshes), and the exception it
 fails with."""

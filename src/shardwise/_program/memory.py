@@ -25,6 +25,7 @@ from shardwise._program.buffers import (
     in_place,
     overwritten,
     padded_windows,
+    pooled_operands,
     unread_inputs,
 )
 from shardwise._program.constants import made_whole
@@ -279,6 +280,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         if step.kind == "dot":
             partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, summed)
     together(graph, summed, temps)
+    if cpu:
+        pooled_operands(graph, lay, mesh, points)
     for start, end, size in made_whole(graph):  # (masks, closed-over arrays: whole)
         temps.add(start, end, size)
     for v in gathered_transposes(graph, lay, mesh, fixed.folded):  # (made after all)
