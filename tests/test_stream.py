@@ -329,6 +329,31 @@ def test_cli_run_refuses_an_output_that_is_neither_npy_nor_zarr(tmp_path):
         shardwise.stream("nd,nd->n", np.ones((8, 3)), np.ones((8, 3)), out=tmp_path / "o")
 
 
+def test_cli_run_interrupted_says_the_chunks_are_kept_and_how_to_resume(tmp_path, monkeypatch):
+    """Ctrl-C ended the command with exit 130 and not a word; the chunks written are kept."""
+    import shardwise._data.stream as streaming
+
+    def interrupted(*args, on_chunk, **kwargs):
+        on_chunk(1, 4, 1024)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(streaming, "stream", interrupted)
+    result = _run_cli(tmp_path, tmp_path / "o.npy")
+    assert result.exit_code == 130, result.output
+    text = " ".join(result.output.split())
+    assert "interrupted: the chunks written to" in text and "run the same command to resume" in text
+
+
+def test_a_bfloat16_npy_file_is_refused_saying_so(tmp_path):
+    """np.save writes bfloat16 as raw bytes (|V2): it had been refused as "not a number"."""
+    np.save(tmp_path / "a.npy", np.ones((300, 4), ml_dtypes.bfloat16))
+    a = tmp_path / "a.npy"
+    with pytest.raises(
+        shardwise.ArgumentTypeError, match=r"np\.save writes bfloat16 so.*float32, or in Zarr"
+    ):
+        shardwise.stream("nd,nd->n", a, a, out=tmp_path / "o.npy")
+
+
 def test_cli_run_error_comes_without_a_progress_bar(tmp_path):
     result = _run_cli(tmp_path, tmp_path / "o.npy", "--host-memory", "100B")
     assert result.exit_code == 2

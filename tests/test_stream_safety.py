@@ -332,7 +332,12 @@ def test_swapped_inputs_are_refused(tmp_path):
     ins = _inputs(tmp_path)
     out = tmp_path / "o.npy"
     _interrupted(ins, out)
-    with pytest.raises(ShardwiseError, match=r"input 0 .* now holds what input 1 held"):
+    # given in another order: said by name (it had said "restore it", as if a file changed)
+    with pytest.raises(
+        ShardwiseError,
+        match=r"input 0 is .*b\.npy \(it was input 1\), where "
+        r"the run begun read .*a\.npy: give the same inputs, in the same order",
+    ):
         _run(ins[::-1], out)
     swap = tmp_path / "swap.npy"
     ins[0].rename(swap)

@@ -258,10 +258,12 @@ class Manifest:
                         "(--checksum) records SHA-256 and resumes across such changes"
                     )
                 other = before[k].get("inode") != new.get("inode")  # (not ./a.npy for a.npy)
-                if not moved and other and before[k].get("name") != new["name"]:
+                if (moved or other) and before[k].get("name") != new["name"]:
+                    was = f" (it was input {moved[0]})" if moved else ""
                     raise ShardwiseError(
-                        f"input {k} is {new['name']}, where the run begun read "
-                        f"{before[k].get('name')}: give the same inputs to resume, or {again}."
+                        f"input {k} is {new['name']}{was}, where the run begun read "
+                        f"{before[k].get('name')}: give the same inputs, in the same order, to "
+                        f"resume, or {again}."
                     )
                 raise ShardwiseError(
                     f"input {k} ({new['name']}) changed since the last run "

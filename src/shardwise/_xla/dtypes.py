@@ -120,6 +120,11 @@ def _kind(dtype: np.dtype[Any]) -> str:
         "S": "bytes",
         "M": "dates",
         "m": "time differences",
+        # (np.save writes bfloat16 as two raw bytes, |V2: .npy has no bfloat16)
+        "V": "raw bytes: np.save writes bfloat16 so, as .npy has no bfloat16; save it as "
+        "float32, or in Zarr"
+        if dtype.itemsize == 2
+        else "raw bytes",
     }.get(dtype.kind, "not a number")
 
 

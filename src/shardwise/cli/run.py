@@ -20,6 +20,7 @@ from shardwise.cli._common import (
     Json,
     console,
     friendly_errors,
+    print_error,
     print_json,
     renamed,
     setup_devices,
@@ -119,6 +120,12 @@ def run(
             layout="auto" if auto else layout,
             on_chunk=on_chunk,
         )
+    except KeyboardInterrupt:  # (Ctrl-C: the chunks written are kept, as a kill keeps them)
+        if task:
+            progress.stop()
+        print_error(f"interrupted: the chunks written to {out} are kept; run the same command "
+                    "to resume.")  # fmt: skip
+        raise typer.Exit(130) from None
     finally:
         if task:
             progress.stop()
