@@ -161,7 +161,10 @@ def test_a_move_between_meshes_says_what_differs_where_the_specs_are_the_same():
     auto = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
     turned = jax.sharding.Mesh(np.array(jax.devices()[::-1]).reshape(2, 4), ("x", "y"),
                                axis_types=(AxisType.Explicit,) * 2)  # fmt: skip
-    for mesh, said in ((auto, "on Auto axes → P.* on Explicit axes"), (turned, "another order")):
+    for mesh, said in (
+        (auto, "on axes x:Auto,y:Auto → P.* on axes x:Explicit,y:Explicit"),
+        (turned, "another order"),
+    ):
         on = functools.partial(lambda m, a, s: jax.device_put(a, NamedSharding(m, s)), mesh)
         args = jax.tree.map(on, (PARAMS, A), p.in_specs)
         with pytest.warns(shardwise.ShardwiseWarning, match=rf"moved 3 arguments.*{said}"):

@@ -85,6 +85,18 @@ def test_a_path_that_is_not_a_python_file_is_said_to_be_one(tmp_path, monkeypatc
     assert "No module named" not in text
 
 
+def test_a_module_whose_name_is_not_an_identifier_is_imported_as_python_imports_it(
+    tmp_path, monkeypatch
+):
+    """``my-module.py`` is imported as ``my-module``: the path check had refused it first."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("my-module", "2d_models"):
+        (tmp_path / f"{name}.py").write_text(GOOD)
+        result = runner.invoke(app, ["plan", "--function", f"{name}:f", *ARGS, *PLAN])
+        assert result.exit_code == 0, result.output
+
+
 def test_an_exception_in_the_users_function_is_theirs(tmp_path):
     source = """\
     def f(x, w):
@@ -386,6 +398,7 @@ def test_an_argument_given_as_none_is_named_by_its_parameter_and_taken_by_name()
         run(x, w=w)
     with pytest.raises(shardwise.ArgumentError, match=r"\(x, mask, w\) as a tuple"):
         p.place(x)
+    assert list(p.shardings()) == ["x", "mask", "w"]
 
 
 def test_a_setting_that_is_not_an_array_is_said_by_name_with_the_fix():

@@ -161,23 +161,35 @@ def traceable_bytes(name: str, k: int, leaves: list[Any]) -> int:
 
 def moved_text(held: Any, target: Any) -> str:
     """A move from the sharding ``held`` to ``target`` in words: their specs, and where those
-    are the same, what else differs (the mesh's axis types, or its devices' order).
+    are the same, what else differs (the mesh's axes, their types, the memory, or the
+    devices' order).
 
     >>> from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     >>> auto = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Auto,))
     >>> explicit = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
     >>> moved_text(NamedSharding(auto, P("x")), NamedSharding(explicit, P("x")))
-    "P('x',) on Auto axes → P('x',) on Explicit axes"
+    "P('x',) on axes x:Auto → P('x',) on axes x:Explicit"
     """
     was, now = _spec_text(held), _spec_text(target)
     if was != now:
         return f"{was} → {now}"
     old, new = getattr(held, "mesh", None), getattr(target, "mesh", None)
-    types = [None if m is None else tuple(t.name for t in m.axis_types) for m in (old, new)]
-    if old is not None and new is not None and types[0] != types[1]:
-        said = ["/".join(dict.fromkeys(t)) for t in types if t is not None]
-        return f"{was} on {said[0]} axes → {now} on {said[1]} axes"
+    if old is not None and new is not None:
+        if dict(old.shape) != dict(new.shape):
+            return f"{was} on mesh {_axes(old, False)} → {now} on mesh {_axes(new, False)}"
+        if tuple(old.axis_types) != tuple(new.axis_types):
+            return f"{was} on axes {_axes(old, True)} → {now} on axes {_axes(new, True)}"
+    kinds = getattr(held, "memory_kind", None), getattr(target, "memory_kind", None)
+    if kinds[0] != kinds[1]:
+        return f"{was} in {kinds[0]} memory → {now} in {kinds[1]} memory"
     return f"{was} on other devices, or in another order → {now} on the plan's mesh"
+
+
+def _axes(mesh: Any, types: bool) -> str:
+    """``data=2,model=4``, or with ``types`` ``data:Auto,model:Explicit``."""
+    return ",".join(f"{a}:{t.name}" if types else f"{a}={n}"
+                    for a, n, t in zip(mesh.axis_names, mesh.axis_sizes, mesh.axis_types,
+                                       strict=True))  # fmt: skip
 
 
 def _spec_text(sharding: Any) -> str:

@@ -43,11 +43,12 @@ def arguments(graph: Graph) -> list[tuple[str, list[str]]]:
     """Each argument's name (as the function's signature names it) and the paths of its
     leaves, in the order of the program's inputs."""
     args = jax.tree.unflatten(graph.tree, list(range(graph.tree.num_leaves)))
+    given = graph.parameters if len(graph.parameters) == len(args) else ()
     out, first = [], 0
     for pos, arg in enumerate(args):
         keys = [path for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]]
-        name = f"args[{pos}]"
-        if keys:
+        name = given[pos] if given else f"args[{pos}]"
+        if keys and not given:
             whole, inner = graph.names[first], jax.tree_util.keystr(keys[0])
             name = whole[: len(whole) - len(inner)] if inner else whole
         paths = []

@@ -64,8 +64,9 @@ def supported(dtype: Any, what: str = "the operands") -> np.dtype[Any]:
         raise ArgumentTypeError(
             f"the dtype of {what} is {given} ({_kind(given)}); an einsum needs numbers: booleans, "
             "integers, floating point (bfloat16 to float64) or complex. Convert first, e.g. "
-            "a.astype(np.float32)."
-        )
+            + ("np.load(path).view(ml_dtypes.bfloat16).astype(np.float32)."
+               if given.kind == "V" and given.itemsize == 2 else "a.astype(np.float32).")
+        )  # fmt: skip
     if given.itemsize > {"f": 8, "c": 16}.get(given.kind, given.itemsize):
         raise ArgumentTypeError(
             f"the dtype of {what} is {given.name}, NumPy's extended precision, which JAX does "
@@ -121,8 +122,7 @@ def _kind(dtype: np.dtype[Any]) -> str:
         "M": "dates",
         "m": "time differences",
         # (np.save writes bfloat16 as two raw bytes, |V2: .npy has no bfloat16)
-        "V": "raw bytes: np.save writes bfloat16 so, as .npy has no bfloat16; save it as "
-        "float32, or in Zarr"
+        "V": "raw bytes: np.save writes bfloat16 so, as .npy has no bfloat16"
         if dtype.itemsize == 2
         else "raw bytes",
     }.get(dtype.kind, "not a number")

@@ -58,12 +58,14 @@ said to be a path."""
 
 
 def _a_module_name(ref: str, target: str, missing: bool = False) -> None:
-    """Refuse ``target`` of ``--function ref`` where it is a path, not a module: not a dotted
-    name, or the name of a file here; once no module of that name was found (``missing``), one
-    that ends as a data file does (``a.npy``)."""
+    """Refuse ``target`` of ``--function ref`` where it is a path, not a module: one with a
+    folder in it, or the name of a file here; once no module of that name was found
+    (``missing``), one that is not a dotted name or ends as a data file does (``a.npy``).
+    Python imports a file ``my-module.py`` as ``my-module``, so that is tried first."""
+    path = "/" in target or os.sep in target or Path(target).is_file()
     dotted = all(part.isidentifier() for part in target.split("."))
-    data = missing and target.rpartition(".")[2].lower() in FILE_SUFFIXES
-    if dotted and not Path(target).is_file() and not data:
+    data = target.rpartition(".")[2].lower() in FILE_SUFFIXES
+    if not path and (not missing or (dotted and not data)):
         return
     raise ArgumentError(
         f"--function {ref} names {target!r}, a path but not a Python file (.py) or module: "

@@ -121,10 +121,9 @@ def run(
             on_chunk=on_chunk,
         )
     except KeyboardInterrupt:  # (Ctrl-C: the chunks written are kept, as a kill keeps them)
-        if task:
-            progress.stop()
-        print_error(f"interrupted: the chunks written to {out} are kept; run the same command "
-                    "to resume.")  # fmt: skip
+        progress.stop()
+        kept = f"the chunks written to {out} are kept; run the same command to resume"
+        print_error(f"interrupted: {kept if task else 'before any chunk was written'}.")
         raise typer.Exit(130) from None
     finally:
         if task:
