@@ -514,6 +514,17 @@ def test_a_pin_whose_axes_are_out_of_the_meshs_order_says_so_not_that_it_does_no
         shardwise.plan(f, *args, mesh="data=2,model=4", profile=CPU, fixed={"w": "(model,data)"})
 
 
+def test_a_pin_that_names_an_axis_of_size_1_plans_every_baseline():
+    """An axis of size 1 splits nothing and the baselines plan on the mesh without it: a data
+    input pinned to (model,one) had crashed them with KeyError: 'one'."""
+    f = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    args = (S((64, 32), "float32"), S((32, 16), "float32"))
+    p = shardwise.plan(f, *args, mesh="one=1,model=8", profile=CPU, top=1,
+                       fixed={"x": "(model,one),-"})  # fmt: skip
+    assert p.chosen.in_specs[0].describe() == "model"
+    assert {"data-parallel", "fsdp", "megatron"} <= {q.name for q in p.plans}
+
+
 def test_two_pins_of_inputs_laid_out_as_one_must_agree():
     """A weight and its AdamW moment, which the update reads together, are one layout: pinned
     apart (ZeRO-1 on a float32 step), the moment's pin had been dropped silently while

@@ -48,7 +48,8 @@ def baseline(
             "(not the first argument) whose leaves all have the batch first (PRNG keys and "
             "scalars are not data)"
         )
-    fixed_axes = next((fixed[k].padded(1)[0] for k in data if k in fixed), ())
+    pinned = next((fixed[k].padded(1)[0] for k in data if k in fixed), ())
+    fixed_axes = tuple(a for a in pinned if a in mesh.shape)  # (an axis of size 1: none)
     everything = mesh.names
     data_axes = fixed_axes or (everything if name != "data×tensor" else everything[:1])
     model_axes = tuple(a for a in everything if a not in data_axes)
