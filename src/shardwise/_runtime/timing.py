@@ -10,29 +10,23 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from shardwise._errors import ArgumentError, ArgumentTypeError
 
 
 def block(x: Any) -> Any:
-    """Wait for a result of any library to be ready, arrays nested in tuples, lists and dicts
-    too (a training step returns its loss and its parameters).
+    """Wait for a result of any library to be ready, arrays nested in any pytree too (a
+    training step returns its loss and its parameters, or a Flax ``TrainState``).
 
     >>> block((1, [2], {"a": 3}))
     (1, [2], {'a': 3})
     """
-    if isinstance(x, tuple | list):
-        for item in x:
-            block(item)
-        return x
-    if isinstance(x, dict):
-        for item in x.values():
-            block(item)
-        return x
-    ready = getattr(x, "block_until_ready", None)
-    if callable(ready):
-        return ready()
+    for leaf in jax.tree_util.tree_leaves(x):
+        ready = getattr(leaf, "block_until_ready", None)
+        if callable(ready):
+            ready()
     return x
 
 
