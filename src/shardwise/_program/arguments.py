@@ -31,6 +31,12 @@ def check_arguments(names: Sequence[str], leaves: Sequence[Any], shapes: Sequenc
     to an earlier call that took its buffer: JAX's CPU runtime crashed the process)."""
     for name, x, (shape, dtype) in zip(names, leaves, shapes, strict=True):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):  # (a float: JAX's rank error)
+            if (
+                isinstance(x, bool | int | float | complex)
+                and not shape
+                and (str(dtypes.canonicalize_dtype(jnp.result_type(x))) == dtype)
+            ):
+                continue  # (a number where a scalar is planned, TrainState.step: as jax.jit)
             raise ArgumentError(
                 f"{name} is {describe_value(x)}, but the plan was made for a {dtype} array of "
                 f"shape {tuple(shape)}: pass one (jnp.asarray(x, '{dtype}'))."

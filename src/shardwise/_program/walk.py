@@ -170,6 +170,8 @@ def abstract(x: Any, where: str = "an argument leaf", inside: bool = False) -> j
         return x
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+    if inside and type(x) in NUMBER_DTYPES:  # (Flax's TrainState.step, 0: as jax.jit takes it)
+        return jax.ShapeDtypeStruct((), NUMBER_DTYPES[type(x)], weak_type=True)
     shown = repr(x)
     shown = f" {shown}" if len(shown) <= 60 else ""
     fix = _fix(x, shown.strip(), inside)
