@@ -126,3 +126,17 @@ def test_explain_contract_keys(mode):
         "bytes": 32,
     }
     assert "all-reduce" in str(e)
+
+
+def test_explain_takes_a_python_number_inside_an_argument_as_a_scalar():
+    """A ``TrainState``'s ``step=0``: ``explain`` had failed with a raw AttributeError
+    ('int' object has no attribute 'shape') where ``jax.jit``, ``shard`` and ``plan`` take it."""
+    state = {"step": 0, "w": jnp.ones((8, 4))}
+
+    def step(state, x):
+        return {"step": state["step"] + 1, "w": state["w"] * x.sum()}
+
+    x = jax.ShapeDtypeStruct((16, 8), jnp.float32)
+    e = shardwise.explain(step, state, x, mesh="x=8", in_specs=(None, "x"))
+    named = {o.name: (o.shape, o.dtype) for o in e.operands}
+    assert named["state['step']"] == ((), "int32") and named["x"] == ((16, 8), "float32")

@@ -819,3 +819,23 @@ def test_a_number_where_the_plan_has_an_array_is_refused_saying_so():
     step = shardwise.plan(lambda w, x: x @ w, w, x, mesh="x=2", profile="cpu-2core").sharded()
     with pytest.raises(shardwise.ArgumentError, match=r"x is a float, but the plan was made"):
         step(w, 2.0)  # (JAX's "only valid for values of rank at least 1" had escaped raw)
+
+
+def test_to_json_of_a_plan_over_nnx_state_holds_plain_specs():
+    """An NNX variable compares equal to its value, so ``plain`` took a ``Param`` holding a
+    spec for a leaf, and ``json.dumps(plan.to_json())`` failed on ``Param``."""
+    nnx = pytest.importorskip("flax.nnx")
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(16, 64, rngs=rngs)
+
+        def __call__(self, x):
+            return jax.nn.relu(self.l1(x))
+
+    graphdef, state = nnx.split(MLP(nnx.Rngs(0)))
+    p = shardwise.plan(lambda s, x: nnx.merge(graphdef, s)(x), state, jnp.ones((32, 16)),
+                       mesh="data=2,model=4", profile=CPU, top=1)  # fmt: skip
+    found = json.loads(json.dumps(p.to_json()))
+    kernel = found["plans"][0]["in_specs"][0]["l1"]["kernel"]
+    assert isinstance(kernel, list) and len(kernel) == 2

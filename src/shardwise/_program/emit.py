@@ -82,7 +82,7 @@ def plain(tree: Any) -> Any:
         return None
     keyed = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda node: node is not tree)[0]
     children = [child for _, child in keyed]
-    if children == [tree]:
+    if len(children) == 1 and children[0] is tree:  # (a leaf; ==: an NNX variable's value)
         return tree
     if len(children) == 1:
         return plain(children[0])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
@@ -257,7 +258,10 @@ def explain_function(
         mode="auto",
         operands=tuple(
             dataclasses.replace(
-                array_info(x.shape, x.dtype, s, spec), name=_at(in_names, k, f"args[{k}]")
+                array_info(
+                    np.shape(x), x.dtype if hasattr(x, "dtype") else jnp.result_type(x), s, spec
+                ),  # (a Python number in a pytree: a scalar)
+                name=_at(in_names, k, f"args[{k}]"),
             )
             for k, (x, s) in enumerate(zip(in_leaves, in_shardings, strict=True))
         ),
