@@ -89,3 +89,20 @@ def test_compiled_reshard_is_found():
     found = collectives(text, XY)
     assert found, text
     assert all(c.kind in {"all-gather", "all-to-all", "collective-permute"} for c in found)
+
+
+def test_a_function_named_in_unicode_is_named_so_not_in_octal_escapes(tmp_path, monkeypatch):
+    """XLA's tables write non-ASCII names C's way (``f\\303\\274n``): every cause, table and
+    picture had shown the escapes."""
+    (tmp_path / "unicode_model.py").write_text(
+        "def fün_名前(x, w):\n    return x @ w\n", encoding="utf-8"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    f = importlib.import_module("unicode_model").fün_名前
+    S = jax.ShapeDtypeStruct
+    e = shardwise.explain(f, S((16, 32), "float32"), S((32, 64), "float32"), mesh="x=2,y=4",
+                          in_specs=("x,y", "y,-"))  # fmt: skip
+    assert e.collectives, "the contraction over y should all-reduce"
+    assert "(fün_名前)" in e.collectives[0].source, e.collectives[0].source

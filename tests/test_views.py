@@ -90,6 +90,32 @@ def test_svg_is_xml_with_one_shard_rectangle_per_device_per_operand():
     assert "collective-0" in ids
 
 
+def test_a_functions_picture_draws_its_inputs_and_output_and_short_labels():
+    """An explained function's arrays are named by its parameters (``x``, ``params[...]``),
+    not ``operand k``/``output``: its picture had drawn the inputs' and output's columns
+    empty, and the devices' labels of a long pytree path ran over each other."""
+    long = "params['encoder_block_with_a_very_long_name']['feed_forward_projection_kernel']"
+
+    def f(params, x):
+        return x @ params["encoder_block_with_a_very_long_name"]["feed_forward_projection_kernel"]
+
+    params = {"encoder_block_with_a_very_long_name": {
+        "feed_forward_projection_kernel": jax.ShapeDtypeStruct((32, 64), "float32")}}  # fmt: skip
+    e = shardwise.explain(f, params, jax.ShapeDtypeStruct((16, 32), "float32"), mesh="x=2,y=4",
+                          in_specs=({"encoder_block_with_a_very_long_name": {
+                              "feed_forward_projection_kernel": "y,-"}}, "x,y"))  # fmt: skip
+    assert e.operands[0].name == long
+    root = ET.fromstring(to_svg(e))
+    ids = [g.get("id") for g in root.iter(f"{SVG}g") if g.get("id")]
+    assert {"full-0", "full-1", "out-0"} <= set(ids), ids
+    from shardwise.render.figure import draw
+
+    texts = [t.get_text() for t in draw(e).axes[0].texts if "kernel" in t.get_text()]
+    assert len(texts) == 1 + 8, texts  # (its column's label, and one per device)
+    assert all(len(line) <= 40 for t in texts for line in t.splitlines()), texts
+    assert all(line.startswith("…") for t in texts[1:] for line in t.splitlines()[:1]), texts
+
+
 @pytest.mark.parametrize(
     ("mesh", "devices"), [("devices=1", 1), ("devices=2", 2), ("devices=8", 8), ("x=4,y=2", 8)]
 )

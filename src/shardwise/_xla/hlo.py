@@ -253,10 +253,24 @@ def _table(text: str, title: str) -> dict[int, str]:
     return out
 
 
+def _unescaped(text: str) -> str:
+    r"""``text`` as XLA's tables escape it, C's way (``f\303\274n`` for ``fün``), read back.
+
+    >>> _unescaped(r"f\303\274n"), _unescaped("plain")
+    ('fün', 'plain')
+    """
+    if "\\" not in text:
+        return text
+    try:
+        return text.encode("ascii").decode("unicode_escape").encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return text
+
+
 def stack_frames(hlo_text: str) -> dict[int, str]:
     """``stack_frame_id`` → ``"file.py:12 (function)"``, from the tables XLA prints."""
-    files = {k: v.strip('"') for k, v in _table(hlo_text, "FileNames").items()}
-    funcs = {k: v.strip('"') for k, v in _table(hlo_text, "FunctionNames").items()}
+    files = {k: _unescaped(v.strip('"')) for k, v in _table(hlo_text, "FileNames").items()}
+    funcs = {k: _unescaped(v.strip('"')) for k, v in _table(hlo_text, "FunctionNames").items()}
     locations = {}
     for k, v in _table(hlo_text, "FileLocations").items():
         fields = dict(re.findall(r"(\w+)=(\d+)", v))

@@ -136,7 +136,8 @@ def _array_column(
         ax.text(
             x + width / 2,
             by - 0.1,
-            f"{name} {letters}  {format_shape(info.shape)}\n{info.spec.describe()}"
+            f"{_short(name, 37 - len(letters) - len(format_shape(info.shape)))} {letters}  "
+            f"{format_shape(info.shape)}\n{info.spec.describe()}"
             f"  {expl.placements(info)}",
             fontsize=8,
             ha="center",
@@ -152,18 +153,25 @@ def figure_size(expl: Explanation) -> tuple[float, float]:
     return WIDTH, round(1.3 + body + legend, 2)
 
 
-def _colours(named: list[Any]) -> dict[str, str]:
-    """Each named array's colour: operands from :data:`PALETTE`, the output, the local result."""
+def _colours(named: list[Any], outputs: int) -> dict[str, str]:
+    """Each named array's colour: operands from :data:`PALETTE`, the ``outputs`` last arrays
+    (a function's are named by their paths, not ``output``), the local result."""
     colours: dict[str, str] = {}
     for k, (name, *_rest) in enumerate(named):
         colours[name] = (
             OUTPUT_COLOUR
-            if name.startswith("output")
+            if k >= len(named) - outputs
             else LOCAL_COLOUR
             if name == "local result"
             else PALETTE[k % len(PALETTE)]
         )
     return colours
+
+
+def _short(name: str, room: int) -> str:
+    """``name`` within ``room`` characters: its end kept, where a pytree path names the leaf
+    (``…['kernel']``), so that long names do not run over the next device's."""
+    return name if len(name) <= room else "…" + name[len(name) - max(room, 4) + 1 :]
 
 
 def _canvas(expl: Explanation, figure: Any) -> tuple[Any, Any, float, float, float]:
@@ -252,7 +260,7 @@ def _device(
         ax.text(
             sx + slot_w / 2,
             ry + bh + 0.1,
-            tag,
+            _short(tag, int(slot_w * 72 / (0.62 * size))),
             fontsize=size,
             ha="center",
             va="bottom",
@@ -275,7 +283,7 @@ def _device_grid(
     gx0, gx1 = 4.2, 11.3
     cw, ch = (gx1 - gx0) / cols, body / rows
     ids = expl.device_ids or tuple(range(expl.mesh.size))
-    in_device = [n for n in named if not n[0].startswith("output")]
+    in_device = named[: len(named) - len(expl.outputs)]
     small = 8 if cols <= 4 else 6.5
     for pos in range(expl.mesh.size):
         r, c = divmod(pos, cols)
@@ -352,11 +360,11 @@ def draw(expl: Explanation) -> Any:
 
     fig, ax, top, body, legend_h = _canvas(expl, figure)
     named = arrays_of(expl)
-    colours = _colours(named)
-    operands = [n for n in named if n[0].startswith("operand")]
+    colours = _colours(named, len(expl.outputs))
+    operands = named[: len(expl.operands)]
     _array_column(ax, expl, operands, colours, top, body, x=0.3, width=3.2, gid="full")
     _device_grid(ax, expl, named, colours, top, body)
-    outputs = [n for n in named if n[0].startswith("output")]
+    outputs = named[len(named) - len(expl.outputs) :]
     _array_column(ax, expl, outputs, colours, top, body, x=12.9, width=2.8, gid="out")
     _arrows(ax, expl, top, body)
     _legend(ax, expl, figure_size(expl)[0], legend_h)
