@@ -62,6 +62,31 @@ def test_plot(tiny, tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plot_says_a_roofline_share_over_100_percent_is_the_probes(tiny, tmp_path, monkeypatch):
+    """A workload read faster than the run's bandwidth probe (slowed on a busy machine) had
+    been labelled "112% of roofline" with no word, where the table's caption explains it."""
+    import copy
+
+    from matplotlib.figure import Figure
+
+    import shardwise.bench.plot as plot
+
+    drawn = []
+
+    class Kept(Figure):
+        def savefig(self, *args, **kwargs):
+            drawn.append(self)
+            return super().savefig(*args, **kwargs)
+
+    monkeypatch.setattr(plot, "_import_matplotlib", lambda: Kept)
+    doc = copy.deepcopy(tiny)
+    doc["workloads"][0]["roofline_fraction"] = 1.117
+    plot.plot_bench(doc, tmp_path / "bench.png")
+    labels = [t.get_text() for t in drawn[0].axes[0].get_xticklabels()]
+    assert "112% of roofline\n(probe read slower)" in labels[0], labels
+    assert all("probe" not in label for label in labels[1:]), labels
+
+
 def test_correct_catches_a_wrong_answer():
     ref = np.array([3.0, 3.0])
     assert correct(np.array([3.0, 3.0], np.float32), ref, 3)[0]
