@@ -839,3 +839,25 @@ def test_to_json_of_a_plan_over_nnx_state_holds_plain_specs():
     found = json.loads(json.dumps(p.to_json()))
     kernel = found["plans"][0]["in_specs"][0]["l1"]["kernel"]
     assert isinstance(kernel, list) and len(kernel) == 2
+
+
+def test_a_key_folded_with_a_constant_runs_step_after_step_on_a_mesh_given_as_text():
+    """``jax.random.fold_in(key, 7)``, as Flax's dropout calls it: the traced literal kept the
+    abstract mesh the plan traced on, and binding it beside the key the previous step made on
+    the devices failed in JAX ("Mesh for all inputs should be equal"), at the second step, or
+    the first after ``place``."""
+
+    def step(key, w, x):
+        k = jax.random.fold_in(key, 7)
+        return key, w - 0.1 * jnp.mean((x + jax.random.normal(k, x.shape)) @ w)
+
+    args = (jax.random.key(0), jnp.ones((32, 64)), jnp.ones((16, 32)))
+    p = shardwise.plan(step, *args, mesh="data=2,model=4", profile=CPU, top=1)
+    run, want = p.sharded(), jax.jit(step)
+    for start in (args, p.place(args)):
+        key, w, x = start
+        wkey, ww = args[:2]
+        for _ in range(3):
+            key, w = run(key, w, x)
+            wkey, ww = want(wkey, ww, x)
+            np.testing.assert_allclose(np.asarray(w), np.asarray(ww), rtol=1e-5, atol=1e-6)

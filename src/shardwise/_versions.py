@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.extend.core as jcore
+import numpy as np
 from jax._src import core as jax_core
 from jax._src import mesh as _mesh_lib
 from jax._src import source_info_util
@@ -156,3 +157,17 @@ def _library_paths() -> tuple[str, ...]:
     """Where installed packages and shardwise itself live, each ending in a separator."""
     found = [*site.getsitepackages(), site.getusersitepackages(), os.path.dirname(__file__)]
     return tuple(dict.fromkeys(os.path.join(p, "") for p in found if p))
+
+
+def literal_here(value: Any) -> Any:
+    """A jaxpr literal's value, its type made anew where it is bound: JAX 0.10 keeps a traced
+    literal's type with the mesh it was traced under (an abstract mesh the plan traced on),
+    and binding it beside arrays on the devices' mesh fails ("Mesh for all inputs should be
+    equal": ``jax.random.fold_in(key, 7)``, as Flax's dropout calls it, on a key the previous
+    step made). Other values, and earlier JAX's literals, are as they are."""
+    aval = getattr(value, "aval", None)
+    if not isinstance(value, np.ndarray) or aval is None:
+        return value
+    return type(value)(
+        np.asarray(value), jax_core.ShapedArray(value.shape, value.dtype, weak_type=aval.weak_type)
+    )

@@ -24,7 +24,7 @@ from shardwise._program.graph import Graph
 from shardwise._program.rules import rule_of
 from shardwise._program.solution import Layouts
 from shardwise._program.walk import Key, Path, Walker, is_var, source_of
-from shardwise._versions import scan_counts
+from shardwise._versions import literal_here, scan_counts
 from shardwise._xla.lower import Mover
 
 
@@ -71,7 +71,7 @@ class _Applier(Walker[Any]):
         self.env[key] = value
 
     def read(self, path: Path, var: Any) -> Any:
-        return var.val if not is_var(var) else self.env[(path, var)]
+        return literal_here(var.val) if not is_var(var) else self.env[(path, var)]
 
     @contextlib.contextmanager
     def scope(self, eqn: Any) -> Iterator[None]:
