@@ -168,6 +168,8 @@ def literal_here(value: Any) -> Any:
     aval = getattr(value, "aval", None)
     if not isinstance(value, np.ndarray) or aval is None:
         return value
-    return type(value)(
-        np.asarray(value), jax_core.ShapedArray(value.shape, value.dtype, weak_type=aval.weak_type)
-    )
+    try:
+        fresh = jax_core.ShapedArray(value.shape, value.dtype, weak_type=aval.weak_type)
+        return type(value)(np.asarray(value), fresh)
+    except TypeError:  # (a later JAX's literal takes no type: it makes its own)
+        return value
