@@ -355,6 +355,29 @@ def test_the_process_that_failed_first_is_named_not_the_one_the_runtime_aborted(
     assert "--verbose shows them" in text
 
 
+LEAVES = """
+import os, time
+from jax.experimental import multihost_utils
+if os.environ["SHARDWISE_PROCESS_ID"] == "1":
+    time.sleep(1)
+    os._exit(0)
+multihost_utils.sync_global_devices("waits for process 1")
+"""
+
+
+def test_a_process_that_leaves_with_os_exit_is_named_not_the_one_left_waiting(tmp_path):
+    """Process 1 leaves with ``os._exit(0)`` (no report of its program's end) while process 0
+    waits for it in a collective, which the runtime then aborts: the launcher had blamed
+    process 0 (killed by SIGABRT) and shown the runtime's native crash report."""
+    result = _launch_python(tmp_path, LEAVES)
+    text = _text(result)
+    assert result.returncode == 1, result.stderr
+    assert "error: process 1 exited with status 0 before its program ended" in text, text
+    assert "process 0 was killed" not in text
+    assert not [mark for mark in NATIVE_DUMP if mark in result.stderr], result.stderr
+    assert "The tasks have crashed" not in text
+
+
 def test_a_hung_process_times_out_and_is_named(tmp_path):
     # the program sleeps 600 s: that the launch ends at all (within _run's 300 s) is the
     # --timeout at work; its bound is not asserted, the machine may be loaded

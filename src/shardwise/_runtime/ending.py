@@ -121,6 +121,12 @@ class Run:
     exits: dict[int, tuple[float, int]] = field(default_factory=dict)
     """When each process that has exited did so, and its return code."""
     stopping: bool = False
+    reporting: bool = False
+    """Whether the processes are Python programs that report how their program ended."""
+    unreported: set[int] = field(default_factory=set)
+    """The processes that exited without reporting it (``os._exit``, an ended interpreter)."""
+    crashing: set[int] = field(default_factory=set)
+    """The processes that began a native crash report once another had exited."""
 
     def add(self, proc: subprocess.Popen[bytes], report: int) -> None:
         """Watch one more process, which reports its program's end on pipe ``report``."""
@@ -138,7 +144,10 @@ class Run:
         if line.rstrip("\r\n") == PROGRAM_ENDED:
             self.after[k] = True
             return
-        if self.verbose or (self.shown[k] and not self.stopping and not self.after[k]):
+        if self.exits and NATIVE.match(line):  # a runtime that lost a process: its report,
+            self.crashing.add(k)  # the lines that go on its messages too, is held back
+        if self.verbose or (self.shown[k] and not self.stopping and not self.after[k]
+                            and k not in self.crashing):  # fmt: skip
             sys.stderr.write(prefix + line)
             sys.stderr.flush()
         else:
@@ -211,7 +220,15 @@ def judge(run: Run, timeout: float, now: float) -> Outcome | None:
     ended = run.ended
     failed = [(e[0], k, e[1]) for k, e in enumerate(ended) if e is not None and e[1] != 0]
     if failed:
-        _, k, rc = min(failed)
+        when, k, rc = min(failed)
+        gone = sorted((run.exits[j][0], j) for j in run.unreported
+                      if run.exits[j][1] == 0 and run.exits[j][0] <= when)  # fmt: skip
+        if gone:  # (it left while the others ran: their collectives waited for it, and failed)
+            stop_all(run)
+            j = gone[0][1]
+            return Outcome(1, f"process {j} exited with status 0 before its program ended "
+                           "(os._exit, or its interpreter was ended) while the others still "
+                           f"ran; stopped the others{_last_words(run, j)}")  # fmt: skip
         return _blame(run, k, rc)
     done = [(e[0], k) for k, e in enumerate(ended) if e is not None]
     if len(done) == len(ended):  # every program ended well: the processes leave the runtime

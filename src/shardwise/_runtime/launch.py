@@ -332,6 +332,8 @@ def launch(
                 run = _spawn(command_line(command), envs, all_output, stop, watch, verbose)
             finally:
                 os.close(watch)
+            reporting = ("shardwise._runtime.child", "shardwise.cli")
+            run.reporting = any(m in command_line(command) for m in reporting)
             try:
                 outcome = _watch(run, timeout, stop)
             except KeyboardInterrupt:  # outside the main thread, Ctrl-C arrives so
@@ -365,6 +367,8 @@ def _watch(run: Run, timeout: float, stop: _StopSignals) -> Outcome:
         for k, (t, rc) in run.exits.items():
             if run.ended[k] is None:  # it reported nothing: how it exited is how it ended
                 run.ended[k] = (t, rc)
+                if run.reporting:
+                    run.unreported.add(k)
         outcome = judge(run, timeout, now)
         if outcome is not None:
             return outcome
