@@ -378,6 +378,25 @@ def test_a_process_that_leaves_with_os_exit_is_named_not_the_one_left_waiting(tm
     assert "The tasks have crashed" not in text
 
 
+@pytest.mark.parametrize("then", ["aborted", "timed out"])
+def test_the_process_that_left_first_is_named_whatever_the_others_then_do(then):
+    """How the others end once one left with ``os._exit`` depends on the machine's load: the
+    runtime aborts them, or they are still waiting when the timeout comes. Either way the
+    one that left is named."""
+    from shardwise._runtime.ending import Run, judge
+
+    run = Run([], [], [True, False], False, reporting=True)
+    run.ended, run.after, run.kept, run.held = [None, None], [False, False], [[], []], [0, 0]
+    run.exits = {1: (10.0, 0)}
+    run.ended[1], run.unreported = (10.0, 0), {1}  # (as _watch marks an exit with no report)
+    if then == "aborted":
+        run.exits[0] = (12.0, -6)
+        run.ended[0] = (12.0, -6)
+    outcome = judge(run, timeout=5.0, now=16.0)
+    assert outcome is not None and outcome.returncode == 1
+    assert outcome.message.startswith("process 1 exited with status 0 before its program ended")
+
+
 def test_a_hung_process_times_out_and_is_named(tmp_path):
     # the program sleeps 600 s: that the launch ends at all (within _run's 300 s) is the
     # --timeout at work; its bound is not asserted, the machine may be loaded

@@ -146,12 +146,12 @@ class Run:
             return
         if self.exits and NATIVE.match(line):  # a runtime that lost a process: its report,
             self.crashing.add(k)  # the lines that go on its messages too, is held back
-        if self.verbose or (self.shown[k] and not self.stopping and not self.after[k]
-                            and k not in self.crashing):  # fmt: skip
+        late = self.after[k] or k in self.crashing  # (not the program's own last words)
+        if self.verbose or (self.shown[k] and not self.stopping and not late):
             sys.stderr.write(prefix + line)
             sys.stderr.flush()
         else:
-            self.kept[k].append((time.monotonic(), self.after[k], line))
+            self.kept[k].append((time.monotonic(), late, line))
             self.held[k] += 1
 
 
@@ -198,6 +198,24 @@ def _blame(run: Run, k: int, rc: int, leaving: bool = False) -> Outcome:
     return Outcome(status or 1, f"{message}; stopped the others{_last_words(run, k, not leaving)}")
 
 
+def _left(run: Run, by: float) -> int | None:
+    """The first process that exited with status 0 by ``by`` without reporting its program's
+    end (``os._exit``, an ended interpreter), where the processes report it."""
+    gone = sorted((run.exits[j][0], j) for j in run.unreported
+                  if run.exits[j][1] == 0 and run.exits[j][0] <= by)  # fmt: skip
+    return gone[0][1] if gone else None
+
+
+def _left_early(run: Run, by: float) -> Outcome:
+    """Process :func:`_left` left while the others ran: their collectives waited for it, and
+    failed or timed out; it is named, the others stopped."""
+    j = _left(run, by)
+    stop_all(run)
+    return Outcome(1, f"process {j} exited with status 0 before its program ended (os._exit, "
+                   "or its interpreter was ended) while the others still ran; stopped the "
+                   f"others{_last_words(run, j) if j is not None else ''}")  # fmt: skip
+
+
 def read_reports(run: Run, now: float) -> None:
     """Note the exit status each Python process reported for its program (see
     :func:`shardwise._runtime.child.run_reported`)."""
@@ -221,14 +239,8 @@ def judge(run: Run, timeout: float, now: float) -> Outcome | None:
     failed = [(e[0], k, e[1]) for k, e in enumerate(ended) if e is not None and e[1] != 0]
     if failed:
         when, k, rc = min(failed)
-        gone = sorted((run.exits[j][0], j) for j in run.unreported
-                      if run.exits[j][1] == 0 and run.exits[j][0] <= when)  # fmt: skip
-        if gone:  # (it left while the others ran: their collectives waited for it, and failed)
-            stop_all(run)
-            j = gone[0][1]
-            return Outcome(1, f"process {j} exited with status 0 before its program ended "
-                           "(os._exit, or its interpreter was ended) while the others still "
-                           f"ran; stopped the others{_last_words(run, j)}")  # fmt: skip
+        if _left(run, when) is not None:
+            return _left_early(run, when)
         return _blame(run, k, rc)
     done = [(e[0], k) for k, e in enumerate(ended) if e is not None]
     if len(done) == len(ended):  # every program ended well: the processes leave the runtime
@@ -254,6 +266,8 @@ def judge(run: Run, timeout: float, now: float) -> Outcome | None:
     gave_up = any(rc != 0 for k, (_, rc) in run.exits.items() if ended[k] is not None)
     if now - first_t <= timeout and not gave_up:
         return None
+    if _left(run, now) is not None:  # (the others waited for it until the timeout)
+        return _left_early(run, now)
     late = [k for k, e in enumerate(ended) if e is None]
     # its last words are what it printed until now, when it is stopped (on a loaded machine
     # it may print them after the first process has finished), not what stopping it prints
