@@ -220,7 +220,9 @@ def _within_device(plan_with: Callable[..., ProgramPlan], prof: Profile) -> Prog
         return plan_with(int(prof.memory_bytes), baselines_of=free)
     except NothingFits as e:
         why = f"{e} (the {prof.name} profile's memory; the fastest plan is shown)"
-        return dataclasses.replace(free, over_memory=why)
+        limit = int(prof.memory_bytes)  # (each plan marked over it, as where one fits)
+        return dataclasses.replace(free, over_memory=why, budget=limit,
+                                   plans=tuple(_marked(free.plans, limit)))  # fmt: skip
 
 
 def _given_mesh(mesh: Any) -> tuple[Mesh | None, MeshSpec]:

@@ -61,7 +61,7 @@ def plans_view(report: Any) -> Any:
     for name, why in report.skipped:
         parts.append(f"[yellow]skipped[/] {name}: {escape(why)}")
     over = [p.name for p in report.plans if p.over_budget]
-    if over and report.budget is not None:
+    if over and report.budget is not None and report.over_memory is None:  # (else: none fits)
         parts.append(
             f"[red]over budget[/] {escape(', '.join(over))}: predicted to need more than the "
             f"budget of {format_bytes(report.budget)} per device; shown to compare, never "
