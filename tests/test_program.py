@@ -864,3 +864,14 @@ def test_a_key_folded_with_a_constant_runs_step_after_step_on_a_mesh_given_as_te
             key, w = run(key, w, x)
             wkey, ww = want(wkey, ww, x)
             np.testing.assert_allclose(np.asarray(w), np.asarray(ww), rtol=1e-5, atol=1e-6)
+
+
+def test_pricing_layouts_past_the_time_limit_stops_and_says_what_to_do():
+    """A mesh of four axes gives an array thousands of layouts, and pricing each step between
+    every two had run for many minutes with no word (``time_limit`` bounded the solver
+    only). It stops at the limit, saying how far it got and what to do."""
+    fn, args = _mlp_args(batch=16)
+    with pytest.raises(shardwise.ArgumentError, match=r"pricing the layouts on mesh "
+                       r"a=2,b=2,c=2 takes longer than the time limit \(0 s; 0 of \d+ steps "
+                       r"priced\).*Merge axes.*fixed=.*time_limit="):  # fmt: skip
+        shardwise.plan(fn, *args, mesh="a=2,b=2,c=2", profile=CPU, time_limit=0.0)

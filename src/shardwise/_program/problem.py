@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
@@ -190,9 +192,14 @@ def spec_choices(shape: Sequence[int], mesh: MeshSpec) -> tuple[int, list[Spec]]
 
 
 def build_problem(
-    graph: Graph, mesh: MeshSpec, profile: Profile, pinned: dict[int, Spec] | None = None
-) -> Problem:
-    """The planning problem of ``graph`` on ``mesh``; ``pinned`` fixes some classes' specs."""
+    graph: Graph, mesh: MeshSpec, profile: Profile, pinned: dict[int, Spec] | None = None,
+    time_limit: float | None = None,
+) -> Problem:  # fmt: skip
+    """The planning problem of ``graph`` on ``mesh``; ``pinned`` fixes some classes' specs.
+    Pricing every step between every two layouts stops with an :class:`ArgumentError` that
+    says what to do once it takes longer than ``time_limit`` seconds (a mesh of four axes
+    gives an array hundreds of layouts: it had run for many minutes, saying nothing)."""
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
     pinned = pinned or {}
     costs = StepCosts(graph, mesh, profile)
     problem = _Draft(costs)
@@ -211,6 +218,8 @@ def build_problem(
         key = ("elementwise", menu, value.dtype, costs.runs.get(root, 0))
         problem.unary.append(problem.once(key, _each, costs.elementwise, root, specs))
     for k, step in enumerate(graph.steps):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise _too_long(mesh, problem.choices, k, len(graph.steps), time_limit)
         if step.kind == "dot":
             _add_dot(problem, k, step)
         elif step.kind == "map":
@@ -218,6 +227,20 @@ def build_problem(
         else:
             _add_opaque(problem, k, step)
     return problem.freeze()
+
+
+def _too_long(
+    mesh: MeshSpec, choices: Sequence[Sequence[Any]], done: int, steps: int, limit: Any
+) -> ArgumentError:
+    """Why the pricing stopped, and what to do."""
+    most = max((len(c) for c in choices), default=0)
+    return ArgumentError(
+        f"pricing the layouts on mesh {mesh.describe()} takes longer than the time limit "
+        f"({limit:g} s; {done} of {steps} steps priced): its {len(mesh.axes)} axes give an "
+        f"array up to {most} layouts, and each step is priced between every two. Merge axes "
+        "that the plan need not tell apart (data=2,fsdp=2 as fsdp=4), pin some inputs "
+        "(fixed=), or give a longer limit (plan(..., time_limit=600))."
+    )
 
 
 def _add_opaque(problem: _Draft, k: int, step: Step) -> None:

@@ -110,6 +110,7 @@ def read_program(
     fn: Callable[..., Any], args: tuple[Any, ...], train: bool, devices: Mesh | None,
     spec: MeshSpec, prof: Profile, fixed: Mapping[str, SpecLike] | None, rules: Any,
     respect: str, donate_argnums: int | Sequence[int] | None = (),
+    time_limit: float | None = None,
 ) -> Program:  # fmt: skip
     """``fn(*args)`` read for planning on ``spec`` (traced, its training step with
     ``train``; the arguments at ``donate_argnums`` donated), its pins and its problem built
@@ -121,8 +122,8 @@ def read_program(
     role = roles(graph)  # once, for the keys here and every baseline
     pins, extra = _pins(graph, fixed, spec, role, annotations, respect)
     with prints_kept():
-        full = respected(graph, build_problem(graph, effective_mesh(spec), prof), spec,
-                         respect, annotations)  # fmt: skip
+        problem = build_problem(graph, effective_mesh(spec), prof, time_limit=time_limit)
+        full = respected(graph, problem, spec, respect, annotations)
         searchable = pinned(graph, full, pins, spec, given=True)
     return Program(name, graph, annotations, role, pins, extra, full, searchable, donate)
 
