@@ -432,6 +432,17 @@ def test_a_number_inside_an_argument_is_a_scalar_as_jax_jit_takes_it():
     assert said.startswith("p['scale'] in argument 0 (p) of f is str '2', not an array")
     assert "close over it" in said and "functools.partial(fn, scale='2')" in said
     assert "eqx.partition" in said
+    with pytest.raises(shardwise.ArgumentTypeError) as caught:  # (by the leaf's own key)
+        shardwise.plan(f, {"act": "relu"}, S((8, 4), "float32"), mesh="x=2", profile="cpu-2core")
+    assert "functools.partial(fn, act='relu'), ...), fn reading act where" in str(caught.value)
+
+    def g(x, width):
+        return x
+
+    with pytest.raises(
+        shardwise.ArgumentTypeError, match=r"functools\.partial\(fn, width=\.\.\.\)"
+    ):
+        shardwise.plan(g, S((8, 4), "float32"), "wide", mesh="x=2", profile="cpu-2core")
 
 
 def test_a_flax_train_state_is_planned_run_placed_and_verified_as_it_is_made():

@@ -163,9 +163,12 @@ def named(prim: str, source: str) -> str:
     return f"{prim}@{source}" if source else prim
 
 
-def abstract(x: Any, where: str = "an argument leaf", inside: bool = False) -> jax.ShapeDtypeStruct:
+def abstract(
+    x: Any, where: str = "an argument leaf", inside: bool = False, name: str = ""
+) -> jax.ShapeDtypeStruct:
     """An argument leaf as a ``jax.ShapeDtypeStruct``; anything but an array is refused,
-    saying ``where`` it is (``inside`` a pytree, or an argument of its own)."""
+    saying ``where`` it is (``inside`` a pytree, or an argument of its own) and how to bind
+    it by ``name`` (its parameter's, or its key's)."""
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
     if hasattr(x, "shape") and hasattr(x, "dtype"):
@@ -174,7 +177,7 @@ def abstract(x: Any, where: str = "an argument leaf", inside: bool = False) -> j
         return jax.ShapeDtypeStruct((), NUMBER_DTYPES[type(x)], weak_type=True)
     shown = repr(x)
     shown = f" {shown}" if len(shown) <= 60 else ""
-    fix = _fix(x, shown.strip(), inside)
+    fix = _fix(x, shown.strip(), inside, name if name.isidentifier() else "")
     raise ArgumentTypeError(
         f"{where} is {type(x).__name__}{shown}, not an array; plan takes arrays or "
         "jax.ShapeDtypeStruct leaves, e.g. jax.ShapeDtypeStruct((256, 1024), 'float32')." + fix
@@ -185,7 +188,7 @@ NUMBER_DTYPES = {bool: "bool", int: "int32", float: "float32", complex: "complex
 """The dtype JAX gives a Python number, by its type."""
 
 
-def _fix(x: Any, shown: str, inside: bool) -> str:
+def _fix(x: Any, shown: str, inside: bool, name: str = "") -> str:
     """How to plan over ``x`` (``shown`` as its repr, or ``""``), a leaf that is not an array
     of a pytree argument (``inside``) or a whole argument: as an array where it is a number,
     bound with ``functools.partial``, or (in a model) split off with Equinox."""
@@ -199,13 +202,15 @@ def _fix(x: Any, shown: str, inside: bool) -> str:
     if not inside:
         return (
             f"{array}{'b' if dtype else 'B'}ind it first, as jax.jit's static arguments are "
-            "(a string, a flag, a size): plan(functools.partial(fn, mode=...), x, ...)."
+            f"(a string, a flag, a size): plan(functools.partial(fn, {name or 'mode'}=...), "
+            "x, ...)."
         )
     value = shown if 0 < len(shown) <= 20 else "..."
     return (
         f"{array}{'t' if dtype else 'T'}ake it out of the argument and close over it, as "
-        "jax.jit's static arguments are bound: plan(functools.partial(fn, scale="
-        f"{value}), ...), fn reading scale where it read the leaf. A model whose leaves are "
+        f"jax.jit's static arguments are bound: plan(functools.partial(fn, {name or 'scale'}="
+        f"{value}), ...), fn reading {name or 'scale'} where it read the leaf. A model whose "
+        "leaves are "
         "not all arrays (an Equinox module's activation function) is split: params, static "
         "= eqx.partition(model, eqx.is_array), and the function planned over params puts it "
         "together again with eqx.combine(params, static)."
@@ -223,9 +228,11 @@ def abstract_args(args: Sequence[Any], fn: Any) -> list[Any]:
 
         def leaf(path: Any, x: Any, k: int = k, where: str = where) -> jax.ShapeDtypeStruct:
             if not path:
-                return abstract(x, where)
+                return abstract(x, where, name=names[k] if k < len(names) else "")
             base = names[k] if k < len(names) else f"args[{k}]"
-            return abstract(x, f"{base}{jax.tree_util.keystr(path)} in {where}", inside=True)
+            key = path[-1]
+            last = str(getattr(key, "key", getattr(key, "name", "")))
+            return abstract(x, f"{base}{jax.tree_util.keystr(path)} in {where}", True, last)
 
         out.append(jax.tree_util.tree_map_with_path(leaf, arg))
     return out
