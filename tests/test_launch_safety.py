@@ -3,6 +3,7 @@ end with it however it ends, and wrong set-ups are clear errors (exit 2), not na
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import socket
@@ -389,12 +390,27 @@ def test_the_process_that_left_first_is_named_whatever_the_others_then_do(then):
     run.ended, run.after, run.kept, run.held = [None, None], [False, False], [[], []], [0, 0]
     run.exits = {1: (10.0, 0)}
     run.ended[1], run.unreported = (10.0, 0), {1}  # (as _watch marks an exit with no report)
-    if then == "aborted":
+    if then == "aborted":  # (by its runtime: it reports nothing, as a failed program does)
         run.exits[0] = (12.0, -6)
         run.ended[0] = (12.0, -6)
+        run.unreported.add(0)
     outcome = judge(run, timeout=5.0, now=16.0)
     assert outcome is not None and outcome.returncode == 1
     assert outcome.message.startswith("process 1 exited with status 0 before its program ended")
+
+
+def test_a_program_that_fails_after_another_left_is_named_with_its_own_error():
+    """Where the process still running fails by its own program (it reports that), it is the
+    one named, not the one that left before it (review)."""
+    from shardwise._runtime.ending import Run, judge
+
+    run = Run([], [], [True, False], False, reporting=True)
+    run.ended, run.after, run.kept, run.held = [None, None], [False, False], [[], []], [0, 0]
+    run.exits = {1: (10.0, 0), 0: (12.0, 1)}
+    run.ended = [(11.0, 1), (10.0, 0)]  # (process 0 reported its program's status 1)
+    run.unreported = {1}
+    outcome = judge(run, timeout=5.0, now=13.0)
+    assert outcome is not None and outcome.message.startswith("process 0 exited with status 1")
 
 
 def test_a_hung_process_times_out_and_is_named(tmp_path):
@@ -427,3 +443,23 @@ def test_what_the_others_print_once_one_failed_is_held_back_unless_verbose(tmp_p
     assert "process 1 exited with status 3" in text
     assert ("p0 was stopped" in text) == verbose
     assert ("1 more lines of standard error held back" in text) != verbose
+
+
+@pytest.mark.parametrize("reporting", [False, True], ids=["any command", "python"])
+def test_a_native_log_line_after_an_exit_holds_back_only_a_reporting_processs_report(
+    capsys, reporting
+):
+    """Once a process has exited, a runtime's crash report from another is held back, and what
+    follows it, for Python programs only: a command's own glog-style line and its progress
+    after it had all been hidden (review). What is held stays in its last words."""
+    from shardwise._runtime.ending import Run, _last_words
+
+    run = Run([], [], [True, True], False, reporting=reporting)
+    run.ended, run.after, run.kept, run.held = [None, None], [False, False], [[], []], [0, 0]
+    run.kept = [collections.deque(), collections.deque()]
+    run.exits = {0: (1.0, 0)}
+    for line in ("W0101 00:00:00.000000 1 worker.cc:12] slow disk\n", "step 100 loss 0.5\n"):
+        run.err(1, "[p1] ", line)
+    shown = capsys.readouterr().err
+    assert ("step 100 loss 0.5" in shown) != reporting, shown
+    assert ("step 100 loss 0.5" in _last_words(run, 1)) == reporting

@@ -426,6 +426,15 @@ def test_a_number_inside_an_argument_is_a_scalar_as_jax_jit_takes_it():
     x = np.ones((8, 4), np.float32)
     p = shardwise.plan(f, {"scale": 2.0}, x, mesh="x=2", profile="cpu-2core", top=1)
     np.testing.assert_allclose(np.asarray(p.sharded()({"scale": 2.0}, x)), 2 * x)
+    with jax.enable_x64(True):  # (typed as jax.jit types it: float64 there, not float32)
+        p64 = shardwise.plan(f, {"scale": 2.0}, x, mesh="x=2", profile="cpu-2core", top=1)
+        np.testing.assert_allclose(np.asarray(p64.sharded()({"scale": 2.0}, x)), 2 * x)
+    with pytest.raises(shardwise.ArgumentTypeError, match=r"too large for JAX's int32"):
+        shardwise.plan(f, {"scale": 2**40}, x, mesh="x=2", profile="cpu-2core", top=1)
+    with pytest.raises(shardwise.ArgumentError, match=r"p\['scale'\] is an int, but the plan"):
+        shardwise.plan(f, {"scale": 3}, x, mesh="x=2", profile="cpu-2core", top=1).sharded()(
+            {"scale": 2**40}, x
+        )
     with pytest.raises(shardwise.ArgumentTypeError) as caught:
         shardwise.plan(f, {"scale": "2"}, S((8, 4), "float32"), mesh="x=2", profile="cpu-2core")
     said = str(caught.value)

@@ -34,7 +34,7 @@ def check_arguments(names: Sequence[str], leaves: Sequence[Any], shapes: Sequenc
             if (
                 isinstance(x, bool | int | float | complex)
                 and not shape
-                and (str(dtypes.canonicalize_dtype(jnp.result_type(x))) == dtype)
+                and (_number_type(x) == dtype)
             ):
                 continue  # (a number where a scalar is planned, TrainState.step: as jax.jit)
             raise ArgumentError(
@@ -61,6 +61,14 @@ def check_arguments(names: Sequence[str], leaves: Sequence[Any], shapes: Sequenc
                 f"{name} is {kind}, but the plan was made for {dtype}: cast it "
                 f"(.astype('{dtype}')), or plan again with arrays of this type."
             )
+
+
+def _number_type(x: bool | int | float | complex) -> str:
+    """The type JAX gives a Python number (``""`` where it fits none: an int past int32)."""
+    try:
+        return str(jax.typeof(x).dtype)  # (as jax.jit takes it: int64 with x64)
+    except OverflowError:
+        return ""
 
 
 def donated_leaves(tree: Any, argnums: Sequence[int]) -> frozenset[int]:

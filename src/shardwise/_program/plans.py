@@ -251,7 +251,7 @@ class ProgramPlan:
         search = self.get("search").in_specs
         keeps = [
             p for p in self.plans
-            if p.verified is not None and not p.over_budget
+            if p.verified is not None and (not p.over_budget or self.over_memory)
             and all(p.in_specs[k].canonical() == search[k].canonical() for k in self.pinned)
         ]  # fmt: skip
         return min(

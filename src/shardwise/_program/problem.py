@@ -234,12 +234,16 @@ def _too_long(
 ) -> ArgumentError:
     """Why the pricing stopped, and what to do."""
     most = max((len(c) for c in choices), default=0)
+    merge = (
+        "merge axes that the plan need not tell apart (data=2,fsdp=2 as fsdp=4), "
+        if len(mesh.axes) > 1
+        else ""
+    )
     return ArgumentError(
         f"pricing the layouts on mesh {mesh.describe()} takes longer than the time limit "
-        f"({limit:g} s; {done} of {steps} steps priced): its {len(mesh.axes)} axes give an "
-        f"array up to {most} layouts, and each step is priced between every two. Merge axes "
-        "that the plan need not tell apart (data=2,fsdp=2 as fsdp=4), pin some inputs "
-        "(fixed=), or give a longer limit (plan(..., time_limit=600))."
+        f"({limit:g} s; {done} of {steps} steps priced): an array has up to {most} layouts "
+        f"on it, and each step is priced between every two. To plan, {merge}pin some inputs "
+        "(fixed=, --fixed), or from Python give a longer limit (plan(..., time_limit=600))."
     )
 
 

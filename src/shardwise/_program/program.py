@@ -92,9 +92,10 @@ def plan(
             (``x``, ``params['w1']``), or with dots as ``--args`` writes them (``params.w1``).
         top: how many of the search's plans to keep: the best, and runners-up that lay out
             some input another way (each one's inputs differ).
-        time_limit: seconds for pricing the layouts, and again for the solver (a mesh of
-            four axes gives an array thousands of layouts: pricing past it stops with an
-            :class:`ArgumentError` saying what to do).
+        time_limit: seconds for the solver, which gives its best plan found by then; and
+            for pricing the layouts, at least a minute (a mesh of four axes gives an array
+            thousands of layouts: pricing past it stops with an :class:`ArgumentError`
+            saying what to do).
         rules: Flax's logical axis rules (``[("batch", "data"), ("mlp", "model")]``) for the
             arguments' logical names; by default, the ``nn.logical_axis_rules`` in force.
         respect: ``"none"`` (the search is free; the plan ``"annotations"`` shows what the
@@ -124,7 +125,7 @@ def plan(
     check_respect(respect, top)
     with collection_paused():  # (once: JAX's trace too; cycles it makes are freed after)
         read = read_program(fn, args, train, devices, spec, prof, fixed, rules, respect,
-                            donate_argnums, time_limit)  # fmt: skip
+                            donate_argnums, max(time_limit, TIME_LIMIT_S))  # fmt: skip
         plan_under = functools.partial(_plan, read, devices, spec, prof, train, top,
                                        time_limit, respect)  # fmt: skip
         if budget == DEVICE and prof.memory_bytes is not None:

@@ -174,7 +174,14 @@ def abstract(
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
     if inside and type(x) in NUMBER_DTYPES:  # (Flax's TrainState.step, 0: as jax.jit takes it)
-        return jax.ShapeDtypeStruct((), NUMBER_DTYPES[type(x)], weak_type=True)
+        try:
+            typed = jax.typeof(x)  # (its type as jax.jit gives it: int64 with x64, bool strong)
+        except OverflowError:
+            raise ArgumentTypeError(
+                f"{where} is {x!r}, too large for JAX's {NUMBER_DTYPES[type(x)]}: pass it as an "
+                "array of a wider type (with jax_enable_x64), or as a float."
+            ) from None
+        return jax.ShapeDtypeStruct((), typed.dtype, weak_type=typed.weak_type)
     shown = repr(x)
     shown = f" {shown}" if len(shown) <= 60 else ""
     fix = _fix(x, shown.strip(), inside, name if name.isidentifier() else "")

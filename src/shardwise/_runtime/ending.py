@@ -144,14 +144,15 @@ class Run:
         if line.rstrip("\r\n") == PROGRAM_ENDED:
             self.after[k] = True
             return
-        if self.exits and NATIVE.match(line):  # a runtime that lost a process: its report,
-            self.crashing.add(k)  # the lines that go on its messages too, is held back
-        late = self.after[k] or k in self.crashing  # (not the program's own last words)
-        if self.verbose or (self.shown[k] and not self.stopping and not late):
+        if self.reporting and self.exits and NATIVE.match(line):  # a runtime that lost a
+            self.crashing.add(k)  # process: its report, and what goes on it, held back here
+        if self.verbose or (
+            self.shown[k] and not self.stopping and not self.after[k] and k not in self.crashing
+        ):
             sys.stderr.write(prefix + line)
             sys.stderr.flush()
-        else:
-            self.kept[k].append((time.monotonic(), late, line))
+        else:  # (its last words, where it is named, leave the report's own lines out)
+            self.kept[k].append((time.monotonic(), self.after[k], line))
             self.held[k] += 1
 
 
@@ -239,8 +240,8 @@ def judge(run: Run, timeout: float, now: float) -> Outcome | None:
     failed = [(e[0], k, e[1]) for k, e in enumerate(ended) if e is not None and e[1] != 0]
     if failed:
         when, k, rc = min(failed)
-        if _left(run, when) is not None:
-            return _left_early(run, when)
+        if k in run.unreported and _left(run, when) is not None:  # (aborted by its runtime,
+            return _left_early(run, when)  # not failed by its program: that reports it)
         return _blame(run, k, rc)
     done = [(e[0], k) for k, e in enumerate(ended) if e is not None]
     if len(done) == len(ended):  # every program ended well: the processes leave the runtime

@@ -23,7 +23,14 @@ def block(x: Any) -> Any:
     >>> block((1, [2], {"a": 3}))
     (1, [2], {'a': 3})
     """
-    for leaf in jax.tree_util.tree_leaves(x):
+    try:
+        leaves = jax.tree_util.tree_leaves(x)
+    except (TypeError, ValueError):  # (a dict whose keys do not sort: another library's)
+        leaves = list(x.values()) if isinstance(x, dict) else [x]
+        for leaf in leaves:
+            block(leaf)
+        return x
+    for leaf in leaves:
         ready = getattr(leaf, "block_until_ready", None)
         if callable(ready):
             ready()
@@ -51,6 +58,8 @@ def alternate(
     warm-up call each first. A turn calls its runner until ``at_least`` seconds have passed
     (once at least) and counts the mean: one call of a few milliseconds is at the mercy of
     the scheduler, many in a row are not."""
+    if not runners:
+        return {}
     for fn in runners.values():
         block(fn())
     times: dict[str, list[float]] = {name: [] for name in runners}

@@ -30,7 +30,7 @@ def plot_bench(doc: dict[str, Any], path: str | Path) -> Path:
         range(len(workloads)),
         [
             f"{w['name']}\n{w['roofline_fraction']:.0%} of roofline"
-            + ("\n(probe read slower)" if w["roofline_fraction"] > 1 else "")
+            + ("\n(its probe was slowed)" if w["roofline_fraction"] > 1 else "")
             for w in workloads
         ],  # (over 100%: the run's bandwidth probe was slowed, as the
         # table's caption says: that roofline is a floor there, not a ceiling)

@@ -171,7 +171,7 @@ def _colours(named: list[Any], outputs: int) -> dict[str, str]:
 def _short(name: str, room: int) -> str:
     """``name`` within ``room`` characters: its end kept, where a pytree path names the leaf
     (``…['kernel']``), so that long names do not run over the next device's."""
-    return name if len(name) <= room else "…" + name[len(name) - max(room, 4) + 1 :]
+    return name if len(name) <= max(room, 4) else "…" + name[len(name) - max(room, 4) + 1 :]
 
 
 def _canvas(expl: Explanation, figure: Any) -> tuple[Any, Any, float, float, float]:
