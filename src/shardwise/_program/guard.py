@@ -82,8 +82,7 @@ def ensure_summed(plan: ProgramPlan, chosen: PlannedLayout, compiled: Any, platf
     problems = dot_problems(
         compiled.as_text() or "", tuple(plan_dots(plan, chosen)), plan.mesh.shape, platform
     )
-    others = [p.name for p in plan.plans
-              if p.name != chosen.name and (not p.over_budget or plan.over_memory)]  # fmt: skip
+    others = [p.name for p in plan.runnable if p.name != chosen.name]
     ensure_dots_summed(
         problems,
         f"plan {chosen.name!r} of {plan.program} on mesh {plan.mesh.describe()}",

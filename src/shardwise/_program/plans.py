@@ -43,8 +43,8 @@ class PlannedLayout:
     predicted: ProgramPrediction
     verified: Verified | None = None
     over_budget: bool = False
-    """Whether its predicted peak memory per device is over the plan's budget: only a
-    baseline can be (it is shown, to compare, but never chosen nor run by ``verify``)."""
+    """Whether its predicted peak memory per device is over the plan's budget (shown, to
+    compare, not run by ``verify``: :attr:`ProgramPlan.runnable`)."""
 
     @property
     def searched(self) -> bool:
@@ -76,9 +76,8 @@ class ProgramPlan:
             ``tune`` the one that ran fastest on the devices at hand.
         tuned: whether ``tune`` chose by measuring.
         pinned: the inputs ``fixed`` pins, by position.
-        budget: bytes of memory per device the plans were made for (``None``: no limit);
-            every plan of the search fits it, and a baseline that does not is marked
-            :attr:`PlannedLayout.over_budget`.
+        budget: bytes of memory per device the plans were made for (``None``: no limit); a
+            plan over it is marked :attr:`PlannedLayout.over_budget`.
         complete: whether the search looked at every layout of every array and dot;
             ``False`` where some had more than :data:`~shardwise._program.problem.MAX_CHOICES`
             and it kept that many, spread evenly (:attr:`stopped_early` says so in words).
@@ -245,13 +244,18 @@ class ProgramPlan:
             + f"the plans are {', '.join(p.name for p in self.plans)}."
         )
 
+    @property
+    def runnable(self) -> tuple[PlannedLayout, ...]:
+        """The plans ``verify`` runs, ``tune`` picks from: within budget, or all if none fits."""
+        return tuple(p for p in self.plans if not p.over_budget or self.over_memory)
+
     def fastest_measured(self) -> PlannedLayout | None:
         """The verified plan that ran fastest, of those that keep the inputs ``fixed`` pins
         (a baseline may lay them out its own way); ``None`` before :meth:`verify`."""
         search = self.get("search").in_specs
         keeps = [
-            p for p in self.plans
-            if p.verified is not None and (not p.over_budget or self.over_memory)
+            p for p in self.runnable
+            if p.verified is not None
             and all(p.in_specs[k].canonical() == search[k].canonical() for k in self.pinned)
         ]  # fmt: skip
         return min(
@@ -259,10 +263,9 @@ class ProgramPlan:
         )
 
     def sharded(self, name: str | None = None, mesh: Any = None) -> Callable[..., Any]:
-        """The program compiled to follow plan ``name`` (by default the chosen one) on
-        ``mesh`` (by default the planned mesh, built on the devices at hand): inputs placed by
-        the plan's specs, and every intermediate constrained to its layout so XLA's
-        partitioner follows the plan."""
+        """The program compiled to follow plan ``name`` (by default the chosen one) on ``mesh``
+        (by default the planned mesh, built on the devices at hand): inputs placed by the
+        plan's specs, every intermediate constrained to its layout for XLA to follow."""
         return sharded(self, self.get(name or self.chosen_name), mesh)
 
     def place(self, args: Any, name: str | None = None, mesh: Any = None) -> Any:
@@ -288,8 +291,8 @@ class ProgramPlan:
     def tune(self, repeat: int = 5, mesh: Any = None, on_step: Any = None) -> ProgramPlan:
         """:meth:`verify`, then choose the plan that ran fastest (of those that keep the
         inputs ``fixed`` pinned): where the cost model cannot tell plans apart, the devices
-        at hand decide. :attr:`chosen`, :meth:`sharded`,
-        :meth:`report` and the JSON's ``"chosen"`` then name that plan."""
+        at hand decide. :attr:`chosen`, :meth:`sharded`, :meth:`report` and the JSON's
+        ``"chosen"`` then name that plan."""
         return tune(self, repeat, mesh, on_step)
 
     def report(self, name: str | None = None) -> ProgramReport:
@@ -299,9 +302,8 @@ class ProgramPlan:
 
     def to_html(self, name: str | None = None) -> str:
         """One self-contained HTML file (no network needed to view it): the plans compared, each
-        with its layouts and, a click away, its view op by op (every array drawn on the mesh,
-        each collective's cause, the memory held per device over the program); plan ``name``
-        (by default the chosen one) is shown open."""
+        with its layouts and, a click away, its view op by op (every array drawn on the mesh, each
+        collective's cause, the memory per device); plan ``name`` (default: chosen) shown open."""
         from shardwise.render.report import program_html
 
         shown = self.report(name).to_json()
@@ -322,8 +324,7 @@ class ProgramPlan:
         cell): its styles and script touch nothing outside it."""
         from shardwise.render.report import program_html
 
-        shown = self.report().to_json()
-        return program_html({"plan": self.to_json(), "report": shown}, page=False)
+        return program_html({"plan": self.to_json(), "report": self.report().to_json()}, page=False)
 
     def __rich__(self) -> Any:
         from rich.console import Group

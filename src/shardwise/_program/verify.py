@@ -346,7 +346,7 @@ def verify(
     leaves = _arrays(plan)
     checked = []
     runners = {}
-    runnable = [p for p in plan.plans if not p.over_budget or plan.over_memory]  # (none fits)
+    runnable = plan.runnable
     twins = same_programs(runnable)
     for k, item in enumerate(runnable):
         if on_step is not None:
