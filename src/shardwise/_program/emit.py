@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from shardwise._errors import ArgumentError
 from shardwise._model.patterns import path_rules
 from shardwise._model.spec import Spec
+from shardwise._program.arguments import parameter_names
 from shardwise._program.graph import Graph
 from shardwise._program.verify import mesh_for
 from shardwise._xla.meshes import auto_twin
@@ -43,22 +44,16 @@ def arguments(graph: Graph) -> list[tuple[str, list[str]]]:
     """Each argument's name (as the function's signature names it) and the paths of its
     leaves, in the order of the program's inputs."""
     args = jax.tree.unflatten(graph.tree, list(range(graph.tree.num_leaves)))
-    given = graph.parameters if len(graph.parameters) == len(args) else ()
-    out, first = [], 0
-    for pos, arg in enumerate(args):
-        keys = [path for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]]
-        name = given[pos] if given else f"args[{pos}]"
-        if keys and not given:
-            whole, inner = graph.names[first], jax.tree_util.keystr(keys[0])
-            name = whole[: len(whole) - len(inner)] if inner else whole
+    names = parameter_names(graph.names, graph.tree, graph.parameters)
+    out = []
+    for name, arg in zip(names, args, strict=True):
         paths = []
-        for path in keys:
+        for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
             parts = [_key(k) for k in path]
             if path and isinstance(path[-1], jax.tree_util.GetAttrKey) and parts[-1] == "value":
                 parts.pop()  # a Flax box's or an NNX variable's array
             paths.append("/".join([name, *parts]))
         out.append((name, paths))
-        first += len(keys)
     return out
 
 
