@@ -207,14 +207,13 @@ def _left(run: Run, by: float) -> int | None:
     return gone[0][1] if gone else None
 
 
-def _left_early(run: Run, by: float) -> Outcome:
-    """Process :func:`_left` left while the others ran: their collectives waited for it, and
-    failed or timed out; it is named, the others stopped."""
-    j = _left(run, by)
+def _left_early(run: Run, j: int) -> Outcome:
+    """Process ``j`` (:func:`_left`) left while the others ran: their collectives waited for
+    it, and failed or timed out; it is named, the others stopped."""
     stop_all(run)
     return Outcome(1, f"process {j} exited with status 0 before its program ended (os._exit, "
                    "or its interpreter was ended) while the others still ran; stopped the "
-                   f"others{_last_words(run, j) if j is not None else ''}")  # fmt: skip
+                   f"others{_last_words(run, j)}")  # fmt: skip
 
 
 def read_reports(run: Run, now: float) -> None:
@@ -240,8 +239,8 @@ def judge(run: Run, timeout: float, now: float) -> Outcome | None:
     failed = [(e[0], k, e[1]) for k, e in enumerate(ended) if e is not None and e[1] != 0]
     if failed:
         when, k, rc = min(failed)
-        if k in run.unreported and _left(run, when) is not None:  # (aborted by its runtime,
-            return _left_early(run, when)  # not failed by its program: that reports it)
+        if k in run.unreported and (j := _left(run, when)) is not None:  # (aborted by its
+            return _left_early(run, j)  # runtime, not failed by its program: that reports it)
         return _blame(run, k, rc)
     done = [(e[0], k) for k, e in enumerate(ended) if e is not None]
     if len(done) == len(ended):  # every program ended well: the processes leave the runtime
@@ -267,8 +266,8 @@ def judge(run: Run, timeout: float, now: float) -> Outcome | None:
     gave_up = any(rc != 0 for k, (_, rc) in run.exits.items() if ended[k] is not None)
     if now - first_t <= timeout and not gave_up:
         return None
-    if _left(run, now) is not None:  # (the others waited for it until the timeout)
-        return _left_early(run, now)
+    if (j := _left(run, now)) is not None:  # (the others waited for it until the timeout)
+        return _left_early(run, j)
     late = [k for k, e in enumerate(ended) if e is None]
     # its last words are what it printed until now, when it is stopped (on a loaded machine
     # it may print them after the first process has finished), not what stopping it prints

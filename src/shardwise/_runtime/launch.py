@@ -315,7 +315,8 @@ def launch(
             "no command to launch; give one after --, e.g. "
             "shardwise launch -n 2 -- shardwise demo --size small"
         )
-    check_python(command_line(command))
+    line = command_line(command)
+    check_python(line)
     where = coordinator(coordinator_address, port)
     base = {k: v for k, v in os.environ.items() if k != ENV_COORDINATOR_BIND}
     base[ENV_COORDINATOR] = where
@@ -329,11 +330,10 @@ def launch(
     try:
         with _StopSignals() as stop:
             try:
-                run = _spawn(command_line(command), envs, all_output, stop, watch, verbose)
+                run = _spawn(line, envs, all_output, stop, watch, verbose)
             finally:
                 os.close(watch)
-            reporting = ("shardwise._runtime.child", "shardwise.cli")
-            run.reporting = any(m in command_line(command) for m in reporting)
+            run.reporting = any(m in line for m in ("shardwise._runtime.child", "shardwise.cli"))
             try:
                 outcome = _watch(run, timeout, stop)
             except KeyboardInterrupt:  # outside the main thread, Ctrl-C arrives so
