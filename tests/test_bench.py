@@ -281,3 +281,5 @@ def test_block_takes_a_dict_whose_keys_do_not_sort():
 
     found = {1: Pending(), "a": [Pending()]}
     assert block(found) is found and len(waited) == 2
+    held = [found, Pending()]  # (inside a list: the fallback had called itself on the list)
+    assert block(held) is held and len(waited) == 5

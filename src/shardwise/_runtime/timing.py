@@ -25,10 +25,10 @@ def block(x: Any) -> Any:
     """
     try:
         leaves = jax.tree_util.tree_leaves(x)
-    except (TypeError, ValueError):  # (a dict whose keys do not sort: another library's)
-        leaves = list(x.values()) if isinstance(x, dict) else [x]
-        for leaf in leaves:
-            block(leaf)
+    except (TypeError, ValueError):  # (a dict whose keys do not sort, in another library's)
+        items = x.values() if isinstance(x, dict) else x if isinstance(x, tuple | list) else ()
+        for item in items:
+            block(item)
         return x
     for leaf in leaves:
         ready = getattr(leaf, "block_until_ready", None)
