@@ -138,9 +138,13 @@ def pooled_sums(graph: Graph) -> tuple[tuple[int, int, int], ...]:
     return tuple(out)
 
 
-def pooled_operands(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarray) -> None:
-    """The operand of each sum a pooling reads (:func:`pooled_sums`) held beside the sum
-    from the sum's point to the pooling's, where the step that makes the operand makes it in
+def pooled_operands(
+    graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarray,
+    pooled: tuple[tuple[int, int, int], ...],
+) -> None:  # fmt: skip
+    """The operand of each sum a pooling reads (``pooled``: :func:`pooled_sums`, once per
+    graph) held beside the sum from the sum's point to the pooling's, where the step that
+    makes the operand makes it in
     the layout it is held in, and the operand, the sum and the pooling's operand are laid out
     alike and the pooling reads it so. An operand moved after its step (a convolution made
     with its batch split, held with its channels split: an ``all-to-all`` then a copy that
@@ -150,7 +154,7 @@ def pooled_operands(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarr
     with its channels split: ``bitcast_copy_fusion`` reads the ``concatenate`` and the bias,
     no ``broadcast_add_fusion``; that plan went from 0.85 of the prediction to 0.81 when
     the operand was added there too)."""
-    for a, c, n in pooled_sums(graph):
+    for a, c, n in pooled:
         step = graph.steps[n]
         found = lay.steps.get(step.key)
         spec = lay.specs[c].canonical()

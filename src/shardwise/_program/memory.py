@@ -26,6 +26,7 @@ from shardwise._program.buffers import (
     overwritten,
     padded_windows,
     pooled_operands,
+    pooled_sums,
     unread_inputs,
 )
 from shardwise._program.constants import made_whole
@@ -152,6 +153,7 @@ class _Fixed(NamedTuple):
     read: frozenset[int]
     into_reduce: dict[int, tuple[int, tuple[int, ...]]]
     folded: dict[int, int]
+    pooled: tuple[tuple[int, int, int], ...]
 
 
 _FIXED: Bounded[tuple[int, bool], tuple[Graph, _Fixed]] = Bounded(8)
@@ -188,7 +190,7 @@ def _fixed(graph: Graph, cpu: bool = False) -> _Fixed:
     kind_at = np.array(kind_of, np.intp)
     results = {v for v in graph.outputs if v is not None}
     found = _Fixed(lives, visit, to_outputs(graph), each, kind_at, halves, read, into_reduce(graph),
-                   folded_transposes(graph, results))  # fmt: skip
+                   folded_transposes(graph, results), pooled_sums(graph))  # fmt: skip
     _FIXED.put((id(graph), cpu), (graph, found))
     return found
 
@@ -281,7 +283,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
             partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, summed)
     together(graph, summed, temps)
     if cpu:
-        pooled_operands(graph, lay, mesh, points)
+        pooled_operands(graph, lay, mesh, points, fixed.pooled)
     for start, end, size in made_whole(graph):  # (masks, closed-over arrays: whole)
         temps.add(start, end, size)
     for v in gathered_transposes(graph, lay, mesh, fixed.folded):  # (made after all)

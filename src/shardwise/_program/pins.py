@@ -71,8 +71,8 @@ def _why_not(spec: Spec, shape: tuple[int, ...], mesh: MeshSpec) -> str:
     or a dimension they do not divide."""
     order = {a: n for n, a in enumerate(mesh.names)}
     for entry in spec.entries:
-        if list(entry) != sorted(entry, key=lambda a: order.get(a, -1)):
-            ordered = sorted(entry, key=lambda a: order.get(a, -1))
+        ordered = sorted(entry, key=lambda a: order.get(a, -1))
+        if list(entry) != ordered:
             return (
                 f"({','.join(entry)}) splits one dimension in another order than the mesh's "
                 f"axes ({', '.join(mesh.names)}), and plans order them as the mesh does. Write "

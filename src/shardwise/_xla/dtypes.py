@@ -65,7 +65,7 @@ def supported(dtype: Any, what: str = "the operands") -> np.dtype[Any]:
             f"the dtype of {what} is {given} ({_kind(given)}); an einsum needs numbers: booleans, "
             "integers, floating point (bfloat16 to float64) or complex. Convert first, e.g. "
             + ("np.load(path).view(ml_dtypes.bfloat16).astype(np.float32)."
-               if given.kind == "V" and given.itemsize == 2 else "a.astype(np.float32).")
+               if _saved_bfloat16(given) else "a.astype(np.float32).")
         )  # fmt: skip
     if given.itemsize > {"f": 8, "c": 16}.get(given.kind, given.itemsize):
         raise ArgumentTypeError(
@@ -121,11 +121,15 @@ def _kind(dtype: np.dtype[Any]) -> str:
         "S": "bytes",
         "M": "dates",
         "m": "time differences",
-        # (np.save writes bfloat16 as two raw bytes, |V2: .npy has no bfloat16)
         "V": "raw bytes: np.save writes bfloat16 so, as .npy has no bfloat16"
-        if dtype.itemsize == 2
+        if _saved_bfloat16(dtype)
         else "raw bytes",
     }.get(dtype.kind, "not a number")
+
+
+def _saved_bfloat16(dtype: np.dtype[Any]) -> bool:
+    """Whether ``dtype`` is how ``np.save`` writes bfloat16: two raw bytes (``|V2``)."""
+    return dtype.kind == "V" and dtype.itemsize == 2
 
 
 def mean_dtypes(dtype: Any) -> tuple[np.dtype[Any], np.dtype[Any]]:
