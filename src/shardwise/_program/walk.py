@@ -25,7 +25,7 @@ from shardwise._errors import ArgumentTypeError
 from shardwise._model.spec import Spec
 from shardwise._program.rules import rule_of
 from shardwise._versions import DropVar
-from shardwise._xla.names import positional_names
+from shardwise._xla.names import positional_names, top_names
 
 Path: TypeAlias = tuple[int, ...]
 Key: TypeAlias = tuple[Path, Any]
@@ -217,17 +217,16 @@ def _fix(x: Any, shown: str, inside: bool, name: str = "") -> str:
         f"{array}{'t' if dtype else 'T'}ake it out of the argument and close over it, as "
         f"jax.jit's static arguments are bound: plan(functools.partial(fn, {name or 'scale'}="
         f"{value}), ...), fn reading {name or 'scale'} where it read the leaf. A model whose "
-        "leaves are "
-        "not all arrays (an Equinox module's activation function) is split: params, static "
-        "= eqx.partition(model, eqx.is_array), and the function planned over params puts it "
-        "together again with eqx.combine(params, static)."
+        "leaves are not all arrays (an Equinox module's activation function) is split: params, "
+        "static = eqx.partition(model, eqx.is_array), and the function planned over params "
+        "puts it together again with eqx.combine(params, static)."
     )
 
 
 def abstract_args(args: Sequence[Any], fn: Any) -> list[Any]:
     """Each of ``args`` (pytrees) with its leaves :func:`abstract`, a leaf that is not an
     array refused naming its argument (by ``fn``'s parameter where it has one)."""
-    names = positional_names(fn)
+    names, bases = positional_names(fn), top_names(fn, len(args))
     out = []
     for k, arg in enumerate(args):
         name = f" ({names[k]})" if k < len(names) else ""
@@ -235,8 +234,8 @@ def abstract_args(args: Sequence[Any], fn: Any) -> list[Any]:
 
         def leaf(path: Any, x: Any, k: int = k, where: str = where) -> jax.ShapeDtypeStruct:
             if not path:
-                return abstract(x, where, name=names[k] if k < len(names) else "")
-            base = names[k] if k < len(names) else f"args[{k}]"
+                return abstract(x, where, name=bases[k])  # (args[k] names no parameter)
+            base = bases[k]
             key = path[-1]
             last = str(getattr(key, "key", getattr(key, "name", "")))
             return abstract(x, f"{base}{jax.tree_util.keystr(path)} in {where}", True, last)
