@@ -141,6 +141,43 @@ def test_a_function_that_uses_explicit_sharding_plans_and_runs():
     np.testing.assert_allclose(np.asarray(p.sharded()(A, B)), want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_function_that_asserts_its_arguments_shardings_plans_runs_and_verifies():
+    """Code on Explicit axes may assert the layout its arguments arrive in; planning had traced
+    it with unsharded abstract arguments only, so the user's assert failed (``P(None,
+    None)``). It is traced with the arrays' own shardings where that alone fails."""
+    m = _explicit()
+
+    def f(a, b):
+        assert jax.typeof(a).sharding.spec == P("x", None), jax.typeof(a).sharding.spec
+        return jnp.tanh(a @ b).sum(axis=0)
+
+    with jax.set_mesh(m):
+        a, b = jax.device_put(A, P("x", None)), jax.device_put(B, P(None, "y"))
+        want = np.asarray(jax.jit(f)(a, b))
+        p = shardwise.plan(f, a, b, profile="cpu-2core", top=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", shardwise.ShardwiseWarning)  # (moved to the plan's)
+            for item in p.plans:
+                got = np.asarray(p.sharded(item.name)(a, b))
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=item.name)
+        checked = p.verify(repeat=1)
+    assert all(item.verified.collectives_match for item in checked.plans)
+    with jax.set_mesh(m), pytest.raises(shardwise.UserCodeError, match="AssertionError"):
+        shardwise.plan(f, A, B, profile="cpu-2core", top=1)  # (host arrays: no layout to keep)
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_explain_takes_arrays_laid_out_otherwise_than_its_specs(kind):
+    """``explain`` compiles for its specs, as a call runs: arrays already laid out otherwise
+    had made JAX refuse them (``Sharding passed to jit does not match``)."""
+    m = _explicit() if kind == "explicit" else shardwise.mesh("x=2,y=4")
+    a = jax.device_put(A, NamedSharding(m, P("x", None)))
+    with jax.set_mesh(m):
+        e = shardwise.explain(lambda u, v: u @ v, a, B, in_specs=(P(None, "y"), P("y")))
+    assert [o.spec.describe() for o in e.operands] == ["-,y", "y"]
+    assert {c.kind for c in e.collectives} == {"all-reduce"}
+
+
 def test_arguments_laid_out_otherwise_are_moved_once_and_said():
     m = shardwise.mesh("x=2,y=4")
     p = shardwise.plan(_mlp, PARAMS, A, mesh=m, profile="cpu-2core", top=1)

@@ -201,14 +201,19 @@ class Sharded:
             self._guard(args)
             return self._jitted(*args)
 
-    def _moved(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _moved(self, args: tuple[Any, ...], shapes: bool = False) -> tuple[Any, ...]:
         """``args`` with each array on the devices laid out otherwise than its spec says
-        moved to that layout, as :func:`~shardwise.einsum` moves its operands."""
+        moved to that layout, as :func:`~shardwise.einsum` moves its operands (``shapes``:
+        its shape and type in that layout, all that compiling needs)."""
         per = self._per_arg_shardings(args)
 
         def move(sharding: NamedSharding, x: Any) -> Any:
             elsewhere = isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-            return jax.device_put(x, sharding) if elsewhere and x.sharding != sharding else x
+            if not elsewhere or x.sharding == sharding:
+                return x
+            if shapes:
+                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+            return jax.device_put(x, sharding)
 
         if not per:
             return args
@@ -326,6 +331,7 @@ class Sharded:
         sum XLA left out (``problems``)."""
         args = self._positional(args, kwargs)
         self._check(args)
+        args = self._moved(args, shapes=True)  # (as a call moves them: compiled for the specs)
         with self._on_its_mesh(args), explicit_hints(), self._out_specs_said(args):
             compiled, problems = self._compiled(args)
         return explain_function(compiled, args, self.mesh, self.fn, problems)

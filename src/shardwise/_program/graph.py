@@ -105,9 +105,10 @@ class Graph:
 
 
 def build(
-    fn: Callable[..., Any], args: Sequence[Any], name: str = "", signature: Any = None
-) -> Graph:
-    """Trace ``fn(*args)`` and read it as a :class:`Graph`.
+    fn: Callable[..., Any], args: Sequence[Any], name: str = "", signature: Any = None,
+    sharded: bool = False,
+) -> Graph:  # fmt: skip
+    """Trace ``fn(*args)`` (``sharded``: arrays with their shardings) as a :class:`Graph`.
 
     >>> import jax.numpy as jnp
     >>> S = jax.ShapeDtypeStruct
@@ -115,15 +116,14 @@ def build(
     >>> [(s.kind, s.prim) for s in g.steps], g.names
     ([('dot', 'dot_general'), ('map', 'reduce_sum')], ('x', 'w'))
     """
-    shapes = abstract_args(args, signature or fn)
+    shapes = abstract_args(args, signature or fn, sharded)
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*shapes)
     except ShardwiseError:
         raise
     except (TypeError, ValueError, OverflowError) as e:
-        raise ArgumentError(
-            f"cannot trace {name or 'the function'} with these arguments: {e}"
-        ) from None
+        why = f"cannot trace {name or 'the function'} with these arguments: {e}"
+        raise ArgumentError(why) from None
     graph = read_jaxpr(closed, argument_names(signature or fn, shapes))
     return dataclasses.replace(
         graph,

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from shardwise._errors import (
     ArgumentError,
@@ -279,19 +279,20 @@ def _traced(
 ) -> tuple[str, Graph]:
     """The program's name and graph (of its training step with ``train``), traced under
     ``devices`` where given (so code that names mesh axes bare, as explicit sharding does,
-    finds them; on Explicit axes, under their Auto twin first): what ``fn`` raises is the
-    user's, said as such; a program past what XLA can count is refused."""
+    finds them; on Explicit axes, under their Auto twin first, and last with the arrays'
+    own shardings, for code that asserts them): what ``fn`` raises is the user's, said as
+    such; a program past what XLA can count is refused."""
     inner = getattr(fn, "func", None)  # (a functools.partial: its function's name)
     name = str(getattr(fn, "__name__", "") or getattr(inner, "__name__", "program"))
     traced = _unchanged(as_users(fn, name), name, fn)
     step = train_step(traced) if train else traced
 
-    def under(mesh: Mesh | None) -> Graph:
+    def under(mesh: Mesh | None, sharded: bool = False) -> Graph:
         with (
             jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(),
             sources_in_users_code(),
         ):
-            return build(step, args, name, signature=fn)
+            return build(step, args, name, signature=fn, sharded=sharded)
 
     if devices is None or not is_explicit(devices):
         graph = under(devices)
@@ -306,6 +307,18 @@ def _traced(
         try:
             graph = under(auto_twin(devices))
         except UserCodeError:
-            graph = under(devices)
+            try:
+                graph = under(devices)
+            except UserCodeError:  # (code that asserts its arguments' shardings)
+                if not _sharded(args):
+                    raise
+                graph = under(devices, sharded=True)
     check_program_extent([(v.name, v.shape, v.dtype) for v in graph.values], name)
     return name, graph
+
+
+def _sharded(args: Any) -> bool:
+    """Whether an argument leaf is an array with a ``NamedSharding`` of its own."""
+    return any(
+        isinstance(getattr(x, "sharding", None), NamedSharding) for x in jax.tree.leaves(args)
+    )

@@ -164,14 +164,22 @@ def named(prim: str, source: str) -> str:
 
 
 def abstract(
-    x: Any, where: str = "an argument leaf", inside: bool = False, name: str = ""
+    x: Any,
+    where: str = "an argument leaf",
+    inside: bool = False,
+    name: str = "",
+    sharded: bool = False,
 ) -> jax.ShapeDtypeStruct:
     """An argument leaf as a ``jax.ShapeDtypeStruct``; anything but an array is refused,
     saying ``where`` it is (``inside`` a pytree, or an argument of its own) and how to bind
-    it by ``name`` (its parameter's, or its key's)."""
+    it by ``name`` (its parameter's, or its key's). With ``sharded``, an array keeps its
+    ``NamedSharding`` (code that asserts its arguments' shardings on Explicit axes)."""
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
     if hasattr(x, "shape") and hasattr(x, "dtype"):
+        kept = getattr(x, "sharding", None) if sharded else None
+        if isinstance(kept, NamedSharding):
+            return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=kept)
         return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
     if inside and type(x) in NUMBER_DTYPES:  # (Flax's TrainState.step, 0: as jax.jit takes it)
         try:
@@ -223,9 +231,10 @@ def _fix(x: Any, shown: str, inside: bool, name: str = "") -> str:
     )
 
 
-def abstract_args(args: Sequence[Any], fn: Any) -> list[Any]:
-    """Each of ``args`` (pytrees) with its leaves :func:`abstract`, a leaf that is not an
-    array refused naming its argument (by ``fn``'s parameter where it has one)."""
+def abstract_args(args: Sequence[Any], fn: Any, sharded: bool = False) -> list[Any]:
+    """Each of ``args`` (pytrees) with its leaves :func:`abstract` (``sharded``: keeping their
+    shardings), a leaf that is not an array refused naming its argument (by ``fn``'s
+    parameter where it has one)."""
     names, bases = positional_names(fn), top_names(fn, len(args))
     out = []
     for k, arg in enumerate(args):
@@ -234,11 +243,12 @@ def abstract_args(args: Sequence[Any], fn: Any) -> list[Any]:
 
         def leaf(path: Any, x: Any, k: int = k, where: str = where) -> jax.ShapeDtypeStruct:
             if not path:
-                return abstract(x, where, name=bases[k])  # (args[k] names no parameter)
+                return abstract(x, where, name=bases[k], sharded=sharded)  # (no parameter)
             base = bases[k]
             key = path[-1]
             last = str(getattr(key, "key", getattr(key, "name", "")))
-            return abstract(x, f"{base}{jax.tree_util.keystr(path)} in {where}", True, last)
+            where = f"{base}{jax.tree_util.keystr(path)} in {where}"
+            return abstract(x, where, True, last, sharded)
 
         out.append(jax.tree_util.tree_map_with_path(leaf, arg))
     return out
