@@ -209,7 +209,7 @@ def test_a_missing_script_and_a_scripts_error_read_as_under_python(tmp_path):
     script.write_text("def f():\n    raise ValueError('boom')\n\n\nf()\n")
     raised = shardwise("launch", "-n", "2", "--", sys.executable, str(script))
     assert raised.returncode == 1
-    # (the launcher passes a process's stderr on, or quotes its last words on one line)
+    # (the launcher passes a process's stderr on, or quotes its last words line by line)
     frames = re.findall(r'File "([^"]+)"', raised.stderr)
     assert frames and set(frames) == {str(script)}, raised.stderr
     assert "ValueError: boom" in raised.stderr

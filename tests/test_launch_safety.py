@@ -463,3 +463,18 @@ def test_a_native_log_line_after_an_exit_holds_back_only_a_reporting_processs_re
     shown = capsys.readouterr().err
     assert ("step 100 loss 0.5" in shown) != reporting, shown
     assert ("step 100 loss 0.5" in _last_words(run, 1)) == reporting
+
+
+def test_a_processs_last_words_keep_their_lines_where_errors_are_one_line(capsys):
+    """Off a terminal every error is one line; a process's last words, quoted line by line,
+    had been joined into that line with it, a traceback run together (probe U)."""
+    from shardwise.cli._common import print_error
+
+    words = '[p1] Traceback:\n[p1]   File "a.py", line 5\n[p1] ValueError: boom'
+    print_error(f"process 1 failed;\n  stopped the others. Its last words:\n{words}")
+    assert capsys.readouterr().err.splitlines() == [
+        "error: process 1 failed; stopped the others. Its last words:",
+        "[p1] Traceback:",
+        '[p1]   File "a.py", line 5',
+        "[p1] ValueError: boom",
+    ]

@@ -285,9 +285,11 @@ def _stop(message: str, code: int) -> NoReturn:
 
 def print_error(message: str) -> None:
     """``error: message`` on standard error: on a terminal in red, wrapped to its width;
-    anywhere else (a pipe, a log file) on one line, whatever its length."""
+    anywhere else (a pipe, a log file) on one line, whatever its length, but for the lines it
+    quotes of a launched process's output (``[p1] ...``), each kept on a line of its own."""
     if not err.is_terminal:
-        message = " ".join(message.split())
+        parts = re.split(r"\n(?=\[p\d+\] )", message)
+        message = "\n".join([" ".join(parts[0].split()), *(p.rstrip() for p in parts[1:])])
     err.print(
         f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=not err.is_terminal
     )
