@@ -116,6 +116,26 @@ def test_a_functions_picture_draws_its_inputs_and_output_and_short_labels():
     assert all(line.startswith("…") for t in texts[1:] for line in t.splitlines()[:1]), texts
 
 
+def test_an_argument_named_as_the_output_keeps_its_own_colour():
+    """Colours were kept by name: an argument named ``result`` took the output's red in its
+    column and on every device."""
+    from matplotlib.colors import to_hex
+
+    from shardwise.render.figure import OUTPUT_COLOUR, draw
+
+    def f(result, w):
+        return result @ w
+
+    S = jax.ShapeDtypeStruct
+    e = shardwise.explain(f, S((16, 32), "float32"), S((32, 8), "float32"), mesh="x=2,y=4",
+                          in_specs=("x,y", "y"))  # fmt: skip
+    assert e.operands[0].name == e.outputs[0].name == "result"
+    found = {p.get_gid(): to_hex(p.get_facecolor()) for p in draw(e).axes[0].patches}
+    assert found["out-0"] == OUTPUT_COLOUR
+    assert found["full-0"] != OUTPUT_COLOUR
+    assert all(found[f"shard-result-dev{d}"] == found["full-0"] for d in range(8))
+
+
 @pytest.mark.parametrize(
     ("mesh", "devices"), [("devices=1", 1), ("devices=2", 2), ("devices=8", 8), ("x=4,y=2", 8)]
 )

@@ -119,20 +119,19 @@ def _array_column(
     ax: Any,
     expl: Explanation,
     arrays: list[Any],
-    colours: dict[str, str],
+    colours: list[str],
     top: float,
     body: float,
     x: float,
     width: float,
     gid: str,
 ) -> None:
-    """Whole arrays stacked in one column, each labelled with its layout."""
+    """Whole arrays stacked in one column, each labelled with its layout (and drawn in its
+    colour, ``colours`` in the same order)."""
     slot = body / max(len(arrays), 1)
-    for k, (name, info, _, letters, _) in enumerate(arrays):
+    for k, ((name, info, _, letters, _), colour) in enumerate(zip(arrays, colours, strict=True)):
         y = top - (k + 1) * slot
-        _, by, _, _ = _array(
-            ax, expl, info, x, y + 0.5, width, slot - 0.7, colours[name], f"{gid}-{k}"
-        )
+        _, by, _, _ = _array(ax, expl, info, x, y + 0.5, width, slot - 0.7, colour, f"{gid}-{k}")
         ax.text(
             x + width / 2,
             by - 0.1,
@@ -153,19 +152,17 @@ def figure_size(expl: Explanation) -> tuple[float, float]:
     return WIDTH, round(1.3 + body + legend, 2)
 
 
-def _colours(named: list[Any], outputs: int) -> dict[str, str]:
-    """Each named array's colour: operands from :data:`PALETTE`, the ``outputs`` last arrays
-    (a function's are named by their paths, not ``output``), the local result."""
-    colours: dict[str, str] = {}
-    for k, (name, *_rest) in enumerate(named):
-        colours[name] = (
-            OUTPUT_COLOUR
-            if k >= len(named) - outputs
-            else LOCAL_COLOUR
-            if name == "local result"
-            else PALETTE[k % len(PALETTE)]
-        )
-    return colours
+def _colours(named: list[Any], outputs: int) -> list[str]:
+    """Each named array's colour, by position (an argument may bear an output's name):
+    operands from :data:`PALETTE`, the ``outputs`` last arrays, the local result."""
+    return [
+        OUTPUT_COLOUR
+        if k >= len(named) - outputs
+        else LOCAL_COLOUR
+        if name == "local result"
+        else PALETTE[k % len(PALETTE)]
+        for k, (name, *_rest) in enumerate(named)
+    ]
 
 
 def _short(name: str, room: int) -> str:
@@ -207,7 +204,7 @@ def _device(
     box: tuple[float, float, float, float],
     device: int,
     in_device: list[Any],
-    colours: dict[str, str],
+    colours: list[str],
     small: float,
 ) -> None:
     """One device's box at ``box`` (x, y, width, height) with its shard of each array."""
@@ -230,7 +227,7 @@ def _device(
     )
     n_slots = max(len(in_device), 1)
     vertical = cw < 0.8 * ch  # tall, narrow boxes stack the shards top to bottom
-    for j, (name, info, partial, _, _) in enumerate(in_device):
+    for j, ((name, info, partial, _, _), colour) in enumerate(zip(in_device, colours, strict=True)):
         shard_shape = info.shard_shape
         if vertical:
             slot_w, slot_h = cw - 0.2, (ch - 0.45) / n_slots
@@ -245,9 +242,9 @@ def _device(
             (rx, ry),
             bw,
             bh,
-            facecolor=colours[name],
+            facecolor=colour,
             alpha=0.35,
-            edgecolor=colours[name],
+            edgecolor=colour,
             linewidth=1.0,
             hatch="////" if partial else None,
         )
@@ -264,7 +261,7 @@ def _device(
             fontsize=size,
             ha="center",
             va="bottom",
-            color=colours[name],
+            color=colour,
             weight="bold",
         )
         ax.text(sx + slot_w / 2, ry - 0.06, dims + note, fontsize=size, ha="center", va="top")
@@ -274,7 +271,7 @@ def _device_grid(
     ax: Any,
     expl: Explanation,
     named: list[Any],
-    colours: dict[str, str],
+    colours: list[str],
     top: float,
     body: float,
 ) -> None:
@@ -288,7 +285,7 @@ def _device_grid(
     for pos in range(expl.mesh.size):
         r, c = divmod(pos, cols)
         box = (gx0 + c * cw, top - (r + 1) * ch, cw, ch)
-        _device(ax, box, ids[pos], in_device, colours, small)
+        _device(ax, box, ids[pos], in_device, colours[: len(in_device)], small)
 
 
 def _arrows(ax: Any, expl: Explanation, top: float, body: float) -> None:
@@ -361,11 +358,10 @@ def draw(expl: Explanation) -> Any:
     fig, ax, top, body, legend_h = _canvas(expl, figure)
     named = arrays_of(expl)
     colours = _colours(named, len(expl.outputs))
-    operands = named[: len(expl.operands)]
-    _array_column(ax, expl, operands, colours, top, body, x=0.3, width=3.2, gid="full")
+    ins, outs = len(expl.operands), len(named) - len(expl.outputs)
+    _array_column(ax, expl, named[:ins], colours[:ins], top, body, x=0.3, width=3.2, gid="full")
     _device_grid(ax, expl, named, colours, top, body)
-    outputs = named[len(named) - len(expl.outputs) :]
-    _array_column(ax, expl, outputs, colours, top, body, x=12.9, width=2.8, gid="out")
+    _array_column(ax, expl, named[outs:], colours[outs:], top, body, x=12.9, width=2.8, gid="out")
     _arrows(ax, expl, top, body)
     _legend(ax, expl, figure_size(expl)[0], legend_h)
     return fig
