@@ -28,6 +28,7 @@ from typing import Any
 import jax
 
 from shardwise._errors import ArgumentError, ShardwiseError
+from shardwise._program.control import scan_results
 from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, fused_reads, in_kernel
 from shardwise._program.rules import IDENTITIES, REDUCTIONS, Rule, rule_of, whole_dot_flops
 from shardwise._program.walk import Key, Path, Walker, abstract_args, is_var, named, rank, source_of
@@ -361,40 +362,4 @@ class _Builder(Walker[int]):
         body_steps = (first, len(self.steps))
         self.loops.append(Loop(start, self.clock, p["length"], carried, body_steps, p["unroll"]))
         self.repeat = repeat
-        return self._scan_results(eqn, path, here)
-
-    def _scan_results(self, eqn: Any, path: Path, here: Path) -> list[int | None]:
-        """A scan's results: each carry joins its initial value and its value in the body (one
-        layout across iterations); each stacked result is a map of its slices."""
-        p = eqn.params
-        body = p["jaxpr"].jaxpr
-        n_consts, n_carry = scan_counts(p)
-        for v in eqn.invars[n_consts : n_consts + n_carry]:  # even where the result is dropped
-            init = self.array(path, v)
-            if init is not None and self.values[init].shape:
-                self.carries.append((init, here))
-        source = self.where(eqn)
-        outs: list[int | None] = []
-        for k, (outer, inner) in enumerate(zip(eqn.outvars, body.outvars, strict=True)):
-            if not is_var(outer) or not rank(outer):
-                outs.append(None)
-                continue
-            y = self.define((path, outer), named("scan", source), source)
-            outs.append(y)
-            got = self.array(here, inner)
-            if got is None:
-                continue
-            if k < n_carry:
-                self.looped.add(got)
-                self.classes.join(got, y)
-                init = self.array(path, eqn.invars[n_consts + k])
-                carried = self.array(here, body.invars[n_consts + k])
-                for other in (init, carried):
-                    if other is not None:
-                        self.classes.join(got, other)
-            else:  # (stacked as it is made: its reads end where they did)
-                r, read = len(self.values[got].shape), self.last[got]
-                self.step("map", "scan stack", (got,), y, here, eqn, "scan stack",
-                          dim_map=(None, *range(r)), length=p["length"])  # fmt: skip
-                self.last[got] = read
-        return outs
+        return scan_results(self, eqn, path, here)
