@@ -3,8 +3,9 @@ gives it, and every dot's operands and result to its strategy's, so that XLA's p
 follows the plan rather than choosing its own.
 
 The program is the jaxpr :func:`~shardwise._program.graph.build` read, walked by the same
-:class:`~shardwise._program.walk.Walker` (calls inlined, a scan's body run by ``lax.scan``),
-so each array meets the layout the search chose for it under the key the graph gave it.
+:class:`~shardwise._program.walk.Walker` (calls inlined, a scan's body run by ``lax.scan``, a
+``cond``'s branches by ``lax.switch``), so each array meets the layout the search chose for it
+under the key the graph gave it.
 """
 
 from __future__ import annotations
@@ -119,6 +120,24 @@ class _Applier(Walker[Any]):
             else r
             for r, d in zip(results, dst, strict=True)
         ]
+
+    def cond(self, eqn: Any, path: Path, here: Path, ins: list[Any]) -> list[Any]:
+        """A ``cond`` whose branches run as the graph read them (branch ``k`` at path
+        ``(*here, k)``), each array in a branch put in its layout, under ``lax.switch`` on the
+        cond's index (which is in range: the clamp ``lax.switch`` adds changes nothing)."""
+
+        def branch(k: int, closed: Any) -> Callable[..., list[Any]]:
+            def run(*operands: Any) -> list[Any]:
+                outer, self.env = self.env, dict(self.env)
+                try:
+                    return self.run(closed.jaxpr, closed.consts, (*here, k), list(operands))
+                finally:
+                    self.env = outer
+
+            return run
+
+        branches = [branch(k, closed) for k, closed in enumerate(eqn.params["branches"])]
+        return list(jax.lax.switch(ins[0], branches, *ins[1:]))
 
     def stacked(self, scan: Path, key: Key) -> tuple[Spec, Spec, Spec] | None:
         """For the stack at ``key`` of the scan at ``scan``: its own layout, the layout it is

@@ -100,6 +100,11 @@ class _Finder(Walker[Any]):
         self.run(inner.jaxpr, inner.consts, here, bound)
         return [self._array(path, o) for o in eqn.outvars]
 
+    def cond(self, eqn: Any, path: Path, here: Path, ins: list[Any]) -> Sequence[Any]:
+        for k, branch in enumerate(eqn.params["branches"]):  # (as the graph reads them)
+            self.run(branch.jaxpr, branch.consts, (*here, k), ins[1:])
+        return [self._array(path, o) for o in eqn.outvars]
+
 
 _FOUND: Bounded[int, tuple[Graph, tuple[tuple[int, int, int], ...]]] = Bounded(8)
 

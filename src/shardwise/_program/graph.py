@@ -11,9 +11,10 @@ Walker`), reading each equation by its primitive's rule (:mod:`~shardwise._progr
 - a **map**: one operand whose dimensions carry their layout to the result's;
 - an **opaque** op, planned as needing its operands whole (one with no rule: not modelled).
 
-Calls are inlined. A layout the code asks for (``with_sharding_constraint``) is its operand's
-array, the layout recorded (:attr:`Graph.placed`). A ``scan``'s body is read once, its steps
-marked as repeated ``length`` times: L layers under ``lax.scan`` plan as fast as one.
+Calls are inlined, and a ``cond``'s branches (:mod:`~shardwise._program.control`). A layout the
+code asks for (``with_sharding_constraint``) is its operand's array, the layout recorded
+(:attr:`Graph.placed`). A ``scan``'s body is read once, its steps marked as repeated ``length``
+times: L layers under ``lax.scan`` plan as fast as one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import jax
 
 from shardwise._errors import ArgumentError, ShardwiseError
-from shardwise._program.control import scan_results
+from shardwise._program.control import read_cond, scan_results
 from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, fused_reads, in_kernel
 from shardwise._program.rules import IDENTITIES, REDUCTIONS, Rule, rule_of, whole_dot_flops
 from shardwise._program.walk import Key, Path, Walker, abstract_args, is_var, named, rank, source_of
@@ -249,6 +250,9 @@ class _Builder(Walker[int]):
     ) -> list[int | None]:
         # a result made from nothing (a jnp.tril mask, a checkpoint's) is free, as an iota
         return self.run(body, [None] * len(body.constvars), here, ins)
+
+    def cond(self, eqn: Any, path: Path, here: Path, ins: list[int | None]) -> list[Any]:
+        return read_cond(self, eqn, path, here, ins)
 
     def step(self, kind: Any, prim: str, inputs: Sequence[int], out: int, key: Path,
              eqn: Any, role: Role = "op", **more: Any) -> None:  # fmt: skip

@@ -53,10 +53,11 @@ def plan_dots(plan: ProgramPlan, chosen: PlannedLayout) -> Iterator[DotTerms]:
 
 
 def opaque_dots(jaxpr: Any) -> Iterator[DotTerms]:
-    """The dots inside the ops that the planner reads whole (a ``cond``'s branches, a
-    ``while``'s body), as dots every device computes whole: a compiled contraction that sums
-    all of one's terms is that dot, not a split of a dot on the same line (``lax.cond(p, f,
-    g) @ w2``, where ``f`` computes ``x @ w1``, had been refused as ``@ w2`` split in two)."""
+    """The dots inside the ops that the planner reads whole (a ``while``'s body), as dots
+    every device computes whole: a compiled contraction that sums all of one's terms is that
+    dot, not a split of a dot on the same line (a loop's ``x @ w1`` on the line of an ``@ w2``
+    twice its size would be refused as ``@ w2`` split in two). A call's, a scan's and a
+    ``cond``'s dots are steps of the graph."""
     for eqn in jaxpr.eqns:
         rule = rule_of(eqn.primitive.name)
         bodies = [
@@ -67,7 +68,7 @@ def opaque_dots(jaxpr: Any) -> Iterator[DotTerms]:
         ]
         if not bodies:
             continue
-        if rule.kind in ("call", "scan"):  # (inlined: its dots are steps of the graph)
+        if rule.kind in ("call", "scan", "cond"):  # (inlined: its dots are steps of the graph)
             for body in bodies:
                 yield from opaque_dots(body)
             continue

@@ -67,6 +67,9 @@ def _find(jaxpr: Any, path: Path, out: list[Path]) -> None:
             _find(getattr(inner, "jaxpr", inner), here, out)
         elif rule.kind == "scan":
             _find(eqn.params["jaxpr"].jaxpr, here, out)
+        elif rule.kind == "cond":
+            for b, branch in enumerate(eqn.params["branches"]):
+                _find(branch.jaxpr, (*here, b), out)
 
 
 def schedule(graph: Graph, copied: Callable[[], set[tuple[int, int]]]) -> Schedule:

@@ -14,6 +14,8 @@ A rule is one of:
 - **call**: a call whose body is inlined (``jit``, ``custom_jvp``, ``custom_vjp``,
   ``checkpoint``);
 - **scan**: ``lax.scan``, whose body is read once and repeated;
+- **cond**: ``lax.cond`` and ``lax.switch``, each of whose branches is read as a call's body
+  (XLA partitions a conditional's branches, its operands in their own layouts);
 - **constant**: made on each device from its parameters alone (``iota``);
 - **opaque**: planned whole: its operands gathered, the op run on each device, its cost the
   bytes it reads and writes.
@@ -34,7 +36,7 @@ from shardwise._model.op import Op
 from shardwise._program import windows
 from shardwise._program.windows import Reading
 
-Kind: TypeAlias = Literal["elementwise", "map", "dot", "call", "scan", "constant", "opaque"]
+Kind: TypeAlias = Literal["elementwise", "map", "dot", "call", "scan", "cond", "constant", "opaque"]
 MapParts: TypeAlias = tuple[tuple[int | None, ...], tuple[int, ...], tuple[int, ...]]
 """A map: the operand dimension each result dimension carries (``None``: a new one), the
 operand dimensions that must be whole on each device, and those summed away."""
@@ -300,6 +302,7 @@ register(
 )
 register(Rule("call", callee="call"), "custom_vmap_call")
 register(Rule("scan"), "scan")
+register(Rule("cond"), "cond")
 register(Rule("constant"), "iota empty empty2 create_token after_all platform_index")
 register(
     Rule("opaque"),
@@ -312,7 +315,7 @@ register(
     """,
 )
 UNTIMED = """
-    while cond fft cholesky cholesky_update triangular_solve lu qr geqrf ormqr
+    while fft cholesky cholesky_update triangular_solve lu qr geqrf ormqr
     householder_product eigh eig svd schur tridiagonal tridiagonal_solve hessenberg
     symmetric_product custom_linear_solve ragged_dot_general scaled_dot scaled_matmul_wrapper
 """

@@ -3,7 +3,8 @@
 :class:`Walker` walks a jaxpr equation by equation, each value under a :data:`Key` (its
 variable and the path of equation numbers through inlined calls): a call's body is walked in
 place (:mod:`~shardwise._program.rules` says which primitives are calls), a ``scan`` goes to
-:meth:`Walker.scan`, and every other equation to :meth:`Walker.equation`. The graph builder
+:meth:`Walker.scan`, a ``cond`` to :meth:`Walker.cond` (each branch's body at its own path),
+and every other equation to :meth:`Walker.equation`. The graph builder
 (:mod:`~shardwise._program.graph`, its values the graph's arrays) and the plan applier
 (:mod:`~shardwise._program.apply`, its values traced arrays) are its two visitors, so both
 see the same equations under the same keys.
@@ -68,6 +69,12 @@ class Walker(Generic[T]):
         """The values of a ``scan``'s results (its body is the jaxpr at path ``here``)."""
         raise NotImplementedError
 
+    def cond(self, eqn: Any, path: Path, here: Path, ins: list[T | None]) -> Sequence[Any]:
+        """The values of a ``cond``'s results (branch ``k``'s body is the jaxpr at path
+        ``(*here, k)``, its operands ``ins[1:]``); a walker that does not look inside reads it
+        as one equation."""
+        return self.equation(eqn, path, here, ins)
+
     def call(
         self, eqn: Any, here: Path, body: Any, consts: Sequence[Any], ins: list[T | None]
     ) -> Sequence[Any]:
@@ -100,6 +107,8 @@ class Walker(Generic[T]):
             return self.call(eqn, here, body, getattr(inner, "consts", ()), ins)
         if rule.kind == "scan":
             return self.scan(eqn, path, here, ins)
+        if rule.kind == "cond":
+            return self.cond(eqn, path, here, ins)
         return self.equation(eqn, path, here, ins)
 
 
