@@ -59,7 +59,7 @@ class Rule:
             program: a constant) and its result's (``None`` where it has none: it is planned
             opaque).
         modelled: ``False`` for the rule of a primitive that has none, and of an opaque one
-            whose time its bytes do not tell (linear algebra, FFTs, loops, conditionals):
+            whose time its bytes do not tell (linear algebra, FFTs, while loops):
             the report names them "not modelled".
         placement: a layout the user's code asks for (``with_sharding_constraint``,
             ``reshard``, ``device_put``): planned as elementwise, and when a plan runs, the
