@@ -29,6 +29,7 @@ from typing import Any
 import jax
 
 from shardwise._errors import ArgumentError, ShardwiseError
+from shardwise._program import drawn
 from shardwise._program.control import read_cond, scan_results
 from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, fused_reads, in_kernel
 from shardwise._program.rules import IDENTITIES, REDUCTIONS, Rule, rule_of, whole_dot_flops
@@ -61,7 +62,7 @@ class Graph:
         closed, tree: the traced jaxpr; the arguments' pytree (``out_tree``: the result's).
         parameters: each top-level argument's name (one with no leaves too, ``None``).
         elementwise_ops: elementwise ops in the program.
-        drawn: each draw of random bits (``random_bits``), its program point and shape.
+        drawn: each draw of random bits (``random_bits``): its program point, shape and array.
         placed: each layout the code asks an array to have, in program order.
         loops: each scan, nested ones too, in the order their bodies end.
         donated: the inputs whose buffers the results may take (``jax.jit``'s donation).
@@ -83,7 +84,7 @@ class Graph:
     carries: tuple[tuple[int, Path], ...]
     closed: Any
     elementwise_ops: int
-    drawn: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    drawn: tuple[tuple[int, tuple[int, ...], int], ...] = ()
     placed: tuple[Asked, ...] = ()
     loops: tuple[Loop, ...] = ()
     donated: frozenset[int] = frozenset()
@@ -168,18 +169,14 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         classes=tuple(b.classes.find(v) for v in range(len(b.values))),
         elementwise=types.MappingProxyType(b.elementwise),
         keys=types.MappingProxyType(b.env),
-        born=tuple(b.born),
-        last=tuple(b.last),
-        clock=b.clock,
-        fed=frozenset(b.fed),
-        looped=frozenset(b.looped),
-        carries=tuple(b.carries),
+        born=tuple(b.born), last=tuple(b.last), clock=b.clock,
+        fed=frozenset(b.fed), looped=frozenset(b.looped), carries=tuple(b.carries),
         closed=closed,
         elementwise_ops=b.elementwise_ops,
         drawn=tuple(b.drawn),
         placed=tuple(b.placed),
         loops=tuple(b.loops),
-    )
+    )  # fmt: skip
 
 
 class _Builder(Walker[int]):
@@ -199,7 +196,8 @@ class _Builder(Walker[int]):
         self.carries: list[tuple[int, Path]] = []
         self.clock = 0
         self.elementwise_ops = 0
-        self.drawn: list[tuple[int, tuple[int, ...]]] = []
+        self.drawn: list[tuple[int, tuple[int, ...], int]] = []
+        self.random: set[int] = set()  # random bits and what is made from them alone
         self.placed: list[Asked] = []
         self.loops: list[Loop] = []
         self.context = ""  # while a call's body is walked, the user's line the call is on
@@ -270,8 +268,8 @@ class _Builder(Walker[int]):
         operands = [self.array(path, v) for v in eqn.invars]
         inputs = [a for a in operands if a is not None]
         outs: list[int | None] = [None] * len(eqn.outvars)
-        if prim == "random_bits":
-            self.drawn.append((self.clock, tuple(int(n) for n in eqn.params["shape"])))
+        if (bits := drawn.read(self, eqn, path, inputs)) is not None:
+            return bits
         if rule.placement:  # one buffer: the plan's layout stands in for the one asked for
             self.placed += [Asked(a, spec, free, mesh, source)
                             for k, spec, free, mesh in layouts_asked(eqn)
@@ -302,7 +300,7 @@ class _Builder(Walker[int]):
         shape = self.values[out].shape
         for a in inputs:
             held = self.values[a].shape
-            if held == shape:
+            if held == shape and a not in self.random:  # (random bits: moved as a broadcast)
                 self.classes.join(a, out)
                 self.use(a, False)
                 self.sources.setdefault(out, []).append(a)

@@ -33,22 +33,23 @@ in the compiled HLO: a ``while`` over two ``u32[8,64]`` arrays for an ``f32[8,64
 
 
 def threefry_loops(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarray) -> None:
-    """The loop of each draw of random bits (:data:`THREEFRY_BUFFERS`), laid out as the first
-    array of their shape made from then on, which the bits are joined to (a dropout mask is
-    laid out as the activations it masks; whole where none is). XLA runs the loop while the
-    arrays it masks are made: its blocks are held from the last step that makes one of them
-    (seen in the compiled schedules: the loop before or after the dot making the
-    activations), up to the draw."""
+    """The loop of each draw of random bits (:data:`THREEFRY_BUFFERS`), laid out as the plan
+    lays out the bits (:mod:`~shardwise._program.drawn`). XLA runs the loop while the
+    arrays it masks (the first of their shape made from then on) are made: its blocks are held
+    from the last step that makes one of them (seen in the compiled schedules: the loop
+    before or after the dot making the activations), up to the draw."""
     if not graph.drawn:
         return
     made: dict[int, list[int]] = {}
     for step in graph.steps:
         if step.role == "op":  # (not a bias broadcast to the activations)
             made.setdefault(graph.find(step.output), []).append(graph.born[step.output])
-    for at, shape in graph.drawn:
-        later = [v for v, x in enumerate(graph.values) if x.shape == shape and graph.born[v] >= at]
+    drawn = {graph.find(d) for _, _, d in graph.drawn}
+    for at, shape, d in graph.drawn:
+        later = [v for v, x in enumerate(graph.values) if x.shape == shape
+                 and graph.born[v] >= at and graph.find(v) not in drawn]  # fmt: skip
         v = min(later, key=lambda u: graph.born[u]) if later else None
-        spec = lay.specs[v] if v is not None else Spec(())
+        spec = lay.specs[d]
         mine = made.get(graph.find(v), []) if v is not None else []
         start = max((t for t in mine if t <= at), default=at)
         bits = Value(shape, "uint32", "random bits", "")
