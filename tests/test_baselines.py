@@ -508,3 +508,29 @@ def test_every_plan_keeps_a_key_whole_and_draws_the_bits_jit_draws(make_key):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
     done = p.verify(repeat=1)
     assert all(item.verified.collectives_match for item in done.plans if item.verified)
+
+
+def test_a_mask_read_in_two_layouts_is_drawn_once_and_moved():
+    """A dropout mask read by the loss split on the batch and by a second product split on
+    the features (FSDP): XLA draws the bits once, in one layout, and moves them to the other
+    (an all-to-all of the mask, where the model had taken them as free in every layout and
+    predicted none); the plan lays the bits out and its prediction is what XLA compiles."""
+
+    def step(state, x):
+        key, sub = jax.random.split(state["key"])
+        mask = jax.random.bernoulli(sub, 0.7, (x.shape[0], 64))
+        masked = lambda w: jnp.where(mask, jax.nn.relu(x @ w), 0.0)  # noqa: E731
+        loss, g = jax.value_and_grad(lambda w: jnp.mean(masked(w) ** 2))(state["w"])
+        return {"key": key, "w": state["w"] - 0.1 * g}, loss + masked(state["w"]).mean()
+
+    state = {"key": jax.random.key(0), "w": jnp.ones((32, 64)) / 32}
+    x = jnp.arange(16 * 32, dtype=jnp.float32).reshape(16, 32) / 100
+    p = shardwise.plan(step, state, x, mesh="data=2,model=4", profile="cpu-2core", top=1)
+    assert "fsdp" in {item.name for item in p.plans}
+    want = jax.jit(step)(state, x)
+    got = p.sharded("fsdp")(state, x)
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=1e-5)
+    done = p.verify(repeat=1)
+    assert all(item.verified.collectives_match for item in done.plans), [
+        item.name for item in done.plans if not item.verified.collectives_match
+    ]
