@@ -27,7 +27,10 @@ of the bits' shape, each read and written every turn (seen in the compiled HLO: 
 def read(b: Any, eqn: Any, path: Path, inputs: list[int]) -> list[int | None] | None:
     """``eqn``'s results where it draws random bits or makes arrays from them alone (see
     :func:`draw`, :func:`derived`), as arrays of the builder ``b``; else ``None``."""
-    if eqn.primitive.name == "random_bits" and not inputs:
+    if eqn.primitive.name == "random_bits":  # (from keys that are arrays: an opaque op)
+        if inputs:
+            b.drawn.append((b.clock, tuple(int(n) for n in eqn.params["shape"]), None))
+            return None
         return [draw(b, eqn, path)]
     if inputs and all(a in b.random for a in inputs) and derived(b, eqn, path):
         return [b.env.get((path, o)) if is_var(o) else None for o in eqn.outvars]

@@ -62,7 +62,8 @@ class Graph:
         closed, tree: the traced jaxpr; the arguments' pytree (``out_tree``: the result's).
         parameters: each top-level argument's name (one with no leaves too, ``None``).
         elementwise_ops: elementwise ops in the program.
-        drawn: each draw of random bits (``random_bits``): its program point, shape and array.
+        drawn: each draw of random bits (``random_bits``): its program point, shape and array
+            (``None``: drawn by an opaque op, from keys that are an array).
         placed: each layout the code asks an array to have, in program order.
         loops: each scan, nested ones too, in the order their bodies end.
         donated: the inputs whose buffers the results may take (``jax.jit``'s donation).
@@ -84,7 +85,7 @@ class Graph:
     carries: tuple[tuple[int, Path], ...]
     closed: Any
     elementwise_ops: int
-    drawn: tuple[tuple[int, tuple[int, ...], int], ...] = ()
+    drawn: tuple[tuple[int, tuple[int, ...], int | None], ...] = ()
     placed: tuple[Asked, ...] = ()
     loops: tuple[Loop, ...] = ()
     donated: frozenset[int] = frozenset()
@@ -196,7 +197,7 @@ class _Builder(Walker[int]):
         self.carries: list[tuple[int, Path]] = []
         self.clock = 0
         self.elementwise_ops = 0
-        self.drawn: list[tuple[int, tuple[int, ...], int]] = []
+        self.drawn: list[tuple[int, tuple[int, ...], int | None]] = []
         self.random: set[int] = set()  # random bits and what is made from them alone
         self.placed: list[Asked] = []
         self.loops: list[Loop] = []

@@ -44,12 +44,12 @@ def threefry_loops(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarra
     for step in graph.steps:
         if step.role == "op":  # (not a bias broadcast to the activations)
             made.setdefault(graph.find(step.output), []).append(graph.born[step.output])
-    drawn = {graph.find(d) for _, _, d in graph.drawn}
+    drawn = {graph.find(d) for _, _, d in graph.drawn if d is not None}
     for at, shape, d in graph.drawn:
         later = [v for v, x in enumerate(graph.values) if x.shape == shape
                  and graph.born[v] >= at and graph.find(v) not in drawn]  # fmt: skip
         v = min(later, key=lambda u: graph.born[u]) if later else None
-        spec = lay.specs[d]
+        spec = lay.specs[d] if d is not None else lay.specs[v] if v is not None else Spec(())
         mine = made.get(graph.find(v), []) if v is not None else []
         start = max((t for t in mine if t <= at), default=at)
         bits = Value(shape, "uint32", "random bits", "")
