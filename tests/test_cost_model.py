@@ -24,7 +24,13 @@ from shardwise._model.strategy import Strategy
 from shardwise._planner.calibrate import MATMULS, fit_matmul
 from shardwise._program.graph import build
 from shardwise._program.integer import milp as _milp
-from shardwise._program.moves import COPY_BYTES, reshard, reshard_seconds
+from shardwise._program.moves import (
+    COPY_BYTES,
+    briefs_kept,
+    reshard,
+    reshard_grid,
+    reshard_seconds,
+)
 from shardwise._program.nodes import Value
 from shardwise._program.problem import Problem, build_problem, effective_mesh
 from shardwise._program.search import descend, solve, total
@@ -102,6 +108,50 @@ def test_fit_matmul_fits_every_shape_it_is_given():
     assert abs(np.log(b / 4e8)) < abs(np.log(two[1] / 4e8))
     predicted = flops / f + moved / b
     assert np.all(np.abs(predicted / slow - 1) < 0.3)
+
+
+def _every_spec(rank: int, mesh: MeshSpec) -> list[Spec]:
+    """Every spec of ``rank`` dimensions on ``mesh``, whether or not it divides a shape."""
+    out = []
+    for pick in itertools.product([None, *range(rank)], repeat=len(mesh.axes)):
+        entries: list[list[str]] = [[] for _ in range(rank)]
+        for (axis, _), d in zip(mesh.axes, pick, strict=True):
+            if d is not None:
+                entries[d].append(axis)
+        out.append(Spec(tuple(tuple(e) for e in entries)))
+    return out
+
+
+@pytest.mark.parametrize("profile", ["cpu-2core", "tpu-v5p", "h100"])
+@pytest.mark.parametrize(
+    ("mesh", "shape", "dtype"),
+    [
+        ("x=2,y=4", (256, 512), "float32"),
+        ("x=2,y=4", (6, 10, 12), "bfloat16"),  # (blocks that do not divide: floored)
+        ("a=2,b=2,c=2,d=2", (16, 32, 16, 16), "float32"),
+        ("x=8", (0, 16), "int8"),
+        ("x=1,y=8", (16,), "float16"),
+    ],
+)
+def test_the_grid_of_moves_is_each_moves_time_exactly(profile, mesh, shape, dtype):
+    """The cost matrices price every pair of layouts at once in NumPy (a mesh of four axes
+    gives an array hundreds of layouts): the same numbers, to the bit, as each pair's time
+    (ties between plans are broken alike), for every pair, repeat and count of copies."""
+    spec, prof = MeshSpec.parse(mesh), BUILTIN[profile]
+    specs = _every_spec(len(shape), spec)
+    specs = specs[:: max(1, len(specs) // 60)]  # (four axes: 625 specs, every 10th)
+    value = Value(shape, dtype, "")
+    for repeat, copies in ((1, 0), (3, 2)):
+        grid = reshard_grid(value, specs, specs[::-1], spec, prof, repeat, copies)
+        want = [[reshard_seconds(value, a, b, spec, prof, repeat, copies) for b in specs[::-1]]
+                for a in specs]  # fmt: skip
+        assert grid.shape == (len(specs), len(specs))
+        assert np.array_equal(grid, np.array(want)), (repeat, copies)
+        with briefs_kept():  # (each pair's recipe made once for all grids)
+            again = [reshard_grid(value, specs[k:], specs, spec, prof, repeat, copies)
+                     for k in (0, 1)]  # fmt: skip
+        assert np.array_equal(again[0], np.array(want)[:, ::-1])
+        assert np.array_equal(again[1], again[0][1:])
 
 
 def test_a_cpu_gather_along_a_later_dimension_costs_a_copy_back():

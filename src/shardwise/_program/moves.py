@@ -9,8 +9,10 @@ Pure: no devices.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,10 +108,16 @@ class _Recipe:
     relayout: tuple[tuple[int, ...], ...]
 
 
+@cached(maxsize=1 << 14)
+def _ways(spec: Spec, rank: int, mesh: MeshSpec) -> tuple[int, ...]:
+    """The ways ``spec`` splits each of ``rank`` dimensions."""
+    return tuple(entry_ways(e, mesh) for e in spec.padded(rank))
+
+
 @cached(maxsize=1 << 18)
 def _recipe(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> _Recipe:
     def ways(spec: Spec) -> tuple[int, ...]:
-        return tuple(entry_ways(e, mesh) for e in spec.padded(rank))
+        return _ways(spec, rank, mesh)
 
     moves = reshard_moves(src, dst, rank)
     found, before = [], src
@@ -120,6 +128,158 @@ def _recipe(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> _Recipe:
         before = move.spec
     sliced = ways(dst) if set(dst.axes) - set(src.axes) else None
     return _Recipe(tuple(found), sliced, tuple(ways(s) for s in _relayouts(src, moves, rank)))
+
+
+Brief = tuple[tuple[tuple[str, str, int], ...], int, tuple[int, ...]]
+"""A :class:`_Recipe` for blocks that every layout divides evenly: each collective's kind,
+axis and the ways it splits the array (``size // ways`` elements a block); the ways of the
+slice's block (0: no slice); and of each block a CPU copies back."""
+
+_BRIEFS: contextvars.ContextVar[dict[tuple[Spec, Spec, int, MeshSpec], Brief] | None] = (
+    contextvars.ContextVar("shardwise_briefs", default=None)
+)
+_GRIDS: contextvars.ContextVar[dict[tuple[Any, ...], _Grid] | None] = contextvars.ContextVar(
+    "shardwise_grids", default=None
+)
+
+
+@contextlib.contextmanager
+def briefs_kept() -> Iterator[None]:
+    """Within it, each pair of layouts' :data:`Brief` is made once, however many grids it is
+    in, and each grid once, however many arrays it prices (a mesh of four axes: half a
+    million pairs, in 27 grids of 4.3 million pairs, 14 of them distinct); dropped after
+    (kept for good, they would hold hundreds of megabytes)."""
+    briefs, grids = _BRIEFS.set({}), _GRIDS.set({})
+    try:
+        yield
+    finally:
+        _BRIEFS.reset(briefs)
+        _GRIDS.reset(grids)
+
+
+def _brief(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> Brief:
+    kept, key = _BRIEFS.get(), (src, dst, rank, mesh)
+    found = None if kept is None else kept.get(key)
+    if found is None:
+        r = _recipe.__wrapped__(src, dst, rank, mesh)  # type: ignore[attr-defined]
+        found = (
+            tuple((kind, axis, math.prod(w)) for kind, axis, w in r.collectives),
+            0 if r.sliced is None else math.prod(r.sliced),
+            tuple(math.prod(w) for w in r.relayout),
+        )
+        if kept is not None:
+            kept[key] = found
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Grid:
+    """The :data:`Brief` of every pair of a grid of layouts (``rows × cols`` pairs, row-major),
+    flattened for NumPy: each collective (in each pair's order) with its pair, its kind and
+    axis (an index into ``terms``) and its ways; each slice and each CPU copy back, with its
+    pair and ways; and which pairs move nothing (the same spec)."""
+
+    shape: tuple[int, int]
+    same: np.ndarray
+    pair: np.ndarray
+    term: np.ndarray
+    ways: np.ndarray
+    terms: tuple[tuple[str, str], ...]
+    sliced: tuple[np.ndarray, np.ndarray]
+    relayout: tuple[np.ndarray, np.ndarray]
+
+
+def _grid(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpec) -> _Grid:
+    kept, key = _GRIDS.get(), (tuple(srcs), tuple(dsts), rank, mesh)
+    found = None if kept is None else kept.get(key)
+    if found is None:
+        found = _make_grid(srcs, dsts, rank, mesh)
+        if kept is not None:
+            kept[key] = found
+    return found
+
+
+def _make_grid(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpec) -> _Grid:
+    terms: dict[tuple[str, str], int] = {}
+    pair: list[int] = []
+    term: list[int] = []
+    ways: list[int] = []
+    sliced: tuple[list[int], list[int]] = ([], [])
+    back: tuple[list[int], list[int]] = ([], [])
+    for i, src in enumerate(srcs):
+        for j, dst in enumerate(dsts):
+            k = i * len(dsts) + j
+            collectives, cut, copied = _brief(src, dst, rank, mesh)
+            for kind, axis, w in collectives:
+                pair.append(k)
+                term.append(terms.setdefault((kind, axis), len(terms)))
+                ways.append(w)
+            if cut:
+                sliced[0].append(k)
+                sliced[1].append(cut)
+            back[0].extend([k] * len(copied))
+            back[1].extend(copied)
+
+    def ints(row: list[int]) -> np.ndarray:
+        return np.array(row, dtype=np.int64)
+
+    return _Grid(
+        (len(srcs), len(dsts)),
+        np.array([src == dst for src in srcs for dst in dsts], dtype=bool),
+        ints(pair),
+        ints(term),
+        ints(ways),
+        tuple(terms),
+        (ints(sliced[0]), ints(sliced[1])),
+        (ints(back[0]), ints(back[1])),
+    )
+
+
+def reshard_grid(
+    value: Value,
+    srcs: Sequence[Spec],
+    dsts: Sequence[Spec],
+    mesh: MeshSpec,
+    profile: Profile,
+    repeat: int,
+    copies: int = 0,
+) -> np.ndarray:
+    """:func:`reshard_seconds` of every pair of ``srcs × dsts``, as a matrix: the same sums in
+    the same order, so the same numbers, in NumPy (a mesh of four axes gives an array hundreds
+    of layouts, and each step is priced between every two). Where a layout does not divide
+    the array evenly, pair by pair."""
+    size, shape = math.prod(value.shape), value.shape
+    if not all(_divides(shape, spec, mesh) for spec in (*srcs, *dsts)):
+        rows = [[reshard_seconds(value, a, b, mesh, profile, repeat, copies) for b in dsts]
+                for a in srcs]  # fmt: skip
+        return np.array(rows, dtype=float).reshape(len(srcs), len(dsts))
+    g = _grid(srcs, dsts, len(shape), mesh)
+    width, wire = np.dtype(value.dtype).itemsize, wire_itemsize(value.dtype, profile.platform)
+    blocks = size // g.ways  # (each layout divides each dimension: :func:`_blocks` alike)
+    seconds = np.zeros(g.shape[0] * g.shape[1])
+    times = np.zeros(len(g.pair))
+    for t, (kind, axis) in enumerate(g.terms):
+        mine = g.term == t
+        times[mine] = ring_seconds(kind, (axis,), wire * blocks[mine], mesh, profile)
+    np.add.at(seconds, g.pair, times)  # (in each pair's order, as Python's sum adds)
+    at, ways = g.sliced
+    seconds[at] += 2 * (size // ways) * width / profile.memory_Bps
+    if profile.platform == "cpu":
+        back = np.zeros(len(seconds), dtype=np.int64)
+        np.add.at(back, g.relayout[0], size // g.relayout[1] * width)
+        seconds += 2 * back / profile.memory_Bps
+        moved = np.zeros(len(seconds), dtype=np.int64)
+        a2a = np.array([kind == "all-to-all" for kind, _ in g.terms], dtype=bool)[g.term]
+        np.add.at(moved, g.pair[a2a], blocks[a2a])
+        seconds += copies * COPY_BYTES * moved * wire / profile.memory_Bps
+    seconds[g.same] = 0.0
+    return np.asarray((seconds * repeat).reshape(g.shape))
+
+
+def _divides(shape: tuple[int, ...], spec: Spec, mesh: MeshSpec) -> bool:
+    return all(
+        n % entry_ways(e, mesh) == 0 for n, e in zip(shape, spec.padded(len(shape)), strict=False)
+    )
 
 
 def all_to_all(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> bool:

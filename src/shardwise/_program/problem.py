@@ -30,9 +30,9 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
-from shardwise._program.moves import entry_ways
+from shardwise._program.moves import briefs_kept, entry_ways, reshard_grid
 from shardwise._program.nodes import Step
-from shardwise._program.steps import StepCosts, broadcast_read, dot_strategies
+from shardwise._program.steps import StepCosts, a2a_copies, broadcast_read, dot_strategies
 
 _T = TypeVar("_T")
 
@@ -217,15 +217,16 @@ def build_problem(
         problem.menus.append(menu)
         key = ("elementwise", menu, value.dtype, costs.runs.get(root, 0))
         problem.unary.append(problem.once(key, _each, costs.elementwise, root, specs))
-    for k, step in enumerate(graph.steps):
-        if deadline is not None and time.perf_counter() > deadline:
-            raise _too_long(mesh, problem.choices, k, len(graph.steps), time_limit)
-        if step.kind == "dot":
-            _add_dot(problem, k, step)
-        elif step.kind == "map":
-            _add_map(problem, step)
-        else:
-            _add_opaque(problem, k, step)
+    with briefs_kept():
+        for k, step in enumerate(graph.steps):
+            if deadline is not None and time.perf_counter() > deadline:
+                raise _too_long(mesh, problem.choices, k, len(graph.steps), time_limit)
+            if step.kind == "dot":
+                _add_dot(problem, k, step)
+            elif step.kind == "map":
+                _add_map(problem, step)
+            else:
+                _add_opaque(problem, k, step)
     return problem.freeze()
 
 
@@ -282,26 +283,27 @@ def _map_matrix(step: Step, sa: list[Spec], sb: list[Spec], costs: StepCosts) ->
         own = np.array([costs.broadcast_bytes(step, r) for r in reads])
         a = step.inputs[0]
         return np.asarray(_moves(costs, step, a, sa, reads, True) + own[None, :])
-    after: dict[Spec, np.ndarray] = {}
-    rows = []
-    for s in sa:
-        head, mapped = costs.map_head(step, s)
-        if mapped not in after:
-            after[mapped] = np.array(
-                [costs.move_seconds(step, step.output, mapped, t, False) for t in sb]
-            )
-        rows.append(head.seconds + after[mapped])
-    return np.array(rows)
+    heads = [costs.map_head(step, s) for s in sa]
+    after = _moves(costs, step, step.output, [mapped for _, mapped in heads], sb, False)
+    return np.asarray(np.array([head.seconds for head, _ in heads])[:, None] + after)
 
 
 def _moves(
     costs: StepCosts, step: Step, a: int, srcs: list[Spec], dsts: list[Spec], into_op: bool
 ) -> np.ndarray:
     """Seconds to move array ``a`` for ``step`` from each of ``srcs`` to each of ``dsts``
-    (each distinct pair costed once)."""
+    (each distinct pair costed once, all at once by :func:`~.moves.reshard_grid` but where a
+    scan's slice may move its whole stack first, :meth:`StepCosts.hoisted`)."""
     rows = {spec: k for k, spec in enumerate(dict.fromkeys(srcs))}
     cols = {spec: k for k, spec in enumerate(dict.fromkeys(dsts))}
-    table = np.array([[costs.move_seconds(step, a, x, y, into_op) for y in cols] for x in rows])
+    if costs.moves_nothing(step, a):
+        table = np.zeros((len(rows), len(cols)))
+    elif step.role == "scan slice" and a == step.output:
+        table = np.array([[costs.move_seconds(step, a, x, y, into_op) for y in cols] for x in rows])
+    else:
+        copies = a2a_copies(a, costs.made, into_op)
+        table = reshard_grid(costs.graph.values[a], list(rows), list(cols), costs.mesh,
+                             costs.profile, step.runs(a == step.output), copies)  # fmt: skip
     return table[np.ix_([rows[x] for x in srcs], [cols[y] for y in dsts])]
 
 
