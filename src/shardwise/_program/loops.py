@@ -35,9 +35,12 @@ in the compiled HLO: a ``while`` over two ``u32[8,64]`` arrays for an ``f32[8,64
 def threefry_loops(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarray) -> None:
     """The loop of each draw of random bits (:data:`THREEFRY_BUFFERS`), laid out as the plan
     lays out the bits (:mod:`~shardwise._program.drawn`). XLA runs the loop while the
-    arrays it masks (the first of their shape made from then on) are made: its blocks are held
-    from the last step that makes one of them (seen in the compiled schedules: the loop
-    before or after the dot making the activations), up to the draw."""
+    arrays it masks (the first of their shape made from then on) are made: where one of them
+    is made before the draw, its blocks are held from the last step that makes one, up to
+    the draw (seen in the compiled schedules: the loop before or after the dot making the
+    activations). Where none is, the loop needs only the key: XLA's scheduler, which orders
+    ops to hold the least, runs it where the least is held between the draw and the first step
+    that reads the bits (:func:`_quietest`)."""
     if not graph.drawn:
         return
     made: dict[int, list[int]] = {}
@@ -53,7 +56,24 @@ def threefry_loops(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarra
         mine = made.get(graph.find(v), []) if v is not None else []
         start = max((t for t in mine if t <= at), default=at)
         bits = Value(shape, "uint32", "random bits", "")
+        if start == at and d is not None:
+            start = at = _quietest(graph, d, at, points)
         points[start : at + 1] += THREEFRY_BUFFERS * shard_bytes(bits, spec, mesh)
+
+
+def _quietest(graph: Graph, bits: int, at: int, points: np.ndarray) -> int:
+    """The program point from the draw ``at`` of ``bits`` to the first step that reads them
+    (or what is made from them alone: the mask) where the fewest bytes are held: where XLA
+    runs the loop that draws them. Its scheduler puts an op that frees nothing as late as its
+    readers allow, after the ops that free buffers (seen in the compiled schedule of a dropout
+    step split over the weights' columns (FSDP): the loop after the dot that reads the
+    gathered weight, which is freed by then, not at the program's start beside it: 20 KB
+    where the draw over the gathered weights had counted 29 KB)."""
+    mask = graph.find(bits)
+    readers = [graph.born[s.output] for s in graph.steps if graph.born[s.output] >= at
+               and any(graph.find(a) == mask for a in s.inputs)]  # fmt: skip
+    end = min(min(readers, default=graph.clock), len(points) - 1)
+    return at + int(np.argmin(points[at : end + 1])) if end >= at else at
 
 
 def carry_copies(graph: Graph, lay: Layouts, mesh: MeshSpec, points: np.ndarray) -> None:
