@@ -154,6 +154,23 @@ def test_the_grid_of_moves_is_each_moves_time_exactly(profile, mesh, shape, dtyp
         assert np.array_equal(again[1], again[0][1:])
 
 
+def test_a_grid_past_what_is_kept_is_priced_a_block_of_rows_at_a_time(monkeypatch):
+    """A grid larger than the pairs kept is priced in blocks of rows (kept whole, 22 million
+    pairs had run the machine out of memory), and what is kept stops at the bound: the
+    same numbers."""
+    import shardwise._program.moves as moves
+
+    monkeypatch.setattr(moves, "KEPT_PAIRS", 40)
+    specs = _every_spec(2, MESH)
+    value = Value((256, 512), "float32", "")
+    want = [[reshard_seconds(value, a, b, MESH, CPU, 2, 1) for b in specs] for a in specs]
+    with briefs_kept():
+        grid = reshard_grid(value, specs, specs, MESH, CPU, 2, 1)
+        assert len(moves._BRIEFS.get() or {}) == 40
+        assert sum(g.shape[0] * g.shape[1] for g in (moves._GRIDS.get() or {}).values()) <= 40
+    assert np.array_equal(grid, np.array(want))
+
+
 def test_a_cpu_gather_along_a_later_dimension_costs_a_copy_back():
     value = Value((256, 256), "float32", "")
     first = reshard_seconds(value, Spec.parse("x"), Spec(()), MESH, CPU, 1)

@@ -143,12 +143,21 @@ _GRIDS: contextvars.ContextVar[dict[tuple[Any, ...], _Grid] | None] = contextvar
 )
 
 
+KEPT_PAIRS = 1 << 20
+"""The most pairs of layouts whose :data:`Brief` :func:`briefs_kept` keeps, and the most
+pairs of the grids it keeps (a grid prices a shape in NumPy from 50 bytes a pair or so). A
+larger grid is priced a block of rows of that many pairs at a time: an array of 5,356
+layouts on a mesh of four axes beside a dot's 4,096 strategies makes 22 million pairs,
+which kept whole had run the machine out of memory."""
+
+
 @contextlib.contextmanager
 def briefs_kept() -> Iterator[None]:
     """Within it, each pair of layouts' :data:`Brief` is made once, however many grids it is
     in, and each grid once, however many arrays it prices (a mesh of four axes: half a
-    million pairs, in 27 grids of 4.3 million pairs, 14 of them distinct); dropped after
-    (kept for good, they would hold hundreds of megabytes)."""
+    million pairs, in 27 grids of 4.3 million pairs, 14 of them distinct), up to
+    :data:`KEPT_PAIRS` of each; dropped after (kept for good, they would hold hundreds of
+    megabytes)."""
     briefs, grids = _BRIEFS.set({}), _GRIDS.set({})
     try:
         yield
@@ -161,13 +170,13 @@ def _brief(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> Brief:
     kept, key = _BRIEFS.get(), (src, dst, rank, mesh)
     found = None if kept is None else kept.get(key)
     if found is None:
-        r = _recipe.__wrapped__(src, dst, rank, mesh)  # type: ignore[attr-defined]
+        r = _recipe(src, dst, rank, mesh)
         found = (
             tuple((kind, axis, math.prod(w)) for kind, axis, w in r.collectives),
             0 if r.sliced is None else math.prod(r.sliced),
             tuple(math.prod(w) for w in r.relayout),
         )
-        if kept is not None:
+        if kept is not None and len(kept) < KEPT_PAIRS:
             kept[key] = found
     return found
 
@@ -194,7 +203,8 @@ def _grid(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpec)
     found = None if kept is None else kept.get(key)
     if found is None:
         found = _make_grid(srcs, dsts, rank, mesh)
-        if kept is not None:
+        held = sum(g.shape[0] * g.shape[1] for g in kept.values()) if kept is not None else 0
+        if kept is not None and held + len(found.same) <= KEPT_PAIRS:
             kept[key] = found
     return found
 
@@ -249,10 +259,15 @@ def reshard_grid(
     of layouts, and each step is priced between every two). Where a layout does not divide
     the array evenly, pair by pair."""
     size, shape = math.prod(value.shape), value.shape
+    if len(srcs) * len(dsts) > KEPT_PAIRS and len(srcs) > 1:  # (a block of rows at a time)
+        n = max(1, KEPT_PAIRS // len(dsts))
+        parts = [reshard_grid(value, srcs[k : k + n], dsts, mesh, profile, repeat, copies)
+                 for k in range(0, len(srcs), n)]  # fmt: skip
+        return np.vstack(parts)
     if not all(_divides(shape, spec, mesh) for spec in (*srcs, *dsts)):
-        rows = [[reshard_seconds(value, a, b, mesh, profile, repeat, copies) for b in dsts]
+        each = [[reshard_seconds(value, a, b, mesh, profile, repeat, copies) for b in dsts]
                 for a in srcs]  # fmt: skip
-        return np.array(rows, dtype=float).reshape(len(srcs), len(dsts))
+        return np.array(each, dtype=float).reshape(len(srcs), len(dsts))
     g = _grid(srcs, dsts, len(shape), mesh)
     width, wire = np.dtype(value.dtype).itemsize, wire_itemsize(value.dtype, profile.platform)
     blocks = size // g.ways  # (each layout divides each dimension: :func:`_blocks` alike)
