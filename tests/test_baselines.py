@@ -534,3 +534,20 @@ def test_a_mask_read_in_two_layouts_is_drawn_once_and_moved():
     assert all(item.verified.collectives_match for item in done.plans), [
         item.name for item in done.plans if not item.verified.collectives_match
     ]
+
+
+def test_only_elementwise_ops_on_random_bits_are_drawn_with_them():
+    """What is made from random bits alone element by element (the mask, the bits as floats)
+    is drawn with them; a product, a transpose or a sort of random arrays is a step as any
+    other's (a product of random matrices had been read as free: no dot, no collective), and
+    a draw from an array of keys holds bits of the keys' dimensions too."""
+
+    def gram(k):
+        a = jax.random.normal(k, (64, 64))
+        return a @ a.T, jnp.sort(a, axis=0)
+
+    graph = build(gram, [jax.random.key(0)])
+    assert {s.prim for s in graph.steps} >= {"dot_general", "transpose", "sort"}
+    keys = jax.random.split(jax.random.key(0), 16)
+    drawn = build(jax.vmap(lambda k: jax.random.bernoulli(k, 0.5, (64,))), [keys]).drawn
+    assert [shape for _, shape, _ in drawn] == [(16, 64)]

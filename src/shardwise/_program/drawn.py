@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardwise._program.rules import IDENTITIES, rule_of
 from shardwise._program.walk import Path, is_var, named, rank
 
 DRAW_PASSES = 10
@@ -24,14 +25,22 @@ of the bits' shape, each read and written every turn (seen in the compiled HLO: 
 ``while`` with ``known_trip_count`` 5 carrying two ``u32[2,64]`` arrays)."""
 
 
+BITWISE = frozenset({"bitcast_convert_type", *IDENTITIES})
+"""Ops besides the elementwise ones that make an array from random bits alone, element by
+element (the bits as floats, in ``jax.random.uniform``): what ``derived`` joins to them."""
+
+
 def read(b: Any, eqn: Any, path: Path, inputs: list[int]) -> list[int | None] | None:
     """``eqn``'s results where it draws random bits or makes arrays from them alone (see
     :func:`draw`, :func:`derived`), as arrays of the builder ``b``; else ``None``."""
     if eqn.primitive.name == "random_bits":  # (from keys that are arrays: an opaque op)
-        if inputs:
-            b.drawn.append((b.clock, tuple(int(n) for n in eqn.params["shape"]), None))
+        if inputs:  # (its bits: the keys' dimensions and each key's)
+            b.drawn.append((b.clock, tuple(eqn.outvars[0].aval.shape), None))
             return None
         return [draw(b, eqn, path)]
+    rule = rule_of(eqn.primitive.name)
+    if rule.placement or (rule.kind != "elementwise" and eqn.primitive.name not in BITWISE):
+        return None  # (a dot, a sort, a constraint on them: read as any other array's)
     if inputs and all(a in b.random for a in inputs) and derived(b, eqn, path):
         return [b.env.get((path, o)) if is_var(o) else None for o in eqn.outvars]
     return None
