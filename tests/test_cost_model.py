@@ -127,7 +127,8 @@ def _every_spec(rank: int, mesh: MeshSpec) -> list[Spec]:
     ("mesh", "shape", "dtype"),
     [
         ("x=2,y=4", (256, 512), "float32"),
-        ("x=2,y=4", (6, 10, 12), "bfloat16"),  # (blocks that do not divide: floored)
+        ("x=2,y=4", (8, 16, 24), "bfloat16"),
+        ("x=2,y=4", (6, 10, 12), "float32"),  # (layouts that do not divide: pair by pair)
         ("a=2,b=2,c=2,d=2", (16, 32, 16, 16), "float32"),
         ("x=8", (0, 16), "int8"),
         ("x=1,y=8", (16,), "float16"),

@@ -143,12 +143,12 @@ _GRIDS: contextvars.ContextVar[dict[tuple[Any, ...], _Grid] | None] = contextvar
 )
 
 
-KEPT_PAIRS = 1 << 20
-"""The most pairs of layouts whose :data:`Brief` :func:`briefs_kept` keeps, and the most
-pairs of the grids it keeps (a grid prices a shape in NumPy from 50 bytes a pair or so). A
-larger grid is priced a block of rows of that many pairs at a time: an array of 5,356
-layouts on a mesh of four axes beside a dot's 4,096 strategies makes 22 million pairs,
-which kept whole had run the machine out of memory."""
+KEPT_PAIRS = 1 << 19
+"""The most pairs of layouts whose :data:`Brief` :func:`briefs_kept` keeps (some 370 bytes
+each), and the most pairs of the grids it keeps (some 65 bytes each): about 230 MB at most,
+while a program is priced. A larger grid is priced a block of rows of that many pairs at a
+time: an array of 5,356 layouts on a mesh of four axes beside a dot's 4,096 strategies makes
+22 million pairs, which kept whole had run the machine out of memory."""
 
 
 @contextlib.contextmanager

@@ -298,7 +298,7 @@ def _moves(
     cols = {spec: k for k, spec in enumerate(dict.fromkeys(dsts))}
     if costs.moves_nothing(step, a):
         table = np.zeros((len(rows), len(cols)))
-    elif step.role == "scan slice" and a == step.output:
+    elif costs.hoists(step, a):
         table = np.array([[costs.move_seconds(step, a, x, y, into_op) for y in cols] for x in rows])
     else:
         copies = a2a_copies(a, costs.made, into_op)

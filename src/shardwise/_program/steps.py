@@ -221,17 +221,17 @@ class StepCosts:
         result if empty (its zeros move as a product would: seen, two 192 B all-to-alls)."""
         return step.key in self.empty and (a != step.output or not self.graph.values[a].nbytes)
 
+    def hoists(self, step: Step, a: int) -> bool:
+        """Whether ``step`` slices ``a`` from a stack that two scans slice (:meth:`hoisted`)."""
+        return step.role == "scan slice" and a == step.output and step.inputs[0] in self.hoisting
+
     def hoisted(self, step: Step, a: int, src: Spec, dst: Spec) -> Spec | None:
         """Where a layer's slice of an argument that two scans slice (a training step's
         forward and backward passes) is moved by all-to-alls before any gather, the layout
-        those all-to-alls leave it in: XLA moves the whole stack so, once, before the loops,
-        as that leaves it no bigger (seen in the compiled HLO: an all-to-all of the
-        ``f32[2,8,32,256]`` stack ahead of the while loop, and the slice's all-gather that
-        follows in the loop); else ``None``: the slice moves in each iteration (seen: where
-        one scan slices the stack, a forward pass, each layer's slice of it moves in the while
-        body, on 3 meshes and 2 sizes of the built-in transformer, whose training step hoists
-        the move)."""
-        if step.role != "scan slice" or a != step.output or step.inputs[0] not in self.hoisting:
+        those all-to-alls leave it in: XLA moves the whole stack so, once, before the loops
+        (seen in the compiled HLO: an all-to-all of the ``f32[2,8,32,256]`` stack before the
+        while loop); else ``None``: the slice moves in each iteration (a forward pass)."""
+        if not self.hoists(step, a):
             return None
         return all_to_alls_first(src, dst, len(self.graph.values[a].shape))
 
