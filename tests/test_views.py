@@ -310,3 +310,19 @@ def test_the_demo_makes_the_pictures_folder_it_is_given(tmp_path):
     folder = tmp_path / "new" / "pictures"
     run_demo("small", repeat=1, pictures=folder, with_dask=False)
     assert {p.name for p in folder.iterdir()} >= {"S1.svg", "S1.png", "S4.svg", "S4.png"}
+
+
+def test_explain_takes_a_prng_key_and_an_argument_the_function_does_not_read():
+    """A typed PRNG key had no NumPy dtype to name (``key<fry>``: a raw ``TypeError``), and
+    an argument the function does not read, which XLA leaves out of the compiled program,
+    had made the operands one short (``zip() argument 2 is shorter``)."""
+    x = jnp.ones((16, 32))
+
+    def noisy(key, x, unused):
+        return jax.random.normal(key, x.shape) + x
+
+    e = shardwise.explain(noisy, jax.random.key(0), x, x, mesh="x=2,y=4",
+                          in_specs=(None, "x", None))  # fmt: skip
+    assert [(o.name, o.dtype) for o in e.operands] == [("key", "uint64"), ("x", "float32")]
+    assert "dev 7" in to_text(e)
+    ET.fromstring(to_svg(e))

@@ -212,8 +212,8 @@ class Sharded:
             if not elsewhere or x.sharding == sharding:
                 return x
             if shapes:
-                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding,
-                                            weak_type=x.weak_type)  # fmt: skip
+                weak = getattr(x, "weak_type", False)  # (a PRNG key array has none)
+                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=weak)
             return jax.device_put(x, sharding)
 
         if not per:

@@ -25,6 +25,7 @@ from shardwise._model.spec import Layout, Spec, placements
 from shardwise._model.strategy import Strategy, reduce_axes
 from shardwise._xla.cause import Cause, einsum_cause, generic_cause
 from shardwise._xla.check import contraction_problems, ensure_sound
+from shardwise._xla.dtypes import storage_name
 from shardwise._xla.hlo import Collective, collectives
 from shardwise._xla.lower import jitted, target_layout
 from shardwise._xla.meshes import named, platform
@@ -248,7 +249,8 @@ def explain_function(
     in_names = argument_names(fn, args) if fn is not None else []
     out_names = result_names(compiled.out_info)
     in_leaves = jax.tree.leaves(args)
-    in_shardings = jax.tree.leaves(compiled.input_shardings[0])
+    # (an argument the function does not read is left out of the compiled program: None)
+    in_shardings = jax.tree.leaves(compiled.input_shardings[0], is_leaf=lambda s: s is None)
     out_avals = jax.tree.leaves(compiled.out_info)
     out_shardings = jax.tree.leaves(compiled.output_shardings)
     found = tuple(collectives(compiled.as_text() or "", spec.shape))
@@ -264,6 +266,7 @@ def explain_function(
                 name=_at(in_names, k, f"args[{k}]"),
             )
             for k, (x, s) in enumerate(zip(in_leaves, in_shardings, strict=True))
+            if s is not None
         ),
         outputs=tuple(
             dataclasses.replace(array_info(o.shape, o.dtype, s, spec), name=_at(out_names, k, ""))
@@ -291,4 +294,4 @@ def array_info(shape: Sequence[int], dtype: Any, sharding: Any, mesh: MeshSpec) 
     else:
         spec = Spec(())
         shard = tuple(sharding.shard_shape(shape_t)) if sharding is not None else shape_t
-    return ArrayInfo(shape_t, np.dtype(dtype).name, spec, shard)
+    return ArrayInfo(shape_t, storage_name(dtype), spec, shard)  # (a PRNG key: its bytes')
