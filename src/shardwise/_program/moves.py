@@ -116,18 +116,16 @@ def _ways(spec: Spec, rank: int, mesh: MeshSpec) -> tuple[int, ...]:
 
 @cached(maxsize=1 << 18)
 def _recipe(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> _Recipe:
-    def ways(spec: Spec) -> tuple[int, ...]:
-        return _ways(spec, rank, mesh)
-
     moves = reshard_moves(src, dst, rank)
     found, before = [], src
     for move in moves:
         if move.axis is not None and mesh.shape[move.axis] > 1:
             held = move.spec if move.kind == "all-gather" else before
-            found.append((move.kind, move.axis, ways(held)))
+            found.append((move.kind, move.axis, _ways(held, rank, mesh)))
         before = move.spec
-    sliced = ways(dst) if set(dst.axes) - set(src.axes) else None
-    return _Recipe(tuple(found), sliced, tuple(ways(s) for s in _relayouts(src, moves, rank)))
+    sliced = _ways(dst, rank, mesh) if set(dst.axes) - set(src.axes) else None
+    back = tuple(_ways(s, rank, mesh) for s in _relayouts(src, moves, rank))
+    return _Recipe(tuple(found), sliced, back)
 
 
 Brief = tuple[tuple[tuple[str, str, int], ...], int, tuple[int, ...]]
@@ -264,7 +262,7 @@ def reshard_grid(
         parts = [reshard_grid(value, srcs[k : k + n], dsts, mesh, profile, repeat, copies)
                  for k in range(0, len(srcs), n)]  # fmt: skip
         return np.vstack(parts)
-    if not all(_divides(shape, spec, mesh) for spec in (*srcs, *dsts)):
+    if not all(divides(shape, spec, mesh) for spec in (*srcs, *dsts)):
         each = [[reshard_seconds(value, a, b, mesh, profile, repeat, copies) for b in dsts]
                 for a in srcs]  # fmt: skip
         return np.array(each, dtype=float).reshape(len(srcs), len(dsts))
@@ -291,7 +289,8 @@ def reshard_grid(
     return np.asarray((seconds * repeat).reshape(g.shape))
 
 
-def _divides(shape: tuple[int, ...], spec: Spec, mesh: MeshSpec) -> bool:
+def divides(shape: Sequence[int], spec: Spec, mesh: MeshSpec) -> bool:
+    """Whether ``spec`` splits each dimension of ``shape`` evenly."""
     return all(
         n % entry_ways(e, mesh) == 0 for n, e in zip(shape, spec.padded(len(shape)), strict=False)
     )

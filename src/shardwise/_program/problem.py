@@ -30,7 +30,7 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
-from shardwise._program.moves import briefs_kept, entry_ways, reshard_grid
+from shardwise._program.moves import briefs_kept, divides, reshard_grid
 from shardwise._program.nodes import Step
 from shardwise._program.steps import StepCosts, a2a_copies, broadcast_read, dot_strategies
 
@@ -186,8 +186,9 @@ def spec_choices(shape: Sequence[int], mesh: MeshSpec) -> tuple[int, list[Spec]]
         for (axis, _), d in zip(axes, pick, strict=True):
             if d is not None:
                 entries[d].append(axis)
-        if all(n % entry_ways(e, mesh) == 0 for n, e in zip(shape, entries, strict=True)):
-            out.append(Spec(tuple(tuple(e) for e in entries)).canonical())
+        spec = Spec(tuple(tuple(e) for e in entries))
+        if divides(shape, spec, mesh):
+            out.append(spec.canonical())
     return considered, out
 
 
