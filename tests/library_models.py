@@ -388,6 +388,44 @@ def nnx_mixed_precision_step() -> Model:
     return train_step, (state, _normal(1, (64, 32)), _normal(2, (64, 32)))
 
 
+def eqx_batchnorm_step(width: int = 64) -> Model:
+    """An SGD step of an Equinox MLP with ``eqx.nn.BatchNorm``, its state made with
+    ``eqx.nn.make_with_state`` and the model mapped over the batch with ``jax.vmap`` under
+    the BatchNorm's ``axis_name``, as Equinox's docs write it: the batch statistics are a
+    ``psum`` over that axis, which ``vmap`` makes a sum over the batch."""
+    import equinox as eqx
+
+    class Model(eqx.Module):
+        first: eqx.nn.Linear
+        norm: eqx.nn.BatchNorm
+        last: eqx.nn.Linear
+
+        def __init__(self, key: jax.Array) -> None:
+            k1, k2 = jax.random.split(key)
+            self.first = eqx.nn.Linear(width, width, key=k1)
+            self.norm = eqx.nn.BatchNorm(width, axis_name="batch", mode="batch")
+            self.last = eqx.nn.Linear(width, 10, key=k2)
+
+        def __call__(self, x: jax.Array, state: Any) -> Any:
+            h, state = self.norm(self.first(x), state)
+            return self.last(jax.nn.relu(h)), state
+
+    model, state = eqx.nn.make_with_state(Model)(jax.random.key(0))
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def loss(params: Any, state: Any, x: jax.Array, y: jax.Array) -> Any:
+        batched = jax.vmap(eqx.combine(params, static), axis_name="batch",
+                           in_axes=(0, None), out_axes=(0, None))  # fmt: skip
+        out, state = batched(x, state)
+        return jnp.mean((out - y) ** 2), state
+
+    def train_step(params: Any, state: Any, x: jax.Array, y: jax.Array) -> Any:
+        (value, state), grads = jax.value_and_grad(loss, has_aux=True)(params, state, x, y)
+        return value, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), state
+
+    return train_step, (params, state, _normal(1, (32, width)), _normal(2, (32, 10)))
+
+
 MODELS: dict[str, Callable[[], Model]] = {
     "nnx-mlp": nnx_mlp,
     "nnx-gpt-loss": nnx_gpt,
@@ -400,5 +438,6 @@ MODELS: dict[str, Callable[[], Model]] = {
     "nnx-12-layers": nnx_deep_stack,
     "linen-logical": linen_logical,
     "nnx-mixed-precision": nnx_mixed_precision_step,
+    "eqx-batchnorm-step": eqx_batchnorm_step,
 }
 """Each case's factory, by the name the tests give it."""

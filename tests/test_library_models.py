@@ -47,6 +47,7 @@ LIBRARIES = {
     "nnx-12-layers": ("flax",),
     "linen-logical": ("flax",),
     "nnx-mixed-precision": ("flax",),
+    "eqx-batchnorm-step": ("equinox",),
 }
 """The libraries each case needs; a case whose library is missing is skipped."""
 

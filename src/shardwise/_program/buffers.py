@@ -7,6 +7,7 @@ buffer. :mod:`.memory` holds none of them apart.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -103,6 +104,18 @@ def overwritten(
                 last[j] = graph.born[v] - 1
                 dying[(graph.find(v), graph.born[v])].remove(j)
                 break
+
+
+def made_again(graph: Graph, born: Sequence[int], reads: list[int]) -> None:
+    """Hold each of :attr:`Graph.recomputed` (``x - mean``) only until its first read and
+    what it is made from until its last (``reads``, by array), as XLA computes it again in
+    each op that reads it; but a sum made for a pooling (:func:`pooled_sums`)."""
+    pooled = {a for a, _, _ in pooled_sums(graph)}
+    for v, first, operands in reversed(graph.recomputed):  # (a chain's last first)
+        if v not in pooled:
+            for a in operands:
+                reads[a] = max(reads[a], reads[v])
+            reads[v] = max(born[v], min(first, reads[v]))
 
 
 def pooled_sums(graph: Graph) -> tuple[tuple[int, int, int], ...]:

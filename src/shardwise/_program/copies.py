@@ -13,11 +13,13 @@ both at once.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from shardwise._model.mesh import MeshSpec
+from shardwise._model.reshard import reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._program.bins import Temps
 from shardwise._program.graph import Graph
@@ -64,6 +66,9 @@ class Copies:
         self.cpu = cpu
         self._moved: list[_Moved] = []
         self._step: tuple[tuple[int, ...], tuple[Key, ...]] = ((), ())
+        self.passing = 0
+        """The most bytes the arguments' moves of several steps hold beyond their copies as
+        the program starts, where XLA makes them one after another (:func:`passing_bytes`)."""
 
     def operands(
         self, graph: Graph, step: Step, ins: tuple[Spec, ...], at: int, first: dict[int, int],
@@ -82,6 +87,8 @@ class Copies:
             copy = shard_bytes(value, used, mesh) * wide
             relay = relayout_bytes(value, specs[a], used, mesh) * wide if self.cpu else 0
             if a in graph.inputs:
+                passing = passing_bytes(value, specs[a], used, mesh) * wide
+                self.passing = max(self.passing, passing)
                 key = (a, used.canonical())
                 self.early[key] = (copy, max(at, self.early.get(key, (0, 0))[1]))
                 if relay:
@@ -150,3 +157,27 @@ def made_copy(value: Value, made: Spec, kept: Spec, mesh: MeshSpec, cpu: bool) -
         return 0
     pieces = 2 if cpu and all_to_all(made, kept, len(value.shape), mesh) else 1
     return pieces * shard_bytes(value, made, mesh) * widening(value.dtype, cpu)
+
+
+def passing_bytes(value: Value, held: Spec, used: Spec, mesh: MeshSpec) -> int:
+    """The bytes per device a move of ``value`` from ``held`` to ``used`` holds at once beyond
+    its result, where it takes more than one collective (or a collective, then a slice):
+    each step's result beside the one it is made from (the held array aside, counted as it
+    is). Seen in the compiled HLO of an FSDP plan that reads its batch, held split on
+    ``(data, model)``, split on ``model`` alone: XLA gathers it on ``model``, then whole on
+    ``data``, then slices it, and holds the whole batch and the first gather at once.
+
+    >>> from shardwise._program.nodes import Value
+    >>> v = Value((512, 256), "float32", "x", "")
+    >>> mesh = MeshSpec.parse("data=2,model=4")
+    >>> passing_bytes(v, Spec.parse("(data,model)"), Spec.parse("model"), mesh)  # 1/4 + whole
+    655360
+    >>> passing_bytes(v, Spec.parse("(data,model)"), Spec.parse("data"), mesh)  # one gather
+    0
+    """
+    moves = reshard_moves(held, used, len(value.shape))
+    if len(moves) < 2:
+        return 0
+    sizes = [shard_bytes(value, move.spec, mesh) for move in moves]
+    most = max(sizes[0], *(a + b for a, b in itertools.pairwise(sizes)))
+    return max(0, most - sizes[-1])

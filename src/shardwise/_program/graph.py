@@ -31,8 +31,25 @@ import jax
 from shardwise._errors import ArgumentError, ShardwiseError
 from shardwise._program import drawn
 from shardwise._program.control import read_cond, scan_results
-from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, fused_reads, in_kernel
-from shardwise._program.rules import IDENTITIES, REDUCTIONS, Rule, rule_of, whole_dot_flops
+from shardwise._program.nodes import (
+    Asked,
+    Classes,
+    Loop,
+    Role,
+    Step,
+    Value,
+    fused_reads,
+    in_kernel,
+    recomputed,
+)
+from shardwise._program.rules import (
+    IDENTITIES,
+    REDUCTIONS,
+    Rule,
+    positional_sum,
+    rule_of,
+    whole_dot_flops,
+)
 from shardwise._program.walk import Key, Path, Walker, abstract_args, is_var, named, rank, source_of
 from shardwise._program.walk import asked as layouts_asked
 from shardwise._program.walk import module_of as library_module
@@ -67,6 +84,9 @@ class Graph:
         placed: each layout the code asks an array to have, in program order.
         loops: each scan, nested ones too, in the order their bodies end.
         donated: the inputs whose buffers the results may take (``jax.jit``'s donation).
+        recomputed: each result of an elementwise op with an operand broadcast in it
+            (``x - mean``) that no step reads, its first read, and the operands XLA
+            computes it from again where it is read later (:func:`.nodes.recomputed`).
     """
 
     values: tuple[Value, ...]
@@ -89,6 +109,7 @@ class Graph:
     placed: tuple[Asked, ...] = ()
     loops: tuple[Loop, ...] = ()
     donated: frozenset[int] = frozenset()
+    recomputed: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
     parameters: tuple[str, ...] = ()
     data: tuple[int, ...] = ()
     tree: Any = None
@@ -161,6 +182,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
     fused_reads(b.sources, b.fed | {step.output for step in b.steps}, b.last)
     for v in inputs:
         b.last[v] = b.clock
+    outs = {o for o in outputs if o is not None}
     return Graph(
         values=tuple(b.values),
         steps=tuple(b.steps),
@@ -177,6 +199,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         drawn=tuple(b.drawn),
         placed=tuple(b.placed),
         loops=tuple(b.loops),
+        recomputed=recomputed(b.steps, b.sources, b.fed | outs, b.first),
     )  # fmt: skip
 
 
@@ -192,6 +215,7 @@ class _Builder(Walker[int]):
         self.sources: dict[int, list[int]] = {}  # each elementwise result's operands
         self.born: list[int] = []
         self.last: list[int] = []
+        self.first: dict[int, int] = {}  # each array's first read
         self.fed: set[int] = set()
         self.looped: set[int] = set()
         self.carries: list[tuple[int, Path]] = []
@@ -218,6 +242,7 @@ class _Builder(Walker[int]):
 
     def use(self, v: int, by_step: bool) -> None:
         self.last[v] = self.clock
+        self.first.setdefault(v, self.clock)
         if by_step:
             self.fed.add(v)
 
@@ -264,7 +289,7 @@ class _Builder(Walker[int]):
 
     def equation(self, eqn: Any, path: Path, here: Path, ins: list[int | None]) -> list[int | None]:
         self.clock += 1
-        prim, source = eqn.primitive.name, self.where(eqn)
+        prim, source = positional_sum(eqn), self.where(eqn)
         rule = rule_of(prim)
         operands = [self.array(path, v) for v in eqn.invars]
         inputs = [a for a in operands if a is not None]
@@ -278,7 +303,7 @@ class _Builder(Walker[int]):
             self.env.update({(path, o): a for o, a in zip(eqn.outvars, operands, strict=False)
                              if a is not None})  # fmt: skip
             return [self.env.get((path, o)) if is_var(o) else None for o in eqn.outvars]
-        if prim in IDENTITIES and inputs:
+        if (prim in IDENTITIES or prim == "psum ()") and inputs:
             self.env[(path, eqn.outvars[0])] = inputs[0]
             return [inputs[0]]
         if not inputs:
@@ -313,7 +338,7 @@ class _Builder(Walker[int]):
 
     def _op(self, eqn: Any, rule: Rule, here: Path, operands: list[int | None], out: int) -> None:
         """A dot, map or opaque op making ``out`` from ``operands`` (``None``: no array)."""
-        prim, params = eqn.primitive.name, eqn.params
+        prim, params = positional_sum(eqn), eqn.params
         shapes = [None if a is None else self.values[a].shape for a in operands]
         inputs = [a for a in operands if a is not None]
         out_shape = self.values[out].shape

@@ -23,6 +23,7 @@ from shardwise._program.buffers import (
     folded_transposes,
     gathered_transposes,
     in_place,
+    made_again,
     overwritten,
     padded_windows,
     pooled_operands,
@@ -122,6 +123,7 @@ def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Live
             written[r] = min(written[r], born[v])
     loops.loop_lives(graph, born)
     reads = last_reads(graph, plan)
+    made_again(graph, born, reads)
     updated_early(graph, taken, born, reads)  # (results over donated arguments)
     for v, a in sorted(folded.items(), reverse=True):  # (a later transpose of a transpose)
         reads[a] = max(reads[a], reads[v])
@@ -293,6 +295,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     still &= (sizes > 0) & (lives.first <= lives.last)
     results = {arrays[k]: len(temps.size) + i for i, k in enumerate(np.flatnonzero(still))}
     temps.extend(lives.first[still], lives.last[still], sizes[still])
+    temps.add(0, 0, copies.passing)  # (a result's buffer may take it too)
     _heap(graph, lives, sizes, copies, results, points)
     combined(later, points)
     loops.carry_copies(graph, lay, mesh, points)

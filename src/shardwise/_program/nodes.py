@@ -211,3 +211,26 @@ def fused_reads(sources: Mapping[int, Sequence[int]], kept: Set[int], last: list
     for v, operands in sorted(sources.items(), reverse=True):  # (a chain's last first)
         if v not in kept and len(operands) == 1:
             last[operands[0]] = max(last[operands[0]], last[v])
+
+
+def recomputed(
+    steps: Sequence[Step],
+    sources: Mapping[int, Sequence[int]],
+    kept: Set[int],
+    first: Mapping[int, int],
+) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """Each result of an elementwise op that reads an operand broadcast (``x - mean``, the
+    mean of each row; a bias added) that no step reads or makes otherwise and that is made
+    from at most one array of its own shape, its first read, and the arrays it is made from.
+    XLA fuses it into each op that reads it, computing it again there from those arrays,
+    which are so held until its last reader (a BatchNorm's ``x - mean``, read again in the
+    backward pass, is made there again from ``x``), not it."""
+    found: dict[int, list[int]] = {}
+    for step in steps:  # (``kept``: the arrays a step reads, and the results)
+        if step.implicit and step.output not in kept:
+            found.setdefault(step.output, []).append(step.inputs[0])
+    return tuple(
+        (v, first.get(v, 0), (*sources.get(v, ()), *broadcast))
+        for v, broadcast in sorted(found.items())
+        if len(sources.get(v, ())) <= 1
+    )

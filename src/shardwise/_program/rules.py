@@ -322,3 +322,17 @@ UNTIMED = """
 """Opaque primitives whose time their bytes do not tell (an SVD of 256 x 512 ran 290 times
 its bytes' time): planned whole, costed by their bytes, and named as not modelled."""
 register(Rule("opaque", modelled=False), UNTIMED)
+
+
+def positional_sum(eqn: Any) -> str:
+    """``eqn``'s primitive as the graph reads it: a ``psum`` over positional axes of one
+    operand (what ``jax.vmap`` makes of a ``psum``/``pmean`` over its ``axis_name``: the
+    batch statistics of a BatchNorm) is the ``reduce_sum`` it computes, and over none
+    (its transpose in a backward pass) ``"psum ()"``, its operand itself."""
+    prim: str = eqn.primitive.name
+    axes = eqn.params.get("axes")
+    if prim != "psum" or len(eqn.invars) != 1 or eqn.params.get("axis_index_groups"):
+        return prim
+    if not all(isinstance(a, int) for a in axes):
+        return prim
+    return "reduce_sum" if axes else "psum ()"
