@@ -107,15 +107,15 @@ def overwritten(
 
 
 def made_again(graph: Graph, born: Sequence[int], reads: list[int]) -> None:
-    """Hold each of :attr:`Graph.recomputed` (``x - mean``) only until its first read and
-    what it is made from until its last (``reads``, by array), as XLA computes it again in
-    each op that reads it; but a sum made for a pooling (:func:`pooled_sums`)."""
+    """Hold none of :attr:`Graph.recomputed` (``x - mean``), and what each is made from until
+    its last reader (``reads``, by array), as XLA computes it in each op that reads it; but a
+    sum made for a pooling, which XLA makes a buffer of (:func:`pooled_sums`)."""
     pooled = {a for a, _, _ in pooled_sums(graph)}
-    for v, first, operands in reversed(graph.recomputed):  # (a chain's last first)
-        if v not in pooled:
+    for v, operands in reversed(graph.recomputed):  # (a chain's last first)
+        if v not in pooled and v not in graph.looped:  # (a scan's carry: a buffer)
             for a in operands:
                 reads[a] = max(reads[a], reads[v])
-            reads[v] = max(born[v], min(first, reads[v]))
+            reads[v] = born[v] - 1  # (no buffer of its own)
 
 
 def pooled_sums(graph: Graph) -> tuple[tuple[int, int, int], ...]:

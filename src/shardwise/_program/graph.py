@@ -85,8 +85,8 @@ class Graph:
         loops: each scan, nested ones too, in the order their bodies end.
         donated: the inputs whose buffers the results may take (``jax.jit``'s donation).
         recomputed: each result of an elementwise op with an operand broadcast in it
-            (``x - mean``) that no step reads, its first read, and the operands XLA
-            computes it from again where it is read later (:func:`.nodes.recomputed`).
+            (``x - mean``) that no step reads, and the arrays XLA computes it from in each
+            op that reads it (:func:`.nodes.recomputed`).
     """
 
     values: tuple[Value, ...]
@@ -109,7 +109,7 @@ class Graph:
     placed: tuple[Asked, ...] = ()
     loops: tuple[Loop, ...] = ()
     donated: frozenset[int] = frozenset()
-    recomputed: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
+    recomputed: tuple[tuple[int, tuple[int, ...]], ...] = ()
     parameters: tuple[str, ...] = ()
     data: tuple[int, ...] = ()
     tree: Any = None
@@ -199,7 +199,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         drawn=tuple(b.drawn),
         placed=tuple(b.placed),
         loops=tuple(b.loops),
-        recomputed=recomputed(b.steps, b.sources, b.fed | outs, b.first),
+        recomputed=recomputed(b.steps, b.sources, b.fed | outs),
     )  # fmt: skip
 
 
@@ -215,7 +215,6 @@ class _Builder(Walker[int]):
         self.sources: dict[int, list[int]] = {}  # each elementwise result's operands
         self.born: list[int] = []
         self.last: list[int] = []
-        self.first: dict[int, int] = {}  # each array's first read
         self.fed: set[int] = set()
         self.looped: set[int] = set()
         self.carries: list[tuple[int, Path]] = []
@@ -242,7 +241,6 @@ class _Builder(Walker[int]):
 
     def use(self, v: int, by_step: bool) -> None:
         self.last[v] = self.clock
-        self.first.setdefault(v, self.clock)
         if by_step:
             self.fed.add(v)
 

@@ -214,23 +214,20 @@ def fused_reads(sources: Mapping[int, Sequence[int]], kept: Set[int], last: list
 
 
 def recomputed(
-    steps: Sequence[Step],
-    sources: Mapping[int, Sequence[int]],
-    kept: Set[int],
-    first: Mapping[int, int],
-) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    steps: Sequence[Step], sources: Mapping[int, Sequence[int]], kept: Set[int]
+) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """Each result of an elementwise op that reads an operand broadcast (``x - mean``, the
-    mean of each row; a bias added) that no step reads or makes otherwise and that is made
-    from at most one array of its own shape, its first read, and the arrays it is made from.
-    XLA fuses it into each op that reads it, computing it again there from those arrays,
+    mean of each row; a bias added) that no step reads (``kept``: what steps read, and the
+    results) and that is made from at most one array of its own shape, and the arrays it is
+    made from. XLA fuses it into each op that reads it, computing it there from those arrays,
     which are so held until its last reader (a BatchNorm's ``x - mean``, read again in the
-    backward pass, is made there again from ``x``), not it."""
+    backward pass, is made there again from ``x``), and keeps no buffer of it."""
     found: dict[int, list[int]] = {}
-    for step in steps:  # (``kept``: the arrays a step reads, and the results)
+    for step in steps:
         if step.implicit and step.output not in kept:
             found.setdefault(step.output, []).append(step.inputs[0])
     return tuple(
-        (v, first.get(v, 0), (*sources.get(v, ()), *broadcast))
+        (v, (*sources.get(v, ()), *broadcast))
         for v, broadcast in sorted(found.items())
         if len(sources.get(v, ())) <= 1
     )
