@@ -50,6 +50,7 @@ from shardwise._program.rules import (
     rule_of,
     whole_dot_flops,
 )
+from shardwise._program.selects import unselected
 from shardwise._program.walk import Key, Path, Walker, abstract_args, is_var, named, rank, source_of
 from shardwise._program.walk import asked as layouts_asked
 from shardwise._program.walk import module_of as library_module
@@ -168,7 +169,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
     [('map', 'cumsum', (0,))]
     """
     b = _Builder()
-    closed = live_only(closed)  # (what nothing reads XLA never computes)
+    closed = live_only(unselected(closed))  # (what nothing reads XLA never computes)
     jaxpr = closed.jaxpr
     names = tuple(names) or tuple(f"x{k}" for k in range(len(jaxpr.invars)))
     inputs = [
