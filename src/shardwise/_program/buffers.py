@@ -218,6 +218,32 @@ def in_place(graph: Graph, results: set[int], cpu: bool = False) -> dict[int, in
     return out
 
 
+def in_conds(graph: Graph, cpu: bool = False) -> dict[int, int]:
+    """The arrays that live in a ``cond``'s result buffer, each to that result: XLA writes a
+    branch's result in the conditional's own buffer, and the arrays of its class that the
+    branch reads last before it (the dot whose ``tanh`` the branch returns) there too, as
+    elementwise ops run in place (seen in the compiled HLO of a cond of ``x @ w * 2`` and
+    ``tanh(x @ w)``: the dot, the product and the conditional's result in one buffer; each had
+    been counted beside it)."""
+    out: dict[int, int] = {}
+    results = {v for v in graph.outputs if v is not None} | set(graph.inputs)
+    for got, r, start in graph.branched:
+        out[got] = r
+        kept = graph.values[r]
+        for v in graph.fed | {s.output for s in graph.steps}:
+            value = graph.values[v]
+            if (
+                v not in results
+                and graph.find(v) == graph.find(r)
+                and start < graph.born[v]
+                and graph.last[v] <= graph.born[got]
+                and value.shape == kept.shape
+                and held_dtype(value.dtype, cpu) == kept.dtype
+            ):
+                out.setdefault(v, r)
+    return out
+
+
 def unread_inputs(graph: Graph) -> frozenset[int]:
     """The arguments that nothing in the program reads and that are not results: ``jax.jit``
     drops them (``keep_unused=False``), so the compiled program holds no buffer for them (seen:

@@ -9,9 +9,13 @@ branch's body as it reads a call's, its steps steps of the graph.
 Its results are one buffer whichever branch runs: each is an array of its own in one class
 with what every branch returns for it (one layout, as XLA gives a conditional's results over
 its branches). XLA allocates them at the conditional, apart from the branch's own buffers, and
-holds its operands until it ends (an accumulating step whose update is skipped where the loss
-is not finite compiled with 2,280 bytes of temporaries that had been counted inside its
-results' buffers).
+holds its operands, buffers of their own, until it ends (an accumulating step whose update is
+skipped where the loss is not finite compiled with 2,280 bytes of temporaries that had been
+counted inside its results' buffers). What a branch makes and returns is written in that
+buffer, not beside it (:attr:`~shardwise._program.graph.Graph.branched`,
+:func:`~shardwise._program.buffers.in_conds`); a result that every branch returns as the same
+operand is that operand (:func:`passed_through`: a gradient's residual), and a dot in a
+branch sums its partial sums there (:attr:`~shardwise._program.nodes.Step.branch`).
 """
 
 from __future__ import annotations
@@ -27,28 +31,57 @@ def read_cond(builder: Any, eqn: Any, path: Path, here: Path, ins: list[int | No
     branch ``k`` walked at path ``(*here, k)`` on the cond's operands (``ins[1:]``; the branch
     index, ``ins[0]``, is a scalar), each non-scalar result an array joined with what each
     branch returns for it. As XLA holds a conditional's buffers, each result is made as the
-    cond starts (a branch's own arrays never sit in it) and each operand is read until the
-    cond ends."""
+    cond starts (the arrays a branch makes before its result never sit in it, but what it
+    makes of them in place, :func:`~shardwise._program.buffers.in_conds`), one every branch
+    returns as an operand is that operand, and each operand is read until the cond ends."""
     builder.clock += 1
     source = builder.where(eqn)
+    through = passed_through(eqn)
     outs = [
+        ins[1 + through[k]] if k in through else
         builder.define((path, var), named("cond", source), source)
         if is_var(var) and rank(var) else None
-        for var in eqn.outvars
+        for k, var in enumerate(eqn.outvars)
     ]  # fmt: skip
     builder.fed.update(out for out in outs if out is not None)  # (a buffer, never fused away)
+    outer = builder.branch
     for k, branch in enumerate(eqn.params["branches"]):
+        builder.branch, start = (*here, k), builder.clock
         returned = builder.run(
             branch.jaxpr, [None] * len(branch.jaxpr.constvars), (*here, k), ins[1:]
         )
+        builder.branch = outer
+        made = set()
         for out, got in zip(outs, returned, strict=True):
-            if out is not None and got is not None:
-                builder.classes.join(got, out)
+            if out is None or got is None or got == out:
+                continue
+            builder.classes.join(got, out)
+            if builder.born[got] > start and got not in made:  # (twice: XLA copies it)
+                made.add(got)
+                builder.branched.append((got, out, start))
     builder.clock += 1
     for a in ins[1:]:
         if a is not None:
-            builder.use(a, False)
+            builder.use(a, True)  # (a buffer the conditional takes, never fused away)
+            builder.taken.add(a)
     return outs
+
+
+def passed_through(eqn: Any) -> dict[int, int]:
+    """The results of ``eqn``, a ``cond``, that every branch returns as the same operand: by
+    result position, that operand's position among the branches' operands. XLA gives such a
+    result the operand's own buffer (seen: a gradient's residual ``x`` that both branches of
+    the forward cond return, no buffer of its own in the compiled program)."""
+    out = {}
+    branches = [b.jaxpr for b in eqn.params["branches"]]
+    for k, var in enumerate(eqn.outvars):
+        if not is_var(var) or not rank(var):
+            continue
+        found = {next((j for j, v in enumerate(b.invars) if v is b.outvars[k]), -1)
+                 for b in branches}  # fmt: skip
+        if len(found) == 1 and (j := found.pop()) >= 0:
+            out[k] = j
+    return out
 
 
 def scan_results(b: Any, eqn: Any, path: Path, here: Path) -> list[int | None]:

@@ -69,6 +69,7 @@ class Copies:
         self.passing = 0
         """The most bytes the arguments' moves of several steps hold beyond their copies as
         the program starts, where XLA makes them one after another (:func:`passing_bytes`)."""
+        self._branched: dict[tuple[int, Spec, tuple[int, ...]], int] = {}  # (temps' index)
 
     def operands(
         self, graph: Graph, step: Step, ins: tuple[Spec, ...], at: int, first: dict[int, int],
@@ -76,7 +77,10 @@ class Copies:
     ) -> None:  # fmt: skip
         """The copies ``step`` (at program point ``at``) makes of its operands, read as
         ``ins``: an argument's among :attr:`early`, another's made at the step, or as soon as
-        the array is (``first``: by operand position, :mod:`~shardwise._program.remat`)."""
+        the array is (``first``: by operand position, :mod:`~shardwise._program.remat`). XLA
+        partitions a ``cond``'s branch on its own: an argument a branch reads in another
+        layout is copied there, at the step, and freed after (seen in the compiled HLO of a
+        cond over a replicated ``x``: its slice made in each branch, none before)."""
         temps: list[int] = []
         keys: list[Key] = []
         specs = lay.specs
@@ -86,7 +90,7 @@ class Copies:
             value, wide = graph.values[a], widening(graph.values[a].dtype, self.cpu)
             copy = shard_bytes(value, used, mesh) * wide
             relay = relayout_bytes(value, specs[a], used, mesh) * wide if self.cpu else 0
-            if a in graph.inputs:
+            if a in graph.inputs and not step.branch:  # (a cond's branch copies its own)
                 passing = passing_bytes(value, specs[a], used, mesh) * wide
                 self.passing = max(self.passing, passing)
                 key = (a, used.canonical())
@@ -94,7 +98,11 @@ class Copies:
                 if relay:
                     self.relayouts[key] = (relay, min(at, self.relayouts.get(key, (0, at))[1]))
                 keys.append(key)
+            elif a in graph.inputs and (found := self._branched.get((a, used, step.branch))):
+                self.temps.end[found] = at  # (one copy for the branch's readers)
             else:
+                if a in graph.inputs:
+                    self._branched[(a, used, step.branch)] = len(self.temps.size)
                 temps.append(len(self.temps.size))
                 self.temps.add(first.get(j, at), at, copy + relay)
         self._step = (tuple(temps), tuple(keys))

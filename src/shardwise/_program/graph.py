@@ -88,6 +88,9 @@ class Graph:
         recomputed: each result of an elementwise op with an operand broadcast in it
             (``x - mean``) that no step reads, and the arrays XLA computes it from in each
             op that reads it (:func:`.nodes.recomputed`).
+        branched: each array a ``cond``'s branch makes and returns: the cond's result it is
+            returned as, and the program point the branch starts at.
+        taken: the arrays a ``cond`` takes as operands (buffers of their own, in their layouts).
     """
 
     values: tuple[Value, ...]
@@ -115,6 +118,8 @@ class Graph:
     data: tuple[int, ...] = ()
     tree: Any = None
     out_tree: Any = None
+    branched: tuple[tuple[int, int, int], ...] = ()
+    taken: frozenset[int] = frozenset()
 
     def find(self, v: int) -> int:
         """The class of array ``v``."""
@@ -201,6 +206,8 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         placed=tuple(b.placed),
         loops=tuple(b.loops),
         recomputed=recomputed(b.steps, b.sources, b.fed | outs),
+        branched=tuple(b.branched),
+        taken=frozenset(b.taken),
     )  # fmt: skip
 
 
@@ -228,6 +235,9 @@ class _Builder(Walker[int]):
         self.context = ""  # while a call's body is walked, the user's line the call is on
         self.backward = False  # ... and whether JAX made the call by transposing a forward one
         self.repeat = 1  # how many times the equations walked now run (a scan's length)
+        self.branch: Path = ()  # the path of the cond branch walked now (``()``: none)
+        self.branched: list[tuple[int, int, int]] = []  # (made in a branch, result, start)
+        self.taken: set[int] = set()  # (a cond's operands)
 
     def define(self, key: Key, name: str, source: str) -> int:
         aval = key[1].aval
@@ -282,7 +292,7 @@ class _Builder(Walker[int]):
         """A step of ``eqn`` that reads ``inputs`` and makes ``out`` (each input read there)."""
         self.steps.append(Step(kind, prim, tuple(inputs), out, self.where(eqn), self.repeat, key,
                                role=role, backward=self.is_backward(eqn),
-                               module=library_module(eqn), **more))  # fmt: skip
+                               module=library_module(eqn), branch=self.branch, **more))  # fmt: skip
         for a in inputs:
             self.use(a, True)
 

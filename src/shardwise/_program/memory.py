@@ -22,6 +22,7 @@ from shardwise._program.bins import placed, totals
 from shardwise._program.buffers import (
     folded_transposes,
     gathered_transposes,
+    in_conds,
     in_place,
     made_again,
     overwritten,
@@ -113,6 +114,7 @@ def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Live
     homes = in_place(graph, results - taken.keys(), cpu)
     within = set(homes) | padded_windows(graph, results) | set(folded) | set(taken)
     plan = plan or schedule(graph, set)
+    within |= in_conds(graph, cpu).keys() - results
     born = list(graph.born)
     for k, at in plan.at.items():
         born[graph.steps[k].output] = at

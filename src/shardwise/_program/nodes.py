@@ -111,6 +111,7 @@ class Step:
         module: the library module that made it (``MLP/Dense_0``), where the library names
             its modules in the trace (Flax Linen, Haiku); else ``""``.
         length: a scan slice's or stack's scan length (``1`` for every other step).
+        branch: the path of the ``cond`` branch it runs in, the innermost (``()``: none).
     """
 
     kind: Kind
@@ -131,6 +132,7 @@ class Step:
     flops: float = 0.0
     module: str = ""
     length: int = 1
+    branch: tuple[int, ...] = ()
 
     def runs(self, result: bool) -> int:
         """How many times a move of its result (``result``) or of an operand runs: a scan

@@ -83,7 +83,7 @@ def partial_buffers(
         size = shard_bytes(graph.values[step.output], partial, mesh)
         size *= widening(graph.values[step.output].dtype, cpu)  # (:mod:`.upcast`)
         copies = 2 if cpu and scattered else 1
-        if graph.find(step.output) in outputs_of:
+        if graph.find(step.output) in outputs_of and not step.branch:
             later.append((at, size, copies))
         else:
             summed.append((at, size, copies, step, _summed_axes(step.op, found[0])))
@@ -125,6 +125,7 @@ def _joins(graph: Graph, entry: Summed, group: list[Summed]) -> bool:
     made = {graph.find(s.output) for *_, s, _ in group}
     return (
         step.repeat == first.repeat
+        and step.branch == first.branch
         and axes == group[0][4]
         and bool(set(step.inputs) & set(first.inputs))
         and not made & {graph.find(a) for a in step.inputs}
