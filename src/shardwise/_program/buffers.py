@@ -14,7 +14,7 @@ import numpy as np
 
 from shardwise._model.mesh import MeshSpec
 from shardwise._program.graph import Graph
-from shardwise._program.moves import shard_bytes
+from shardwise._program.moves import local, shard_bytes
 from shardwise._program.upcast import held_dtype
 
 if TYPE_CHECKING:
@@ -192,11 +192,14 @@ def in_place(graph: Graph, results: set[int], cpu: bool = False) -> dict[int, in
     (``w - lr * g`` runs in place), and so is the dot's result that such an array
     transposes (XLA has the dot write the transposed layout). On CPU (``cpu``) a 16-bit
     float array is a float32 buffer (:mod:`.upcast`): a bfloat16 gradient is made in its
-    float32 parameter's new buffer."""
+    float32 parameter's new buffer. One at a time: an array made while another in that
+    buffer is still read is not (two dots that a select reads: seen in the compiled HLO,
+    both beside the select's result)."""
     out: dict[int, int] = {}
     arguments = set(graph.inputs)
     by_class = {graph.find(r): r for r in results}
-    for v in graph.fed | {s.output for s in graph.steps}:
+    end: dict[int, int] = {}  # each result's buffer: the last read of the last array in it
+    for v in sorted(graph.fed | {s.output for s in graph.steps}, key=lambda v: graph.born[v]):
         r = by_class.get(graph.find(v))
         if r is None or v == r or v in arguments or v in results:
             continue
@@ -204,9 +207,10 @@ def in_place(graph: Graph, results: set[int], cpu: bool = False) -> dict[int, in
         if (
             same
             and held_dtype(graph.values[v].dtype, cpu) == graph.values[r].dtype
+            and end.get(r, -1) <= graph.born[v]
             and graph.last[v] <= graph.born[r]
         ):
-            out[v] = r
+            out[v], end[r] = r, graph.last[v]
     for step in reversed(graph.steps):  # a transposed gradient is its dot's result, read so
         a = step.inputs[0]
         if (
@@ -241,6 +245,65 @@ def in_conds(graph: Graph, cpu: bool = False) -> dict[int, int]:
                 and held_dtype(value.dtype, cpu) == kept.dtype
             ):
                 out.setdefault(v, r)
+    return out
+
+
+def sliced_only(
+    graph: Graph, lay: Layouts, mesh: MeshSpec, arrays: list[int], sizes: np.ndarray,
+    cpu: bool = False,
+) -> np.ndarray:  # fmt: skip
+    """``sizes`` (one per array of ``arrays``) but none for an array that elementwise ops make
+    and that every step reads as a slice of its layout on each device (``cpu``: or moves
+    first by an all-to-all, whose pieces are slices): XLA fuses the ops into each slice and
+    never makes the array's block (seen in the compiled HLO of ``x * 2`` over a replicated
+    ``x``, read split by a dot in a cond's branch: a ``multiply_dynamic-slice`` fusion of the
+    slice alone, where the whole had been counted beside it, 1.7x XLA's memory; on CPU, the
+    pieces of an all-to-all sliced out of it). Not one that something else takes whole: a
+    result, a cond, a scan's loop."""
+    read = readers(graph)
+    results = {v for v in graph.outputs if v is not None}
+    kept = set(graph.inputs) | results | graph.looped | graph.taken
+    out = sizes.copy()
+    for k in _bitcasts(graph, lay, mesh, arrays, kept):
+        out[k] = 0
+    for k, v in enumerate(arrays):
+        if v in kept or v not in graph.elementwise or v not in read:
+            continue
+        own, rank = lay.specs[v], len(graph.values[v].shape)
+        uses = [lay.steps[s.key][0][j] if s.key in lay.steps else own
+                for s in (graph.steps[n] for n in read[v])
+                for j, a in enumerate(s.inputs) if a == v]  # fmt: skip
+        if all(u.canonical() != own.canonical() and local(own, u, rank, mesh, cpu) for u in uses):
+            out[k] = 0
+    return out
+
+
+def _bitcasts(
+    graph: Graph, lay: Layouts, mesh: MeshSpec, arrays: list[int], kept: set[int]
+) -> list[int]:
+    """The arrays (their indices in ``arrays``) that broadcast an argument into blocks, in
+    their own layout, no bigger than the argument's block it is read as: XLA reads that
+    block's buffer as such a block (the new dimensions of size 1 on each device: seen in the
+    compiled HLO of a weight broadcast along a batch of 8 split 8 ways, no broadcast made).
+    Not one that adds no elements (a bias made a row), counted as before: its few bytes had
+    held a checkpointed MLP's plans, 1.248x XLA's memory, inside their bounds."""
+    index = {v: k for k, v in enumerate(arrays)}
+    out = []
+    for step in graph.steps:
+        v, found = step.output, lay.steps.get(step.key)
+        if (
+            step.prim != "broadcast_in_dim" or v in kept or v not in index or found is None
+            or step.inputs[0] not in graph.inputs
+        ):  # fmt: skip
+            continue
+        own, a = lay.specs[v], step.inputs[0]
+        if (
+            graph.values[v].nbytes > graph.values[a].nbytes
+            and local(found[1], own, len(graph.values[v].shape), mesh)
+            and shard_bytes(graph.values[v], own, mesh)
+            <= shard_bytes(graph.values[a], found[0][0], mesh)
+        ):
+            out.append(index[v])
     return out
 
 

@@ -29,6 +29,7 @@ from shardwise._program.buffers import (
     padded_windows,
     pooled_operands,
     pooled_sums,
+    sliced_only,
     unread_inputs,
 )
 from shardwise._program.constants import made_whole
@@ -113,8 +114,8 @@ def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Live
     folded, taken = folded_transposes(graph, results), aliased(graph)  # (taken: in donated buffers)
     homes = in_place(graph, results - taken.keys(), cpu)
     within = set(homes) | padded_windows(graph, results) | set(folded) | set(taken)
-    plan = plan or schedule(graph, set)
     within |= in_conds(graph, cpu).keys() - results
+    plan = plan or schedule(graph, set)
     born = list(graph.born)
     for k, at in plan.at.items():
         born[graph.steps[k].output] = at
@@ -246,7 +247,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         lives = _live(graph, plan, cpu)
     arrays = lives.arrays
     fixed, specs, born = _fixed(graph, cpu), lay.specs, graph.born
-    sizes = _sizes(graph, lay, mesh, arrays)
+    sizes = sliced_only(graph, lay, mesh, arrays, _sizes(graph, lay, mesh, arrays), cpu)
     if cpu and fixed.halves.any():  # (:mod:`.upcast`: bfloat16 and float16 made as float32)
         sizes = np.where(fixed.halves, 2 * sizes, sizes)
     fused: frozenset[tuple[int, ...]] = frozenset()  # (the dots fused into a reduction)
@@ -278,7 +279,8 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         copies.operands(graph, step, ins, at, first, lay, mesh)  # (:mod:`.remat`: first)
         value = graph.values[step.output]
         block = shard_bytes(value, made, mesh) * widening(value.dtype, cpu)
-        copies.result(at, step.output, made_copy(value, made, specs[step.output], mesh, cpu), block)
+        kept, broadcast = specs[step.output], step.prim == "broadcast_in_dim"
+        copies.result(at, step.output, made_copy(value, made, kept, mesh, cpu, broadcast), block)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
             loops.conv_copies(graph, step, ins, made, mesh, points)
         if step.prim in UPDATES and _copies_argument(graph, step, fixed.read):

@@ -302,6 +302,14 @@ def all_to_all(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> bool:
     return any(kind == "all-to-all" for kind, _, _ in _recipe(src, dst, rank, mesh).collectives)
 
 
+def local(src: Spec, dst: Spec, rank: int, mesh: MeshSpec, pieces: bool = False) -> bool:
+    """Whether moving an array of ``rank`` dimensions from ``src`` to ``dst`` is a slice on
+    each device, with no collective (``pieces``: or first an all-to-all, which sends slices
+    of each device's block)."""
+    found = _recipe(src, dst, rank, mesh).collectives
+    return not found or (pieces and found[0][0] == "all-to-all")
+
+
 def _blocks(shape: tuple[int, ...], ways: tuple[int, ...]) -> int:
     return math.prod(n // w for n, w in zip(shape, ways, strict=True))
 
