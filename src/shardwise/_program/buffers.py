@@ -192,14 +192,11 @@ def in_place(graph: Graph, results: set[int], cpu: bool = False) -> dict[int, in
     (``w - lr * g`` runs in place), and so is the dot's result that such an array
     transposes (XLA has the dot write the transposed layout). On CPU (``cpu``) a 16-bit
     float array is a float32 buffer (:mod:`.upcast`): a bfloat16 gradient is made in its
-    float32 parameter's new buffer. One at a time: an array made while another in that
-    buffer is still read is not (two dots that a select reads: seen in the compiled HLO,
-    both beside the select's result)."""
+    float32 parameter's new buffer."""
     out: dict[int, int] = {}
     arguments = set(graph.inputs)
     by_class = {graph.find(r): r for r in results}
-    end: dict[int, int] = {}  # each result's buffer: the last read of the last array in it
-    for v in sorted(graph.fed | {s.output for s in graph.steps}, key=lambda v: graph.born[v]):
+    for v in graph.fed | {s.output for s in graph.steps}:
         r = by_class.get(graph.find(v))
         if r is None or v == r or v in arguments or v in results:
             continue
@@ -207,10 +204,9 @@ def in_place(graph: Graph, results: set[int], cpu: bool = False) -> dict[int, in
         if (
             same
             and held_dtype(graph.values[v].dtype, cpu) == graph.values[r].dtype
-            and end.get(r, -1) <= graph.born[v]
             and graph.last[v] <= graph.born[r]
         ):
-            out[v], end[r] = r, graph.last[v]
+            out[v] = r
     for step in reversed(graph.steps):  # a transposed gradient is its dot's result, read so
         a = step.inputs[0]
         if (
