@@ -29,27 +29,10 @@ from typing import Any
 import jax
 
 from shardwise._errors import ArgumentError, ShardwiseError
-from shardwise._program import drawn
+from shardwise._program import drawn, nodes, rules
 from shardwise._program.control import read_cond, scan_results
-from shardwise._program.nodes import (
-    Asked,
-    Classes,
-    Loop,
-    Role,
-    Step,
-    Value,
-    fused_reads,
-    in_kernel,
-    recomputed,
-)
-from shardwise._program.rules import (
-    IDENTITIES,
-    REDUCTIONS,
-    Rule,
-    positional_sum,
-    rule_of,
-    whole_dot_flops,
-)
+from shardwise._program.nodes import Asked, Classes, Loop, Role, Step, Value, fused_reads, in_kernel
+from shardwise._program.rules import IDENTITIES, REDUCTIONS, Rule, rule_of, whole_dot_flops
 from shardwise._program.selects import unselected
 from shardwise._program.walk import Key, Path, Walker, abstract_args, is_var, named, rank, source_of
 from shardwise._program.walk import asked as layouts_asked
@@ -205,7 +188,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         drawn=tuple(b.drawn),
         placed=tuple(b.placed),
         loops=tuple(b.loops),
-        recomputed=recomputed(b.steps, b.sources, b.fed | outs),
+        recomputed=nodes.recomputed(b.steps, b.sources, b.fed | outs),
         branched=tuple(b.branched),
         taken=frozenset(b.taken),
     )  # fmt: skip
@@ -298,7 +281,7 @@ class _Builder(Walker[int]):
 
     def equation(self, eqn: Any, path: Path, here: Path, ins: list[int | None]) -> list[int | None]:
         self.clock += 1
-        prim, source = positional_sum(eqn), self.where(eqn)
+        prim, source = rules.positional_sum(eqn), self.where(eqn)
         rule = rule_of(prim)
         operands = [self.array(path, v) for v in eqn.invars]
         inputs = [a for a in operands if a is not None]
@@ -347,7 +330,7 @@ class _Builder(Walker[int]):
 
     def _op(self, eqn: Any, rule: Rule, here: Path, operands: list[int | None], out: int) -> None:
         """A dot, map or opaque op making ``out`` from ``operands`` (``None``: no array)."""
-        prim, params = positional_sum(eqn), eqn.params
+        prim, params = rules.positional_sum(eqn), eqn.params
         shapes = [None if a is None else self.values[a].shape for a in operands]
         inputs = [a for a in operands if a is not None]
         out_shape = self.values[out].shape

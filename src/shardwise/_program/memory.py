@@ -3,9 +3,8 @@ the copies steps make of their operands and results, and the budget as constrain
 
 Memory is counted in program order: an array is held from the op that makes it to its last
 reader (arguments for the whole program); an elementwise result that only elementwise ops read
-is fused away, as XLA does; a result written over a donated argument takes its buffer
-(:mod:`.donation`); a temporary made before a result, in that result's buffer where it fits
-(:mod:`.bins`). The peak is the largest sum of held blocks at one point.
+is fused away, as XLA does; a result over a donated argument takes its buffer (:mod:`.donation`);
+a temporary made before a result, in that result's buffer where it fits (:mod:`.bins`).
 """
 
 from __future__ import annotations
