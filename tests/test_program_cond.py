@@ -83,19 +83,26 @@ def _verified(plan: shardwise.ProgramPlan) -> shardwise.ProgramPlan:
         return plan.verify(repeat=1)
 
 
-@pytest.mark.parametrize("make", [_accumulating, _skipping], ids=["multisteps", "skip-on-flag"])
-def test_every_plan_of_a_step_with_a_cond_predicts_its_memory_and_collectives(make) -> None:  # type: ignore[no-untyped-def]
-    step, args = make()
-    plan = shardwise.plan(step, *args, mesh=MESH, profile=PROFILE)
-    want = jax.jit(step)(*args)
+def _every_plan(plan, fn, args, rtol=1e-4, atol=1e-5):  # type: ignore[no-untyped-def]
+    """Run every plan against ``jax.jit(fn)``; verify each one's collectives; its compiled
+    over predicted memory, by plan."""
+    want = jax.jit(fn)(*args)
     for p in plan.plans:
         got = plan.sharded(p.name)(*args)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=p.name)
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=p.name)
     ratios = {}
     for p in _verified(plan).plans:
         assert p.verified is not None and p.verified.collectives_match, p.name
         ratios[p.name] = p.verified.memory_bytes / p.predicted.memory_bytes
+    return ratios
+
+
+@pytest.mark.parametrize("make", [_accumulating, _skipping], ids=["multisteps", "skip-on-flag"])
+def test_every_plan_of_a_step_with_a_cond_predicts_its_memory_and_collectives(make) -> None:  # type: ignore[no-untyped-def]
+    step, args = make()
+    plan = shardwise.plan(step, *args, mesh=MESH, profile=PROFILE)
+    ratios = _every_plan(plan, step, args, rtol=1e-5, atol=1e-6)
     assert {"fsdp", "megatron", "data×tensor"} <= set(ratios)
     assert all(0.8 <= r <= 1.2 for r in ratios.values()), ratios
 
@@ -211,15 +218,7 @@ CASES = {
 def test_every_plan_of_a_cond_under_a_transformation_predicts_what_xla_compiles(case) -> None:  # type: ignore[no-untyped-def]
     fn, args, kw = CASES[case]()
     plan = shardwise.plan(fn, *args, mesh=MESH, profile=PROFILE, **kw)
-    want = jax.jit(train_step(fn) if kw.get("train") else fn)(*args)
-    for p in plan.plans:
-        got = plan.sharded(p.name)(*args)
-        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=p.name)
-    ratios = {}
-    for p in _verified(plan).plans:
-        assert p.verified is not None and p.verified.collectives_match, p.name
-        ratios[p.name] = p.verified.memory_bytes / p.predicted.memory_bytes
+    ratios = _every_plan(plan, train_step(fn) if kw.get("train") else fn, args)
     assert all(0.8 <= r <= 1.2 for r in ratios.values()), ratios
 
 
