@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
 from shardwise._program.graph import Graph
 from shardwise._program.moves import local, shard_bytes
+from shardwise._program.nodes import Step
 from shardwise._program.upcast import held_dtype
 
 if TYPE_CHECKING:
@@ -227,10 +229,11 @@ def in_conds(graph: Graph, cpu: bool = False) -> dict[int, int]:
     been counted beside it)."""
     out: dict[int, int] = {}
     results = {v for v in graph.outputs if v is not None} | set(graph.inputs)
+    held = graph.fed | {s.output for s in graph.steps}
     for got, r, start in graph.branched:
         out[got] = r
         kept = graph.values[r]
-        for v in graph.fed | {s.output for s in graph.steps}:
+        for v in held:
             value = graph.values[v]
             if (
                 v not in results
@@ -256,50 +259,72 @@ def sliced_only(
     slice alone, where the whole had been counted beside it, 1.7x XLA's memory; on CPU, the
     pieces of an all-to-all sliced out of it). Not one that something else takes whole: a
     result, a cond, a scan's loop."""
-    read = readers(graph)
-    results = {v for v in graph.outputs if v is not None}
-    kept = set(graph.inputs) | results | graph.looped | graph.taken
+    elementwise, broadcasts = _slicing(graph)
+    index = {v: k for k, v in enumerate(arrays)}
     out = sizes.copy()
-    for k in _bitcasts(graph, lay, mesh, arrays, kept):
-        out[k] = 0
-    for k, v in enumerate(arrays):
-        if v in kept or v not in graph.elementwise or v not in read:
-            continue
+    for v in _bitcasts(graph, lay, mesh, broadcasts):
+        if v in index:
+            out[index[v]] = 0
+    for v, reads in elementwise:
         own, rank = lay.specs[v], len(graph.values[v].shape)
-        uses = [lay.steps[s.key][0][j] if s.key in lay.steps else own
-                for s in (graph.steps[n] for n in read[v])
-                for j, a in enumerate(s.inputs) if a == v]  # fmt: skip
-        if all(u.canonical() != own.canonical() and local(own, u, rank, mesh, cpu) for u in uses):
-            out[k] = 0
+        uses = [lay.steps[key][0][j] if key in lay.steps else own for key, j in reads]
+        if v in index and all(
+            u.canonical() != own.canonical() and local(own, u, rank, mesh, cpu) for u in uses
+        ):
+            out[index[v]] = 0
     return out
 
 
-def _bitcasts(
-    graph: Graph, lay: Layouts, mesh: MeshSpec, arrays: list[int], kept: set[int]
-) -> list[int]:
-    """The arrays (their indices in ``arrays``) that broadcast an argument into blocks, in
-    their own layout, no bigger than the argument's block it is read as: XLA reads that
-    block's buffer as such a block (the new dimensions of size 1 on each device: seen in the
-    compiled HLO of a weight broadcast along a batch of 8 split 8 ways, no broadcast made).
-    Not one that adds no elements (a bias made a row), counted as before: its few bytes had
-    held a checkpointed MLP's plans, 1.248x XLA's memory, inside their bounds."""
-    index = {v: k for k, v in enumerate(arrays)}
+_SLICING: Bounded[int, tuple[Graph, Any]] = Bounded(8)
+
+
+def _slicing(
+    graph: Graph,
+) -> tuple[list[tuple[int, list[tuple[Any, int]]]], list[Step]]:
+    """What :func:`sliced_only` looks at whatever the layouts, once per graph: each array
+    elementwise ops make that a step reads and nothing takes whole, with its reads (the
+    step's key and the operand's position), and the broadcasts of an argument that nothing
+    takes whole (:func:`_bitcasts`)."""
+    hit = _SLICING.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        found: tuple[list[tuple[int, list[tuple[Any, int]]]], list[Step]] = hit[1]
+        return found
+    results = {v for v in graph.outputs if v is not None}
+    kept = set(graph.inputs) | results | graph.looped | graph.taken
+    elementwise = [
+        (v, [(graph.steps[n].key, j) for n in steps
+             for j, a in enumerate(graph.steps[n].inputs) if a == v])
+        for v, steps in readers(graph).items()
+        if v not in kept and v in graph.elementwise
+    ]  # fmt: skip
+    broadcasts = [
+        s for s in graph.steps
+        if s.prim == "broadcast_in_dim" and s.output not in kept and s.inputs[0] in graph.inputs
+    ]  # fmt: skip
+    found = (elementwise, broadcasts)
+    _SLICING.put(id(graph), (graph, found))
+    return found
+
+
+def _bitcasts(graph: Graph, lay: Layouts, mesh: MeshSpec, broadcasts: list[Step]) -> list[int]:
+    """The arrays that ``broadcasts`` (of an argument) make, in their own layout, in blocks no
+    bigger than the argument's block it is read as: XLA reads that block's buffer as such a
+    block (the new dimensions of size 1 on each device: seen in the compiled HLO of a weight
+    broadcast along a batch of 8 split 8 ways, no broadcast made). Not one that adds no
+    elements (a bias made a row), counted as before: its few bytes had held a checkpointed
+    MLP's plans, 1.248x XLA's memory, inside their bounds."""
     out = []
-    for step in graph.steps:
-        v, found = step.output, lay.steps.get(step.key)
+    for step in broadcasts:
+        v, a, found = step.output, step.inputs[0], lay.steps.get(step.key)
+        own = lay.specs[v]
         if (
-            step.prim != "broadcast_in_dim" or v in kept or v not in index or found is None
-            or step.inputs[0] not in graph.inputs
-        ):  # fmt: skip
-            continue
-        own, a = lay.specs[v], step.inputs[0]
-        if (
-            graph.values[v].nbytes > graph.values[a].nbytes
+            found is not None
+            and graph.values[v].nbytes > graph.values[a].nbytes
             and local(found[1], own, len(graph.values[v].shape), mesh)
             and shard_bytes(graph.values[v], own, mesh)
             <= shard_bytes(graph.values[a], found[0][0], mesh)
         ):
-            out.append(index[v])
+            out.append(v)
     return out
 
 

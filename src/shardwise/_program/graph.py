@@ -295,7 +295,7 @@ class _Builder(Walker[int]):
             self.env.update({(path, o): a for o, a in zip(eqn.outvars, operands, strict=False)
                              if a is not None})  # fmt: skip
             return [self.env.get((path, o)) if is_var(o) else None for o in eqn.outvars]
-        if (prim in IDENTITIES or prim == "psum ()") and inputs:
+        if prim in IDENTITIES and inputs:
             self.env[(path, eqn.outvars[0])] = inputs[0]
             return [inputs[0]]
         if not inputs:

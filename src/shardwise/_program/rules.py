@@ -266,8 +266,9 @@ register(
     """,
 )
 register(Rule("elementwise", placement=True), "sharding_constraint reshard device_put")
-IDENTITIES = frozenset({"copy", "stop_gradient"})
-"""Ops lowered to their operand itself (no op, no buffer): their result is their operand."""
+IDENTITIES = frozenset({"copy", "stop_gradient", "psum ()"})
+"""Ops lowered to their operand itself (no op, no buffer): their result is their operand (a
+``psum`` over no axis, :func:`positional_sum`)."""
 REDUCTIONS = frozenset(
     "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor".split()  # noqa: SIM905
 )
