@@ -26,7 +26,7 @@ from shardwise._program.graph import build
 from shardwise._program.integer import milp as _milp
 from shardwise._program.moves import (
     COPY_BYTES,
-    briefs_kept,
+    grids_kept,
     reshard,
     reshard_grid,
     reshard_seconds,
@@ -148,11 +148,42 @@ def test_the_grid_of_moves_is_each_moves_time_exactly(profile, mesh, shape, dtyp
                 for a in specs]  # fmt: skip
         assert grid.shape == (len(specs), len(specs))
         assert np.array_equal(grid, np.array(want)), (repeat, copies)
-        with briefs_kept():  # (each pair's recipe made once for all grids)
+        with grids_kept():  # (each grid made once)
             again = [reshard_grid(value, specs[k:], specs, spec, prof, repeat, copies)
                      for k in (0, 1)]  # fmt: skip
         assert np.array_equal(again[0], np.array(want)[:, ::-1])
         assert np.array_equal(again[1], again[0][1:])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_grid_of_moves_follows_each_axis_order_and_rank(seed):
+    """A dot's strategies split a dimension over axes in any order (``(y,x)`` as well as
+    ``(x,y)``), and layouts of one rank meet specs written shorter: every pair priced at once
+    in NumPy is each pair's time to the bit, on meshes of three and four axes, axes of size 1
+    among them."""
+    rng = np.random.default_rng(seed)
+    mesh = MeshSpec.parse(["a=2,b=2,c=2,d=4", "x=2,y=4,z=1", "p=4,q=2,r=2"][seed % 3])
+    rank = 2 + seed % 3
+    specs = []
+    for _ in range(40):
+        entries: list[list[str]] = [[] for _ in range(rank)]
+        for axis in rng.permutation(mesh.names):
+            d = int(rng.integers(-1, rank))
+            if d >= 0:
+                entries[d].append(str(axis))
+        keep = int(rng.integers(0, rank + 1))  # (trailing entries left out, or written empty)
+        specs.append(Spec(tuple(tuple(e) for e in entries)[: max(keep, _used(entries))]))
+    value = Value((16,) * rank, "float32", "")
+    for prof in (CPU, BUILTIN["tpu-v5p"]):
+        grid = reshard_grid(value, specs, specs[::-1], mesh, prof, 2, 1)
+        want = [[reshard_seconds(value, a, b, mesh, prof, 2, 1) for b in specs[::-1]]
+                for a in specs]  # fmt: skip
+        assert np.array_equal(grid, np.array(want))
+
+
+def _used(entries: list[list[str]]) -> int:
+    """How many entries a spec needs: up to its last split dimension."""
+    return max((d + 1 for d, e in enumerate(entries) if e), default=0)
 
 
 def test_a_grid_past_what_is_kept_is_priced_a_block_of_rows_at_a_time(monkeypatch):
@@ -165,9 +196,8 @@ def test_a_grid_past_what_is_kept_is_priced_a_block_of_rows_at_a_time(monkeypatc
     specs = _every_spec(2, MESH)
     value = Value((256, 512), "float32", "")
     want = [[reshard_seconds(value, a, b, MESH, CPU, 2, 1) for b in specs] for a in specs]
-    with briefs_kept():
+    with grids_kept():
         grid = reshard_grid(value, specs, specs, MESH, CPU, 2, 1)
-        assert len(moves._BRIEFS.get() or {}) == 40
         assert sum(g.shape[0] * g.shape[1] for g in (moves._GRIDS.get() or {}).values()) <= 40
     assert np.array_equal(grid, np.array(want))
 

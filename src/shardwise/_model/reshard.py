@@ -78,38 +78,43 @@ def reshard_moves(src: Spec, dst: Spec, rank: int) -> tuple[Move, ...]:
     ...     Spec.parse("x,y"), Spec.parse("y,x"), 2)]
     [('all-gather', 'x', '-,y'), ('all-to-all', 'y', 'y'), ('slice', None, 'y,x')]
     """
+    return tuple(Move(kind, axis, Spec(after).canonical()) for kind, axis, after in
+                 move_path(src, dst, rank))  # fmt: skip
+
+
+Path = list[tuple[str, str | None, tuple[Entry, ...]]]
+""":func:`reshard_moves` as plain tuples: each move's kind, axis and the entries (one per
+dimension) the array has after it."""
+
+
+def move_path(src: Spec, dst: Spec, rank: int) -> Path:
+    """:func:`reshard_moves` without its :class:`Spec` values, the moves' layouts as padded
+    entries: a mesh of four axes has millions of pairs of layouts to price, each moved so."""
     current = [list(e) for e in src.padded(rank)]
-    target = [list(e) for e in dst.padded(rank)]
-    moves: list[Move] = []
-
-    def kept(d: int) -> int:
-        k = 0
-        while k < min(len(current[d]), len(target[d])) and current[d][k] == target[d][k]:
-            k += 1
-        return k
-
-    def snapshot() -> Spec:
-        return Spec(tuple(tuple(e) for e in current)).canonical()
-
+    target = dst.padded(rank)
+    at = {a: (d, i) for d, e in enumerate(target) for i, a in enumerate(e)}
+    moves: Path = []
     changed = True
     while changed:
         changed = False
         for d in range(rank):
-            if len(current[d]) <= kept(d):
+            cur, want = current[d], target[d]
+            k, n = 0, min(len(cur), len(want))
+            while k < n and cur[k] == want[k]:  # (the prefix it keeps)
+                k += 1
+            if len(cur) <= k:
                 continue
-            axis = current[d].pop()
-            to = next(
-                (e for e in range(rank) if e != d and _next(axis, current[e], target[e])), None
-            )
-            if to is not None:
+            axis = cur.pop()
+            to, i = at.get(axis, (d, 0))  # (the dimension that takes it next, if any)
+            if to != d and len(current[to]) == i and tuple(current[to]) == target[to][:i]:
                 current[to].append(axis)
-            moves.append(Move("all-gather" if to is None else "all-to-all", axis, snapshot()))
+                moves.append(("all-to-all", axis, tuple(tuple(e) for e in current)))
+            else:
+                moves.append(("all-gather", axis, tuple(tuple(e) for e in current)))
             changed = True
-    for d in range(rank):
-        current[d] += target[d][len(current[d]) :]
-    if not moves or moves[-1].spec != dst.canonical():
-        moves.append(Move("slice", None, snapshot()))
-    return tuple(moves)
+    if not moves or moves[-1][2] != target:
+        moves.append(("slice", None, target))
+    return moves
 
 
 def all_to_alls_first(src: Spec, dst: Spec, rank: int) -> Spec | None:
@@ -123,17 +128,12 @@ def all_to_alls_first(src: Spec, dst: Spec, rank: int) -> Spec | None:
     True
     """
     mid = None
-    for m in reshard_moves(src, dst, rank):
-        if m.kind == "all-gather":
+    for kind, _, after in move_path(src, dst, rank):
+        if kind == "all-gather":
             break
-        if m.kind == "all-to-all":
-            mid = m.spec
-    return mid
-
-
-def _next(axis: str, have: list[str], want: list[str]) -> bool:
-    """Whether ``axis`` is the next axis a dimension laid out ``have`` takes towards ``want``."""
-    return axis in want and have == want[: want.index(axis)]
+        if kind == "all-to-all":
+            mid = after
+    return None if mid is None else Spec(mid).canonical()
 
 
 def reshard_collectives(

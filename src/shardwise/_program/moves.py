@@ -23,8 +23,9 @@ from shardwise._model.collective import wire_itemsize
 from shardwise._model.cost import PredictedCollective, ring_seconds
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
-from shardwise._model.reshard import reshard_collectives, reshard_moves
-from shardwise._model.spec import Spec
+from shardwise._model.reshard import Path, move_path, reshard_collectives
+from shardwise._model.spec import Entry, Spec
+from shardwise._program.grids import Grid, grid_of
 from shardwise._program.nodes import Step, Value
 
 COPY_BYTES = 2
@@ -116,131 +117,57 @@ def _ways(spec: Spec, rank: int, mesh: MeshSpec) -> tuple[int, ...]:
 
 @cached(maxsize=1 << 18)
 def _recipe(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> _Recipe:
-    moves = reshard_moves(src, dst, rank)
-    found, before = [], src
-    for move in moves:
-        if move.axis is not None and mesh.shape[move.axis] > 1:
-            held = move.spec if move.kind == "all-gather" else before
-            found.append((move.kind, move.axis, _ways(held, rank, mesh)))
-        before = move.spec
+    sizes = mesh.shape
+    found, before = [], src.padded(rank)
+    path = move_path(src, dst, rank)
+    for kind, axis, after in path:
+        if axis is not None and sizes[axis] > 1:
+            held = after if kind == "all-gather" else before
+            found.append((kind, axis, _entries_ways(held, sizes)))
+        before = after
     sliced = _ways(dst, rank, mesh) if set(dst.axes) - set(src.axes) else None
-    back = tuple(_ways(s, rank, mesh) for s in _relayouts(src, moves, rank))
+    back = tuple(_entries_ways(e, sizes) for e in _relayouts(src.padded(rank), path))
     return _Recipe(tuple(found), sliced, back)
 
 
-Brief = tuple[tuple[tuple[str, str, int], ...], int, tuple[int, ...]]
-"""A :class:`_Recipe` for blocks that every layout divides evenly: each collective's kind,
-axis and the ways it splits the array (``size // ways`` elements a block); the ways of the
-slice's block (0: no slice); and of each block a CPU copies back."""
+def _entries_ways(entries: tuple[Entry, ...], sizes: dict[str, int]) -> tuple[int, ...]:
+    return tuple(math.prod(sizes[a] for a in e) for e in entries)
 
-_BRIEFS: contextvars.ContextVar[dict[tuple[Spec, Spec, int, MeshSpec], Brief] | None] = (
-    contextvars.ContextVar("shardwise_briefs", default=None)
-)
-_GRIDS: contextvars.ContextVar[dict[tuple[Any, ...], _Grid] | None] = contextvars.ContextVar(
+
+_GRIDS: contextvars.ContextVar[dict[tuple[Any, ...], Grid] | None] = contextvars.ContextVar(
     "shardwise_grids", default=None
 )
 
 
 KEPT_PAIRS = 1 << 19
-"""The most pairs of layouts whose :data:`Brief` :func:`briefs_kept` keeps (some 370 bytes
-each), and the most pairs of the grids it keeps (some 65 bytes each): about 230 MB at most,
-while a program is priced. A larger grid is priced a block of rows of that many pairs at a
-time: an array of 5,356 layouts on a mesh of four axes beside a dot's 4,096 strategies makes
-22 million pairs, which kept whole had run the machine out of memory."""
+"""The most pairs of layouts of the grids :func:`grids_kept` keeps (some 65 bytes each, about
+35 MB), and the most pairs a grid is priced at once: a larger one is priced a block of rows
+of that many pairs at a time (an array of 5,356 layouts on a mesh of four axes beside a
+dot's 4,096 strategies makes 22 million pairs, which priced whole had run the machine out of
+memory)."""
 
 
 @contextlib.contextmanager
-def briefs_kept() -> Iterator[None]:
-    """Within it, each pair of layouts' :data:`Brief` is made once, however many grids it is
-    in, and each grid once, however many arrays it prices (a mesh of four axes: half a
-    million pairs, in 27 grids of 4.3 million pairs, 14 of them distinct), up to
-    :data:`KEPT_PAIRS` of each; dropped after (kept for good, they would hold hundreds of
-    megabytes)."""
-    briefs, grids = _BRIEFS.set({}), _GRIDS.set({})
+def grids_kept() -> Iterator[None]:
+    """Within it, each grid of pairs of layouts is made once, however many arrays it prices
+    (a mesh of four axes: 27 grids of 4.3 million pairs, 14 of them distinct), up to
+    :data:`KEPT_PAIRS` pairs; dropped after."""
+    grids = _GRIDS.set({})
     try:
         yield
     finally:
-        _BRIEFS.reset(briefs)
         _GRIDS.reset(grids)
 
 
-def _brief(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> Brief:
-    kept, key = _BRIEFS.get(), (src, dst, rank, mesh)
-    found = None if kept is None else kept.get(key)
-    if found is None:
-        r = _recipe(src, dst, rank, mesh)
-        found = (
-            tuple((kind, axis, math.prod(w)) for kind, axis, w in r.collectives),
-            0 if r.sliced is None else math.prod(r.sliced),
-            tuple(math.prod(w) for w in r.relayout),
-        )
-        if kept is not None and len(kept) < KEPT_PAIRS:
-            kept[key] = found
-    return found
-
-
-@dataclass(frozen=True, slots=True)
-class _Grid:
-    """The :data:`Brief` of every pair of a grid of layouts (``rows × cols`` pairs, row-major),
-    flattened for NumPy: each collective (in each pair's order) with its pair, its kind and
-    axis (an index into ``terms``) and its ways; each slice and each CPU copy back, with its
-    pair and ways; and which pairs move nothing (the same spec)."""
-
-    shape: tuple[int, int]
-    same: np.ndarray
-    pair: np.ndarray
-    term: np.ndarray
-    ways: np.ndarray
-    terms: tuple[tuple[str, str], ...]
-    sliced: tuple[np.ndarray, np.ndarray]
-    relayout: tuple[np.ndarray, np.ndarray]
-
-
-def _grid(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpec) -> _Grid:
+def _grid(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpec) -> Grid:
     kept, key = _GRIDS.get(), (tuple(srcs), tuple(dsts), rank, mesh)
     found = None if kept is None else kept.get(key)
     if found is None:
-        found = _make_grid(srcs, dsts, rank, mesh)
+        found = grid_of(srcs, dsts, rank, mesh)
         held = sum(g.shape[0] * g.shape[1] for g in kept.values()) if kept is not None else 0
         if kept is not None and held + len(found.same) <= KEPT_PAIRS:
             kept[key] = found
     return found
-
-
-def _make_grid(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpec) -> _Grid:
-    terms: dict[tuple[str, str], int] = {}
-    pair: list[int] = []
-    term: list[int] = []
-    ways: list[int] = []
-    sliced: tuple[list[int], list[int]] = ([], [])
-    back: tuple[list[int], list[int]] = ([], [])
-    for i, src in enumerate(srcs):
-        for j, dst in enumerate(dsts):
-            k = i * len(dsts) + j
-            collectives, cut, copied = _brief(src, dst, rank, mesh)
-            for kind, axis, w in collectives:
-                pair.append(k)
-                term.append(terms.setdefault((kind, axis), len(terms)))
-                ways.append(w)
-            if cut:
-                sliced[0].append(k)
-                sliced[1].append(cut)
-            back[0].extend([k] * len(copied))
-            back[1].extend(copied)
-
-    def ints(row: list[int]) -> np.ndarray:
-        return np.array(row, dtype=np.int64)
-
-    return _Grid(
-        (len(srcs), len(dsts)),
-        np.array([src == dst for src in srcs for dst in dsts], dtype=bool),
-        ints(pair),
-        ints(term),
-        ints(ways),
-        tuple(terms),
-        (ints(sliced[0]), ints(sliced[1])),
-        (ints(back[0]), ints(back[1])),
-    )
 
 
 def reshard_grid(
@@ -372,25 +299,24 @@ def relayout_bytes(value: Value, src: Spec, dst: Spec, mesh: MeshSpec) -> int:
     ``dst``: it gathers along the first dimension, so a gather along another one leaves its
     result in a transposed layout that is copied back (seen in its buffer assignment)."""
     rank = len(value.shape)
-    moves = reshard_moves(src, dst, rank)
-    return sum(shard_bytes(value, spec, mesh) for spec in _relayouts(src, moves, rank))
+    path = move_path(src, dst, rank)
+    return sum(shard_bytes(value, Spec(e), mesh) for e in _relayouts(src.padded(rank), path))
 
 
-def _relayouts(src: Spec, moves: Sequence[Any], rank: int) -> list[Spec]:
+def _relayouts(src: tuple[Entry, ...], path: Path) -> list[tuple[Entry, ...]]:
     """The layouts after each gather along a dimension but the first: the CPU backend copies
     them back, once for gathers one after another along the same dimension, which it makes
     in the same transposed layout (seen in the compiled HLO: an ``f32[16,8,8,4]`` then an
     ``f32[16,8,8,8]`` gather along the last dimension, both with the layout ``{2,1,0,3}``,
     and one copy)."""
-    out: list[tuple[int, Spec]] = []
-    before = src.padded(rank)
-    for move in moves:
-        after = move.spec.padded(rank)
-        if move.kind == "all-gather":
-            grown = [d for d in range(rank) if len(after[d]) < len(before[d])]
+    out: list[tuple[int, tuple[Entry, ...]]] = []
+    before = src
+    for kind, _, after in path:
+        if kind == "all-gather":
+            grown = [d for d in range(len(src)) if len(after[d]) < len(before[d])]
             if grown and grown[0] > 0:
                 if out and out[-1][0] == grown[0]:
                     out.pop()
-                out.append((grown[0], move.spec))
+                out.append((grown[0], after))
         before = after
-    return [spec for _, spec in out]
+    return [entries for _, entries in out]

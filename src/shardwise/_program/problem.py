@@ -30,7 +30,7 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
-from shardwise._program.moves import briefs_kept, divides, reshard_grid
+from shardwise._program.moves import divides, grids_kept, reshard_grid
 from shardwise._program.nodes import Step
 from shardwise._program.steps import StepCosts, a2a_copies, broadcast_read, dot_strategies
 
@@ -218,7 +218,7 @@ def build_problem(
         problem.menus.append(menu)
         key = ("elementwise", menu, value.dtype, costs.runs.get(root, 0))
         problem.unary.append(problem.once(key, _each, costs.elementwise, root, specs))
-    with briefs_kept():
+    with grids_kept():
         for k, step in enumerate(graph.steps):
             if deadline is not None and time.perf_counter() > deadline:
                 raise _too_long(mesh, problem.choices, k, len(graph.steps), time_limit)
