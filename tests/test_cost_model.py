@@ -427,6 +427,23 @@ def test_a_fractional_relaxation_falls_back_to_the_integer_program(monkeypatch):
     assert total(problem, found[0]) == pytest.approx(best)
 
 
+def test_a_fractional_relaxation_is_rounded_where_asked_and_no_branch_and_bound_runs(
+    monkeypatch,
+):
+    """Over each variable's likeliest choices (a mesh of four axes), a relaxation that is not
+    integral is rounded, each variable to its largest share, for a local search to improve:
+    branch and bound over thousands of choices ran for minutes."""
+    calls = _count_milp(monkeypatch)
+    problem = _frustrated()
+    found = _milp(problem, [], [], 10.0, rounded=True)
+    assert calls == [] and found is not None and not found[1]
+    assert all(c in (0, 1) for c in found[0])
+    # with a budget or an excluded plan it is solved exactly all the same: rounding might
+    # break them
+    found = _milp(problem, [], [{0: 0}], 10.0, rounded=True)
+    assert found is not None and found[1] and found[0][0] == 1
+
+
 def test_an_integral_relaxation_is_the_optimum(monkeypatch):
     calls = _count_milp(monkeypatch)
     rng = np.random.default_rng(3)

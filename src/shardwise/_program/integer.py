@@ -120,7 +120,15 @@ def milp(
     constraints: Sequence[Constraint],
     exclude: Sequence[dict[int, int]],
     time_limit: float,
+    rounded: bool = False,
 ) -> tuple[tuple[int, ...], bool] | None:
+    """Each variable's choice in the optimum of ``problem`` under ``constraints``, the
+    combinations ``exclude`` names left out, and whether it is proven optimal: the linear
+    relaxation's where integral, else branch and bound's (``None``: nothing is feasible).
+    ``rounded`` (with no constraints nor exclusions): a relaxation that is not integral is
+    rounded instead, each variable taking the choice of its largest share (a start for a
+    local search, where branch and bound over thousands of choices would run for minutes);
+    ``None`` where the relaxation is not solved within ``time_limit``."""
     sizes = [len(c) for c in problem.choices]
     offset = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     cost = [np.concatenate(problem.unary)]
@@ -142,9 +150,11 @@ def milp(
     # scaled: HiGHS's absolute gap (1e-6) would call any plan of seconds optimal
     objective = objective * (1e6 / max(float(np.abs(objective).max()), 1e-30))
     low, high = np.array(rows.lower), np.array(rows.upper)
-    relaxed = _integral_relaxation(objective, a, low, high, nx, time_limit)
-    if relaxed is not None:
+    relaxed = _relaxation(objective, a, low, high, nx, time_limit)
+    if relaxed is not None and float(np.abs(relaxed - np.round(relaxed)).max(initial=0.0)) < 1e-9:
         return _choices(relaxed, offset), True
+    if rounded and not constraints and not exclude:  # (each variable's largest share)
+        return None if relaxed is None else (_choices(relaxed, offset), False)
     with stdout_to_stderr():  # SciPy's HiGHS can print, with its output off
         result = scipy.optimize.milp(
             objective,
@@ -188,7 +198,7 @@ def _choices(x: np.ndarray, offset: np.ndarray) -> tuple[int, ...]:
     return tuple(int(np.argmax(x[offset[v] : offset[v + 1]])) for v in range(len(offset) - 1))
 
 
-def _integral_relaxation(
+def _relaxation(
     objective: np.ndarray,
     a: scipy.sparse.csr_array,
     lower: np.ndarray,
@@ -196,7 +206,7 @@ def _integral_relaxation(
     nx: int,
     time_limit: float,
 ) -> np.ndarray | None:
-    """The binaries of the linear relaxation's optimum where they are all 0 or 1, else ``None``.
+    """The binaries of the linear relaxation's optimum (``None``: not found in time).
 
     A relaxation's optimum bounds the integer program's from below, so an integral one is the
     integer program's optimum: proven, without branch and bound. Without budgets or excluded
@@ -232,5 +242,4 @@ def _integral_relaxation(
     highs.run()
     if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
-    x = np.asarray(highs.getSolution().col_value[:nx])
-    return x if float(np.abs(x - np.round(x)).max(initial=0.0)) < 1e-9 else None
+    return np.asarray(highs.getSolution().col_value[:nx])

@@ -34,7 +34,7 @@ from shardwise._program.reading import train_step as train_step
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import Predicted, predict
 from shardwise._program.steps import StepCosts
-from shardwise._program.top import baselines, best_plans, peak
+from shardwise._program.top import baselines, best_plans, peak, seeded
 from shardwise._program.within import NothingFits, nothing_fits
 from shardwise._program.writable import agrees
 from shardwise._versions import context_mesh
@@ -156,12 +156,15 @@ def _plan(
 
         searched = best_plans(graph, searchable, eff, limit, top, time_limit, writable,
                               peak_of)  # fmt: skip
-        named = [("search" if k == 0 else f"search {k + 1}", searchable, sol)
-                 for k, sol in enumerate(searched)]  # fmt: skip
+        named = _named(searchable, searched)
         costs = StepCosts(graph, eff, prof)
         if baselines_of is None:
             solved, skipped = baselines(graph, read.full, eff, read.pins, limit, time_limit,
                                         read.role, read.extra)  # fmt: skip
+            faster = seeded(searchable, solved, searched[0]) if searched and limit is None else None
+            if faster is not None:  # (the search's first, its last plan dropped past top)
+                searched = [faster, *searched][:top]
+                named = _named(searchable, searched)
             plans = _predictions(graph, [*named, *solved], costs, limit)
         else:
             base = [p for p in baselines_of.plans if not p.searched]
@@ -187,6 +190,12 @@ def _plan(
         devices=devices, annotations=read.annotations, respect=respect,
         donate_argnums=read.donate_argnums,
     )  # fmt: skip
+
+
+def _named(problem: Problem, searched: list[Solution]) -> list[tuple[str, Problem, Solution]]:
+    """The search's plans by name: ``search``, ``search 2``, …"""
+    return [("search" if k == 0 else f"search {k + 1}", problem, sol)
+            for k, sol in enumerate(searched)]  # fmt: skip
 
 
 def _fastest_searched(plans: list[PlannedLayout], method: str) -> tuple[list[PlannedLayout], str]:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -94,27 +95,141 @@ def _solve(
         index = {label: k for k, label in enumerate(core.labels)}
         at = {label: k for k, label in enumerate(problem.labels)}
         kept = _dominant(core, {index[problem.labels[v]] for v in protected})
-        found = milp(
-            core.restrict(kept),
-            [
-                Constraint(tuple((index[problem.labels[v]], c, b) for v, c, b in x.terms), x.limit)
-                for x in constraints
-            ],
-            [{index[problem.labels[v]]: c for v, c in e.items()} for e in exclude],
-            time_limit,
-        )
+        ours = [Constraint(tuple((index[problem.labels[v]], c, b) for v, c, b in x.terms),
+                           x.limit) for x in constraints]  # fmt: skip
+        theirs = [{index[problem.labels[v]]: c for v, c in e.items()} for e in exclude]
+        found = _core(core, kept, ours, theirs, time_limit)
         if found is None:
             return None
-        for k, (label, c) in enumerate(zip(core.labels, found[0], strict=True)):
-            choice[at[label]] = kept[k][c] if k in kept else c
-        optimal = found[1]
-        method = "integer program (HiGHS)"
+        picked, optimal, method = found
+        for label, c in zip(core.labels, picked, strict=True):
+            choice[at[label]] = c
         if steps:
-            method = "dynamic programming + integer program (HiGHS)"
+            method = f"dynamic programming + {method}"
     for v, near, best in reversed(steps):
         choice[v] = int(best[tuple(choice[n] for n in near)]) if near else int(best)
     seconds = time.perf_counter() - start
     return Solution(tuple(choice), total(problem, choice), optimal, method, seconds)
+
+
+MAX_PAIRS = 1_000_000
+"""The most pairs of choices the integer program's edges may join (a variable each, before
+equal rows merge): a mesh of four axes gives arrays thousands of layouts, and a transformer's
+training step 132 edges of 84 million pairs, whose integer program ran the machine out of
+memory. Past it each variable keeps its :func:`likeliest` choices, as many as fit."""
+
+ROUNDS = 4
+"""How many integer programs over :func:`likeliest` choices :func:`_core` solves at most."""
+
+
+def _core(
+    core: Problem,
+    kept: dict[int, list[int]],
+    constraints: Sequence[Constraint],
+    exclude: Sequence[dict[int, int]],
+    time_limit: float,
+) -> tuple[list[int], bool, str] | None:
+    """The choices of what elimination left (``kept``: those no other dominates), whether
+    proven optimal, and how found: one integer program where its edges join at most
+    :data:`MAX_PAIRS` pairs of choices; else integer programs over each variable's
+    :func:`likeliest` choices, first by a bound, then given the best plan found (each
+    followed by a local search over every choice, where no budget or excluded plan binds
+    it), until one finds no better plan."""
+    keep = likeliest(core, kept, constraints, MAX_PAIRS)
+    if keep is None:
+        return _over(core, kept, constraints, exclude, time_limit)
+    method = "integer program (HiGHS) over each array's likeliest layouts"
+    best: tuple[list[int], float] | None = None
+    free = not (constraints or exclude)  # (a local search could break a budget)
+    for _ in range(ROUNDS):
+        found = _over(core, keep, constraints, exclude, time_limit, rounded=True)
+        if found is None and not free:
+            break
+        picked = found[0] if found else [_cheapest(core, v, keep) for v in range(len(core.unary))]
+        if free:
+            picked = list(descend(core, picked, -1).choice)
+        cost = total(core, picked)
+        if best is not None and cost >= best[1] * (1 - 1e-12):
+            break
+        best = picked, cost
+        keep = likeliest(core, kept, constraints, MAX_PAIRS, picked) or keep
+    if best is None:
+        return None
+    local = ", each rounded and then improved by local search" if free else ""
+    return best[0], False, method + local
+
+
+def _cheapest(problem: Problem, v: int, keep: dict[int, list[int]]) -> int:
+    """``v``'s choice among ``keep``'s of least cost of its own (where no relaxation is
+    solved in time: a start for the local search)."""
+    ix = keep.get(v, range(len(problem.unary[v])))
+    return min(ix, key=lambda c: float(problem.unary[v][c]))
+
+
+def likeliest(
+    problem: Problem,
+    kept: dict[int, list[int]],
+    constraints: Sequence[Constraint],
+    limit: int,
+    given: Sequence[int] | None = None,
+) -> dict[int, list[int]] | None:
+    """Where ``problem``'s edges (over the choices ``kept``) join more than ``limit`` pairs of
+    choices, the likeliest of each variable's, as many as keep them within it: those whose own
+    cost plus each edge's is least, the edge's at the neighbour's choice ``given``, or without
+    one the least it could be (a bound from below); with the one ``given``, and the one that
+    takes the fewest bytes in ``constraints`` (the budget's), so the smallest plan stays
+    possible. ``None`` where the problem is within ``limit``."""
+    near = neighbours(problem)
+    allowed = [np.array(kept[v]) if v in kept else np.arange(len(u))
+               for v, u in enumerate(problem.unary)]  # fmt: skip
+    pairs = sum(len(allowed[u]) * len(allowed[v]) for u, v in problem.edges)
+    if pairs <= limit:
+        return None
+    many = max(2, math.isqrt(limit // max(1, len(problem.edges))) - 2)  # (2: those also kept)
+    smallest: dict[int, tuple[float, int]] = {}
+    for x in constraints:
+        for v, c, b in x.terms:
+            smallest[v] = min(smallest.get(v, (b, c)), (b, c))
+    out: dict[int, list[int]] = {}
+    for v, ix in enumerate(allowed):
+        if len(ix) <= many:
+            if v in kept:
+                out[v] = kept[v]
+            continue
+        edges = (m[ix].min(axis=1) if given is None else m[ix, given[u]] for u, m in near[v])
+        best = ix[np.argsort(problem.unary[v][ix] + sum(edges, 0.0), kind="stable")[:many]]
+        also = ([smallest[v][1]] if v in smallest else []) + ([given[v]] if given else [])
+        out[v] = sorted({*best.tolist(), *also})
+    return out
+
+
+def _over(
+    core: Problem,
+    kept: dict[int, list[int]],
+    constraints: Sequence[Constraint],
+    exclude: Sequence[dict[int, int]],
+    time_limit: float,
+    rounded: bool = False,
+) -> tuple[list[int], bool, str] | None:
+    """The integer program of ``core`` over the choices ``kept``: its plan (the core's choices)
+    and whether it is proven optimal; ``constraints`` and ``exclude`` over those choices (a
+    dropped choice's terms go, as it cannot be chosen, and so does an excluded combination
+    with one, as it cannot be made); ``rounded``: :func:`~.integer.milp`'s."""
+    new = {v: {c: k for k, c in enumerate(ix)} for v, ix in kept.items()}
+
+    def at(v: int, c: int) -> int | None:
+        return new[v].get(c) if v in new else c
+
+    ours = [Constraint(tuple((v, k, b) for v, c, b in x.terms if (k := at(v, c)) is not None),
+                       x.limit) for x in constraints]  # fmt: skip
+    theirs = [{v: at(v, c) for v, c in e.items()} for e in exclude]
+    possible = [{v: k for v, k in e.items() if k is not None} for e in theirs
+                if None not in e.values()]  # fmt: skip
+    found = milp(core.restrict(kept), ours, possible, time_limit, rounded)
+    if found is None:
+        return None
+    picked = [kept[v][c] if v in kept else c for v, c in enumerate(found[0])]
+    return picked, found[1], "integer program (HiGHS)"
 
 
 def descend(

@@ -26,6 +26,7 @@ from shardwise._program.roles import Roles
 from shardwise._program.search import (
     Solution,
     Stacks,
+    descend,
     moved,
     neighbours,
     settle,
@@ -322,3 +323,27 @@ def baselines(
             assert result is not None  # only constraints make a problem infeasible
         solved.append((base, problem, result))
     return solved, skipped
+
+
+def seeded(
+    problem: Problem, solved: list[tuple[str, Problem, Solution]], best: Solution
+) -> Solution | None:
+    """Where the search's ``best`` plan of ``problem`` is not proven optimal (a mesh of four
+    axes: integer programs over each array's likeliest layouts) and a baseline's plan, each
+    of ``solved``, costs less, a local search from the cheapest such one (the search never
+    chooses a plan slower than a baseline it could take); ``None`` where none costs less."""
+    if best.optimal:
+        return None
+    start = time.perf_counter()
+    index = [{c: k for k, c in enumerate(choices)} for choices in problem.choices]
+    found: tuple[float, str, list[int]] | None = None
+    for name, base, sol in solved:
+        choice = [index[v].get(base.choices[v][c], -1) for v, c in enumerate(sol.choice)]
+        if -1 not in choice and total(problem, choice) < (found or (best.seconds,))[0]:
+            found = total(problem, choice), name, choice
+    if found is None:
+        return None
+    cost, name, choice = found
+    local = descend(problem, choice, -1, cost=cost)
+    method = f"local search from the {name} plan (cheaper than what {best.method} found)"
+    return dataclasses.replace(local, method=method, solve_seconds=time.perf_counter() - start)

@@ -1,0 +1,136 @@
+"""Problems whose integer program would be too large to build (a mesh of four axes gives arrays
+thousands of layouts; a transformer's training step had run the machine out of memory): each
+variable keeps its likeliest choices, and the search never keeps a plan slower than a
+baseline's that it could take."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import numpy as np
+import pytest
+
+import shardwise
+from shardwise._model.profile import BUILTIN
+from shardwise._program import integer, search
+from shardwise._program.integer import Constraint
+from shardwise._program.models import model
+from shardwise._program.problem import Problem
+from shardwise._program.search import Solution, moved, neighbours, solve, total
+from shardwise._program.top import seeded
+
+
+def _dense(seed: int, n: int, k: int, planted: bool) -> tuple[Problem, list[int]]:
+    """Every two of ``n`` variables of ``k`` choices joined (none is eliminated); with
+    ``planted``, one choice each that costs nothing, alone or beside the others' (the
+    optimum), where every other cost is at least 1."""
+    rng = np.random.default_rng(seed)
+    best = rng.integers(0, k, n).tolist()
+    unary = [rng.uniform(1, 2, k) for _ in range(n)]
+    edges = {(u, v): rng.uniform(1, 2, (k, k)) for u, v in itertools.combinations(range(n), 2)}
+    if planted:
+        for v in range(n):
+            unary[v][best[v]] = 0.0
+        for (u, v), m in edges.items():
+            m[best[u], best[v]] = 0.0
+    return Problem.of([list(range(k)) for _ in range(n)], unary, edges), best
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The pairs of choices each integer program solved joins, with the limit at 400."""
+    monkeypatch.setattr(search, "MAX_PAIRS", 400)
+    sizes: list[int] = []
+    real = integer.milp
+
+    def counted(problem, *args, **kwargs):
+        sizes.append(sum(m.size for m in problem.edges.values()))
+        return real(problem, *args, **kwargs)
+
+    monkeypatch.setattr(search, "milp", counted)
+    return sizes
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_problem_past_the_limit_is_solved_over_its_likeliest_choices(built, seed):
+    problem, best = _dense(seed, 5, 40, planted=True)  # (10 edges of 1,600 pairs)
+    found = solve(problem)
+    assert found is not None
+    assert list(found.choice) == best and found.seconds == 0.0
+    assert not found.optimal and "likeliest" in found.method
+    assert built and max(built) <= 400
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_each_variable_then_takes_its_best_choice_given_the_others(built, seed):
+    """Without a planted optimum: the plan is one no single variable's change improves (the
+    local search over every choice), and no cheaper than the exhaustive optimum."""
+    problem, _ = _dense(seed, 4, 12, planted=False)
+    found = solve(problem)
+    assert found is not None and not found.optimal
+    near = neighbours(problem)
+    for v, choices in enumerate(problem.choices):
+        for c in range(len(choices)):
+            assert moved(problem, found.choice, v, c, near) >= -1e-12
+    exhaustive = min(total(problem, c) for c in itertools.product(*(range(12) for _ in range(4))))
+    assert found.seconds >= exhaustive - 1e-12
+    assert max(built) <= 400
+
+
+def test_under_a_budget_the_smallest_choices_stay_possible(built):
+    """Where only each variable's fewest bytes fit, the choices cheapest in time (the
+    likeliest by cost) leave them out: they are kept all the same, and the search finds the
+    one plan that fits, where it would have said none does."""
+    problem, _ = _dense(0, 4, 30, planted=False)
+    unary = [np.linspace(2.0, 1.0, 30) for _ in range(4)]  # (the last choice fastest)
+    problem = Problem.of(problem.choices, unary, problem.edges)
+    budget = Constraint(tuple((v, c, float(c + 1)) for v in range(4) for c in range(30)), 4.0)
+    found = solve(problem, [budget])
+    assert found is not None and list(found.choice) == [0, 0, 0, 0]
+    assert max(built) <= 400
+
+
+def test_an_excluded_plan_is_not_found_again(built):
+    problem, best = _dense(1, 5, 40, planted=True)
+    found = solve(problem, exclude=[dict(enumerate(best))])
+    assert found is not None and list(found.choice) != best
+    assert max(built) <= 400
+
+
+def test_a_baseline_cheaper_than_the_search_is_its_start():
+    problem, best = _dense(2, 4, 6, planted=True)
+    worse = [(c + 1) % 6 for c in best]
+    searched = Solution(tuple(worse), total(problem, worse), False, "integer program", 0.0)
+    pinned = problem.restrict({0: [best[0]]})  # (a baseline pins an input)
+    base = Solution((0, *best[1:]), 0.0, True, "dynamic programming", 0.0)
+    found = seeded(problem, [("fsdp", pinned, base)], searched)
+    assert found is not None and list(found.choice) == best and found.seconds == 0.0
+    assert "fsdp" in found.method
+    # none where the search's plan is proven optimal, or no baseline is cheaper
+    proven = dataclasses.replace(searched, optimal=True)
+    assert seeded(problem, [("fsdp", pinned, base)], proven) is None
+    assert seeded(problem, [], searched) is None
+
+
+def test_a_plan_narrowed_so_is_never_slower_than_a_baseline_and_runs(monkeypatch):
+    """A training step on a mesh of three axes with the limit low enough that every integer
+    program is narrowed: the chosen plan is predicted no slower than any baseline, equals
+    ``jax.jit``'s numbers, and its collectives are the compiled program's."""
+    monkeypatch.setattr(search, "MAX_PAIRS", 2_000)
+    fn, args = model("mlp", batch=64, hidden=32, ffn=64, train=True)
+    plan = shardwise.plan(fn, *args, mesh="a=2,b=2,c=2", profile=BUILTIN["cpu-2core"],
+                          train=True, top=2)  # fmt: skip
+    assert not plan.optimal and ("likeliest" in plan.method or "local search" in plan.method)
+    fastest = min(p.predicted.seconds for p in plan.plans if not p.searched)
+    assert plan.chosen.predicted.seconds <= fastest * (1 + 1e-9)
+    checked = plan.verify(repeat=1)
+    assert [p.name for p in checked.plans if not p.verified.collectives_match] == []
+    rng = np.random.default_rng(0)
+    leaves = [rng.standard_normal(a.shape).astype(a.dtype) for a in jax.tree.leaves(args)]
+    real = jax.tree.unflatten(jax.tree.structure(args), leaves)
+    step = shardwise._program.program.train_step(fn)
+    got, want = plan.sharded()(*real), jax.jit(step)(*real)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
