@@ -302,8 +302,9 @@ def test_plan_refuses_an_einsum_given_with_a_program(tmp_path, argv, said):
 
 @pytest.mark.parametrize(
     "flags",
-    [["--train"], ["--html", "{tmp}/report.html"], ["--batch", "256", "-q"], ["--fixed", "x=-"]],
-)
+    [["--train"], ["--html", "{tmp}/report.html"], ["--batch", "256", "-q"], ["--fixed", "x=-"],
+     ["--time-limit", "300"]],
+)  # fmt: skip
 def test_plan_of_an_einsum_refuses_what_only_a_program_reads(tmp_path, flags):
     flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
     result = runner.invoke(app, [*PLAN, *flags])
@@ -315,6 +316,30 @@ def test_plan_of_an_einsum_refuses_what_only_a_program_reads(tmp_path, flags):
         assert (
             "shardwise explain" in flat(result.output) and not (tmp_path / "report.html").exists()
         )
+
+
+def test_plan_time_limit_is_the_programs(monkeypatch):
+    """``--time-limit`` gives a program's plan its limit (pricing a mesh of four axes can take
+    more than the minute it has by default, which the error's advice says to raise)."""
+    import shardwise
+
+    asked: list[float] = []
+    real = shardwise.plan
+
+    def recorded(*args, **kwargs):
+        asked.append(kwargs.get("time_limit", -1.0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shardwise, "plan", recorded)
+    argv = ["plan", "--model", "mlp", "--batch", "16", "--hidden", "8", "--ffn", "16", "--mesh",
+            "x=2", "--profile", "cpu-2core", "--quiet"]  # fmt: skip
+    for flags, want in (([], -1.0), (["--time-limit", "300"], 300.0)):
+        result = runner.invoke(app, [*argv, *flags])
+        assert result.exit_code == 0, result.output
+        assert asked.pop() == want
+    result = runner.invoke(app, [*argv[:-5], "--choose-mesh", "8", "--profile", "h100",
+                                 "--time-limit", "300"])  # fmt: skip
+    assert result.exit_code == 2 and "--time-limit does not go with it" in flat(result.output)
 
 
 @pytest.mark.parametrize(

@@ -245,7 +245,7 @@ def _too_long(
         f"pricing the layouts on mesh {mesh.describe()} takes longer than the time limit "
         f"({limit:g} s; {done} of {steps} steps priced): an array has up to {most} layouts "
         f"on it, and each step is priced between every two. To plan, {merge}pin some inputs "
-        "(fixed=, --fixed), or from Python give a longer limit (plan(..., time_limit=600))."
+        "(fixed=, --fixed), or give a longer limit (--time-limit 600, plan(..., time_limit=600))."
     )
 
 

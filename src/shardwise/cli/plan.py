@@ -39,13 +39,22 @@ from shardwise.cli._models import (
     Size,
     Vocab,
 )
+from shardwise.cli._program_options import (
+    ChooseMesh,
+    Donate,
+    Emit,
+    Respect,
+    Roles,
+    Rules,
+    TimeLimit,
+)
 from shardwise.cli.explain import parse_shapes
 from shardwise.render.formats import show
 
 PROGRAM_ONLY = (
     "args", "batch", "seq", "hidden", "ffn", "heads", "layers", "size", "kv_heads", "vocab",
     "master", "remat", "attention", "microbatches", "train", "optimizer", "fixed", "quiet",
-    "html", "rules", "respect", "choose_mesh", "roles",
+    "html", "rules", "respect", "choose_mesh", "roles", "time_limit",
 )  # fmt: skip
 """The options of ``plan`` that only a program's plan (``--model``, ``--function``) reads, by
 parameter name; an einsum's plan refuses them (``--emit``, ``--donate`` and ``--tune``, with
@@ -203,57 +212,13 @@ def plan(
             "--plot", help="With --sweep-batch or --sweep-devices: draw the sweep (PNG or SVG)."
         ),
     ] = None,
-    rules: Annotated[
-        str | None,
-        typer.Option(
-            "--rules",
-            help="For a program: logical axis rules for the names its parameters are annotated "
-            "with: batch=data,embed=-,mlp=model, or a YAML file of MaxText's logical_axis_rules.",
-        ),
-    ] = None,
-    respect: Annotated[
-        str,
-        typer.Option(
-            "--respect",
-            help="For a program: what every plan keeps of what the model says: none, "
-            "annotations (its parameters' layouts), constraints (its sharding constraints) "
-            "or names (only plans that rules over its logical names can write).",
-        ),
-    ] = "none",
-    choose_mesh: Annotated[
-        int | None,
-        typer.Option(
-            "--choose-mesh",
-            min=1,
-            help="For a program: split this many devices (of --profile) over --roles every "
-            "way, plan each split and keep the fastest; the devices need not exist here.",
-        ),
-    ] = None,
-    roles: Annotated[
-        str,
-        typer.Option(
-            "--roles",
-            help="With --choose-mesh: the mesh axes, in order, named by MaxText's roles "
-            "(data, fsdp, fsdp_transpose, sequence, context, tensor, expert).",
-        ),
-    ] = "fsdp,tensor",
-    donate: Annotated[
-        str | None,
-        typer.Option(
-            "--donate",
-            help="For a program: the arguments whose buffers its results may take, by "
-            "position, as jax.jit's donate_argnums (0,1: a training step's parameters and "
-            "optimizer state, written over as MaxText's step does).",
-        ),
-    ] = None,
-    emit: Annotated[
-        str | None,
-        typer.Option(
-            "--emit",
-            help="For a program: after the plan, print it as flax (logical axis rules), "
-            "maxtext (a config block), regex (rules by path) or specs (each input's spec).",
-        ),
-    ] = None,
+    rules: Rules = None,
+    respect: Respect = "none",
+    choose_mesh: ChooseMesh = None,
+    roles: Roles = "fsdp,tensor",
+    donate: Donate = None,
+    time_limit: TimeLimit = None,
+    emit: Emit = None,
 ) -> None:
     """Plan an einsum (every strategy, ranked) or a whole program (--model, --function)."""
     import shardwise

@@ -152,6 +152,7 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
             rules=None if given["rules"] is None else load_rules(given["rules"]),
             respect=given["respect"],
             donate_argnums=donated(given["donate"]),
+            **({} if given["time_limit"] is None else {"time_limit": given["time_limit"]}),
         )
         if given["verify"] or given["tune"]:
             measure = report.tune if given["tune"] else report.verify
@@ -168,7 +169,8 @@ def _choose(given: dict[str, Any], fn: Any, fn_args: list[Any], train: bool, out
     where a built-in model gives them."""
     import shardwise
 
-    asked = [k for k in ("verify", "tune", "fixed", "device_memory", "rules") if given[k]]
+    asked = [k for k in ("verify", "tune", "fixed", "device_memory", "rules", "time_limit")
+             if given[k]]  # fmt: skip
     if given["mesh"] != "auto" or asked:
         clash = "--mesh" if given["mesh"] != "auto" else "--" + asked[0].replace("_", "-")
         raise ArgumentError(
