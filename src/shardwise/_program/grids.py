@@ -21,8 +21,9 @@ import numpy as np
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 
-ALL_GATHER, ALL_TO_ALL = 0, 1
 KINDS = ("all-gather", "all-to-all")
+"""The collectives a move makes, by their index in :attr:`Grid.term`'s codes (an all-to-all:
+1, as its flag)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +93,13 @@ def grid_of(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpe
     names = mesh.names
     sizes = np.array([mesh.shape[a] for a in names] or [1], dtype=np.int64)
     src, dst = _encoded(srcs, rank, names), _encoded(dsts, rank, names)
-    masks = (1 << (BITS * np.arange(len(names) + 1, dtype=np.int64))) - 1  # (a prefix of k axes)
+    int_ = np.int32 if BITS * len(names) < 31 else np.int64
+    masks = ((1 << (BITS * np.arange(len(names) + 1, dtype=np.int64))) - 1).astype(int_)
     rows, cols = np.divmod(np.arange(len(srcs) * len(dsts)), len(dsts))
     split = np.where(src.dim >= 0, sizes[: len(names)], 1).prod(axis=1)  # (the ways in all)
     # each pair still moving: its index in the grid, its dimensions' axes and their counts (a
     # row a dimension), its target, the ways it splits the array, and its last gather along a
     # later dimension (the dimension, and that move's index among them)
-    int_ = np.int32 if BITS * len(names) < 31 else np.int64
     code_of = dst.code.T.astype(int_)
     dim_of, place_of = dst.dim.T.astype(int_), dst.place.T.astype(int_)
     at = np.arange(len(rows))
@@ -108,7 +109,6 @@ def grid_of(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpe
     backs: list[tuple[np.ndarray, ...]] = []  # (pair, ways) of each gather along a later one
     dropped: list[np.ndarray] = []  # (those followed by another along the same dimension)
     made = 0
-    masks = masks.astype(int_)
     while at.size:
         code, count, (ways,), (col,), back = state
         changed = np.zeros(len(at), dtype=bool)

@@ -109,12 +109,6 @@ class _Recipe:
     relayout: tuple[tuple[int, ...], ...]
 
 
-@cached(maxsize=1 << 14)
-def _ways(spec: Spec, rank: int, mesh: MeshSpec) -> tuple[int, ...]:
-    """The ways ``spec`` splits each of ``rank`` dimensions."""
-    return tuple(entry_ways(e, mesh) for e in spec.padded(rank))
-
-
 @cached(maxsize=1 << 18)
 def _recipe(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> _Recipe:
     sizes = mesh.shape
@@ -125,12 +119,13 @@ def _recipe(src: Spec, dst: Spec, rank: int, mesh: MeshSpec) -> _Recipe:
             held = after if kind == "all-gather" else before
             found.append((kind, axis, _entries_ways(held, sizes)))
         before = after
-    sliced = _ways(dst, rank, mesh) if set(dst.axes) - set(src.axes) else None
+    sliced = _entries_ways(dst.padded(rank), sizes) if set(dst.axes) - set(src.axes) else None
     back = tuple(_entries_ways(e, sizes) for e in _relayouts(src.padded(rank), path))
     return _Recipe(tuple(found), sliced, back)
 
 
 def _entries_ways(entries: tuple[Entry, ...], sizes: dict[str, int]) -> tuple[int, ...]:
+    """The ways each of ``entries`` splits its dimension (``sizes``: the mesh's)."""
     return tuple(math.prod(sizes[a] for a in e) for e in entries)
 
 

@@ -135,24 +135,26 @@ def _core(
     :func:`likeliest` choices, first by a bound, then given the best plan found (each
     followed by a local search over every choice, where no budget or excluded plan binds
     it), until one finds no better plan."""
-    keep = likeliest(core, kept, constraints, MAX_PAIRS)
+    near = neighbours(core)  # (once, for every round's choices and local search)
+    keep = likeliest(core, kept, constraints, MAX_PAIRS, near)
     if keep is None:
         return _over(core, kept, constraints, exclude, time_limit)
     method = "integer program (HiGHS) over each array's likeliest layouts"
     best: tuple[list[int], float] | None = None
     free = not (constraints or exclude)  # (a local search could break a budget)
+    stacks = Stacks(near)
     for _ in range(ROUNDS):
         found = _over(core, keep, constraints, exclude, time_limit, rounded=True)
         if found is None and not free:
             break
         picked = found[0] if found else [_cheapest(core, v, keep) for v in range(len(core.unary))]
         if free:
-            picked = list(descend(core, picked, -1).choice)
+            picked = list(descend(core, picked, -1, near, stacks=stacks).choice)
         cost = total(core, picked)
         if best is not None and cost >= best[1] * (1 - 1e-12):
             break
         best = picked, cost
-        keep = likeliest(core, kept, constraints, MAX_PAIRS, picked) or keep
+        keep = likeliest(core, kept, constraints, MAX_PAIRS, near, picked) or keep
     if best is None:
         return None
     local = ", each rounded and then improved by local search" if free else ""
@@ -171,6 +173,7 @@ def likeliest(
     kept: dict[int, list[int]],
     constraints: Sequence[Constraint],
     limit: int,
+    near: Sequence[Sequence[tuple[int, np.ndarray]]],
     given: Sequence[int] | None = None,
 ) -> dict[int, list[int]] | None:
     """Where ``problem``'s edges (over the choices ``kept``) join more than ``limit`` pairs of
@@ -178,13 +181,12 @@ def likeliest(
     cost plus each edge's is least, the edge's at the neighbour's choice ``given``, or without
     one the least it could be (a bound from below); with the one ``given``, and the one that
     takes the fewest bytes in ``constraints`` (the budget's), so the smallest plan stays
-    possible. ``None`` where the problem is within ``limit``."""
-    near = neighbours(problem)
-    allowed = [np.array(kept[v]) if v in kept else np.arange(len(u))
-               for v, u in enumerate(problem.unary)]  # fmt: skip
-    pairs = sum(len(allowed[u]) * len(allowed[v]) for u, v in problem.edges)
-    if pairs <= limit:
+    possible. ``None`` where the problem is within ``limit``. ``near``: :func:`neighbours`
+    of ``problem``."""
+    sizes = [len(kept[v]) if v in kept else len(u) for v, u in enumerate(problem.unary)]
+    if sum(sizes[u] * sizes[v] for u, v in problem.edges) <= limit:
         return None
+    allowed = [np.array(kept[v]) if v in kept else np.arange(n) for v, n in enumerate(sizes)]
     many = max(2, math.isqrt(limit // max(1, len(problem.edges))) - 2)  # (2: those also kept)
     smallest: dict[int, tuple[float, int]] = {}
     for x in constraints:

@@ -339,8 +339,9 @@ def seeded(
     found: tuple[float, str, list[int]] | None = None
     for name, base, sol in solved:
         choice = [index[v].get(base.choices[v][c], -1) for v, c in enumerate(sol.choice)]
-        if -1 not in choice and total(problem, choice) < (found or (best.seconds,))[0]:
-            found = total(problem, choice), name, choice
+        cost = total(problem, choice) if -1 not in choice else math.inf
+        if cost < (found or (best.seconds,))[0]:
+            found = cost, name, choice
     if found is None:
         return None
     cost, name, choice = found
