@@ -9,7 +9,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardwise
-from shardwise._runtime.hostmem import HUGE_PAGE, MIN_HUGE_BYTES, aligned_empty, put_cpu
+from shardwise._runtime.hostmem import (
+    HUGE_PAGE,
+    MIN_HUGE_BYTES,
+    aligned_empty,
+    put_cpu,
+    staged,
+)
 
 
 @pytest.mark.parametrize("spec", [P("devices"), P(None, "devices"), P()])
@@ -26,6 +32,31 @@ def test_large_shards_land_in_aligned_private_buffers(spec):
         assert shard.data.unsafe_buffer_pointer() % HUGE_PAGE == 0
     host[:] = -1  # the devices hold copies: changing the host array changes nothing
     assert float(np.asarray(placed).min()) >= 0
+
+
+def test_staged_placements_reuse_the_buffers_of_the_arrays_recycled():
+    """Placed one layout after another, the largest first, every later shard lands in a
+    buffer of an earlier one, and holds its own values, not what was there."""
+    mesh = shardwise.mesh("devices=8")
+    rows = 8 * MIN_HUGE_BYTES // (64 * 4)
+    rng = np.random.default_rng(1)
+    first, second = (rng.random((rows, 64), dtype=np.float32) for _ in range(2))
+    with staged() as staging:
+        whole = put_cpu(first, NamedSharding(mesh, P()))
+        used = {s.data.unsafe_buffer_pointer() for s in whole.addressable_shards}
+        np.testing.assert_array_equal(np.asarray(whole), first)
+        staging.recycle([whole])
+        assert whole.is_deleted()
+        for spec in (P("devices"), P(None, "devices"), P()):
+            placed = put_cpu(second, NamedSharding(mesh, spec))
+            pointers = {s.data.unsafe_buffer_pointer() for s in placed.addressable_shards}
+            assert pointers <= used, spec  # no new buffer
+            for shard in placed.addressable_shards:
+                np.testing.assert_array_equal(np.asarray(shard.data), second[shard.index])
+            staging.recycle([placed])
+    # the block ended: buffers of its own (the staging, still held here, keeps its buffers)
+    outside = put_cpu(second, NamedSharding(mesh, P()))
+    assert not {s.data.unsafe_buffer_pointer() for s in outside.addressable_shards} & used
 
 
 def test_a_replicated_array_is_judged_by_its_shard_size():

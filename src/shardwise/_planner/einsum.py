@@ -24,6 +24,7 @@ from shardwise._model.profile import Profile
 from shardwise._model.profile_use import check_platform
 from shardwise._model.strategy import MAX_LAYOUTS, Strategy, layout_count, strategies
 from shardwise._model.units import format_bytes, format_seconds
+from shardwise._runtime.hostmem import Staging, staged
 from shardwise._runtime.timing import median_seconds, spearman
 from shardwise._xla.explain import compile_plan
 from shardwise._xla.hlo import collectives
@@ -209,6 +210,15 @@ def rank(
     )
 
 
+def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Uniform numbers in [0, 1) of ``dtype``, drawn in that precision where NumPy can: a
+    float64 draw converted touches three times the memory of a float32 one."""
+    kind = np.dtype(dtype)
+    if kind in (np.float32, np.float64):
+        return rng.random(shape, dtype=kind)
+    return rng.random(shape, dtype=np.float32).astype(kind)
+
+
 def verify(
     report: PlanReport,
     mesh: Mesh,
@@ -220,7 +230,8 @@ def verify(
 
     Time is the median of ``repeat`` runs after one warm-up, on random data, one strategy
     after another: each holds its own placement of the operands, and holding every
-    strategy's at once, as taking turns would, costs more than the timing.
+    strategy's at once, as taking turns would, costs more than the timing. The strategy that
+    holds the most is placed first, and each later one in its host buffers (on CPU devices).
 
     Raises:
         ArgumentError: when the report's profile is for another platform than ``mesh``'s
@@ -229,28 +240,48 @@ def verify(
     check_platform(report.profile, platform(mesh), "verifying")
     chosen = report.strategies[: top or len(report.strategies)]
     rng = np.random.default_rng(0)
-    arrays = [rng.random(s).astype(report.dtype) for s in report.shapes]
-    done: list[Candidate] = []
-    for k, cand in enumerate(chosen):
-        if on_step is not None:
-            on_step(k, len(chosen))
-        s = cand.strategy
-        plan = Plan.make(
-            report.op,
-            report.shapes,
-            mesh=report.mesh,
-            dtype=report.dtype,
-            in_specs=list(s.in_specs(report.op)),
-            out_specs=s.out_spec,
-        )
-        compiled = compile_plan(plan, mesh)
-        found = tuple(collectives(compiled.as_text() or "", report.mesh.shape))
-        match = collectives_match(cand.predicted.collectives, found, by_bytes=False)
-        placed = place(plan, mesh, arrays)
-        seconds = median_seconds(functools.partial(compiled, *placed), repeat)
-        done.append(dataclasses.replace(cand, verified=Verified(match, seconds, found)))
+    arrays = [_random(rng, s, report.dtype) for s in report.shapes]
+    done: dict[int, Candidate] = {}
+    # the layout that holds the most first: each later one is placed in its buffers
+    order = sorted(range(len(chosen)), key=lambda k: -chosen[k].predicted.memory_bytes)
+    with staged() as staging:
+        for step, k in enumerate(order):
+            if on_step is not None:
+                on_step(step, len(chosen))
+            done[k] = _verified(report, chosen[k], mesh, arrays, repeat, staging)
     rest = report.strategies[len(done) :]
+    ranked = [done[k] for k in range(len(chosen))]
     rho = spearman(
-        [c.predicted.seconds for c in done], [c.verified.seconds for c in done if c.verified]
+        [c.predicted.seconds for c in ranked], [c.verified.seconds for c in ranked if c.verified]
     )
-    return dataclasses.replace(report, strategies=(*done, *rest), spearman=rho)
+    return dataclasses.replace(report, strategies=(*ranked, *rest), spearman=rho)
+
+
+def _verified(
+    report: PlanReport,
+    cand: Candidate,
+    mesh: Mesh,
+    arrays: list[np.ndarray],
+    repeat: int,
+    staging: Staging,
+) -> Candidate:
+    """``cand`` compiled, its collectives compared with the HLO's, and timed on ``arrays``
+    (placed from ``staging``, and its buffers freed for the next)."""
+    s = cand.strategy
+    plan = Plan.make(
+        report.op,
+        report.shapes,
+        mesh=report.mesh,
+        dtype=report.dtype,
+        in_specs=list(s.in_specs(report.op)),
+        out_specs=s.out_spec,
+    )
+    compiled = compile_plan(plan, mesh)
+    found = tuple(collectives(compiled.as_text() or "", report.mesh.shape))
+    match = collectives_match(cand.predicted.collectives, found, by_bytes=False)
+    placed = place(plan, mesh, arrays)
+    try:
+        seconds = median_seconds(functools.partial(compiled, *placed), repeat)
+    finally:
+        staging.recycle(placed)
+    return dataclasses.replace(cand, verified=Verified(match, seconds, found))
