@@ -76,11 +76,7 @@ def _skipping():  # type: ignore[no-untyped-def]
 
 def _verified(plan: shardwise.ProgramPlan) -> shardwise.ProgramPlan:
     """Every plan compiled and run once, not timed."""
-    from shardwise._program import verify
-
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(verify, "TURN_SECONDS", 0.0)
-        return plan.verify(repeat=1)
+    return plan.verify(repeat=1)
 
 
 def _every_plan(plan, fn, args, rtol=1e-4, atol=1e-5):  # type: ignore[no-untyped-def]

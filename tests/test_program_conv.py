@@ -88,13 +88,10 @@ def _real(args, high: int):  # type: ignore[no-untyped-def]
 def _verified(plan: shardwise.ProgramPlan, *names: str) -> shardwise.ProgramPlan:
     """``plan`` verified here (only the plans ``names``, if given), each plan compiled and run
     once, not timed."""
-    from shardwise._program import verify
 
     if names:
         plan = dataclasses.replace(plan, plans=tuple(plan.get(n) for n in names))
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(verify, "TURN_SECONDS", 0.0)
-        return plan.verify(repeat=1)
+    return plan.verify(repeat=1)
 
 
 def _check(plan, fn, args, high, names=None, off=()):  # type: ignore[no-untyped-def]
