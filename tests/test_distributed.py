@@ -19,7 +19,7 @@ ENV = {k: v for k, v in os.environ.items() if not k.startswith("SHARDWISE_")}
 
 def shardwise(*args: str, env: dict[str, str] | None = None, timeout: float = 240):
     return subprocess.run(
-        [sys.executable, "-m", "shardwise.cli", *args],
+        [sys.executable, "-m", "shardwise", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -128,7 +128,7 @@ def _environment(folder: Path) -> dict[str, str]:
     simulated-device settings from outside (each block says what it needs)."""
     bin_ = folder / ".bin"
     bin_.mkdir()
-    for name, run in (("shardwise", "-m shardwise.cli"), ("python", "")):
+    for name, run in (("shardwise", "-m shardwise"), ("python", "")):
         script = bin_ / name
         script.write_text(f'#!/bin/sh\nexec "{sys.executable}" {run} "$@"\n')
         script.chmod(0o755)

@@ -191,3 +191,21 @@ def test_the_command_reruns_itself_once_with_huge_pages():
         timeout=120,
     )
     assert done.stdout.splitlines() == ["start None", "ran"]
+
+
+def test_the_command_restarts_before_it_imports_jax():
+    """Restarted with huge pages, the command had imported itself and JAX (a second) first,
+    and did it all again after the restart."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "shardwise", "--version"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("shardwise")
+    imported = [line for line in done.stderr.splitlines() if line.split("|")[-1].strip() == "jax"]
+    assert len(imported) == 1, imported

@@ -21,7 +21,7 @@ import shardwise
 from shardwise._runtime import distributed, launch
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("SHARDWISE_")}
-LAUNCH = [sys.executable, "-m", "shardwise.cli", "launch"]
+LAUNCH = [sys.executable, "-m", "shardwise", "launch"]
 LINUX = sys.platform.startswith("linux")
 DEMO = ["shardwise", "demo", "--size", "small", "--no-dask"]
 
@@ -288,7 +288,7 @@ def test_a_port_that_is_not_a_coordinator_is_a_clear_error(answer, said):
     start = time.monotonic()
     try:
         result = _run(
-            [sys.executable, "-m", "shardwise.cli", "demo", "--size", "small"],
+            [sys.executable, "-m", "shardwise", "demo", "--size", "small"],
             timeout=60,
             SHARDWISE_COORDINATOR=f"127.0.0.1:{port}",
             SHARDWISE_NUM_PROCESSES="2",

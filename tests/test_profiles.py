@@ -371,7 +371,7 @@ def test_the_command_prints_the_warning_as_a_line_of_its_own(tmp_path):
     file = save_profile(_measured_on("data=2,model=4"), tmp_path / "measured.json")
     argv = ["plan", "ij,jk->ik", "--shapes", "64x32,32x64", "--mesh", "data=4,model=2"]
     result = subprocess.run(
-        [sys.executable, "-m", "shardwise.cli", *argv, "--profile", str(file)],
+        [sys.executable, "-m", "shardwise", *argv, "--profile", str(file)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

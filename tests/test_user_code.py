@@ -127,7 +127,7 @@ def test_an_exception_a_callback_raises_while_the_program_runs_is_theirs(tmp_pat
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     argv = ["plan", "--function", "prog.py:f", *ARGS, *PLAN, "--verify", "--repeat", "1"]
     done = subprocess.run(
-        [sys.executable, "-m", "shardwise.cli", *argv], cwd=tmp_path, env=env,
+        [sys.executable, "-m", "shardwise", *argv], cwd=tmp_path, env=env,
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
@@ -185,7 +185,7 @@ def test_devices_are_set_up_before_the_users_code_starts_jax(tmp_path):
     argv = ["plan", "--function", "started.py:f", "--args", "started.py:example",
             "--mesh", "data=2,model=4", "--top", "1", "--json"]  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "shardwise.cli", *argv], cwd=tmp_path, env=env,
+        [sys.executable, "-m", "shardwise", *argv], cwd=tmp_path, env=env,
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

@@ -128,8 +128,8 @@ def huge_page_facts() -> tuple[str | None, str | None]:
 def rerun_with_huge_pages() -> None:
     """Replace this process by the same command run with :data:`HUGE_PAGE_TUNABLE`, where
     :func:`huge_page_environ` says it gains something; otherwise return. Called first thing
-    by the ``shardwise`` command (about 0.1 s: nothing heavy is imported yet); the new
-    process inherits the setting, so it and its children run on."""
+    by the ``shardwise`` command (:mod:`shardwise._main`: only NumPy is imported yet); the
+    new process inherits the setting, so it and its children run on."""
     env = huge_page_environ(os.environ, *huge_page_facts())
     if env is None:
         return

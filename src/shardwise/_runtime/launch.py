@@ -129,7 +129,7 @@ def command_line(command: Sequence[str]) -> list[str]:
     ['-m', 'shardwise._runtime.child', '-m', 'pkg.train']
     """
     if command and command[0] == "shardwise":
-        return [sys.executable, "-m", "shardwise.cli", *command[1:]]
+        return [sys.executable, "-m", "shardwise", *command[1:]]
     if not command or not _is_python(command[0]):
         return list(command)
     options: list[str] = []
@@ -333,7 +333,7 @@ def launch(
                 run = _spawn(line, envs, all_output, stop, watch, verbose)
             finally:
                 os.close(watch)
-            run.reporting = any(m in line for m in ("shardwise._runtime.child", "shardwise.cli"))
+            run.reporting = any(m in line for m in ("shardwise._runtime.child", "shardwise"))
             try:
                 outcome = _watch(run, timeout, stop)
             except KeyboardInterrupt:  # outside the main thread, Ctrl-C arrives so

@@ -62,11 +62,13 @@ app.command("launch", cls=Command, context_settings={"allow_interspersed_args": 
 
 
 def main() -> None:
-    """Entry point of the ``shardwise`` console script: the process is the command's own, so
+    """The ``shardwise`` command, run by its console script (:func:`shardwise._main.main`,
+    which restarts the process with huge pages before this module is imported) and by
+    ``python -m shardwise.cli`` (restarted here, after): the process is the command's own, so
     here (not on ``import shardwise``) it takes simulated devices from
     ``SHARDWISE_CPU_DEVICES``, joins a distributed runtime if ``shardwise launch`` started
     it, and keeps freed host memory warm for CPU devices."""
-    rerun_with_huge_pages()
+    rerun_with_huge_pages()  # (a no-op where the process was restarted already)
     show_warnings_plainly()  # (here, not for every app call: a caller's own capture stays)
     set_up()
     keep_freed_memory_warm()
