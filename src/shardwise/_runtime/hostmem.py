@@ -240,8 +240,8 @@ def put_cpu(host: np.ndarray, sharding: Any) -> Any:
 class Staging:
     """Host buffers for CPU devices' shards that are used again once their arrays are gone:
     placing one layout after another (``plan --verify`` of an einsum's strategies) otherwise
-    asks the system for fresh memory each time, and the first touch of every page of it (in
-    huge pages, compacted for) cost more than the runs timed. Within :func:`staged`,
+    asks the system for fresh memory each time, and the first touch of every page of it had
+    cost more than the runs timed. Within :func:`staged`,
     :func:`put_cpu` copies each shard into the smallest free buffer that holds it, or a new
     one; :meth:`recycle` deletes the arrays placed and frees their buffers. Placing the
     largest layout first, every later one fits in its buffers.
