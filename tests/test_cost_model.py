@@ -187,12 +187,13 @@ def _used(entries: list[list[str]]) -> int:
 
 
 def test_a_grid_past_what_is_kept_is_priced_a_block_of_rows_at_a_time(monkeypatch):
-    """A grid larger than the pairs kept is priced in blocks of rows (kept whole, 22 million
-    pairs had run the machine out of memory), and what is kept stops at the bound: the
-    same numbers."""
+    """A grid larger than the pairs priced at once is priced in blocks of rows (whole, 22
+    million pairs had run the machine out of memory), and what is kept stops at the bound:
+    the same numbers."""
     import shardwise._program.moves as moves
 
     monkeypatch.setattr(moves, "KEPT_PAIRS", 40)
+    monkeypatch.setattr(moves, "HELD_PAIRS", 40)
     specs = _every_spec(2, MESH)
     value = Value((256, 512), "float32", "")
     want = [[reshard_seconds(value, a, b, MESH, CPU, 2, 1) for b in specs] for a in specs]
@@ -200,6 +201,40 @@ def test_a_grid_past_what_is_kept_is_priced_a_block_of_rows_at_a_time(monkeypatc
         grid = reshard_grid(value, specs, specs, MESH, CPU, 2, 1)
         assert sum(g.shape[0] * g.shape[1] for g in (moves._GRIDS.get() or {}).values()) <= 40
     assert np.array_equal(grid, np.array(want))
+
+
+def test_the_grids_kept_are_the_most_recently_used(monkeypatch):
+    """Past the pairs kept, the grid used longest ago is dropped, not the one used again (a
+    training step's backward pass prices its forward pass's grids again); what is made again
+    prices the same."""
+    import shardwise._program.moves as moves
+
+    made: list[int] = []
+    real = moves.grid_of
+
+    def counted(srcs, dsts, rank, mesh):
+        made.append(len(srcs))
+        return real(srcs, dsts, rank, mesh)
+
+    monkeypatch.setattr(moves, "grid_of", counted)
+    specs = _every_spec(2, MESH)
+    value = Value((256, 512), "float32", "")
+    a, b, c = specs[:3], specs[:4], specs[:5]
+    each = len(specs)
+    monkeypatch.setattr(moves, "HELD_PAIRS", (3 + 5) * each)  # a and c, not b beside them
+    with grids_kept():
+        first = reshard_grid(value, a, specs, MESH, CPU, 1)
+        reshard_grid(value, b, specs, MESH, CPU, 1)
+        assert np.array_equal(reshard_grid(value, a, specs, MESH, CPU, 1), first)
+        assert made == [3, 4]  # (a kept)
+        reshard_grid(value, c, specs, MESH, CPU, 1)  # drops b, used longest ago
+        assert np.array_equal(reshard_grid(value, a, specs, MESH, CPU, 1), first)
+        assert made == [3, 4, 5]
+        reshard_grid(value, b, specs, MESH, CPU, 1)
+        assert made == [3, 4, 5, 4]
+        kept = moves._GRIDS.get()
+        assert kept is not None and kept.pairs == sum(len(g.same) for g in kept.values())
+        assert kept.pairs <= moves.HELD_PAIRS
 
 
 def test_a_cpu_gather_along_a_later_dimension_costs_a_copy_back():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,8 @@ KINDS = ("all-gather", "all-to-all")
 class Grid:
     """What moves each pair of a grid of layouts (``rows × cols`` pairs, row-major),
     flattened for NumPy: each collective (in each pair's order) with its pair, its kind and
-    axis (an index into ``terms``) and the ways its block splits the array; each slice and
+    axis (an index into ``terms``) and the ways its block splits the array (in narrow
+    integers: a grid is kept, and there are millions); each slice and
     each CPU copy back, with its pair and ways; and which pairs move nothing (the same spec)."""
 
     shape: tuple[int, int]
@@ -95,16 +97,18 @@ def grid_of(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpe
     src, dst = _encoded(srcs, rank, names), _encoded(dsts, rank, names)
     int_ = np.int32 if BITS * len(names) < 31 else np.int64
     masks = ((1 << (BITS * np.arange(len(names) + 1, dtype=np.int64))) - 1).astype(int_)
-    rows, cols = np.divmod(np.arange(len(srcs) * len(dsts)), len(dsts))
-    split = np.where(src.dim >= 0, sizes[: len(names)], 1).prod(axis=1)  # (the ways in all)
+    index = _index(len(srcs) * len(dsts))
+    rows, cols = np.divmod(np.arange(len(srcs) * len(dsts), dtype=index), len(dsts))
+    split = np.where(src.dim >= 0, sizes[: len(names)], 1).prod(axis=1).astype(np.int32)  # (all)
     # each pair still moving: its index in the grid, its dimensions' axes and their counts (a
     # row a dimension), its target, the ways it splits the array, and its last gather along a
     # later dimension (the dimension, and that move's index among them)
     code_of = dst.code.T.astype(int_)
     dim_of, place_of = dst.dim.T.astype(int_), dst.place.T.astype(int_)
-    at = np.arange(len(rows))
+    at = np.arange(len(rows), dtype=index)
     state = [src.code.T.astype(int_)[:, rows], src.count.T.astype(int_)[:, rows],
-             split[None, rows], cols[None, :], np.full((2, len(rows)), -1)]  # fmt: skip
+             split[None, rows], cols[None, :],
+             np.full((2, len(rows)), -1, dtype=index)]  # fmt: skip
     found: list[tuple[np.ndarray, ...]] = []  # (pair, kind, axis, ways) of each move
     backs: list[tuple[np.ndarray, ...]] = []  # (pair, ways) of each gather along a later one
     dropped: list[np.ndarray] = []  # (those followed by another along the same dimension)
@@ -158,11 +162,12 @@ def _grid(
     rows, cols = pairs
     names, sizes = axes
     many = max(1, len(names))
-    pair, kind, axis, ways = (np.concatenate([f[k] for f in found]).astype(np.int64) if found
-                              else np.zeros(0, dtype=np.int64) for k in range(4))  # fmt: skip
+    narrow = (_index(len(rows)), np.int32, np.int32, np.int32)  # (a grid is kept: millions)
+    pair, kind, axis, ways = (_joined([f[k] for f in found], t)
+                              for k, t in enumerate(narrow))  # fmt: skip
     code = kind * many + axis
     used = np.flatnonzero(np.bincount(code, minlength=2 * many))
-    index = np.zeros(2 * many, dtype=np.int64)
+    index = np.zeros(2 * many, dtype=np.int8)
     index[used] = np.arange(len(used))
     terms = tuple((KINDS[c // many], names[c % many]) for c in used)
     backs, dropped = gathers
@@ -181,6 +186,18 @@ def _grid(
     dst_ways = np.where(on, sizes[: len(names)], 1).prod(axis=1)
     cut = np.nonzero((dst_axes[cols] & ~src_axes[rows]) != 0)[0]
     return Grid(
-        (len(srcs), len(dsts)), sid[rows] == did[cols], pair, index[code],
-        ways, terms, (cut, dst_ways[cols[cut]]), (copied[last], blocks[last]),
+        (len(srcs), len(dsts)), sid[rows] == did[cols], pair, index[code], ways, terms,
+        (cut, dst_ways[cols[cut]]), (copied[last], blocks[last].astype(np.int64)),
     )  # fmt: skip
+
+
+def _joined(parts: list[np.ndarray], dtype: type[np.signedinteger[Any]]) -> np.ndarray:
+    """``parts`` joined, as ``dtype``."""
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
+def _index(pairs: int) -> type[np.signedinteger[Any]]:
+    """The narrower integer that indexes ``pairs`` pairs: grids are kept
+    (:func:`~shardwise._program.moves.grids_kept`), some 45 bytes a pair so, 87 in 64-bit
+    integers."""
+    return np.int32 if pairs < 2**31 else np.int64

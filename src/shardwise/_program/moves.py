@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,25 +130,35 @@ def _entries_ways(entries: tuple[Entry, ...], sizes: dict[str, int]) -> tuple[in
     return tuple(math.prod(sizes[a] for a in e) for e in entries)
 
 
-_GRIDS: contextvars.ContextVar[dict[tuple[Any, ...], Grid] | None] = contextvars.ContextVar(
+class _Kept(OrderedDict[tuple[Any, ...], Grid]):
+    """The grids kept, least recently used first, and how many pairs they hold."""
+
+    pairs = 0
+
+
+_GRIDS: contextvars.ContextVar[_Kept | None] = contextvars.ContextVar(
     "shardwise_grids", default=None
 )
 
 
 KEPT_PAIRS = 1 << 19
-"""The most pairs of layouts of the grids :func:`grids_kept` keeps (some 65 bytes each, about
-35 MB), and the most pairs a grid is priced at once: a larger one is priced a block of rows
-of that many pairs at a time (an array of 5,356 layouts on a mesh of four axes beside a
-dot's 4,096 strategies makes 22 million pairs, which priced whole had run the machine out of
-memory)."""
+"""The most pairs a grid is priced at once: a larger one is priced a block of rows of that
+many pairs at a time (an array of 5,356 layouts on a mesh of four axes beside a dot's 4,096
+strategies makes 22 million pairs, which priced whole had run the machine out of memory)."""
+
+HELD_PAIRS = 1 << 23
+"""The most pairs of layouts of the grids :func:`grids_kept` keeps (some 45 bytes each, about
+380 MB), the most recently used: a training step prices its backward pass's grids after its
+forward pass's, and Llama-3 8B's AdamW step on a mesh of four axes prices 53 million pairs,
+a third of them again."""
 
 
 @contextlib.contextmanager
 def grids_kept() -> Iterator[None]:
     """Within it, each grid of pairs of layouts is made once, however many arrays it prices
-    (a mesh of four axes: 27 grids of 4.3 million pairs, 14 of them distinct), up to
-    :data:`KEPT_PAIRS` pairs; dropped after."""
-    grids = _GRIDS.set({})
+    (a mesh of four axes: 27 grids of 4.3 million pairs, 14 of them distinct), the most
+    recently used up to :data:`HELD_PAIRS` pairs; dropped after."""
+    grids = _GRIDS.set(_Kept())
     try:
         yield
     finally:
@@ -157,11 +168,16 @@ def grids_kept() -> Iterator[None]:
 def _grid(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpec) -> Grid:
     kept, key = _GRIDS.get(), (tuple(srcs), tuple(dsts), rank, mesh)
     found = None if kept is None else kept.get(key)
-    if found is None:
-        found = grid_of(srcs, dsts, rank, mesh)
-        held = sum(g.shape[0] * g.shape[1] for g in kept.values()) if kept is not None else 0
-        if kept is not None and held + len(found.same) <= KEPT_PAIRS:
-            kept[key] = found
+    if found is not None:
+        assert kept is not None
+        kept.move_to_end(key)
+        return found
+    found = grid_of(srcs, dsts, rank, mesh)
+    if kept is not None and len(found.same) <= HELD_PAIRS:
+        kept[key] = found
+        kept.pairs += len(found.same)
+        while kept.pairs > HELD_PAIRS:
+            kept.pairs -= len(kept.popitem(last=False)[1].same)
     return found
 
 
@@ -190,7 +206,9 @@ def reshard_grid(
         return np.array(each, dtype=float).reshape(len(srcs), len(dsts))
     g = _grid(srcs, dsts, len(shape), mesh)
     width, wire = np.dtype(value.dtype).itemsize, wire_itemsize(value.dtype, profile.platform)
-    blocks = size // g.ways  # (each layout divides each dimension: :func:`_blocks` alike)
+    blocks = size // g.ways.astype(
+        np.int64
+    )  # (each layout divides each dimension: :func:`_blocks` alike)
     seconds = np.zeros(g.shape[0] * g.shape[1])
     times = np.zeros(len(g.pair))
     for t, (kind, axis) in enumerate(g.terms):

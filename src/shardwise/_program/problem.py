@@ -99,11 +99,16 @@ class Problem:
 
 def add_edge(edges: dict[tuple[int, int], np.ndarray], u: int, v: int, matrix: np.ndarray) -> None:
     """Add ``matrix`` (rows: ``u``'s choices) to the edge between variables ``u`` and ``v``
-    (two of them), kept under whichever order it already has."""
+    (two of them), kept under whichever order it already has: a new edge is ``matrix``
+    itself, never written (steps alike share their matrices, :meth:`_Draft.once`; a copy of
+    each had taken a tenth of the pricing on a mesh of four axes)."""
     if (v, u) in edges:
         edges[(v, u)] = edges[(v, u)] + matrix.T
+    elif (u, v) in edges:
+        edges[(u, v)] = edges[(u, v)] + matrix
     else:
-        edges[(u, v)] = edges.get((u, v), 0) + matrix
+        matrix.flags.writeable = False  # (shared: a write would change every edge it is)
+        edges[(u, v)] = matrix
 
 
 class _Draft:
