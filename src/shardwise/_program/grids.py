@@ -147,18 +147,19 @@ def grid_of(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpe
             changed[k] = True
         keep = np.flatnonzero(changed)
         at, state = at[keep], [a[:, keep] for a in state]
-    return _grid(srcs, dsts, (rows, cols), dst, (names, sizes), found, (backs, dropped))
+    return _grid((src, dst), (rows, cols), (names, sizes), found, (backs, dropped))
 
 
 def _grid(
-    srcs: Sequence[Spec], dsts: Sequence[Spec], pairs: tuple[np.ndarray, np.ndarray],
-    dst: _Layouts, axes: tuple[tuple[str, ...], np.ndarray], found: list[tuple[np.ndarray, ...]],
+    layouts: tuple[_Layouts, _Layouts], pairs: tuple[np.ndarray, np.ndarray],
+    axes: tuple[tuple[str, ...], np.ndarray], found: list[tuple[np.ndarray, ...]],
     gathers: tuple[list[tuple[np.ndarray, ...]], list[np.ndarray]],
 ) -> Grid:  # fmt: skip
     """The :class:`Grid` of the moves ``found`` (each pair's in the order made) and the
     ``gathers`` along a later dimension, less those dropped: a CPU copies back once for
     gathers one after another along the same dimension
     (:func:`~shardwise._program.moves.relayout_bytes`)."""
+    src, dst = layouts
     rows, cols = pairs
     names, sizes = axes
     many = max(1, len(names))
@@ -176,17 +177,17 @@ def _grid(
     last = np.ones(len(copied), dtype=bool)  # (not followed by one along the same dimension)
     if dropped:
         last[np.concatenate(dropped)] = False
-    ids: dict[Spec, int] = {}
-    sid = np.array([ids.setdefault(s.canonical(), len(ids)) for s in srcs], dtype=np.int64)
-    did = np.array([ids.setdefault(s.canonical(), len(ids)) for s in dsts], dtype=np.int64)
+    # (two layouts are the same where their codes are: the same axes, in order, on each)
+    _, ids = np.unique(np.vstack([src.code, dst.code]), axis=0, return_inverse=True)
+    sid, did = ids.reshape(-1)[: len(src.code)], ids.reshape(-1)[len(src.code) :]
     bits = 1 << np.arange(len(names), dtype=np.int64)
-    src_axes = np.array([sum(int(bits[names.index(a)]) for a in set(s.axes)) for s in srcs])
+    src_axes = ((src.dim >= 0) * bits).sum(axis=1)
     on = dst.dim >= 0
     dst_axes = (on * bits).sum(axis=1)
     dst_ways = np.where(on, sizes[: len(names)], 1).prod(axis=1)
     cut = np.nonzero((dst_axes[cols] & ~src_axes[rows]) != 0)[0]
     return Grid(
-        (len(srcs), len(dsts)), sid[rows] == did[cols], pair, index[code], ways, terms,
+        (len(src.code), len(dst.code)), sid[rows] == did[cols], pair, index[code], ways, terms,
         (cut, dst_ways[cols[cut]]), (copied[last], blocks[last].astype(np.int64)),
     )  # fmt: skip
 

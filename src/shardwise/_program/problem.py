@@ -28,6 +28,7 @@ import numpy as np
 from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
+from shardwise._model.reshard import all_to_alls_first
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
 from shardwise._program.moves import divides, grids_kept, reshard_grid
@@ -299,17 +300,21 @@ def _moves(
 ) -> np.ndarray:
     """Seconds to move array ``a`` for ``step`` from each of ``srcs`` to each of ``dsts``
     (each distinct pair costed once, all at once by :func:`~.moves.reshard_grid` but where a
-    scan's slice may move its whole stack first, :meth:`StepCosts.hoisted`)."""
+    scan's slice moves its whole stack first, :meth:`StepCosts.hoisted`: a fifth of the pairs
+    of Llama's stacked weights on a mesh of four axes)."""
     rows = {spec: k for k, spec in enumerate(dict.fromkeys(srcs))}
     cols = {spec: k for k, spec in enumerate(dict.fromkeys(dsts))}
     if costs.moves_nothing(step, a):
         table = np.zeros((len(rows), len(cols)))
-    elif costs.hoists(step, a):
-        table = np.array([[costs.move_seconds(step, a, x, y, into_op) for y in cols] for x in rows])
     else:
         copies = a2a_copies(a, costs.made, into_op)
         table = reshard_grid(costs.graph.values[a], list(rows), list(cols), costs.mesh,
                              costs.profile, step.runs(a == step.output), copies)  # fmt: skip
+        if costs.hoists(step, a):  # (the pairs whose move opens with all-to-alls, one by one)
+            rank = len(costs.graph.values[a].shape)
+            for (x, i), (y, j) in itertools.product(rows.items(), cols.items()):
+                if all_to_alls_first(x, y, rank) is not None:
+                    table[i, j] = costs.move_seconds(step, a, x, y, into_op)
     return table[np.ix_([rows[x] for x in srcs], [cols[y] for y in dsts])]
 
 
