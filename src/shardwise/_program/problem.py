@@ -315,7 +315,9 @@ def _moves(
             for (x, i), (y, j) in itertools.product(rows.items(), cols.items()):
                 if all_to_alls_first(x, y, rank) is not None:
                     table[i, j] = costs.move_seconds(step, a, x, y, into_op)
-    return table[np.ix_([rows[x] for x in srcs], [cols[y] for y in dsts])]
+    if len(rows) < len(srcs):  # (each distinct pair's cost where it repeats)
+        table = table[[rows[x] for x in srcs]]
+    return table if len(cols) == len(dsts) else table[:, [cols[y] for y in dsts]]
 
 
 def _each(cost: Callable[[int, Spec], float], root: int, specs: list[Spec]) -> np.ndarray:
