@@ -283,3 +283,44 @@ def test_each_group_of_a_grouped_cpu_convolution_adds_to_its_time_per_tap():
     pairs = 2 * (3 * 28 - 2) ** 2  # two images a device, the pairs that fall on them
     assert extra[1] == pytest.approx(pairs * CPU.conv_tap_s)
     assert extra[32] == pytest.approx(pairs * (1 + GROUP_TAP * 31) * CPU.conv_tap_s)
+
+
+def test_steps_alike_share_one_read_only_cost_matrix_per_edge(monkeypatch):
+    """Each layer of a Python loop of layers gets the same cost matrices: an edge first added
+    is its step's matrix itself, shared with every step alike and never written (a copy of
+    each had taken a tenth of the pricing on a mesh of four axes). The costs are those of a
+    problem that copies each matrix."""
+    import shardwise._program.problem as problem_module
+
+    w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+
+    def layers(x, ws):
+        for k in range(3):
+            x = jnp.tanh(x @ ws[k])
+        return x
+
+    plan = shardwise.plan(
+        layers, jax.ShapeDtypeStruct((32, 64), jnp.float32), [w] * 3, mesh="data=2,model=4",
+        profile=CPU, top=1,
+    )  # fmt: skip
+    mesh_spec = effective_mesh(plan.mesh)
+    problem = build_problem(plan.graph, mesh_spec, CPU)
+    matrices = list(problem.edges.values())
+    times = {id(m): sum(m is n for n in matrices) for m in matrices}
+    shared = [m for m in matrices if times[id(m)] > 1]
+    assert shared  # (the layers' dots share theirs)
+    assert all(not m.flags.writeable for m in shared)
+    with pytest.raises(ValueError, match="read-only"):
+        shared[0][0, 0] = 1.0
+
+    def copied(edges, u, v, matrix):  # (each edge a copy of its own, as before)
+        if (v, u) in edges:
+            edges[(v, u)] = edges[(v, u)] + matrix.T
+        else:
+            edges[(u, v)] = edges.get((u, v), 0) + matrix
+
+    monkeypatch.setattr(problem_module, "add_edge", copied)
+    again = build_problem(plan.graph, mesh_spec, CPU)
+    assert again.edges.keys() == problem.edges.keys()
+    assert all(np.array_equal(again.edges[k], m) for k, m in problem.edges.items())
+    assert all(np.array_equal(a, b) for a, b in zip(again.unary, problem.unary, strict=True))
