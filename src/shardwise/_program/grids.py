@@ -99,7 +99,8 @@ def grid_of(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpe
     masks = ((1 << (BITS * np.arange(len(names) + 1, dtype=np.int64))) - 1).astype(int_)
     index = _index(len(srcs) * len(dsts))
     rows, cols = np.divmod(np.arange(len(srcs) * len(dsts), dtype=index), len(dsts))
-    split = np.where(src.dim >= 0, sizes[: len(names)], 1).prod(axis=1).astype(np.int32)  # (all)
+    split = np.where(src.dim >= 0, sizes[: len(names)], 1).prod(axis=1)  # (the ways in all)
+    split = split.astype(np.int32)
     # each pair still moving: its index in the grid, its dimensions' axes and their counts (a
     # row a dimension), its target, the ways it splits the array, and its last gather along a
     # later dimension (the dimension, and that move's index among them)

@@ -206,9 +206,8 @@ def reshard_grid(
         return np.array(each, dtype=float).reshape(len(srcs), len(dsts))
     g = _grid(srcs, dsts, len(shape), mesh)
     width, wire = np.dtype(value.dtype).itemsize, wire_itemsize(value.dtype, profile.platform)
-    blocks = size // g.ways.astype(
-        np.int64
-    )  # (each layout divides each dimension: :func:`_blocks` alike)
+    ways = g.ways.astype(np.int64)  # (narrow in the grid kept; a block may pass 2**31 bytes)
+    blocks = size // ways  # (each layout divides each dimension: :func:`_blocks` alike)
     seconds = np.zeros(g.shape[0] * g.shape[1])
     times = np.zeros(len(g.pair))
     for t, (kind, axis) in enumerate(g.terms):
