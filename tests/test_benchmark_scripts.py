@@ -105,3 +105,23 @@ def test_xla_heap_counts_a_buffer_written_over_once(tmp_path: Path, monkeypatch)
     # at 3: a and b in one buffer (32) and c (64); t (16) lies over c's bytes, later
     assert xla_heap.temp_live_peak(tmp_path, 96) == 96
     assert xla_heap.temp_live_peak(tmp_path, 128) is None  # (no module with that heap)
+
+
+def test_the_four_axis_benchmark_times_pricing_and_puts_back_what_it_wrapped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a small program and mesh: the pricing is timed and its pairs counted, every plan is
+    listed, and the planner's own functions are themselves again after."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import four_axis_planning
+
+    import shardwise._program.problem as problem
+    import shardwise._program.reading as reading
+
+    build, grid = reading.build_problem, problem.reshard_grid
+    tiny = (dict(name="mlp", batch=64, hidden=32, ffn=64), "a=2,b=4", False)
+    monkeypatch.setitem(four_axis_planning.PROGRAMS, "tiny", tiny)
+    found = four_axis_planning.planned("tiny")
+    assert reading.build_problem is build and problem.reshard_grid is grid
+    assert found["pairs"] > 0 and found["pricing_s"] >= 0 and found["plan_s"] >= 0
+    assert "search" in found["plans"] and found["mesh"] == "a=2,b=4"
