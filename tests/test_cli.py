@@ -533,3 +533,38 @@ def test_write_atomic_never_replaces_a_device_or_a_pipe(tmp_path):
 def test_an_empty_output_path_is_said_to_name_no_file():
     result = runner.invoke(app, ["calibrate", "--out", ""])
     assert result.exit_code == 2 and "--out names no file" in result.output
+
+
+def test_plan_shows_each_stage_of_a_programs_planning_on_its_status_line(monkeypatch):
+    """The status line under ``plan --model`` follows the planner, stage by stage (the
+    spinner had said only "planning" for the minutes a mesh of four axes takes)."""
+    import shardwise.cli.plan_program as plan_program
+
+    shown: list[str] = []
+
+    class Status:
+        def __enter__(self) -> Status:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def update(self, text: str) -> None:
+            shown.append(text)
+
+    real = plan_program.console
+
+    def console(stderr: bool = False):  # type: ignore[no-untyped-def]
+        out = real(stderr)
+        monkeypatch.setattr(out, "status", lambda text: Status())
+        return out
+
+    monkeypatch.setattr(plan_program, "console", console)
+    result = runner.invoke(
+        app, ["plan", "--model", "mlp", "--batch", "64", "--hidden", "32", "--ffn", "64",
+              "--mesh", "data=2,model=4", "--profile", "cpu-2core", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert shown[0] == "tracing the program"
+    assert any(s.startswith("pricing the layouts: step 1 of ") for s in shown)
+    assert shown[-1] == "predicting each plan's time and memory"

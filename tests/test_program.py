@@ -880,3 +880,25 @@ def test_pricing_layouts_past_the_time_limit_stops_and_says_what_to_do(monkeypat
                        r"a=2,b=2,c=2 takes longer than the time limit \(0 s; 0 of \d+ steps "
                        r"priced\).*merge axes.*fixed=.*time_limit="):  # fmt: skip
         shardwise.plan(fn, *args, mesh="a=2,b=2,c=2", profile=CPU, time_limit=0.0)
+
+
+def test_planning_says_each_stage_as_it_starts_and_the_pricing_step_by_step():
+    """A listener hears the stages in order (the command's status line shows them: a mesh of
+    four axes prices for most of a minute), every step of the pricing once, and nothing is
+    said where no one listens."""
+    from shardwise._program import stages
+
+    fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=64)
+    heard: list[str] = []
+    with stages.told(heard.append):
+        p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile="cpu-2core", top=2)
+    steps = len(p.graph.steps)
+    priced = [f"pricing the layouts: step {k} of {steps}" for k in range(1, steps + 1)]
+    assert heard[0] == "tracing the program"
+    assert heard[1 : 1 + steps] == priced
+    assert heard[1 + steps :] == [
+        "searching for the fastest plans",
+        "solving the baselines",
+        "predicting each plan's time and memory",
+    ]
+    assert stages.listener() is None

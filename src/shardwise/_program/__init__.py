@@ -24,6 +24,7 @@ One pipeline, a module per stage, in the order a plan is made:
    and times it and checks the prediction against the compiled HLO.
 
 :mod:`.program` ties the stages into :func:`~.program.plan`, whose result is a
-:class:`~.plans.ProgramPlan` (:mod:`.plans`: run, place, verify, report); :mod:`.models` holds
-the built-in models and :mod:`.sweep` the what-if across batch sizes.
+:class:`~.plans.ProgramPlan` (:mod:`.plans`: run, place, verify, report), and says each stage
+as it starts to whoever listens (:mod:`.stages`: the command's status line); :mod:`.models`
+holds the built-in models and :mod:`.sweep` the what-if across batch sizes.
 """

@@ -30,6 +30,7 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.reshard import all_to_alls_first
 from shardwise._model.spec import Spec
+from shardwise._program import stages
 from shardwise._program.graph import Graph
 from shardwise._program.moves import divides, grids_kept, reshard_grid
 from shardwise._program.nodes import Step
@@ -224,10 +225,13 @@ def build_problem(
         problem.menus.append(menu)
         key = ("elementwise", menu, value.dtype, costs.runs.get(root, 0))
         problem.unary.append(problem.once(key, _each, costs.elementwise, root, specs))
+    told = stages.listener()
     with grids_kept():
         for k, step in enumerate(graph.steps):
             if deadline is not None and time.perf_counter() > deadline:
                 raise _too_long(mesh, problem.choices, k, len(graph.steps), time_limit)
+            if told is not None:
+                told(f"pricing the layouts: step {k + 1} of {len(graph.steps)}")
             if step.kind == "dot":
                 _add_dot(problem, k, step)
             elif step.kind == "map":

@@ -33,6 +33,7 @@ from shardwise._program.reading import Program, collection_paused, read_program
 from shardwise._program.reading import train_step as train_step
 from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import Predicted, predict
+from shardwise._program.stages import say
 from shardwise._program.steps import StepCosts
 from shardwise._program.top import baselines, best_plans, peak, seeded
 from shardwise._program.within import NothingFits, nothing_fits
@@ -154,11 +155,13 @@ def _plan(
         def writable(sol: Solution) -> bool:  # with "names", rules can write it
             return respect != "names" or agrees(sol)
 
+        say("searching for the fastest plans")
         searched = best_plans(graph, searchable, eff, limit, top, time_limit, writable,
                               peak_of)  # fmt: skip
         named = _named(searchable, searched)
         costs = StepCosts(graph, eff, prof)
         if baselines_of is None:
+            say("solving the baselines")
             solved, skipped = baselines(graph, read.full, eff, read.pins, limit, time_limit,
                                         read.role, read.extra)  # fmt: skip
             faster = seeded(searchable, solved, searched[0]) if searched and limit is None else None
@@ -283,6 +286,7 @@ def _predictions(
     that chooses what an earlier one did is its prediction again. A
     plan over ``limit`` is marked over budget (a baseline: the search keeps only plans whose
     peak is within it)."""
+    say("predicting each plan's time and memory")
     out: list[PlannedLayout] = []
     first: Predicted | None = None
     seen: dict[tuple[Any, ...], Predicted] = {}  # a baseline may be the search's plan

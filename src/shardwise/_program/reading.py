@@ -41,6 +41,7 @@ from shardwise._program.graph import Graph, build
 from shardwise._program.pins import fixed_pins, pinned
 from shardwise._program.problem import Problem, build_problem, effective_mesh
 from shardwise._program.roles import Roles, roles
+from shardwise._program.stages import say
 from shardwise._versions import sources_in_users_code
 from shardwise._xla.meshes import auto_twin, is_explicit
 from shardwise._xla.names import positional_names
@@ -116,6 +117,7 @@ def read_program(
     ``train``; the arguments at ``donate_argnums`` donated), its pins and its problem built
     (:class:`Program`)."""
     donate = donated(args, donate_argnums)
+    say("tracing the program")
     name, graph, annotations = _read(fn, args, train, devices, spec, rules, respect)
     leaves = donated_leaves(args, donate)
     graph = dataclasses.replace(graph, donated=frozenset(graph.inputs[i] for i in leaves))

@@ -98,6 +98,7 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
     (``None`` unless ``--choose-mesh``)."""
     import shardwise
     from shardwise._program.models import model as built_in
+    from shardwise._program.stages import told
     from shardwise.cli._models import dims
     from shardwise.cli._user_module import load_function
     from shardwise.cli.program import load_rules, parse_args
@@ -139,7 +140,7 @@ def _planned(given: dict[str, Any], out: Console) -> tuple[Any, str, Any]:
     memory = given["device_memory"]
     # by default the profile's memory: the fastest plan that fits, or said that none does
     limit = "device" if memory is None else parse_bytes(memory, "--device-memory")
-    with out.status("planning") as status:
+    with out.status("planning") as status, told(status.update):  # (each stage as it starts)
         report = shardwise.plan(
             fn,
             *fn_args,
