@@ -884,21 +884,33 @@ def test_pricing_layouts_past_the_time_limit_stops_and_says_what_to_do(monkeypat
 
 def test_planning_says_each_stage_as_it_starts_and_the_pricing_step_by_step():
     """A listener hears the stages in order (the command's status line shows them: a mesh of
-    four axes prices for most of a minute), every step of the pricing once, and nothing is
+    four axes prices for most of a minute), the pricing's steps in order up to the last, a
+    hundred times at most (a Python loop of 120 layers has more steps), and nothing is
     said where no one listens."""
     from shardwise._program import stages
 
-    fn, args = shardwise.model("mlp", batch=64, hidden=32, ffn=64)
-    heard: list[str] = []
-    with stages.told(heard.append):
-        p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile="cpu-2core", top=2)
-    steps = len(p.graph.steps)
-    priced = [f"pricing the layouts: step {k} of {steps}" for k in range(1, steps + 1)]
-    assert heard[0] == "tracing the program"
-    assert heard[1 : 1 + steps] == priced
-    assert heard[1 + steps :] == [
-        "searching for the fastest plans",
-        "solving the baselines",
-        "predicting each plan's time and memory",
-    ]
+    def layers(x, ws):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return x
+
+    for depth in (2, 120):
+        w = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+        args = (jax.ShapeDtypeStruct((64, 32), jnp.float32), [w] * depth)
+        heard: list[str] = []
+        with stages.told(heard.append):
+            p = shardwise.plan(layers, *args, mesh="data=2,model=4", profile="cpu-2core", top=2)
+        steps = len(p.graph.steps)
+        priced = heard[1:-3]
+        assert heard[0] == "tracing the program"
+        numbers = [int(re.fullmatch(rf"pricing the layouts: step (\d+) of {steps}", s)[1])
+                   for s in priced]  # fmt: skip
+        assert numbers == sorted(set(numbers)) and numbers[0] == 1 and numbers[-1] == steps
+        assert len(numbers) == steps if steps <= 100 else len(numbers) <= 101
+        assert heard[-3:] == [
+            "searching for the fastest plans",
+            "solving the baselines",
+            "predicting each plan's time and memory",
+        ]
+    assert steps > 100
     assert stages.listener() is None

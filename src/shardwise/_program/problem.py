@@ -225,13 +225,14 @@ def build_problem(
         problem.menus.append(menu)
         key = ("elementwise", menu, value.dtype, costs.runs.get(root, 0))
         problem.unary.append(problem.once(key, _each, costs.elementwise, root, specs))
-    told = stages.listener()
+    told, n = stages.listener(), len(graph.steps)
+    every = max(1, -(-n // 100))  # (some hundred times at most: an unrolled model has thousands)
     with grids_kept():
         for k, step in enumerate(graph.steps):
             if deadline is not None and time.perf_counter() > deadline:
-                raise _too_long(mesh, problem.choices, k, len(graph.steps), time_limit)
-            if told is not None:
-                told(f"pricing the layouts: step {k + 1} of {len(graph.steps)}")
+                raise _too_long(mesh, problem.choices, k, n, time_limit)
+            if told is not None and (k % every == 0 or k + 1 == n):
+                told(f"pricing the layouts: step {k + 1} of {n}")
             if step.kind == "dot":
                 _add_dot(problem, k, step)
             elif step.kind == "map":
