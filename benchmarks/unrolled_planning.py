@@ -4,7 +4,8 @@ model under ``lax.scan``: a stack of pre-LayerNorm transformer blocks and a stac
 4 heads, seq 32, batch 8, vocab 256), with ``top=5`` and ``top=1``. Each program is planned
 ``--repeat`` times on mesh data=2,model=4 with profile cpu-2core (nothing runs on devices);
 the median wall time of :func:`shardwise.plan` is printed, tracing included (JAX traces the
-function anew each time).
+function anew each time), and the median after tracing (the time of ``jax.make_jaxpr``'s
+calls within the plan taken away), with each ratio.
 
     .venv/bin/python benchmarks/unrolled_planning.py [--repeat 5] [--layers 4,12,24]
         [--train] [--out FILE.json]
@@ -13,6 +14,7 @@ function anew each time).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
 from unrolled_models import mlp_stack, nnx_gpt, transformer_stack
 
 import shardwise
@@ -29,14 +32,43 @@ MESH = "data=2,model=4"
 PROFILE = "cpu-2core"
 
 
-def seconds(fn: Callable[..., Any], args: tuple[Any, ...], repeat: int, **options: Any) -> float:
-    """The median wall time of planning ``fn(*args)``."""
-    times = []
+def seconds(
+    fn: Callable[..., Any], args: tuple[Any, ...], repeat: int, **options: Any
+) -> tuple[float, float]:
+    """The median wall time of planning ``fn(*args)``, and the median of that time less the
+    time ``jax.make_jaxpr``'s traces took within it."""
+    times, after = [], []
     for _ in range(repeat):
+        traced.clear()
         start = time.perf_counter()
         shardwise.plan(fn, *args, mesh=MESH, profile=PROFILE, **options)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        after.append(times[-1] - sum(traced))
+    return statistics.median(times), statistics.median(after)
+
+
+traced: list[float] = []
+"""The seconds of each trace within the plan being timed (:func:`_timed_traces`)."""
+
+
+def _timed_traces() -> None:
+    """``jax.make_jaxpr`` made to add each trace's time to :data:`traced`."""
+    make = jax.make_jaxpr
+
+    def make_jaxpr(fun: Any, *a: Any, **k: Any) -> Any:
+        trace = make(fun, *a, **k)
+
+        @functools.wraps(trace)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return trace(*args, **kwargs)
+            finally:
+                traced.append(time.perf_counter() - start)
+
+        return timed
+
+    jax.make_jaxpr = make_jaxpr
 
 
 def stacks(layers: int, train: bool) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...]]]:
@@ -57,23 +89,30 @@ def main() -> None:
     parser.add_argument("--train", action="store_true", help="plan the training steps")
     parser.add_argument("--out", type=Path)
     ns = parser.parse_args()
+    _timed_traces()
     fn, args = mlp_stack(2, scan=True)
     shardwise.plan(fn, *args, mesh=MESH, profile=PROFILE)  # imports and first compilations
     found: dict[str, float] = {}
     for layers in (int(n) for n in ns.layers.split(",")):
         for label, (fn, args) in stacks(layers, ns.train).items():
-            found[label] = seconds(fn, args, ns.repeat, train=ns.train)
-            print(f"{label:28} {found[label]:8.3f} s", flush=True)
+            found[label], found[f"{label} after tracing"] = seconds(
+                fn, args, ns.repeat, train=ns.train
+            )
+            print(f"{label:28} {found[label]:8.3f} s  ({found[f'{label} after tracing']:.3f} s "
+                  "after tracing)", flush=True)  # fmt: skip
         for name in ("transformer", "mlp"):
-            ratio = found[f"{name} {layers} unrolled"] / found[f"{name} {layers} scan"]
-            print(f"{name} {layers}: unrolled / scan = {ratio:.1f}", flush=True)
+            u, c = f"{name} {layers} unrolled", f"{name} {layers} scan"
+            ratio = found[u] / found[c]
+            after = found[f"{u} after tracing"] / found[f"{c} after tracing"]
+            print(f"{name} {layers}: unrolled / scan = {ratio:.1f} ({after:.1f} after tracing)",
+                  flush=True)  # fmt: skip
     try:
         fn, args = nnx_gpt()
     except ImportError:
         print("Flax is not installed: no GPT")
     else:
         for top in (5, 1):
-            found[f"nnx gpt2 top={top}"] = seconds(fn, args, ns.repeat, top=top)
+            found[f"nnx gpt2 top={top}"] = seconds(fn, args, ns.repeat, top=top)[0]
             print(f"{f'nnx gpt2 top={top}':28} {found[f'nnx gpt2 top={top}']:8.3f} s", flush=True)
     if ns.out:
         ns.out.write_text(json.dumps(found, indent=1))
