@@ -913,4 +913,8 @@ def test_planning_says_each_stage_as_it_starts_and_the_pricing_step_by_step():
             "predicting each plan's time and memory",
         ]
     assert steps > 100
+    with stages.told(heard.append):  # (under a budget, the search says it)
+        shardwise.plan(layers, *args, mesh="data=2,model=4", profile="cpu-2core", top=1,
+                       budget="1GiB")  # fmt: skip
+    assert "searching for the fastest plans within 1.0 GiB per device" in heard
     assert stages.listener() is None

@@ -23,7 +23,7 @@ from shardwise._model.profile import Profile
 from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.profile_use import check_mesh
 from shardwise._model.spec import SpecLike
-from shardwise._model.units import parse_bytes
+from shardwise._model.units import format_bytes, parse_bytes
 from shardwise._program.constraints import check_respect
 from shardwise._program.fold import prints_kept
 from shardwise._program.graph import Graph
@@ -155,7 +155,8 @@ def _plan(
         def writable(sol: Solution) -> bool:  # with "names", rules can write it
             return respect != "names" or agrees(sol)
 
-        say("searching for the fastest plans")
+        within = "" if limit is None else f" within {format_bytes(limit)} per device"
+        say(f"searching for the fastest plans{within}")
         searched = best_plans(graph, searchable, eff, limit, top, time_limit, writable,
                               peak_of)  # fmt: skip
         named = _named(searchable, searched)
