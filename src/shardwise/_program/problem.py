@@ -28,7 +28,6 @@ import numpy as np
 from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
-from shardwise._model.reshard import all_to_alls_first
 from shardwise._model.spec import Spec
 from shardwise._program import stages
 from shardwise._program.graph import Graph
@@ -316,9 +315,8 @@ def _moves(
         table = reshard_grid(costs.graph.values[a], list(rows), list(cols), costs.mesh,
                              costs.profile, step.runs(a == step.output), copies)  # fmt: skip
         if costs.hoists(step, a):  # (the pairs whose move opens with all-to-alls, one by one)
-            rank = len(costs.graph.values[a].shape)
             for (x, i), (y, j) in itertools.product(rows.items(), cols.items()):
-                if all_to_alls_first(x, y, rank) is not None:
+                if costs.hoisted(step, a, x, y) is not None:
                     table[i, j] = costs.move_seconds(step, a, x, y, into_op)
     if len(rows) < len(srcs):  # (each distinct pair's cost where it repeats)
         table = table[[rows[x] for x in srcs]]
