@@ -33,9 +33,9 @@ def eliminate(
     n = len(problem.labels)
     unary = [u.astype(float) for u in problem.unary]
     near: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
-    for (u, v), m in problem.edges.items():
-        near[u][v] = near[u].get(v, 0) + m
-        near[v][u] = near[v].get(u, 0) + m.T
+    for (u, v), m in problem.edges.items():  # (no copy: every sum below makes a new array)
+        near[u][v] = m if v not in near[u] else near[u][v] + m
+        near[v][u] = m.T if u not in near[v] else near[v][u] + m.T
     steps = _constants(unary, near, protected, tables)
     alive = set(range(n)) - {v for v, _, _ in steps}
 
@@ -70,7 +70,7 @@ def eliminate(
             a, b = others
             scores = unary[v][:, None, None] + near[v][a][:, :, None] + near[v][b][:, None, :]
             link = scores.min(axis=0)
-            steps.append((v, (a, b), _first_best(scores)))
+            steps.append((v, (a, b), _first_best(scores, link)))
             del near[a][v], near[b][v]
             near[a][b] = near[a].get(b, 0) + link
             near[b][a] = near[b].get(a, 0) + link.T
@@ -92,10 +92,11 @@ TIE = 1e-12
 them may differ in their last bits with the order they were added in."""
 
 
-def _first_best(scores: np.ndarray) -> Any:
+def _first_best(scores: np.ndarray, least: np.ndarray | None = None) -> Any:
     """The first of the cheapest choices (axis 0) for each choice of the neighbours: the
-    same plan whatever order the costs were added in."""
-    least = scores.min(axis=0)
+    same plan whatever order the costs were added in (``least``: ``scores.min(axis=0)``,
+    where already at hand)."""
+    least = scores.min(axis=0) if least is None else least
     return np.argmax(scores <= least + TIE * np.abs(least), axis=0)
 
 
