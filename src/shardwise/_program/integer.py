@@ -12,6 +12,7 @@ import ctypes
 import math
 import os
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -169,28 +170,47 @@ def milp(
     return _choices(result.x[:nx], offset), optimal
 
 
+class _Redirect:
+    """:func:`stdout_to_stderr`'s state, shared by threads: how many are within it, and the
+    process's stdout, kept while fd 1 is stderr (``None``: there was none to keep)."""
+
+    lock = threading.Lock()
+    within = 0
+    saved: int | None = None
+
+
 @contextlib.contextmanager
 def stdout_to_stderr() -> Iterator[None]:
     """What native code writes to the process's stdout goes to its stderr within: SciPy's
     HiGHS prints a line now and then from branch and bound (``HighsMipSolverData::
     transformNewIntegerFeasibleSolution tmpSolver.run();``) whatever its options say, and a
     command's ``--json`` on stdout must stay JSON. C's buffered stdout is flushed before fd 1
-    is given back, so nothing written within comes out after."""
-    sys.stdout.flush()
+    is given back, so nothing written within comes out after. Threads may be within it at
+    once (the baselines are solved beside the search, :mod:`~shardwise._program.beside`):
+    the first to enter redirects, the last to leave gives fd 1 back."""
+    with _Redirect.lock:
+        if _Redirect.within == 0:
+            sys.stdout.flush()
+            try:
+                _Redirect.saved = os.dup(1)
+            except OSError:  # no stdout to guard
+                _Redirect.saved = None
+            else:
+                os.dup2(2, 1)
+        _Redirect.within += 1
     try:
-        saved = os.dup(1)
-    except OSError:  # no stdout to guard
-        yield
-        return
-    try:
-        os.dup2(2, 1)
         yield
     finally:
-        with contextlib.suppress(Exception):  # C's stdio, where ctypes can reach it
-            ctypes.CDLL(None).fflush(None)
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+        with _Redirect.lock:
+            _Redirect.within -= 1
+            saved = _Redirect.saved
+            if _Redirect.within == 0 and saved is not None:
+                with contextlib.suppress(Exception):  # C's stdio, where ctypes can reach it
+                    ctypes.CDLL(None).fflush(None)
+                sys.stdout.flush()
+                os.dup2(saved, 1)
+                os.close(saved)
+                _Redirect.saved = None
 
 
 def _choices(x: np.ndarray, offset: np.ndarray) -> tuple[int, ...]:

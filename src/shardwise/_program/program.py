@@ -24,6 +24,7 @@ from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.profile_use import check_mesh
 from shardwise._model.spec import SpecLike
 from shardwise._model.units import format_bytes, parse_bytes
+from shardwise._program.beside import BESIDE_PAIRS, Beside
 from shardwise._program.constraints import check_respect
 from shardwise._program.fold import prints_kept
 from shardwise._program.graph import Graph
@@ -35,7 +36,7 @@ from shardwise._program.search import TIME_LIMIT_S, Solution, solve
 from shardwise._program.solution import Predicted, predict
 from shardwise._program.stages import say
 from shardwise._program.steps import StepCosts
-from shardwise._program.top import baselines, best_plans, peak, seeded
+from shardwise._program.top import baselines, best_plans, peak, seeded, solved_apart
 from shardwise._program.within import NothingFits, nothing_fits
 from shardwise._program.writable import agrees
 from shardwise._versions import context_mesh
@@ -155,6 +156,10 @@ def _plan(
         def writable(sol: Solution) -> bool:  # with "names", rules can write it
             return respect != "names" or agrees(sol)
 
+        if baselines_of is None:  # (solved beside the search where the problem is large)
+            large = sum(m.size for m in read.full.edges.values()) >= BESIDE_PAIRS
+            pending = Beside(baselines(graph, read.full, eff, read.pins, limit, time_limit,
+                                       read.role, read.extra), alone=not large)  # fmt: skip
         within = "" if limit is None else f" within {format_bytes(limit)} per device"
         say(f"searching for the fastest plans{within}")
         searched = best_plans(graph, searchable, eff, limit, top, time_limit, writable,
@@ -163,8 +168,7 @@ def _plan(
         costs = StepCosts(graph, eff, prof)
         if baselines_of is None:
             say("solving the baselines")
-            solved, skipped = baselines(graph, read.full, eff, read.pins, limit, time_limit,
-                                        read.role, read.extra)  # fmt: skip
+            solved, skipped = solved_apart(pending.results())
             faster = seeded(searchable, solved, searched[0]) if searched and limit is None else None
             if faster is not None:  # (the search's first, its last plan dropped past top)
                 searched = [faster, *searched][:top]

@@ -5,6 +5,7 @@ memory budget."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -290,6 +291,11 @@ def peak(graph: Graph, problem: Problem, sol: Solution, mesh: MeshSpec, profile:
     return peak_bytes(graph, read(graph, problem, sol.choice, mesh), mesh, profile.platform)
 
 
+Baseline = tuple[str, Problem, Solution] | tuple[str, str]
+"""A baseline solved (its name, pinned problem and solution), or one that does not apply (its
+name and why)."""
+
+
 def baselines(
     graph: Graph,
     full: Problem,
@@ -299,29 +305,44 @@ def baselines(
     time_limit: float,
     role: Roles,
     extra: Mapping[str, dict[int, Spec] | str] | None = None,
-) -> tuple[list[tuple[str, Problem, Solution]], list[tuple[str, str]]]:
-    """Each baseline that applies (name, its pinned problem, its solution), at its cheapest
-    within ``limit`` where it fits and else at its cheapest (its predicted peak then says it
-    is over budget); and those that do not apply, with why. ``role``: the inputs' roles;
-    ``extra``: more plans by name, each its pinned inputs (or why it does not apply)."""
-    solved: list[tuple[str, Problem, Solution]] = []
-    skipped: list[tuple[str, str]] = []
+) -> list[Callable[[], Baseline]]:
+    """The work of each baseline (each named one, then ``extra``: more plans by name, each
+    its pinned inputs or why it does not apply), to do in any order, each giving its
+    :data:`Baseline`: its cheapest plan within ``limit`` where one fits and else its cheapest
+    (its predicted peak then says it is over budget). ``role``: the inputs' roles."""
     named = [(base, baseline(base, graph, mesh, fixed, role)) for base in NAMES]
-    for base, pins in [*named, *(extra or {}).items()]:
-        if isinstance(pins, str):
-            skipped.append((base, pins))
-            continue
-        try:
-            problem = pinned(graph, full, pins, mesh)
-        except SpecError as e:
-            skipped.append((base, str(e)))
-            continue
-        limits = [] if limit is None else memory_constraints(graph, problem, limit, mesh)
-        result = solve_within(problem, limits, [], time_limit)
-        if result is None:  # shown all the same, at its own cheapest, marked over budget
-            result = solve(problem, time_limit=time_limit)
-            assert result is not None  # only constraints make a problem infeasible
-        solved.append((base, problem, result))
+    return [
+        functools.partial(_baseline, base, pins, graph, full, mesh, limit, time_limit)
+        for base, pins in [*named, *(extra or {}).items()]
+    ]
+
+
+def _baseline(
+    base: str, pins: dict[int, Spec] | str, graph: Graph, full: Problem, mesh: MeshSpec,
+    limit: int | None, time_limit: float,
+) -> Baseline:  # fmt: skip
+    """One of :func:`baselines`' work."""
+    if isinstance(pins, str):
+        return base, pins
+    try:
+        problem = pinned(graph, full, pins, mesh)
+    except SpecError as e:
+        return base, str(e)
+    limits = [] if limit is None else memory_constraints(graph, problem, limit, mesh)
+    result = solve_within(problem, limits, [], time_limit)
+    if result is None:  # shown all the same, at its own cheapest, marked over budget
+        result = solve(problem, time_limit=time_limit)
+        assert result is not None  # only constraints make a problem infeasible
+    return base, problem, result
+
+
+def solved_apart(
+    done: list[Baseline],
+) -> tuple[list[tuple[str, Problem, Solution]], list[tuple[str, str]]]:
+    """The baselines ``done`` (:func:`baselines`' work), those solved and those that do not
+    apply (with why), each in their order."""
+    solved = [b for b in done if len(b) == 3]
+    skipped = [b for b in done if len(b) == 2]
     return solved, skipped
 
 
