@@ -272,13 +272,21 @@ def settle(
     queue: list[int],
     near: Sequence[Sequence[tuple[int, np.ndarray]]],
     stacks: Stacks,
+    at_rest: bool = False,
 ) -> tuple[float, dict[int, int]]:
     """:func:`descend`'s search, in place on ``choice``, from the variables in ``queue``:
-    what its changes save, and each variable it changed, with its choice before (to undo)."""
+    what its changes save, and each variable it changed, with its choice before (to undo).
+
+    ``at_rest``: ``choice`` was a local optimum (:func:`at_rest`) before ``fixed`` was set,
+    so a variable none of whose neighbours has changed since keeps its choice: it is passed
+    over, without its sums (the same search, the same changes in the same order: a
+    runner-up's search from a four-axis plan visits every variable of the problem, and
+    most keep theirs)."""
     saved, was = 0.0, dict[int, int]()
+    stirred = {u for u, _ in near[fixed]} if at_rest and fixed >= 0 else set()
     while queue:
         v = queue.pop()
-        if v == fixed:
+        if v == fixed or (at_rest and v not in stirred):
             continue
         scores = problem.unary[v] + stacks.columns(v, choice)
         best = int(scores.argmin())
@@ -287,7 +295,21 @@ def settle(
             was.setdefault(v, choice[v])
             choice[v] = best
             queue.extend(u for u, _ in near[v])
+            if at_rest:
+                stirred.update(u for u, _ in near[v])
     return saved, was
+
+
+def at_rest(
+    problem: Problem,
+    choice: Sequence[int],
+    near: Sequence[Sequence[tuple[int, np.ndarray]]],
+    stacks: Stacks,
+) -> bool:
+    """Whether ``choice`` is a local optimum as :func:`settle` sees it: no variable changes
+    its choice given its neighbours' (each visited once, none changing)."""
+    _, was = settle(problem, list(choice), -1, list(range(len(choice))), near, stacks)
+    return not was
 
 
 STACKED = 4

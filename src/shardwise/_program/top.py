@@ -27,6 +27,7 @@ from shardwise._program.roles import Roles
 from shardwise._program.search import (
     Solution,
     Stacks,
+    at_rest,
     descend,
     moved,
     neighbours,
@@ -160,6 +161,7 @@ class _Searches:
         self.stacks = Stacks(self.near)
         self.folded: tuple[Problem, Solution, _Near, Stacks, dict[int, list[int]]] | None = None
         self.index: dict[int, int] = {}  # a variable outside the parts: its folded variable
+        self.rest: dict[int, bool] = {}  # :meth:`resting`, by the problem's id
         folding = fold(problem)
         if folding is None:
             return
@@ -181,6 +183,16 @@ class _Searches:
         self.folded = (folding.problem, dataclasses.replace(best, choice=small), near,
                        Stacks(near), members)  # fmt: skip
 
+    def resting(self, problem: Problem, best: Solution, near: _Near, stacks: Stacks) -> bool:
+        """Whether ``best`` (of ``problem``, the whole or the folded) is a local optimum that
+        its searches start from the whole problem: a plan not proven optimal (an integer
+        program over each array's likeliest layouts) starts every search from every
+        variable, and most keep their choices (:func:`~.search.settle`'s ``at_rest``)."""
+        if id(problem) not in self.rest:
+            self.rest[id(problem)] = not best.optimal and at_rest(problem, best.choice, near,
+                                                                  stacks)  # fmt: skip
+        return self.rest[id(problem)]
+
     def of(self, v: int) -> Found:
         """The searches with variable ``v`` held at each of its other choices."""
         twin, swap = self.twins.get(v, (-1, {}))
@@ -191,13 +203,16 @@ class _Searches:
             ]
         elif self.folded is not None and v in self.index:
             small, best, near, stacks, members = self.folded
-            found = _alternatives(small, best, self.index[v], near, stacks)
+            rest = self.resting(small, best, near, stacks)
+            found = _alternatives(small, best, self.index[v], near, stacks, rest)
             self.found[v] = [
                 (cost, {u: c for f, c in changes.items() for u in members[f]}, seconds)
                 for cost, changes, seconds in found
             ]
         else:
-            self.found[v] = _alternatives(self.problem, self.best, v, self.near, self.stacks)
+            rest = self.resting(self.problem, self.best, self.near, self.stacks)
+            self.found[v] = _alternatives(self.problem, self.best, v, self.near, self.stacks,
+                                          rest)  # fmt: skip
         return self.found[v]
 
 
@@ -207,9 +222,10 @@ def _alternatives(
     v: int,
     near: _Near,
     stacks: Stacks,
+    rest: bool = False,
 ) -> Found:
     """For each other choice of variable ``v``, the best plan local search finds from
-    ``best`` with ``v`` held there."""
+    ``best`` with ``v`` held there (``rest``: ``best`` is a local optimum, :func:`at_rest`)."""
     found, base = [], list(best.choice)
     for c in range(len(problem.choices[v])):
         if c == best.choice[v]:
@@ -218,7 +234,7 @@ def _alternatives(
         cost = best.seconds + moved(problem, best.choice, v, c, near)
         base[v] = c
         queue = [u for u, _ in near[v]] if best.optimal else list(range(len(base)))
-        saved, was = settle(problem, base, v, queue, near, stacks)
+        saved, was = settle(problem, base, v, queue, near, stacks, rest)
         changes = {u: base[u] for u in (v, *was)}
         base[v] = best.choice[v]
         for u, old in was.items():
