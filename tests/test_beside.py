@@ -75,6 +75,27 @@ def test_the_first_tasks_error_by_order_is_raised_once_every_task_is_done(four_c
     assert sorted(done) == [0, 1, 2]
 
 
+def test_cancelled_the_tasks_no_one_has_taken_are_left_undone(monkeypatch):
+    monkeypatch.setattr(beside_module, "cores", lambda: 2)  # (one thread beside the caller)
+    began, go, ran = threading.Event(), threading.Event(), []
+
+    def first():
+        began.set()
+        assert go.wait(WAIT_S)
+        ran.append(0)
+        return 0
+
+    pending = Beside([first, *(lambda k=k: ran.append(k) for k in range(1, 4))], alone=False)
+    assert began.wait(WAIT_S)  # (the thread has taken the first task)
+    pending.cancel()
+    go.set()
+    assert pending.results() == [0]
+    assert ran == [0]
+    alone = Beside([lambda: ran.append("alone")], alone=True)
+    alone.cancel()
+    assert alone.results() == [] and ran == [0]
+
+
 def test_tasks_in_threads_see_the_callers_context(four_cores):
     var = contextvars.ContextVar("shardwise_test_beside", default="unset")
     var.set("the caller's")

@@ -30,7 +30,8 @@ class Beside(Generic[T]):
     """``tasks``, done from now by threads of their own (one fewer than the cores this process
     may run on, at most one per task; none where ``alone``), and by the caller in
     :meth:`results`. Each thread runs in a copy of the caller's context (:mod:`contextvars`:
-    the search's caches) and is a daemon: an interrupted plan does not wait for it.
+    the search's caches) and is a daemon: an interrupted plan does not wait for it, and
+    :meth:`cancel` leaves the tasks no one has taken undone.
 
     >>> Beside([lambda: 1, lambda: 2, lambda: 3], alone=False).results()
     [1, 2, 3]
@@ -63,6 +64,12 @@ class Beside(Generic[T]):
                 self._done[k] = (self._tasks[k](),)
             except BaseException as e:  # (raised by :meth:`results`, in the task's order)
                 self._errors[k] = e
+
+    def cancel(self) -> None:
+        """Leave undone the tasks no one has taken yet (the caller's own work failed: its
+        error goes up, and nothing waits for the tasks under way)."""
+        with self._lock:
+            self._next = len(self._tasks)
 
     def results(self) -> list[T]:
         """Each task's value, in order, once all are done (the caller does those no thread

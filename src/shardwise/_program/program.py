@@ -162,8 +162,13 @@ def _plan(
                                        read.role, read.extra), alone=not large)  # fmt: skip
         within = "" if limit is None else f" within {format_bytes(limit)} per device"
         say(f"searching for the fastest plans{within}")
-        searched = best_plans(graph, searchable, eff, limit, top, time_limit, writable,
-                              peak_of)  # fmt: skip
+        try:
+            searched = best_plans(graph, searchable, eff, limit, top, time_limit, writable,
+                                  peak_of)  # fmt: skip
+        except BaseException:
+            if baselines_of is None:
+                pending.cancel()  # (no baseline is wanted now)
+            raise
         named = _named(searchable, searched)
         costs = StepCosts(graph, eff, prof)
         if baselines_of is None:

@@ -278,10 +278,9 @@ def settle(
     what its changes save, and each variable it changed, with its choice before (to undo).
 
     ``at_rest``: ``choice`` was a local optimum (:func:`at_rest`) before ``fixed`` was set,
-    so a variable none of whose neighbours has changed since keeps its choice: it is passed
-    over, without its sums (the same search, the same changes in the same order: a
-    runner-up's search from a four-axis plan visits every variable of the problem, and
-    most keep theirs)."""
+    so a variable none of whose neighbours has changed since, which keeps its choice, is
+    passed over without its sums: the same changes in the same order, where a runner-up's
+    search from a four-axis plan visits every variable, and most keep theirs."""
     saved, was = 0.0, dict[int, int]()
     stirred = {u for u, _ in near[fixed]} if at_rest and fixed >= 0 else set()
     while queue:

@@ -184,10 +184,11 @@ class _Searches:
                        Stacks(near), members)  # fmt: skip
 
     def resting(self, problem: Problem, best: Solution, near: _Near, stacks: Stacks) -> bool:
-        """Whether ``best`` (of ``problem``, the whole or the folded) is a local optimum that
-        its searches start from the whole problem: a plan not proven optimal (an integer
-        program over each array's likeliest layouts) starts every search from every
-        variable, and most keep their choices (:func:`~.search.settle`'s ``at_rest``)."""
+        """Whether the searches from ``best`` (of ``problem``, the whole or the folded) may
+        pass over the variables no change reaches (:func:`~.search.settle`'s ``at_rest``):
+        ``best`` is not proven optimal (an integer program over each array's likeliest
+        layouts), so each search starts from every variable, and it is a local optimum
+        (:func:`~.search.at_rest`, checked once per problem)."""
         if id(problem) not in self.rest:
             self.rest[id(problem)] = not best.optimal and at_rest(problem, best.choice, near,
                                                                   stacks)  # fmt: skip
