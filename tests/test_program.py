@@ -872,13 +872,13 @@ def test_a_key_folded_with_a_constant_runs_step_after_step_on_a_mesh_given_as_te
 def test_pricing_layouts_past_the_time_limit_stops_and_says_what_to_do(monkeypatch):
     """A mesh of four axes gives an array thousands of layouts, and pricing each step between
     every two had run for many minutes with no word (``time_limit`` bounded the solver
-    only). It stops at the limit (at least a minute: a short one is the solver's), saying
-    how far it got and what to do."""
+    only). It stops at the limit (at least two minutes: a short one is the solver's),
+    saying how far it got and what to do."""
     from shardwise._program import program as planning
 
     fn, args = _mlp_args(batch=16)
     assert shardwise.plan(fn, *args, mesh="a=2,b=2,c=2", profile=CPU, time_limit=0.0).chosen
-    monkeypatch.setattr(planning, "TIME_LIMIT_S", 0.0)  # (the least a pricing gets)
+    monkeypatch.setattr(planning, "PRICING_S", 0.0)  # (the least a pricing gets)
     with pytest.raises(shardwise.ArgumentError, match=r"pricing the layouts on mesh "
                        r"a=2,b=2,c=2 takes longer than the time limit \(0 s; 0 of \d+ steps "
                        r"priced\).*merge axes.*fixed=.*time_limit="):  # fmt: skip

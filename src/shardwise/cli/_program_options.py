@@ -61,7 +61,7 @@ TimeLimit = Annotated[
         "--time-limit",
         min=1,
         help="For a program: seconds for each integer program (60 by default), and for "
-        "pricing the layouts at least 60 (a mesh of four axes can take minutes).",
+        "pricing the layouts at least 120 (a mesh of four axes can take minutes).",
     ),
 ]
 
