@@ -161,18 +161,18 @@ def _plan(
         def writable(sol: Solution) -> bool:  # with "names", rules can write it
             return respect != "names" or agrees(sol)
 
-        if baselines_of is None:  # (solved beside the search where the problem is large)
-            large = sum(m.size for m in read.full.edges.values()) >= BESIDE_PAIRS
-            pending = Beside(baselines(graph, read.full, eff, read.pins, limit, time_limit,
-                                       read.role, read.extra), alone=not large)  # fmt: skip
+        # the baselines (none where given), solved beside the search where the problem is large
+        tasks = [] if baselines_of is not None else baselines(
+            graph, read.full, eff, read.pins, limit, time_limit, read.role, read.extra)  # fmt: skip
+        large = sum(m.size for m in read.full.edges.values()) >= BESIDE_PAIRS
+        pending = Beside(tasks, alone=not large)
         within = "" if limit is None else f" within {format_bytes(limit)} per device"
         say(f"searching for the fastest plans{within}")
         try:
             searched = best_plans(graph, searchable, eff, limit, top, time_limit, writable,
                                   peak_of)  # fmt: skip
         except BaseException:
-            if baselines_of is None:
-                pending.cancel()  # (no baseline is wanted now)
+            pending.cancel()  # (no baseline is wanted now)
             raise
         named = _named(searchable, searched)
         costs = StepCosts(graph, eff, prof)
