@@ -25,7 +25,7 @@ from typing import Any
 import jax
 
 import shardwise
-import shardwise._program.problem as problem
+import shardwise._program.pricing as pricing
 import shardwise._program.reading as reading
 
 PROGRAMS: dict[str, tuple[dict[str, Any], str, bool]] = {
@@ -47,7 +47,7 @@ def planned(name: str) -> dict[str, Any]:
     options, mesh, train = PROGRAMS[name]
     fn, args = shardwise.model(**options)
     found: dict[str, Any] = {"pairs": 0}
-    build, grid = reading.build_problem, problem.reshard_grid
+    build, grid = reading.build_problem, pricing.reshard_grid
 
     def timed_build(*a: Any, **k: Any) -> Any:
         start = time.perf_counter()
@@ -60,13 +60,13 @@ def planned(name: str) -> dict[str, Any]:
         found["pairs"] += len(srcs) * len(dsts)
         return grid(value, srcs, dsts, *a, **k)
 
-    reading.build_problem, problem.reshard_grid = timed_build, counted_grid
+    reading.build_problem, pricing.reshard_grid = timed_build, counted_grid
     try:
         start = time.perf_counter()
         plan = shardwise.plan(fn, *args, mesh=mesh, profile="tpu-v5p", train=train, top=3)
         found["plan_s"] = round(time.perf_counter() - start, 1)
     finally:
-        reading.build_problem, problem.reshard_grid = build, grid
+        reading.build_problem, pricing.reshard_grid = build, grid
     found.update(
         mesh=mesh,
         search_s=round(plan.solve_seconds, 1),

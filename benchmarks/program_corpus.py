@@ -33,7 +33,8 @@ from program_verify import MESH, PROGRAMS, _figures, _profile
 
 import shardwise
 from shardwise._program import verify
-from shardwise._program.problem import build_problem, effective_mesh
+from shardwise._program.pricing import build_problem
+from shardwise._program.problem import effective_mesh
 from shardwise._program.program import PlannedLayout, ProgramPlan
 from shardwise._program.solution import predicted
 from shardwise._runtime.timing import alternate, spearman

@@ -27,7 +27,8 @@ from program_verify import BLOCKS, MESH, MLP, _profile
 
 import shardwise
 from shardwise._model.profile import Link, Profile
-from shardwise._program.problem import Problem, build_problem, effective_mesh
+from shardwise._program.pricing import build_problem
+from shardwise._program.problem import Problem, effective_mesh
 from shardwise._program.program import PlannedLayout, ProgramPlan
 from shardwise._program.solution import predicted
 

@@ -115,13 +115,13 @@ def test_the_four_axis_benchmark_times_pricing_and_puts_back_what_it_wrapped(
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import four_axis_planning
 
-    import shardwise._program.problem as problem
+    import shardwise._program.pricing as pricing
     import shardwise._program.reading as reading
 
-    build, grid = reading.build_problem, problem.reshard_grid
+    build, grid = reading.build_problem, pricing.reshard_grid
     tiny = (dict(name="mlp", batch=64, hidden=32, ffn=64), "a=2,b=4", False)
     monkeypatch.setitem(four_axis_planning.PROGRAMS, "tiny", tiny)
     found = four_axis_planning.planned("tiny")
-    assert reading.build_problem is build and problem.reshard_grid is grid
+    assert reading.build_problem is build and pricing.reshard_grid is grid
     assert found["pairs"] > 0 and found["pricing_s"] >= 0 and found["plan_s"] >= 0
     assert "search" in found["plans"] and found["mesh"] == "a=2,b=4"

@@ -32,7 +32,8 @@ from shardwise._program.moves import (
     reshard_seconds,
 )
 from shardwise._program.nodes import Value
-from shardwise._program.problem import Problem, build_problem, effective_mesh
+from shardwise._program.pricing import build_problem
+from shardwise._program.problem import Problem, effective_mesh
 from shardwise._program.search import descend, solve, total
 from shardwise._program.steps import StepCosts, a2a_copies, made_by_ops
 from shardwise._program.top import runners_up

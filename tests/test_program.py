@@ -26,7 +26,8 @@ from shardwise._program import verify as verify_module
 from shardwise._program.graph import build
 from shardwise._program.integer import milp as _milp
 from shardwise._program.models import loss_of, mlp, model
-from shardwise._program.problem import build_problem, effective_mesh
+from shardwise._program.pricing import build_problem
+from shardwise._program.problem import effective_mesh
 from shardwise._program.program import train_step
 from shardwise._program.search import solve, total
 from shardwise._program.verify import same_programs

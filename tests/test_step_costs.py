@@ -17,7 +17,8 @@ import shardwise
 from shardwise._model.profile import BUILTIN
 from shardwise._program.models import model
 from shardwise._program.pins import pinned
-from shardwise._program.problem import build_problem, effective_mesh
+from shardwise._program.pricing import build_problem
+from shardwise._program.problem import effective_mesh
 from shardwise._program.search import solve, total
 from shardwise._program.solution import predicted
 
@@ -170,12 +171,12 @@ def test_a_convolution_is_planned_as_a_dot_with_the_flops_xla_counts(padding, st
 
 
 def test_a_search_that_kept_only_some_layouts_says_so(monkeypatch):
-    from shardwise._program import problem
+    from shardwise._program import pricing
 
     fn, args = model("mlp", batch=16, hidden=64, ffn=128)
     whole = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, top=1)
     assert whole.complete and whole.stopped_early is None
-    monkeypatch.setattr(problem, "MAX_CHOICES", 2)
+    monkeypatch.setattr(pricing, "MAX_CHOICES", 2)
     plan = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=CPU, top=1)
     assert not plan.complete and plan.to_json()["complete"] is False
     assert "spread evenly" in plan.stopped_early and "incomplete" in str(plan)
@@ -290,7 +291,7 @@ def test_steps_alike_share_one_read_only_cost_matrix_per_edge(monkeypatch):
     is its step's matrix itself, shared with every step alike and never written (a copy of
     each had taken a tenth of the pricing on a mesh of four axes). The costs are those of a
     problem that copies each matrix."""
-    import shardwise._program.problem as problem_module
+    import shardwise._program.pricing as problem_module
 
     w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
 

@@ -12,7 +12,8 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import BUILTIN
 from shardwise._program.fold import fold
 from shardwise._program.models import block
-from shardwise._program.problem import build_problem, effective_mesh
+from shardwise._program.pricing import build_problem
+from shardwise._program.problem import effective_mesh
 from shardwise._program.search import _solve, solve
 
 S = jax.ShapeDtypeStruct

@@ -8,8 +8,8 @@ One pipeline, a module per stage, in the order a plan is made:
    :class:`~.graph.Graph` of arrays (:class:`~.nodes.Value`) and steps
    (:class:`~.nodes.Step`).
 2. **problem** — :mod:`.steps` costs each step kind in one place (time, bytes, collectives
-   for given layouts), from the resharding costs of :mod:`.moves`; :mod:`.problem` fills the
-   solver's matrices from it.
+   for given layouts), from the resharding costs of :mod:`.moves`; :mod:`.pricing` fills the
+   solver's matrices from it, a frozen :class:`~.problem.Problem`.
 3. **search** — :mod:`.search` finds the cheapest choices (:mod:`.fold` solves identical
    parts, the layers of a stack, once; :mod:`.eliminate` folds chains and trees exactly; an
    integer program solves what is left); :mod:`.baselines` and :mod:`.top` make the named

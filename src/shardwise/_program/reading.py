@@ -39,7 +39,8 @@ from shardwise._program.donation import donated, donated_leaves
 from shardwise._program.fold import prints_kept
 from shardwise._program.graph import Graph, build
 from shardwise._program.pins import fixed_pins, pinned
-from shardwise._program.problem import Problem, build_problem, effective_mesh
+from shardwise._program.pricing import build_problem
+from shardwise._program.problem import Problem, effective_mesh
 from shardwise._program.roles import Roles, roles
 from shardwise._program.stages import say
 from shardwise._versions import sources_in_users_code
