@@ -73,7 +73,12 @@ def chosen(problem: Problem, choice: Sequence[int], kind: str) -> dict[int, Any]
     }
 
 
-def read(graph: Graph, problem: Problem, choice: Sequence[int], mesh: MeshSpec) -> Layouts:
+def read(
+    graph: Graph, problem: Problem, choice: Sequence[int], mesh: MeshSpec,
+    near: Layouts | None = None,
+) -> Layouts:  # fmt: skip
+    """The layouts ``choice`` gives each array and step; a map's are ``near``'s (a plan's
+    of the same graph) where it reads its operand in the same layout."""
     by_class = chosen(problem, choice, "class")
     specs: dict[int, Spec] = {v: by_class[root] for v, root in enumerate(graph.classes)}
     steps: dict[tuple[int, ...], tuple[tuple[Spec, ...], Spec]] = {}
@@ -88,7 +93,11 @@ def read(graph: Graph, problem: Problem, choice: Sequence[int], mesh: MeshSpec) 
             stack = step.inputs[0] if step.role == "scan slice" else step.output
             scans[(step.key, stack)] = (whole, mapped)
         elif step.kind == "map" and not step.implicit:
-            whole, mapped, _ = map_specs(graph, step, specs[step.inputs[0]], mesh)
+            src = specs[step.inputs[0]]
+            if near is not None and near.specs[step.inputs[0]] is src:
+                steps[step.key] = near.steps[step.key]
+                continue
+            whole, mapped, _ = map_specs(graph, step, src, mesh)
             steps[step.key] = ((whole,), mapped)
         elif step.kind == "opaque":
             steps[step.key] = ((Spec(),) * len(step.inputs), Spec())
@@ -139,7 +148,7 @@ def predict(
     that this plan lays out otherwise are costed again
     (:func:`~shardwise._program.explain.retally`)."""
     mesh = costs.mesh
-    lay = read(graph, problem, choice, mesh)
+    lay = read(graph, problem, choice, mesh, None if near is None else near.lay)
     strategies = chosen(problem, choice, "dot")
     if near is None or near.tally.prior is not None or near.tally.shared != shared:
         tally = Tally(graph, lay, costs, shared)
