@@ -155,3 +155,132 @@ def test_native_output_stays_off_stdout_until_the_last_thread_solving_is_done(ca
     out, err = capfd.readouterr()
     assert out == "after\n", out
     assert err.split() == ["first", "second"], err
+
+
+def test_a_caller_waiting_for_a_task_a_thread_has_taken_does_the_next_ones(monkeypatch):
+    """The pricing asks for each step's costs in order while a thread makes them ahead: had
+    the caller only waited, the thread would have done every task and the caller none."""
+    monkeypatch.setattr(beside_module, "cores", lambda: 2)  # (one thread beside the caller)
+    began, second = threading.Event(), threading.Event()
+    who: dict[int, threading.Thread] = {}
+
+    def first():
+        who[0] = threading.current_thread()
+        began.set()
+        return second.wait(WAIT_S)  # (done only once the caller has done the second)
+
+    def then(k):
+        def run():
+            who[k] = threading.current_thread()
+            second.set()
+            return k
+
+        return run
+
+    pending = Beside([first, then(1), then(2)], alone=False)
+    assert began.wait(WAIT_S)  # (the thread has taken the first task)
+    assert pending.result(0) is True
+    assert who[0] is not threading.current_thread()
+    assert who[1] is threading.current_thread()
+    assert pending.result(1) == 1 and pending.result(2) == 2
+
+
+def test_the_callers_interrupt_is_raised_at_once_not_after_the_other_tasks():
+    """An error goes up in the tasks' order, once all are done; an interrupt of the caller's
+    own task (Ctrl-C) at once: pricing a mesh of four axes is tasks of tens of seconds."""
+    done = []
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    pending = Beside([interrupted, lambda: done.append(1)], alone=True)
+    with pytest.raises(KeyboardInterrupt):
+        pending.results()
+    assert done == []
+    with pytest.raises(KeyboardInterrupt):
+        Beside([lambda: done.append(0), interrupted, lambda: done.append(2)], alone=True).result(1)
+    assert done == []
+
+
+def _problem_digest(problem) -> tuple:
+    return (
+        problem.labels,
+        problem.choices,
+        [u.tobytes() for u in problem.unary],
+        sorted((key, m.shape, m.tobytes()) for key, m in problem.edges.items()),
+        problem.considered,
+        problem.truncated,
+    )
+
+
+def test_steps_priced_in_threads_are_those_priced_one_after_another(four_cores, monkeypatch):
+    """Where pricing is large (a mesh of four axes), threads make the steps' costs ahead of
+    the caller, who adds them in step order: every cost, edge and choice the same, to the
+    bit, as one thread pricing alone."""
+    from shardwise._program import pricing
+    from shardwise._program.problem import effective_mesh
+
+    fn, args = shardwise.model(name="transformer", batch=16, hidden=32, ffn=64, train=True)
+    p = shardwise.plan(fn, *args, mesh="a=2,b=2,c=2", profile="cpu-2core", train=True, top=1)
+    mesh = effective_mesh(p.mesh)
+    made = []
+    real = beside_module.Beside.__init__
+
+    def counted(self, tasks, alone):
+        real(self, tasks, alone)
+        made.append((len(tasks), len(self._threads)))
+
+    monkeypatch.setattr(beside_module.Beside, "__init__", counted)
+    found = {}
+    for pairs in (0, 10**18):
+        monkeypatch.setattr(pricing, "BESIDE_PAIRS", pairs)
+        shardwise.clear_caches()
+        found[pairs] = _problem_digest(pricing.build_problem(p.graph, mesh, p.profile))
+    assert len(made) == 1 and made[0][0] > 10 and made[0][1] == 3  # (threads only where large)
+    assert found[0] == found[10**18]
+
+
+def test_a_grid_two_threads_need_at_once_is_made_once(monkeypatch):
+    """Two steps priced at once often need the same grid of layout pairs: the second waits
+    for the first to make it (seconds of NumPy each on a mesh of four axes)."""
+    from shardwise._model.mesh import MeshSpec
+    from shardwise._model.spec import Spec
+    from shardwise._program import moves
+
+    mesh = MeshSpec.parse("x=2,y=2")
+    specs = [Spec.parse(s) for s in ("x", "y", "x,y", "-")]
+    entered, go, waiting = threading.Event(), threading.Event(), threading.Event()
+    calls, got = [], {}
+    real = moves.grid_of
+
+    def slow(*a):
+        calls.append(threading.current_thread())
+        entered.set()
+        assert go.wait(WAIT_S)
+        return real(*a)
+
+    class Told(threading.Event):  # (says when the second thread waits on it)
+        def wait(self, timeout=None):
+            waiting.set()
+            return super().wait(timeout)
+
+    monkeypatch.setattr(moves, "grid_of", slow)
+
+    def need(name):
+        got[name] = moves._grid(specs, specs, 2, mesh)
+
+    with moves.grids_kept():
+        first = threading.Thread(target=contextvars.copy_context().run, args=(need, "first"))
+        first.start()
+        assert entered.wait(WAIT_S)  # (the first is making it)
+        kept = moves._GRIDS.get()
+        (key,) = kept.making
+        kept.making[key] = told = Told()
+        second = threading.Thread(target=contextvars.copy_context().run, args=(need, "second"))
+        second.start()
+        assert waiting.wait(WAIT_S)  # (the second waits for it)
+        go.set()
+        first.join()
+        told.set()  # (as the first's own event now says: it is made)
+        second.join()
+    assert len(calls) == 1 and got["first"] is got["second"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -131,9 +132,15 @@ def _entries_ways(entries: tuple[Entry, ...], sizes: dict[str, int]) -> tuple[in
 
 
 class _Kept(OrderedDict[tuple[Any, ...], Grid]):
-    """The grids kept, least recently used first, and how many pairs they hold."""
+    """The grids kept, least recently used first, and how many pairs they hold; the grids
+    being made, each with what its maker sets once it is made (threads price steps at once,
+    :mod:`.pricing`: one makes a grid, the others wait for it)."""
 
-    pairs = 0
+    def __init__(self) -> None:
+        super().__init__()
+        self.pairs = 0
+        self.lock = threading.Lock()
+        self.making: dict[tuple[Any, ...], threading.Event] = {}
 
 
 _GRIDS: contextvars.ContextVar[_Kept | None] = contextvars.ContextVar(
@@ -167,17 +174,31 @@ def grids_kept() -> Iterator[None]:
 
 def _grid(srcs: Sequence[Spec], dsts: Sequence[Spec], rank: int, mesh: MeshSpec) -> Grid:
     kept, key = _GRIDS.get(), (tuple(srcs), tuple(dsts), rank, mesh)
-    found = None if kept is None else kept.get(key)
-    if found is not None:
-        assert kept is not None
-        kept.move_to_end(key)
-        return found
-    found = grid_of(srcs, dsts, rank, mesh)
-    if kept is not None and len(found.same) <= HELD_PAIRS:
-        kept[key] = found
-        kept.pairs += len(found.same)
-        while kept.pairs > HELD_PAIRS:
-            kept.pairs -= len(kept.popitem(last=False)[1].same)
+    if kept is None:
+        return grid_of(srcs, dsts, rank, mesh)
+    while True:
+        with kept.lock:
+            found = kept.get(key)
+            if found is not None:
+                kept.move_to_end(key)
+                return found
+            made = kept.making.get(key)
+            if made is None:  # (this thread makes it)
+                made = kept.making[key] = threading.Event()
+                break
+        made.wait()  # (then kept, or too large to keep: made here too)
+    try:
+        found = grid_of(srcs, dsts, rank, mesh)
+        with kept.lock:
+            if len(found.same) <= HELD_PAIRS:
+                kept[key] = found
+                kept.pairs += len(found.same)
+                while kept.pairs > HELD_PAIRS:
+                    kept.pairs -= len(kept.popitem(last=False)[1].same)
+    finally:
+        with kept.lock:
+            del kept.making[key]
+        made.set()
     return found
 
 

@@ -9,6 +9,7 @@ Pure: no devices.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import Profile
 from shardwise._model.spec import Spec
 from shardwise._program import stages
+from shardwise._program.beside import BESIDE_PAIRS, Beside
 from shardwise._program.graph import Graph
 from shardwise._program.moves import grids_kept, reshard_grid
 from shardwise._program.nodes import Step
@@ -44,6 +46,8 @@ class _Draft:
         self.classes: dict[int, int] = {}  # each class's variable
         self.menus: list[Any] = []  # what each variable's choices depend on (:meth:`once`)
         self.known: dict[tuple[Any, ...], Any] = {}  # for :meth:`once`
+        self.ahead: dict[tuple[Any, ...], int] = {}  # each task's key (:func:`_priced_ahead`)
+        self.beside: Beside[Any] | None = None
 
     def var(self, a: int) -> int:
         """The variable of array ``a``'s class."""
@@ -54,7 +58,11 @@ class _Draft:
         variables' choices by their :attr:`menus`): a model written as a Python loop of layers
         repeats the same few steps once per layer, as a scan's layers repeat its body."""
         if key not in self.known:
-            self.known[key] = make(*args)
+            task = self.ahead.get(key)  # (made, or being made, beside: :func:`_priced_ahead`)
+            if task is None or self.beside is None:
+                self.known[key] = make(*args)
+            else:
+                self.known[key] = self.beside.result(task)
         found: _T = self.known[key]
         return found
 
@@ -104,18 +112,71 @@ def build_problem(
     told, n = stages.listener(), len(graph.steps)
     every = max(1, -(-n // 100))  # (some hundred times at most: an unrolled model has thousands)
     with grids_kept():
-        for k, step in enumerate(graph.steps):
-            if deadline is not None and time.perf_counter() > deadline:
-                raise _too_long(mesh, problem.choices, k, n, time_limit)
-            if told is not None and (k % every == 0 or k + 1 == n):
-                told(f"pricing the layouts: step {k + 1} of {n}")
-            if step.kind == "dot":
-                _add_dot(problem, k, step)
-            elif step.kind == "map":
-                _add_map(problem, step)
-            else:
-                _add_opaque(problem, k, step)
+        _priced_ahead(problem)
+        try:
+            for k, step in enumerate(graph.steps):
+                if deadline is not None and time.perf_counter() > deadline:
+                    raise _too_long(mesh, problem.choices, k, n, time_limit)
+                if told is not None and (k % every == 0 or k + 1 == n):
+                    told(f"pricing the layouts: step {k + 1} of {n}")
+                if step.kind == "dot":
+                    _add_dot(problem, k, step)
+                elif step.kind == "map":
+                    _add_map(problem, step)
+                else:
+                    _add_opaque(problem, k, step)
+        finally:
+            if problem.beside is not None:
+                problem.beside.cancel()  # (none left where all went well)
     return problem.freeze()
+
+
+Work = tuple[tuple[Any, ...], Callable[..., Any], tuple[Any, ...]]
+"""Costs of a step made once for all steps alike (:meth:`_Draft.once`): their key, all they
+depend on, and the function that makes them, with its arguments."""
+
+
+def _priced_ahead(problem: _Draft) -> None:
+    """Where pricing is large (:data:`~.beside.BESIDE_PAIRS` pairs of layouts or more, about:
+    a mesh of four axes), each step's costs made in threads beside the caller, in step
+    order, while the caller adds them to the problem in the same order (:meth:`_Draft.once`
+    takes each from its task, the caller making it where no thread has taken it yet): the
+    same costs, the same sums. Most of it is NumPy over grids of a million pairs, which
+    runs with the GIL released: on two cores Llama-3 8B's AdamW step on
+    ``data=2,fsdp=2,sequence=2,tensor=4`` prices in 27 s, 43 s in one thread."""
+    steps = problem.graph.steps
+    if sum(_pairs(problem, step) for step in steps) < BESIDE_PAIRS:
+        return  # (threads would only take turns with the caller for the GIL)
+    tasks: list[Callable[[], Any]] = []
+    pairs = 0
+    for k, step in enumerate(steps):
+        fresh = False
+        for key, make, args in _works(problem, k, step):
+            if key not in problem.ahead and key not in problem.known:
+                problem.ahead[key] = len(tasks)
+                tasks.append(functools.partial(make, *args))
+                fresh = True
+        pairs += _pairs(problem, step) if fresh else 0  # (steps alike: priced once)
+    if pairs < BESIDE_PAIRS:
+        problem.ahead.clear()
+        return
+    problem.beside = Beside(tasks, alone=False)
+
+
+def _pairs(problem: _Draft, step: Step) -> int:
+    """About how many pairs of layouts pricing ``step`` joins: its operands' layouts by its
+    result's (a dot has about as many strategies)."""
+    many = sum(len(problem.choices[problem.var(a)]) for a in step.inputs)
+    return many * len(problem.choices[problem.var(step.output)])
+
+
+def _works(problem: _Draft, k: int, step: Step) -> list[Work]:
+    """What step ``k``'s costs are made of (:data:`Work`), in the order it adds them."""
+    if step.kind == "dot":
+        return [_dot_work(problem, step)]
+    if step.kind == "map":
+        return [_map_work(problem, step)]
+    return _opaque_works(problem, step)
 
 
 def _too_long(
@@ -139,30 +200,43 @@ def _too_long(
 def _add_opaque(problem: _Draft, k: int, step: Step) -> None:
     """An opaque op: each operand moved whole, its own work, its result moved from whole to
     its class's layout (the work, the same for every choice, is put on the result's class)."""
-    costs = problem.costs
+    *feeds, made = [problem.once(key, make, *args) for key, make, args in
+                    _opaque_works(problem, step)]  # fmt: skip
+    for a, feed in zip(step.inputs, feeds, strict=True):
+        u = problem.var(a)
+        problem.unary[u] = problem.unary[u] + feed[:, 0]
+    out = problem.var(step.output)
+    problem.unary[out] = problem.unary[out] + (problem.costs.opaque(k).seconds + made[0])
+
+
+def _opaque_works(problem: _Draft, step: Step) -> list[Work]:
+    """An opaque step's moves: each operand's to whole, then its result's from whole."""
+    costs, works = problem.costs, []
     for a in step.inputs:
         u = problem.var(a)
         key = ("feed", problem.value(a), step.repeat, problem.menus[u])
-        feed = problem.once(key, _moves, costs, step, a, problem.choices[u], [Spec()], True)
-        problem.unary[u] = problem.unary[u] + feed[:, 0]
+        works.append((key, _moves, (costs, step, a, problem.choices[u], [Spec()], True)))
     out = problem.var(step.output)
     key = ("made", problem.value(step.output), step.repeat, problem.menus[out])
-    made = problem.once(key, _moves, costs, step, step.output, [Spec()], problem.choices[out],
-                        False)  # fmt: skip
-    problem.unary[out] = problem.unary[out] + (costs.opaque(k).seconds + made[0])
+    args = (costs, step, step.output, [Spec()], problem.choices[out], False)
+    return [*works, (key, _moves, args)]
 
 
 def _add_map(problem: _Draft, step: Step) -> None:
     """A map: an edge from its operand's class to its result's, :meth:`StepCosts.map` for
     every pair of layouts, the part before the result's move computed once per operand
     layout, the move once per layout the map makes; once for all maps alike."""
+    key, make, args = _map_work(problem, step)
+    problem.add_edge(problem.var(step.inputs[0]), problem.var(step.output),
+                     problem.once(key, make, *args))  # fmt: skip
+
+
+def _map_work(problem: _Draft, step: Step) -> Work:
     a, b = problem.var(step.inputs[0]), problem.var(step.output)
     key = ("map", problem.value(step.inputs[0]), problem.value(step.output), step.dim_map,
            step.local, step.reduced, step.runs(False), step.runs(True), step.implicit,
            problem.menus[a], problem.menus[b])  # fmt: skip
-    matrix = problem.once(key, _map_matrix, step, problem.choices[a], problem.choices[b],
-                          problem.costs)  # fmt: skip
-    problem.add_edge(a, b, matrix)
+    return key, _map_matrix, (step, problem.choices[a], problem.choices[b], problem.costs)
 
 
 def _map_matrix(step: Step, sa: list[Spec], sb: list[Spec], costs: StepCosts) -> np.ndarray:
@@ -216,14 +290,9 @@ def _add_dot(problem: _Draft, k: int, step: Step) -> None:
     """A dot: a variable for its strategy, its own work, and an edge to each operand's class
     and to its result's (the moves between their layouts and the strategy's); once for all
     dots alike."""
-    operands = [problem.var(a) for a in step.inputs]
-    out = problem.var(step.output)
-    key = ("dot", step.op, step.prim, step.whole, step.flops,
-           tuple(problem.value(a) for a in step.inputs),
-           problem.value(step.output), step.repeat, tuple(problem.menus[u] for u in operands),
-           problem.menus[out])  # fmt: skip
-    considered, found, unary, feeds, made = problem.once(key, _dot_costs, problem, step,
-                                                         operands, out)  # fmt: skip
+    key, make, args = _dot_work(problem, step)
+    considered, found, unary, feeds, made = problem.once(key, make, *args)
+    operands, out = args[2], args[3]
     problem.considered += considered
     d = len(problem.labels)
     problem.labels.append(("dot", k))
@@ -233,6 +302,16 @@ def _add_dot(problem: _Draft, k: int, step: Step) -> None:
     for u, matrix in zip(operands, feeds, strict=True):
         problem.add_edge(u, d, matrix)
     problem.add_edge(d, out, made)
+
+
+def _dot_work(problem: _Draft, step: Step) -> Work:
+    operands = [problem.var(a) for a in step.inputs]
+    out = problem.var(step.output)
+    key = ("dot", step.op, step.prim, step.whole, step.flops,
+           tuple(problem.value(a) for a in step.inputs),
+           problem.value(step.output), step.repeat, tuple(problem.menus[u] for u in operands),
+           problem.menus[out])  # fmt: skip
+    return key, _dot_costs, (problem, step, operands, out)
 
 
 def _dot_costs(
