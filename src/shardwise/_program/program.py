@@ -46,8 +46,8 @@ DEVICE = "device"
 
 PRICING_S = 120.0
 """The least time pricing the layouts gets (``plan``'s ``time_limit`` where longer): Llama-3
-8B's AdamW step on a mesh of four axes prices in 43-55 s on a 2-core x86 machine, and a minute
-had left it no margin on a machine a little slower."""
+8B's AdamW step on a mesh of four axes prices in 27 s on a 2-core x86 machine (43-55 s in one
+thread), and a minute had left it no margin on a machine a little slower, or with one core."""
 
 
 def _profile(profile: Profile | str | None, mesh: MeshSpec) -> Profile:
