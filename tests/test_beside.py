@@ -284,3 +284,20 @@ def test_a_grid_two_threads_need_at_once_is_made_once(monkeypatch):
         told.set()  # (as the first's own event now says: it is made)
         second.join()
     assert len(calls) == 1 and got["first"] is got["second"]
+
+
+def test_an_error_pricing_a_step_in_a_thread_goes_up_from_the_pricing(four_cores, monkeypatch):
+    """A step's costs made ahead in a thread that fail fail the pricing, as made in order."""
+    from shardwise._program import pricing
+    from shardwise._program.problem import effective_mesh
+
+    fn, args = shardwise.model(name="mlp", batch=16, hidden=32, ffn=64)
+    p = shardwise.plan(fn, *args, mesh="a=2,b=2,c=2", profile="cpu-2core", top=1)
+
+    def broken(*a, **k):
+        raise ValueError("a move priced wrong")
+
+    monkeypatch.setattr(pricing, "BESIDE_PAIRS", 0)
+    monkeypatch.setattr(pricing, "_moves", broken)
+    with pytest.raises(ValueError, match="a move priced wrong"):
+        pricing.build_problem(p.graph, effective_mesh(p.mesh), p.profile)

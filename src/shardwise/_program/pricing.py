@@ -149,9 +149,9 @@ def _priced_ahead(problem: _Draft) -> None:
         return  # (threads would only take turns with the caller for the GIL)
     tasks: list[Callable[[], Any]] = []
     pairs = 0
-    for k, step in enumerate(steps):
+    for step in steps:
         fresh = False
-        for key, make, args in _works(problem, k, step):
+        for key, make, args in _works(problem, step):
             if key not in problem.ahead and key not in problem.known:
                 problem.ahead[key] = len(tasks)
                 tasks.append(functools.partial(make, *args))
@@ -170,8 +170,8 @@ def _pairs(problem: _Draft, step: Step) -> int:
     return many * len(problem.choices[problem.var(step.output)])
 
 
-def _works(problem: _Draft, k: int, step: Step) -> list[Work]:
-    """What step ``k``'s costs are made of (:data:`Work`), in the order it adds them."""
+def _works(problem: _Draft, step: Step) -> list[Work]:
+    """What ``step``'s costs are made of (:data:`Work`), in the order it adds them."""
     if step.kind == "dot":
         return [_dot_work(problem, step)]
     if step.kind == "map":
@@ -232,6 +232,7 @@ def _add_map(problem: _Draft, step: Step) -> None:
 
 
 def _map_work(problem: _Draft, step: Step) -> Work:
+    """A map's matrix: its own work and its result's move, for every pair of layouts."""
     a, b = problem.var(step.inputs[0]), problem.var(step.output)
     key = ("map", problem.value(step.inputs[0]), problem.value(step.output), step.dim_map,
            step.local, step.reduced, step.runs(False), step.runs(True), step.implicit,
@@ -305,6 +306,7 @@ def _add_dot(problem: _Draft, k: int, step: Step) -> None:
 
 
 def _dot_work(problem: _Draft, step: Step) -> Work:
+    """A dot's strategies, their own costs and the moves of its operands and result."""
     operands = [problem.var(a) for a in step.inputs]
     out = problem.var(step.output)
     key = ("dot", step.op, step.prim, step.whole, step.flops,
