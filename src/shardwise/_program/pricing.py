@@ -144,30 +144,29 @@ def _priced_ahead(problem: _Draft) -> None:
     same costs, the same sums. Most of it is NumPy over grids of a million pairs, which
     runs with the GIL released: on two cores Llama-3 8B's AdamW step on
     ``data=2,fsdp=2,sequence=2,tensor=4`` prices in 27 s, 43 s in one thread."""
-    steps = problem.graph.steps
-    if sum(_pairs(problem, step) for step in steps) < BESIDE_PAIRS:
+    if _pairs(problem) < BESIDE_PAIRS:
         return  # (threads would only take turns with the caller for the GIL)
     tasks: list[Callable[[], Any]] = []
-    pairs = 0
-    for step in steps:
-        fresh = False
+    for step in problem.graph.steps:
         for key, make, args in _works(problem, step):
             if key not in problem.ahead and key not in problem.known:
                 problem.ahead[key] = len(tasks)
                 tasks.append(functools.partial(make, *args))
-                fresh = True
-        pairs += _pairs(problem, step) if fresh else 0  # (steps alike: priced once)
-    if pairs < BESIDE_PAIRS:
-        problem.ahead.clear()
-        return
     problem.beside = Beside(tasks, alone=False)
 
 
-def _pairs(problem: _Draft, step: Step) -> int:
-    """About how many pairs of layouts pricing ``step`` joins: its operands' layouts by its
-    result's (a dot has about as many strategies)."""
-    many = sum(len(problem.choices[problem.var(a)]) for a in step.inputs)
-    return many * len(problem.choices[problem.var(step.output)])
+def _pairs(problem: _Draft) -> int:
+    """About how many pairs of layouts pricing joins: each step's operands' layouts by its
+    result's (a dot has about as many strategies), once for steps alike (the same op on
+    arrays of the same menus of layouts: the layers of a Python loop)."""
+    seen, pairs, choices = set(), 0, problem.choices
+    for step in problem.graph.steps:
+        ins, out = [problem.var(a) for a in step.inputs], problem.var(step.output)
+        alike = (step.prim, *(problem.menus[u] for u in ins), problem.menus[out])
+        if alike not in seen:
+            seen.add(alike)
+            pairs += sum(len(choices[u]) for u in ins) * len(choices[out])
+    return pairs
 
 
 def _works(problem: _Draft, step: Step) -> list[Work]:
