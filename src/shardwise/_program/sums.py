@@ -177,25 +177,35 @@ def into_reduce(graph: Graph) -> dict[int, tuple[int, tuple[int, ...]]]:
         members.setdefault(graph.find(u), []).append(u)
     results = {v for v in graph.outputs if v is not None}
     transposed = {s.output for s in graph.steps if s.prim.startswith("transpose")}
+    # each class's readers, its arrays no elementwise op makes, and whether one is a result:
+    # once per class (a residual stream joins every layer's last dots: its readers are many)
+    classes: dict[int, tuple[set[int], list[int], bool]] = {}
     out = {}
     for n, step in enumerate(graph.steps):
         v, op = step.output, step.op
         if step.prim != "dot_general" or op is None or step.repeat != 1:
             continue
-        chain = members[graph.find(v)]  # (arrays elementwise ops join to the dot's result)
-        reading = {r for u in chain for r in read_by.get(u, ())}
+        root = graph.find(v)
+        if root not in classes:  # (the arrays elementwise ops join to the dot's result)
+            chain = members[root]
+            classes[root] = (
+                {r for u in chain for r in read_by.get(u, ())},
+                [u for u in chain if u not in graph.elementwise],
+                not results.isdisjoint(chain),
+            )
+        reading, made, returned = classes[root]
         contracted = [c for c in op.inputs[0] if c not in op.output]
         last = op.inputs[0][len(op.inputs[0]) - len(contracted) :]
         if (
             graph.values[v].dtype in ("float32", "bfloat16")
-            and all(u == v or u in graph.elementwise for u in chain)
-            and not results & set(chain)
+            and all(u == v for u in made)
+            and not returned
             and sorted(last) == sorted(contracted)
             and not transposed & set(step.inputs)
             and len(reading) == 1
             and graph.steps[min(reading)].prim in REDUCES
         ):
-            out[n] = (min(reading), tuple(chain))
+            out[n] = (min(reading), tuple(members[root]))
     return out
 
 
