@@ -233,7 +233,7 @@ def test_steps_priced_in_threads_are_those_priced_one_after_another(four_cores, 
     monkeypatch.setattr(beside_module.Beside, "__init__", counted)
     found = {}
     for pairs in (0, 10**18):
-        monkeypatch.setattr(pricing, "BESIDE_PAIRS", pairs)
+        monkeypatch.setattr(pricing, "THREADED_PAIRS", pairs)
         shardwise.clear_caches()
         found[pairs] = _problem_digest(pricing.build_problem(p.graph, mesh, p.profile))
     assert len(made) == 1 and made[0][0] > 10 and made[0][1] == 3  # (threads only where large)
@@ -297,7 +297,7 @@ def test_an_error_pricing_a_step_in_a_thread_goes_up_from_the_pricing(four_cores
     def broken(*a, **k):
         raise ValueError("a move priced wrong")
 
-    monkeypatch.setattr(pricing, "BESIDE_PAIRS", 0)
+    monkeypatch.setattr(pricing, "THREADED_PAIRS", 0)
     monkeypatch.setattr(pricing, "_moves", broken)
     with pytest.raises(ValueError, match="a move priced wrong"):
         pricing.build_problem(p.graph, effective_mesh(p.mesh), p.profile)
