@@ -10,8 +10,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from shardwise import Spec
-from shardwise._program.problem import Problem
-from shardwise._program.search import total
+from shardwise._program.problem import Problem, total
 
 
 def tolerance(dtype: Any, terms: int) -> dict[str, float]:

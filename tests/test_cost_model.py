@@ -24,6 +24,7 @@ from shardwise._model.strategy import Strategy
 from shardwise._planner.calibrate import MATMULS, fit_matmul
 from shardwise._program.graph import build
 from shardwise._program.integer import milp as _milp
+from shardwise._program.local import descend
 from shardwise._program.moves import (
     COPY_BYTES,
     grids_kept,
@@ -33,8 +34,8 @@ from shardwise._program.moves import (
 )
 from shardwise._program.nodes import Value
 from shardwise._program.pricing import build_problem
-from shardwise._program.problem import Problem, effective_mesh
-from shardwise._program.search import descend, solve, total
+from shardwise._program.problem import Problem, effective_mesh, total
+from shardwise._program.search import solve
 from shardwise._program.steps import StepCosts, a2a_copies, made_by_ops
 from shardwise._program.top import runners_up
 from shardwise._runtime.timing import alternate

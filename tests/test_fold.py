@@ -13,8 +13,8 @@ import pytest
 from helpers import brute_force
 from shardwise._program import top
 from shardwise._program.fold import fold, prints_kept, restricted
-from shardwise._program.problem import Problem
-from shardwise._program.search import solve, total
+from shardwise._program.problem import Problem, total
+from shardwise._program.search import solve
 from shardwise._program.top import runners_up
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from helpers import brute_force
 from shardwise._program.marginals import marginals
-from shardwise._program.problem import Problem
-from shardwise._program.search import solve, total
+from shardwise._program.problem import Problem, total
+from shardwise._program.search import solve
 from shardwise._program.top import runners_up
 
 

@@ -27,9 +27,9 @@ from shardwise._program.graph import build
 from shardwise._program.integer import milp as _milp
 from shardwise._program.models import loss_of, mlp, model
 from shardwise._program.pricing import build_problem
-from shardwise._program.problem import effective_mesh
+from shardwise._program.problem import effective_mesh, total
 from shardwise._program.program import train_step
-from shardwise._program.search import solve, total
+from shardwise._program.search import solve
 from shardwise._program.verify import same_programs
 from shardwise._xla.verified import by_kind
 from shardwise.cli import app

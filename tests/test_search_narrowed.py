@@ -14,11 +14,12 @@ import pytest
 
 import shardwise
 from shardwise._model.profile import BUILTIN
-from shardwise._program import integer, search
+from shardwise._program import integer, local, search
 from shardwise._program.integer import Constraint
+from shardwise._program.local import moved, neighbours
 from shardwise._program.models import model
-from shardwise._program.problem import Problem
-from shardwise._program.search import Solution, moved, neighbours, solve, total
+from shardwise._program.problem import Problem, Solution, total
+from shardwise._program.search import solve
 from shardwise._program.top import seeded
 
 
@@ -153,12 +154,12 @@ def test_a_search_from_a_local_optimum_passes_over_what_no_change_reaches(seed):
     }
     problem = Problem.of([list(range(k)) for _ in range(n)], unary, edges)
     near = neighbours(problem)
-    stacks = search.Stacks(near)
+    stacks = local.Stacks(near)
     start = rng.integers(0, k, n).tolist()
-    rested = search.descend(problem, start, -1, near).choice
-    assert search.at_rest(problem, rested, near, stacks)
+    rested = local.descend(problem, start, -1, near).choice
+    assert local.at_rest(problem, rested, near, stacks)
     moving = [int(np.argmax(unary[v])) for v in range(n)]  # (each at its dearest choice)
-    assert not search.at_rest(problem, moving, near, stacks)
+    assert not local.at_rest(problem, moving, near, stacks)
     passed = 0
     for v, c in itertools.product(range(n), range(k)):
         if c == rested[v]:
@@ -167,7 +168,7 @@ def test_a_search_from_a_local_optimum_passes_over_what_no_change_reaches(seed):
         for rest in (False, True):
             choice = list(rested)
             choice[v] = c
-            found = search.settle(problem, choice, v, list(range(n)), near, stacks, rest)
+            found = local.settle(problem, choice, v, list(range(n)), near, stacks, rest)
             runs.append((found[0], list(found[1].items()), choice))
         assert runs[0] == runs[1]
         passed += not runs[0][1]

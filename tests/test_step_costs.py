@@ -18,8 +18,8 @@ from shardwise._model.profile import BUILTIN
 from shardwise._program.models import model
 from shardwise._program.pins import pinned
 from shardwise._program.pricing import build_problem
-from shardwise._program.problem import effective_mesh
-from shardwise._program.search import solve, total
+from shardwise._program.problem import effective_mesh, total
+from shardwise._program.search import solve
 from shardwise._program.solution import predicted
 
 S = jax.ShapeDtypeStruct

@@ -143,3 +143,20 @@ def spec_choices(shape: Sequence[int], mesh: MeshSpec) -> tuple[int, list[Spec]]
         if divides(shape, spec, mesh):
             out.append(spec.canonical())
     return considered, out
+
+
+@dataclass(frozen=True, slots=True)
+class Solution:
+    """A choice per variable, its cost, and how it was found."""
+
+    choice: tuple[int, ...]
+    seconds: float
+    optimal: bool
+    method: str
+    solve_seconds: float
+
+
+def total(problem: Problem, choice: Sequence[int]) -> float:
+    """The cost of one choice per variable."""
+    cost = sum(float(u[c]) for u, c in zip(problem.unary, choice, strict=True))
+    return cost + sum(float(m[choice[u], choice[v]]) for (u, v), m in problem.edges.items())

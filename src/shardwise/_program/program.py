@@ -29,10 +29,10 @@ from shardwise._program.constraints import check_respect
 from shardwise._program.fold import prints_kept
 from shardwise._program.graph import Graph
 from shardwise._program.plans import PlannedLayout, ProgramPlan
-from shardwise._program.problem import Problem, effective_mesh
+from shardwise._program.problem import Problem, Solution, effective_mesh
 from shardwise._program.reading import Program, collection_paused, read_program
 from shardwise._program.reading import train_step as train_step
-from shardwise._program.search import TIME_LIMIT_S, Solution, solve
+from shardwise._program.search import TIME_LIMIT_S, solve
 from shardwise._program.solution import Predicted, predict
 from shardwise._program.stages import say
 from shardwise._program.steps import StepCosts

@@ -19,22 +19,13 @@ from shardwise._model.spec import Spec
 from shardwise._program.baselines import NAMES, baseline
 from shardwise._program.fold import fold
 from shardwise._program.graph import Graph
+from shardwise._program.local import Stacks, at_rest, descend, moved, neighbours, settle
 from shardwise._program.marginals import Alternatives, alternatives
 from shardwise._program.memory import memory_constraints, peak_bytes
 from shardwise._program.pins import input_vars, pinned
-from shardwise._program.problem import Problem
+from shardwise._program.problem import Problem, Solution, total
 from shardwise._program.roles import Roles
-from shardwise._program.search import (
-    Solution,
-    Stacks,
-    at_rest,
-    descend,
-    moved,
-    neighbours,
-    settle,
-    solve,
-    total,
-)
+from shardwise._program.search import solve
 from shardwise._program.solution import read
 from shardwise._program.within import solve_within, tightened
 
@@ -102,7 +93,7 @@ def runners_up(
     of one pass over the problem (:mod:`~shardwise._program.marginals`), and the first of
     them is the second-best plan overall (it must lay out some input differently). Where an
     integer program did (cycles), each is found by local search from the best plan
-    (:func:`~shardwise._program.search.descend`): one integer program per input layout took
+    (:func:`~shardwise._program.local.descend`): one integer program per input layout took
     seconds (a 2-layer transformer's training step has 113)."""
     if count < 1:
         return []
@@ -185,10 +176,10 @@ class _Searches:
 
     def resting(self, problem: Problem, best: Solution, near: _Near, stacks: Stacks) -> bool:
         """Whether the searches from ``best`` (of ``problem``, the whole or the folded) may
-        pass over the variables no change reaches (:func:`~.search.settle`'s ``at_rest``):
+        pass over the variables no change reaches (:func:`~.local.settle`'s ``at_rest``):
         ``best`` is not proven optimal (an integer program over each array's likeliest
         layouts), so each search starts from every variable, and it is a local optimum
-        (:func:`~.search.at_rest`, checked once per problem)."""
+        (:func:`~.local.at_rest`, checked once per problem)."""
         if id(problem) not in self.rest:
             self.rest[id(problem)] = not best.optimal and at_rest(problem, best.choice, near,
                                                                   stacks)  # fmt: skip

@@ -13,8 +13,8 @@ from shardwise._errors import ArgumentError
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.units import format_bytes
 from shardwise._program.integer import Constraint
-from shardwise._program.problem import Problem
-from shardwise._program.search import Solution, solve, total
+from shardwise._program.problem import Problem, Solution, total
+from shardwise._program.search import solve
 
 
 def solve_within(

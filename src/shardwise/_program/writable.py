@@ -27,8 +27,7 @@ from shardwise._model.spec import Spec
 from shardwise._program.annotations import Annotations
 from shardwise._program.graph import Graph
 from shardwise._program.pins import input_vars
-from shardwise._program.problem import Problem, add_edge
-from shardwise._program.search import Solution
+from shardwise._program.problem import Problem, Solution, add_edge
 
 Names = tuple[str | None, ...]
 """Each dimension's logical name (``None``: unnamed)."""
