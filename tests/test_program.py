@@ -327,6 +327,38 @@ def test_every_plan_returned_fits_the_budget_or_is_a_baseline_marked_over_it():
     assert free.to_json()["budget_bytes"] is None
 
 
+def test_under_a_budget_the_time_limit_bounds_the_runners_up_search(monkeypatch):
+    """Under a budget each runner-up is an integer program of its own: they share the time
+    limit (each gets what is left of it, none starts past it), and a search cut short says
+    so. Each had had the whole limit: Llama-3 8B's AdamW step on 8 v5p chips planned for
+    more than 15 minutes."""
+    from shardwise._program import top
+
+    fn, args = model("mlp", batch=256, hidden=1024, ffn=4096)
+    given: list[float] = []
+    solve_within = top.solve_within
+
+    def recorded(problem, constraints, exclude, time_limit):
+        if exclude or not given:  # (the search's; the baselines' exclude none)
+            given.append(time_limit)
+        return solve_within(problem, constraints, exclude, time_limit)
+
+    monkeypatch.setattr(top, "solve_within", recorded)
+    kw = {"mesh": "x=2,y=4", "profile": CPU, "budget": 12_000_000, "top": 4}
+    plan = shardwise.plan(fn, *args, time_limit=3600.0, **kw)
+    searched = [p for p in plan.plans if p.searched]
+    assert len(searched) == 4 and "cut short" not in plan.method
+    assert given[0] == 3600.0 and len(given) >= 4
+    assert all(0 < t < 3600.0 for t in given[1:])  # (what is left, less each time)
+    assert given[1:] == sorted(given[1:], reverse=True)
+    given.clear()
+    cut = shardwise.plan(fn, *args, time_limit=0.0, **kw)
+    assert len(given) == 1  # the first plan is searched for whatever the limit; no other
+    assert [p.name for p in cut.plans if p.searched] == ["search"]
+    assert cut.method.endswith("runners-up cut short by the time limit (0 s)")
+    assert cut.chosen.in_specs == plan.chosen.in_specs
+
+
 def test_the_profiles_memory_is_the_default_budget_and_none_fitting_is_said():
     """With no budget given, a profile's memory per device bounds the plan: the fastest plan
     where it fits, else the fastest that fits; where none does, the fastest, with

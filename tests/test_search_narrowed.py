@@ -100,6 +100,28 @@ def test_an_excluded_plan_is_not_found_again(built):
     assert max(built) <= 400
 
 
+def test_the_rounds_of_a_narrowed_search_share_its_time_limit(monkeypatch):
+    """Each round's integer program gets what is left of the solve's limit, not the whole
+    limit again (a runner-up under a budget had taken four rounds of a minute each), and
+    none starts past it once a plan is found."""
+    monkeypatch.setattr(search, "MAX_PAIRS", 400)
+    given: list[float] = []
+    real = integer.milp
+
+    def recorded(problem, constraints, exclude, time_limit, rounded=False):
+        given.append(time_limit)
+        return real(problem, constraints, exclude, time_limit, rounded)
+
+    monkeypatch.setattr(search, "milp", recorded)
+    problem, best = _dense(1, 5, 40, planted=True)
+    assert solve(problem, exclude=[dict(enumerate(best))], time_limit=3600.0) is not None
+    assert len(given) >= 2 and given[0] <= 3600.0
+    assert all(0 < later < earlier for earlier, later in itertools.pairwise(given))
+    given.clear()
+    assert solve(problem, exclude=[dict(enumerate(best))], time_limit=0.0) is None
+    assert given == [0.0]  # (nothing found in no time; no second round)
+
+
 def test_a_baseline_cheaper_than_the_search_is_its_start():
     problem, best = _dense(2, 4, 6, planted=True)
     worse = [(c + 1) % 6 for c in best]

@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -151,6 +152,7 @@ def milp(
     # scaled: HiGHS's absolute gap (1e-6) would call any plan of seconds optimal
     objective = objective * (1e6 / max(float(np.abs(objective).max()), 1e-30))
     low, high = np.array(rows.lower), np.array(rows.upper)
+    start = time.perf_counter()  # (the relaxation and branch and bound share time_limit)
     relaxed = _relaxation(objective, a, low, high, nx, time_limit)
     if relaxed is not None and float(np.abs(relaxed - np.round(relaxed)).max(initial=0.0)) < 1e-9:
         return _choices(relaxed, offset), True
@@ -162,7 +164,10 @@ def milp(
             constraints=scipy.optimize.LinearConstraint(a, rows.lower, rows.upper),
             integrality=(np.arange(col) < nx).astype(float),
             bounds=scipy.optimize.Bounds(0, 1),
-            options={"time_limit": time_limit, "mip_rel_gap": 1e-9},
+            options={
+                "time_limit": max(time_limit - (time.perf_counter() - start), 0.0),
+                "mip_rel_gap": 1e-9,
+            },
         )
     if result.x is None:
         return None

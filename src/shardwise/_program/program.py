@@ -99,10 +99,11 @@ def plan(
             (``x``, ``params['w1']``), or with dots as ``--args`` writes them (``params.w1``).
         top: how many of the search's plans to keep: the best, and runners-up that lay out
             some input another way (each one's inputs differ).
-        time_limit: seconds for the solver, which gives its best plan found by then; and
-            for pricing the layouts, at least two minutes (a mesh of four axes gives an array
-            thousands of layouts: pricing past it stops with an :class:`ArgumentError`
-            saying what to do).
+        time_limit: seconds for the solver, which gives its best plan found by then
+            (under a budget, for the runners-up's search as a whole; where it runs out,
+            :attr:`ProgramPlan.method` says so); and for pricing the layouts, at least two
+            minutes (a mesh of four axes gives an array thousands of layouts: pricing past
+            it stops with an :class:`ArgumentError` saying what to do).
         rules: Flax's logical axis rules (``[("batch", "data"), ("mlp", "model")]``) for the
             arguments' logical names; by default, the ``nn.logical_axis_rules`` in force.
         respect: ``"none"`` (the search is free; the plan ``"annotations"`` shows what the

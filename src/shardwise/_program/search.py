@@ -27,8 +27,8 @@ from shardwise._program.local import Stacks, descend, neighbours
 from shardwise._program.problem import Problem, Solution, total
 
 TIME_LIMIT_S = 60.0
-"""How long one integer program may run; past it the best solution found is used and the plan
-says it is not proven optimal."""
+"""How long one solve's integer programs may run, all rounds together; past it the best
+solution found is used and the plan says it is not proven optimal."""
 
 
 def solve(
@@ -124,8 +124,12 @@ def _core(
     best: tuple[list[int], float] | None = None
     free = not (constraints or exclude)  # (a local search could break a budget)
     stacks = Stacks(near)
+    deadline = time.perf_counter() + time_limit  # (the rounds share it)
     for _ in range(ROUNDS):
-        found = _over(core, keep, constraints, exclude, time_limit, rounded=True)
+        if best is not None and time.perf_counter() >= deadline:
+            break
+        left = max(deadline - time.perf_counter(), 0.0)
+        found = _over(core, keep, constraints, exclude, left, rounded=True)
         if found is None and not free:
             break
         picked = found[0] if found else [_cheapest(core, v, keep) for v in range(len(core.unary))]
