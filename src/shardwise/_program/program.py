@@ -135,7 +135,7 @@ def plan(
         read = read_program(fn, args, train, devices, spec, prof, fixed, rules, respect,
                             donate_argnums, max(time_limit, PRICING_S))  # fmt: skip
         plan_under = functools.partial(_plan, read, devices, spec, prof, train, top,
-                                       time_limit, respect)  # fmt: skip
+                                       time_limit, respect, best=[])  # fmt: skip
         if budget == DEVICE and prof.memory_bytes is not None:
             return _within_device(plan_under, prof)
         return plan_under(None if budget == DEVICE else budget)
@@ -144,11 +144,12 @@ def plan(
 def _plan(
     read: Program, devices: Mesh | None, spec: MeshSpec, prof: Profile, train: bool,
     top: int, time_limit: float, respect: str, budget: int | str | None,
-    baselines_of: ProgramPlan | None = None,
+    baselines_of: ProgramPlan | None = None, best: list[Solution] | None = None,
 ) -> ProgramPlan:  # fmt: skip
     """:func:`plan` of the program ``read`` under ``budget`` (``None``: no limit); the
     baselines each at their cheapest within it, or, given ``baselines_of``, those of that
-    plan (marked where over it)."""
+    plan (marked where over it). ``best``: the search's best plan without a budget, kept
+    there by the plan without one, for the search within one (not solved again)."""
     limit = None if budget is None else parse_bytes(budget, "budget")
     graph, searchable, eff = read.graph, read.searchable, effective_mesh(spec)
     start = time.perf_counter()
@@ -171,7 +172,9 @@ def _plan(
         say(f"searching for the fastest plans{within}")
         try:
             searched = best_plans(graph, searchable, eff, limit, top, time_limit, writable,
-                                  peak_of)  # fmt: skip
+                                  peak_of, best[0] if best else None)  # fmt: skip
+            if limit is None and best is not None:
+                best[:] = searched[:1]
         except BaseException:
             pending.cancel()  # (no baseline is wanted now)
             raise

@@ -44,6 +44,7 @@ def best_plans(
     time_limit: float,
     fits: Callable[[Solution], bool] = lambda sol: True,
     peak_of: Callable[[Solution], int] | None = None,
+    unbounded: Solution | None = None,
 ) -> list[Solution]:
     """Up to ``top`` plans of ``problem``, the cheapest first: the search's best, then
     :func:`runners_up`; under a memory ``budget``, each next one by an integer program that
@@ -55,7 +56,8 @@ def best_plans(
     not every buffer, so a plan can pass them and be over the budget: each one set aside
     tightens them by the share it was over (a Llama's AdamW step on a TPU had set aside 21
     plans, 45 s of integer programs, none fitting, while FSDP's fit in half the budget).
-    A plan set aside leaves the ones after it not proven optimal.
+    A plan set aside leaves the ones after it not proven optimal. ``unbounded``: the search's
+    best plan without a budget, where found already.
 
     Under a budget ``time_limit`` bounds the whole search once a plan is found: each next
     integer program gets what is left of it, and none starts after it (its plan's method
@@ -77,9 +79,8 @@ def best_plans(
         left = deadline - time.perf_counter()
         if found and left <= 0:
             break
-        sol = solve_within(
-            problem, constraints, exclude, min(time_limit, left) if found else time_limit
-        )
+        limit = min(time_limit, left) if found else time_limit
+        sol = solve_within(problem, constraints, exclude, limit, unbounded)
         if sol is None:
             break
         exclude.append({v: sol.choice[v] for v in inputs})

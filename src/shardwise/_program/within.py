@@ -19,7 +19,7 @@ from shardwise._program.search import solve
 
 def solve_within(
     problem: Problem, constraints: list[Constraint], exclude: list[dict[int, int]],
-    time_limit: float,
+    time_limit: float, unbounded: Solution | None = None,
 ) -> Solution | None:  # fmt: skip
     """:func:`~shardwise._program.search.solve` under ``constraints``: where nothing is
     excluded, the cheapest plan without them if it keeps them (then it is their optimum too,
@@ -27,11 +27,13 @@ def solve_within(
     memory rows takes branch and bound: 30 s of a small Llama's baselines under a budget),
     else the plan :func:`priced` finds; else, and once a plan has been set aside, the
     integer program (pricing after one gave Llama-3 8B's AdamW step a plan 0.9% slower than
-    the integer program's, in 3.3 s against 5.8)."""
+    the integer program's, in 3.3 s against 5.8). ``unbounded``: ``solve(problem)``'s plan,
+    where the caller has it (a plan within a device's memory is searched for after the plan
+    without it: Llama-3 8B's AdamW step on 8 v5p chips had solved it again, 9 s)."""
     if any(least(c) > c.limit for c in constraints):
         return None  # (every plan holds more at some point: no need to search for one)
     if constraints and not exclude:
-        free = solve(problem, time_limit=time_limit)
+        free = unbounded if unbounded is not None else solve(problem, time_limit=time_limit)
         if free is not None and all(held(c, free) <= c.limit for c in constraints):
             return free
         found = priced(problem, constraints, free, time_limit) if free is not None else None
