@@ -36,6 +36,7 @@ def solve(
     constraints: Sequence[Constraint] = (),
     exclude: Sequence[dict[int, int]] = (),
     time_limit: float = TIME_LIMIT_S,
+    hint: Sequence[int] | None = None,
 ) -> Solution | None:
     """The cheapest feasible choice, or ``None`` where none fits the constraints.
 
@@ -43,22 +44,25 @@ def solve(
     not under constraints, which count each part apart). Variables with at most two neighbours
     (and in no constraint) are eliminated exactly first, as dynamic programming over chains and
     trees does; what is left, if anything, is an integer program (its linear relaxation first:
-    where that is integral, it is the optimum).
+    where that is integral, it is the optimum). ``hint``: a choice per variable close to the
+    answer (a neighbouring problem's: memory priced a little higher), from which an integer
+    program too large to solve whole picks its likeliest choices first (:func:`_core`).
     """
     start = time.perf_counter()
     folded, small = [], problem
     while not (constraints or exclude) and (folding := fold(small)) is not None:
         folded.append(folding)  # folded parts may make parts alike in turn
         small = folding.problem
+        hint = None if hint is None else [hint[v] for v in folding.kept]
     if folded:
-        found = _solve(small, (), (), time_limit)
+        found = _solve(small, (), (), time_limit, hint)
         assert found is not None  # only constraints make a problem infeasible
         whole = found.choice
         for folding in reversed(folded):
             whole = folding.expand(whole)
         seconds = time.perf_counter() - start
         return Solution(whole, total(problem, whole), found.optimal, found.method, seconds)
-    return _solve(problem, constraints, exclude, time_limit)
+    return _solve(problem, constraints, exclude, time_limit, hint)
 
 
 def _solve(
@@ -66,6 +70,7 @@ def _solve(
     constraints: Sequence[Constraint],
     exclude: Sequence[dict[int, int]],
     time_limit: float,
+    hint: Sequence[int] | None = None,
 ) -> Solution | None:
     start = time.perf_counter()
     protected = {v for c in constraints for v, _, _ in c.terms} | {v for e in exclude for v in e}
@@ -79,7 +84,8 @@ def _solve(
         ours = [Constraint(tuple((index[problem.labels[v]], c, b) for v, c, b in x.terms),
                            x.limit) for x in constraints]  # fmt: skip
         theirs = [{index[problem.labels[v]]: c for v, c in e.items()} for e in exclude]
-        found = _core(core, kept, ours, theirs, time_limit)
+        given = None if hint is None else [hint[at[label]] for label in core.labels]
+        found = _core(core, kept, ours, theirs, time_limit, given)
         if found is None:
             return None
         picked, optimal, method = found
@@ -109,15 +115,16 @@ def _core(
     constraints: Sequence[Constraint],
     exclude: Sequence[dict[int, int]],
     time_limit: float,
+    given: Sequence[int] | None = None,
 ) -> tuple[list[int], bool, str] | None:
     """The choices of what elimination left (``kept``: those no other dominates), whether
     proven optimal, and how found: one integer program where its edges join at most
     :data:`MAX_PAIRS` pairs of choices; else integer programs over each variable's
-    :func:`likeliest` choices, first by a bound, then given the best plan found (each
-    followed by a local search over every choice, where no budget or excluded plan binds
-    it), until one finds no better plan."""
+    :func:`likeliest` choices, first by a bound (or given the choices ``given``), then given
+    the best plan found (each followed by a local search over every choice, where no budget
+    or excluded plan binds it), until one finds no better plan."""
     near = neighbours(core)  # (once, for every round's choices and local search)
-    keep = likeliest(core, kept, constraints, MAX_PAIRS, near)
+    keep = likeliest(core, kept, constraints, MAX_PAIRS, near, given)
     if keep is None:
         return _over(core, kept, constraints, exclude, time_limit)
     method = "integer program (HiGHS) over each array's likeliest layouts"

@@ -70,10 +70,13 @@ def priced(
         for (v, k), b in at.items():
             weight[v][k] = max(weight[v][k], b)
     scale = free.seconds / max(c.limit for c in constraints)
+    last = [free.choice]  # (each price's search starts from the one before's plan)
 
     def under(price: float) -> Solution | None:
         costs = tuple(u + price * scale * w for u, w in zip(problem.unary, weight, strict=True))
-        sol = solve(dataclasses.replace(problem, unary=costs), time_limit=time_limit)
+        sol = solve(dataclasses.replace(problem, unary=costs), time_limit=time_limit,
+                    hint=last[0])  # fmt: skip
+        last[0] = last[0] if sol is None else sol.choice
         return (
             sol if sol is not None and all(held(c, sol) <= c.limit for c in constraints) else None
         )
