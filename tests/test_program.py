@@ -379,7 +379,8 @@ def test_the_profiles_memory_is_the_default_budget_and_none_fitting_is_said(monk
     assert within.chosen.in_specs == asked.chosen.in_specs
     # the plan within the device's memory starts from the search's plan without it, not
     # solving that again (Llama-3 8B's AdamW step on 8 v5p chips: 9 s)
-    from shardwise._program import top, within as within_module
+    from shardwise._program import top
+    from shardwise._program import within as within_module
 
     solved: list[int] = []  # each problem solved without constraints
 

@@ -125,7 +125,7 @@ def test_the_rounds_of_a_narrowed_search_share_its_time_limit(monkeypatch):
 def test_a_hint_is_where_a_narrowed_search_starts(built, monkeypatch):
     """Given a plan close to the answer (``hint``), the first round's likeliest choices are
     taken given it, as the next rounds take them given the plan found, not by a bound."""
-    problem, best = _dense(2, 5, 40, planted=False)
+    problem, _ = _dense(2, 5, 40, planted=False)
     given: list[object] = []
     real = search.likeliest
 
