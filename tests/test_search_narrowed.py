@@ -15,12 +15,12 @@ import pytest
 import shardwise
 from shardwise._model.profile import BUILTIN
 from shardwise._program import integer, local, search, within
+from shardwise._program.baseline_plans import seeded
 from shardwise._program.integer import Constraint
 from shardwise._program.local import moved, neighbours
 from shardwise._program.models import model
 from shardwise._program.problem import Problem, Solution, total
 from shardwise._program.search import solve
-from shardwise._program.top import seeded
 
 
 def _dense(seed: int, n: int, k: int, planted: bool) -> tuple[Problem, list[int]]:

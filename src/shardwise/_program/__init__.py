@@ -13,10 +13,10 @@ One pipeline, a module per stage, in the order a plan is made:
 3. **search** — :mod:`.search` finds the cheapest choices (:mod:`.fold` solves identical
    parts, the layers of a stack, once; :mod:`.eliminate` folds chains and trees exactly; an
    integer program solves what is left; :mod:`.local` improves a plan one array at a time);
-   :mod:`.baselines` and :mod:`.top` make the named baselines and the runners-up, these from
-   the min-marginals of :mod:`.marginals` where dynamic programming solved the problem;
-   :mod:`.within` keeps plans within a memory budget; a large problem's baselines are solved
-   in threads beside the search (:mod:`.beside`).
+   :mod:`.baselines` and :mod:`.baseline_plans` make the named baselines, :mod:`.top` the
+   runners-up, these from the min-marginals of :mod:`.marginals` where dynamic programming
+   solved the problem; :mod:`.within` keeps plans within a memory budget; a large problem's
+   baselines are solved in threads beside the search (:mod:`.beside`).
 4. **solution** — :mod:`.solution` reads a solution back as layouts and its prediction;
    :mod:`.memory` counts the bytes held per device at each program point; :mod:`.overlap`
    replays the plan with collectives beside compute (GPUs, TPUs).

@@ -24,6 +24,7 @@ from shardwise._model.profile_files import default_profile, load_profile
 from shardwise._model.profile_use import check_mesh
 from shardwise._model.spec import SpecLike
 from shardwise._model.units import format_bytes, parse_bytes
+from shardwise._program.baseline_plans import baselines, seeded, solved_apart
 from shardwise._program.beside import BESIDE_PAIRS, Beside
 from shardwise._program.constraints import check_respect
 from shardwise._program.fold import prints_kept
@@ -36,7 +37,7 @@ from shardwise._program.search import TIME_LIMIT_S, solve
 from shardwise._program.solution import Predicted, predict
 from shardwise._program.stages import say
 from shardwise._program.steps import StepCosts
-from shardwise._program.top import baselines, best_plans, peak, seeded, solved_apart
+from shardwise._program.top import best_plans, peak
 from shardwise._program.within import NothingFits, nothing_fits
 from shardwise._program.writable import agrees
 from shardwise._versions import context_mesh
