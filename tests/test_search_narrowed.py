@@ -167,6 +167,38 @@ def test_each_price_of_memory_is_searched_from_the_plan_before(monkeypatch):
     assert hints[1:] == [sol.choice for sol in found[:-1]]
 
 
+def test_a_plan_priced_within_memory_has_runners_up_within_it_too(built):
+    """A problem too large to solve whole, under a memory row that its fastest plan breaks:
+    the plan found with memory priced in has runners-up from the problem it was found in,
+    each within the row, each laying out some variable otherwise, each costed in the
+    problem itself (they had been integer programs with the plans found excluded, each with
+    the whole time limit: none found in the time left on Llama-3 8B's AdamW step)."""
+    from shardwise._program import top
+
+    problem, _ = _dense(0, 4, 30, planted=False)
+    unary = [np.linspace(2.0, 1.0, 30) for _ in range(4)]  # (the last choice fastest)
+    problem = Problem.of(problem.choices, unary, problem.edges)
+    budget = Constraint(tuple((v, c, float(c + 1)) for v in range(4) for c in range(30)), 40.0)
+    free = solve(problem)
+    assert free is not None and within.held(budget, free) > budget.limit
+    first = within.priced(problem, [budget], free, 60.0)
+    assert first is not None and first.priced is not None and search.NARROWED in first.method
+    seen: list[Solution] = []
+
+    def keeps(sol):
+        seen.append(sol)
+        return len(seen) != 2  # (the second one asked about is set aside)
+
+    more = top._priced_runners_up(problem, [0, 1, 2, 3], first, [budget], 3, keeps)
+    assert [sol.choice for sol in more] == [sol.choice for sol in (seen[0], *seen[2:4])]
+    choices = {first.choice, *(sol.choice for sol in more)}
+    assert len(choices) == 4  # (each lays out some variable otherwise)
+    for sol in more:
+        assert within.held(budget, sol) <= budget.limit
+        assert sol.seconds == total(problem, sol.choice) and not sol.optimal
+        assert sol.method == first.method
+
+
 def test_a_baseline_cheaper_than_the_search_is_its_start():
     problem, best = _dense(2, 4, 6, planted=True)
     worse = [(c + 1) % 6 for c in best]

@@ -20,7 +20,7 @@ import dataclasses
 import itertools
 import types
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -147,13 +147,16 @@ def spec_choices(shape: Sequence[int], mesh: MeshSpec) -> tuple[int, list[Spec]]
 
 @dataclass(frozen=True, slots=True)
 class Solution:
-    """A choice per variable, its cost, and how it was found."""
+    """A choice per variable, its cost, and how it was found; ``priced``: where found with
+    memory priced into the costs (:func:`~shardwise._program.within.priced`), that problem,
+    whose runners-up are the plan's under the budget."""
 
     choice: tuple[int, ...]
     seconds: float
     optimal: bool
     method: str
     solve_seconds: float
+    priced: Problem | None = field(default=None, compare=False, repr=False)
 
 
 def total(problem: Problem, choice: Sequence[int]) -> float:

@@ -105,6 +105,9 @@ equal rows merge): a mesh of four axes gives arrays thousands of layouts, and a 
 training step 132 edges of 84 million pairs, whose integer program ran the machine out of
 memory. Past it each variable keeps its :func:`likeliest` choices, as many as fit."""
 
+NARROWED = "over each array's likeliest layouts"
+"""What the method of a plan found by integer programs over :func:`likeliest` choices says."""
+
 ROUNDS = 4
 """How many integer programs over :func:`likeliest` choices :func:`_core` solves at most."""
 
@@ -127,7 +130,7 @@ def _core(
     keep = likeliest(core, kept, constraints, MAX_PAIRS, near, given)
     if keep is None:
         return _over(core, kept, constraints, exclude, time_limit)
-    method = "integer program (HiGHS) over each array's likeliest layouts"
+    method = f"integer program (HiGHS) {NARROWED}"
     best: tuple[list[int], float] | None = None
     free = not (constraints or exclude)  # (a local search could break a budget)
     stacks = Stacks(near)

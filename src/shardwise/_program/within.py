@@ -74,12 +74,12 @@ def priced(
 
     def under(price: float) -> Solution | None:
         costs = tuple(u + price * scale * w for u, w in zip(problem.unary, weight, strict=True))
-        sol = solve(dataclasses.replace(problem, unary=costs), time_limit=time_limit,
-                    hint=last[0])  # fmt: skip
+        costed = dataclasses.replace(problem, unary=costs)
+        sol = solve(costed, time_limit=time_limit, hint=last[0])
         last[0] = last[0] if sol is None else sol.choice
-        return (
-            sol if sol is not None and all(held(c, sol) <= c.limit for c in constraints) else None
-        )
+        if sol is None or any(held(c, sol) > c.limit for c in constraints):
+            return None
+        return dataclasses.replace(sol, priced=costed)
 
     found, low, high = None, 0.0, 0.0
     for high in PRICES:
