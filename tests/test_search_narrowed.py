@@ -142,16 +142,23 @@ def test_a_hint_is_where_a_narrowed_search_starts(built, monkeypatch):
     assert given[0] is None  # (without one: by a bound)
 
 
-def test_each_price_of_memory_is_searched_from_the_plan_before(monkeypatch):
-    """Pricing memory solves the problem once per price, each a neighbour of the one before:
-    each search starts from the plan the one before found (Llama-3 8B's AdamW step on 8 v5p
-    chips: 38 s for eight prices, 71 s from a bound each)."""
+def _over_budget() -> tuple[Problem, Constraint, Solution]:
+    """A problem whose fastest plan (also given) breaks a memory row: the faster a choice,
+    the more bytes it holds."""
     problem, _ = _dense(0, 4, 30, planted=False)
     unary = [np.linspace(2.0, 1.0, 30) for _ in range(4)]  # (the last choice fastest)
     problem = Problem.of(problem.choices, unary, problem.edges)
     budget = Constraint(tuple((v, c, float(c + 1)) for v in range(4) for c in range(30)), 40.0)
     free = solve(problem)
     assert free is not None and within.held(budget, free) > budget.limit
+    return problem, budget, free
+
+
+def test_each_price_of_memory_is_searched_from_the_plan_before(monkeypatch):
+    """Pricing memory solves the problem once per price, each a neighbour of the one before:
+    each search starts from the plan the one before found (Llama-3 8B's AdamW step on 8 v5p
+    chips: 38 s for eight prices, 71 s from a bound each)."""
+    problem, budget, free = _over_budget()
     hints, found = [], []
     real = within.solve
 
@@ -175,12 +182,7 @@ def test_a_plan_priced_within_memory_has_runners_up_within_it_too(built):
     the whole time limit: none found in the time left on Llama-3 8B's AdamW step)."""
     from shardwise._program import top
 
-    problem, _ = _dense(0, 4, 30, planted=False)
-    unary = [np.linspace(2.0, 1.0, 30) for _ in range(4)]  # (the last choice fastest)
-    problem = Problem.of(problem.choices, unary, problem.edges)
-    budget = Constraint(tuple((v, c, float(c + 1)) for v in range(4) for c in range(30)), 40.0)
-    free = solve(problem)
-    assert free is not None and within.held(budget, free) > budget.limit
+    problem, budget, free = _over_budget()
     first = within.priced(problem, [budget], free, 60.0)
     assert first is not None and first.priced is not None and search.NARROWED in first.method
     seen: list[Solution] = []
