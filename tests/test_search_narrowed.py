@@ -191,7 +191,7 @@ def test_a_plan_priced_within_memory_has_runners_up_within_it_too(built):
         seen.append(sol)
         return len(seen) != 2  # (the second one asked about is set aside)
 
-    more = top._priced_runners_up(problem, [0, 1, 2, 3], first, [budget], 3, keeps)
+    more = top._priced_runners_up(problem, [0, 1, 2, 3], first, [budget], 3, keeps, 60.0)
     assert [sol.choice for sol in more] == [sol.choice for sol in (seen[0], *seen[2:4])]
     choices = {first.choice, *(sol.choice for sol in more)}
     assert len(choices) == 4  # (each lays out some variable otherwise)

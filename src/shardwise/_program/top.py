@@ -21,7 +21,7 @@ from shardwise._program.marginals import Alternatives, alternatives
 from shardwise._program.memory import memory_constraints, peak_bytes
 from shardwise._program.pins import input_vars
 from shardwise._program.problem import Problem, Solution, total
-from shardwise._program.search import NARROWED, TIME_LIMIT_S, solve
+from shardwise._program.search import NARROWED, solve
 from shardwise._program.solution import read
 from shardwise._program.within import held, solve_within, tightened
 
@@ -73,7 +73,7 @@ def best_plans(
     deadline = time.perf_counter() + time_limit
     most = budget
 
-    def within(sol: Solution) -> bool:  # (by its peak, every buffer counted)
+    def below(sol: Solution) -> bool:  # the budget, by its peak (every buffer counted)
         return peak_of is None or peak_of(sol) <= most
 
     for _ in range(top + TRIES_PAST_TOP):
@@ -91,7 +91,7 @@ def best_plans(
             found.append(dataclasses.replace(sol, optimal=proven))
             if sol.priced is not None and NARROWED in sol.method and len(found) < top:
                 more = _priced_runners_up(problem, inputs, sol, constraints, top - len(found),
-                                          lambda s: fits(s) and within(s))  # fmt: skip
+                                          lambda s: fits(s) and below(s), time_limit)  # fmt: skip
                 found += more
                 exclude += [{v: s.choice[v] for v in inputs} for s in more]
             if len(found) == top:
@@ -106,7 +106,7 @@ def best_plans(
 
 def _priced_runners_up(
     problem: Problem, inputs: list[int], best: Solution, constraints: list[Constraint],
-    count: int, keeps: Callable[[Solution], bool],
+    count: int, keeps: Callable[[Solution], bool], time_limit: float,
 ) -> list[Solution]:  # fmt: skip
     """Up to ``count`` runners-up of ``best``, a plan found with memory priced in
     (:func:`~shardwise._program.within.priced`) by integer programs over each array's
@@ -120,7 +120,7 @@ def _priced_runners_up(
     costed, method = best.priced, best.method.removesuffix(", memory priced in")
     start = dataclasses.replace(best, seconds=total(costed, best.choice), method=method)
     out: list[Solution] = []
-    for sol in runners_up(costed, inputs, start, count + TRIES_PAST_TOP, TIME_LIMIT_S):
+    for sol in runners_up(costed, inputs, start, count + TRIES_PAST_TOP, time_limit):
         if all(held(c, sol) <= c.limit for c in constraints) and keeps(sol):
             out.append(dataclasses.replace(sol, seconds=total(problem, sol.choice),
                                            optimal=False, method=best.method))  # fmt: skip

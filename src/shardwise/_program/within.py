@@ -70,13 +70,14 @@ def priced(
         for (v, k), b in at.items():
             weight[v][k] = max(weight[v][k], b)
     scale = free.seconds / max(c.limit for c in constraints)
-    last = [free.choice]  # (each price's search starts from the one before's plan)
+    last = free.choice  # (each price's search starts from the one before's plan)
 
     def under(price: float) -> Solution | None:
+        nonlocal last
         costs = tuple(u + price * scale * w for u, w in zip(problem.unary, weight, strict=True))
         costed = dataclasses.replace(problem, unary=costs)
-        sol = solve(costed, time_limit=time_limit, hint=last[0])
-        last[0] = last[0] if sol is None else sol.choice
+        sol = solve(costed, time_limit=time_limit, hint=last)
+        last = last if sol is None else sol.choice
         if sol is None or any(held(c, sol) > c.limit for c in constraints):
             return None
         return dataclasses.replace(sol, priced=costed)
