@@ -22,6 +22,8 @@ from shardwise._model.profile import BUILTIN, Link, Profile
 from shardwise._model.spec import Layout, Spec
 from shardwise._model.strategy import Strategy
 from shardwise._planner.calibrate import MATMULS, fit_matmul
+from shardwise._program import eliminate
+from shardwise._program.eliminate import WIDE_TABLE
 from shardwise._program.graph import build
 from shardwise._program.integer import milp as _milp
 from shardwise._program.local import descend
@@ -35,7 +37,7 @@ from shardwise._program.moves import (
 from shardwise._program.nodes import Value
 from shardwise._program.pricing import build_problem
 from shardwise._program.problem import Problem, effective_mesh, total
-from shardwise._program.search import solve
+from shardwise._program.search import WIDE, solve
 from shardwise._program.steps import StepCosts, a2a_copies, made_by_ops
 from shardwise._program.top import runners_up
 from shardwise._runtime.timing import alternate
@@ -513,9 +515,12 @@ def test_descend_keeps_its_fixed_choice_and_ends_at_a_local_optimum():
             assert total(problem, moved) >= found.seconds - 1e-12
 
 
-def test_runners_up_where_an_integer_program_was_needed_come_from_local_search():
+@pytest.mark.parametrize("wide", [0, WIDE_TABLE], ids=["integer program", "wide tables"])
+def test_runners_up_where_elimination_was_not_enough_come_from_local_search(monkeypatch, wide):
     """Runners-up found by local search from the optimum, each with different input layouts,
-    none cheaper than it."""
+    none cheaper than it, where an integer program found it, or dynamic programming with
+    tables over more than two neighbours."""
+    monkeypatch.setattr(eliminate, "WIDE_TABLE", wide)
     rng = np.random.default_rng(1)
     unary = [rng.random(3) for _ in range(6)]  # every pair joined: nothing eliminated
     problem = Problem.of(
@@ -524,7 +529,9 @@ def test_runners_up_where_an_integer_program_was_needed_come_from_local_search()
         {(u, v): rng.random((3, 3)) for u in range(6) for v in range(u + 1, 6)},
     )
     best = solve(problem)
-    assert best is not None and "integer program" in best.method
+    assert best is not None and best.optimal
+    assert ("integer program" in best.method) == (wide == 0)
+    assert (best.method == WIDE) == (wide != 0)
     inputs = [0, 2, 4]
     found = runners_up(problem, inputs, best, 5, 10.0)
     keys = {tuple(s.choice[v] for v in inputs) for s in found}

@@ -14,7 +14,7 @@ import pytest
 
 import shardwise
 from shardwise._model.profile import BUILTIN
-from shardwise._program import integer, local, search, within
+from shardwise._program import eliminate, integer, local, search, within
 from shardwise._program.baseline_plans import seeded
 from shardwise._program.integer import Constraint
 from shardwise._program.local import moved, neighbours
@@ -41,8 +41,10 @@ def _dense(seed: int, n: int, k: int, planted: bool) -> tuple[Problem, list[int]
 
 @pytest.fixture
 def built(monkeypatch):
-    """The pairs of choices each integer program solved joins, with the limit at 400."""
+    """The pairs of choices each integer program solved joins, with the limit at 400 (and
+    dynamic programming's tables within 400 entries)."""
     monkeypatch.setattr(search, "MAX_PAIRS", 400)
+    monkeypatch.setattr(eliminate, "WIDE_TABLE", 400)
     sizes: list[int] = []
     real = integer.milp
 

@@ -96,3 +96,29 @@ def test_an_unrolled_stack_folds_into_one_layer_and_loses_nothing(train):
 
 def _loss(params: list[dict[str, jax.Array]], x: jax.Array, y: jax.Array) -> jax.Array:
     return ((unrolled(x, params) - y) ** 2).mean()
+
+
+def test_the_training_step_of_a_chain_of_layers_is_solved_by_dynamic_programming(monkeypatch):
+    """A chain of ``relu(h @ w)`` layers' training step is a ladder: each weight is read by its
+    forward dot, by the backward dot that carries the gradient on and by the dot that makes
+    its own gradient. Folding into two neighbours leaves its rungs; folding into all of them
+    at once solves it, to the integer program's cost."""
+    from shardwise._program import eliminate
+    from shardwise._program.search import WIDE
+
+    def loss(ws: list[jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+        for w in ws:
+            x = jax.nn.relu(x @ w)
+        return ((x - y) ** 2).mean()
+
+    ws = [S((256, 256), "float32") for _ in range(6)]
+    x = S((64, 256), "float32")
+    plan = shardwise.plan(loss, ws, x, x, mesh="data=2,model=4", profile="cpu-2core", top=1,
+                          train=True)  # fmt: skip
+    assert plan.method == WIDE and plan.optimal
+    problem = build_problem(plan.graph, effective_mesh(plan.mesh), BUILTIN["cpu-2core"])
+    wide = solve(problem)
+    monkeypatch.setattr(eliminate, "WIDE_TABLE", 0)
+    milp = solve(problem)
+    assert wide is not None and milp is not None and "integer program" in milp.method
+    assert wide.seconds == pytest.approx(milp.seconds, rel=1e-9)

@@ -11,8 +11,9 @@ One pipeline, a module per stage, in the order a plan is made:
    for given layouts), from the resharding costs of :mod:`.moves`; :mod:`.pricing` fills the
    solver's matrices from it, a frozen :class:`~.problem.Problem`.
 3. **search** — :mod:`.search` finds the cheapest choices (:mod:`.fold` solves identical
-   parts, the layers of a stack, once; :mod:`.eliminate` folds chains and trees exactly; an
-   integer program solves what is left; :mod:`.local` improves a plan one array at a time);
+   parts, the layers of a stack, once; :mod:`.eliminate` folds chains and trees exactly, and
+   what cycles leave where its tables stay small; an integer program solves the rest;
+   :mod:`.local` improves a plan one array at a time);
    :mod:`.baselines` and :mod:`.baseline_plans` make the named baselines, :mod:`.top` the
    runners-up, these from the min-marginals of :mod:`.marginals` where dynamic programming
    solved the problem; :mod:`.within` keeps plans within a memory budget; a large problem's

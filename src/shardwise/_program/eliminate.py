@@ -2,7 +2,10 @@
 are folded into them (eliminated), as dynamic programming over a chain or a tree does; a
 problem whose edges form a forest (a chain of layers is one) is solved by that alone, and
 what is left is the part an integer program must solve
-(:func:`~shardwise._program.search.solve`)."""
+(:func:`~shardwise._program.search.solve`), unless every variable of it can be folded into
+all its neighbours at once with tables that stay small (:func:`eliminate_wide`: the training
+step of a chain of layers, where each weight is read by the forward pass, the backward pass
+and its update, is a ladder, not a chain)."""
 
 from __future__ import annotations
 
@@ -119,3 +122,95 @@ def _constants(
             if tables is not None:
                 tables.append(unary[v])
     return steps
+
+
+Factor = tuple[tuple[int, ...], np.ndarray]
+"""A cost over some variables: the variables, and the cost at each of their choices (an axis
+per variable, in that order)."""
+
+WIDE_TABLE = 1 << 20
+"""The most entries one table of :func:`eliminate_wide` may have (a variable's choices times
+its neighbours' at once): 8 MiB of float64. Past it the integer program is solved instead."""
+
+WIDE_WORK = 1 << 23
+"""The most entries :func:`eliminate_wide`'s tables may have in all."""
+
+
+def eliminate_wide(problem: Problem, tables: list[np.ndarray] | None = None) -> list[Folded] | None:
+    """Every variable folded into all its neighbours at once, the smallest table first: each
+    table (a variable's choices by its neighbours') is its own cost and every cost it shares
+    with them, what the variables folded into it brought included, and its minimum over the
+    variable is a cost over the neighbours, shared from then on. Exact like :func:`eliminate`;
+    ``None`` where some table would have more than :data:`WIDE_TABLE` entries or all together
+    more than :data:`WIDE_WORK` (checked on the sizes alone, before any table is made).
+    ``tables`` as :func:`eliminate`'s."""
+    order = _wide_order(problem)
+    if order is None:
+        return None
+    factors: list[list[Factor]] = [[((v,), u.astype(float))] for v, u in enumerate(problem.unary)]
+    for (u, v), m in problem.edges.items():
+        factors[min(u, v)].append(((u, v), m))  # (each cost kept once, with one of its ends)
+    steps: list[Folded] = []
+    for v, others in order:
+        axes = (v, *others)
+        shape = [len(problem.unary[a]) for a in axes]
+        scores = np.zeros(shape)
+        for scope, cost in _gathered(factors, axes):
+            where = sorted(range(len(scope)), key=lambda k: axes.index(scope[k]))
+            ones = [n if a in scope else 1 for a, n in zip(axes, shape, strict=True)]
+            scores = scores + cost.transpose(where).reshape(ones)
+        least = scores.min(axis=0)
+        steps.append((v, others, _first_best(scores, least)))
+        if tables is not None:
+            tables.append(scores)
+        if others:
+            factors[others[0]].append((others, least))
+    return steps
+
+
+def _gathered(factors: list[list[Factor]], axes: tuple[int, ...]) -> list[Factor]:
+    """The costs over ``axes[0]`` (the variable folded now), taken from where they are kept:
+    each with a variable of its own, which is among ``axes``."""
+    v = axes[0]
+    out: list[Factor] = []
+    for a in axes:
+        keep: list[Factor] = []
+        for scope, cost in factors[a]:
+            (out if v in scope else keep).append((scope, cost))
+        factors[a] = keep
+    return out
+
+
+def _wide_order(problem: Problem) -> list[tuple[int, tuple[int, ...]]] | None:
+    """The order :func:`eliminate_wide` folds the variables in, each with its neighbours
+    then; ``None`` where a table or all of them would be too large."""
+    sizes = [len(u) for u in problem.unary]
+    near: list[set[int]] = [set() for _ in sizes]
+    for u, v in problem.edges:
+        near[u].add(v)
+        near[v].add(u)
+
+    def size(v: int) -> int:
+        return sizes[v] * math.prod(sizes[o] for o in near[v])
+
+    queue = [(size(v), v) for v in range(len(sizes))]
+    heapq.heapify(queue)
+    alive, order, work = set(range(len(sizes))), [], 0
+    while queue:
+        was, v = heapq.heappop(queue)
+        if v not in alive:
+            continue
+        if size(v) != was:
+            heapq.heappush(queue, (size(v), v))
+            continue
+        work += was
+        if was > WIDE_TABLE or work > WIDE_WORK:
+            return None
+        alive.discard(v)
+        others = tuple(sorted(near[v]))
+        order.append((v, others))
+        for o in others:
+            near[o] |= near[v] - {o}
+            near[o].discard(v)
+            heapq.heappush(queue, (size(o), o))
+    return order

@@ -2,7 +2,8 @@
 
 - variables with one or two neighbours are eliminated exactly, as dynamic programming over a
   chain does; a problem whose edges form a forest (a chain of layers is one) is solved by that
-  alone;
+  alone, and so is one whose every variable can then be folded into all its neighbours at
+  once with small tables (:func:`~shardwise._program.eliminate.eliminate_wide`);
 - what is left (cycles: residual connections, operands shared by several dots), and variables
   a memory budget or an excluded solution names, form an integer program solved by HiGHS (its
   linear relaxation first, with the dual simplex: where integral it is the optimum; else
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shardwise._program.eliminate import eliminate
+from shardwise._program.eliminate import eliminate, eliminate_wide
 from shardwise._program.fold import fold
 from shardwise._program.integer import Constraint, milp
 from shardwise._program.local import Stacks, descend, neighbours
@@ -77,7 +78,13 @@ def _solve(
     core, steps = eliminate(problem, protected)
     method, optimal = "dynamic programming", True
     choice = [-1] * len(problem.labels)
-    if core.labels:
+    wide = eliminate_wide(core) if core.labels and not protected else None
+    if wide is not None:  # (exact: variables renumbered from the core's to the problem's)
+        at = {label: k for k, label in enumerate(problem.labels)}
+        of = [at[label] for label in core.labels]
+        steps += [(of[v], tuple(of[o] for o in near), best) for v, near, best in wide]
+        method = WIDE
+    elif core.labels:
         index = {label: k for k, label in enumerate(core.labels)}
         at = {label: k for k, label in enumerate(problem.labels)}
         kept = _dominant(core, {index[problem.labels[v]] for v in protected})
@@ -98,6 +105,10 @@ def _solve(
     seconds = time.perf_counter() - start
     return Solution(tuple(choice), total(problem, choice), optimal, method, seconds)
 
+
+WIDE = "dynamic programming over cycles"
+"""The method of a plan that :func:`~shardwise._program.eliminate.eliminate_wide` found
+(exact; its runners-up come from local search, :func:`~shardwise._program.top.runners_up`)."""
 
 MAX_PAIRS = 1_000_000
 """The most pairs of choices the integer program's edges may join (a variable each, before
