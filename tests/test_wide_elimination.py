@@ -12,6 +12,7 @@ import pytest
 from helpers import brute_force
 from shardwise._program import eliminate
 from shardwise._program.eliminate import eliminate_wide
+from shardwise._program.integer import Constraint
 from shardwise._program.problem import Problem
 from shardwise._program.search import WIDE, solve
 
@@ -68,3 +69,15 @@ def test_each_table_is_what_folding_the_variable_costs_given_its_neighbours():
         last = sum(float(t.min()) for (_, near, _), t in zip(steps, tables, strict=True)
                    if not near)  # fmt: skip
         assert last == pytest.approx(brute_force(problem)[1], rel=1e-12)
+
+
+def test_rows_and_excluded_plans_are_left_to_the_integer_program():
+    """A budget's rows and the plans a runner-up's search excludes are the integer
+    program's, even a row that names no variable of the problem."""
+    problem = _cyclic(1)
+    best, cheapest = brute_force(problem)
+    found = solve(problem, [Constraint((), 1.0)])
+    assert found is not None and "integer program" in found.method
+    assert found.seconds == pytest.approx(cheapest, rel=1e-12)
+    found = solve(problem, exclude=[dict(enumerate(best))])
+    assert found is not None and "integer program" in found.method and found.choice != best

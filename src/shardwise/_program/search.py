@@ -78,7 +78,8 @@ def _solve(
     core, steps = eliminate(problem, protected)
     method, optimal = "dynamic programming", True
     choice = [-1] * len(problem.labels)
-    wide = eliminate_wide(core) if core.labels and not protected else None
+    free = not (constraints or exclude)  # (rows and exclusions are the integer program's)
+    wide = eliminate_wide(core) if core.labels and free else None
     if wide is not None:  # (exact: variables renumbered from the core's to the problem's)
         at = {label: k for k, label in enumerate(problem.labels)}
         of = [at[label] for label in core.labels]
