@@ -10,11 +10,12 @@ import pytest
 import shardwise
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import BUILTIN
+from shardwise._program import eliminate
 from shardwise._program.fold import fold
 from shardwise._program.models import block
 from shardwise._program.pricing import build_problem
 from shardwise._program.problem import effective_mesh
-from shardwise._program.search import _solve, solve
+from shardwise._program.search import WIDE, _solve, solve
 
 S = jax.ShapeDtypeStruct
 LAYERS = 3
@@ -103,8 +104,6 @@ def test_the_training_step_of_a_chain_of_layers_is_solved_by_dynamic_programming
     forward dot, by the backward dot that carries the gradient on and by the dot that makes
     its own gradient. Folding into two neighbours leaves its rungs; folding into all of them
     at once solves it, to the integer program's cost."""
-    from shardwise._program import eliminate
-    from shardwise._program.search import WIDE
 
     def loss(ws: list[jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
         for w in ws:
