@@ -78,27 +78,26 @@ def _solve(
     core, steps = eliminate(problem, protected)
     method, optimal = "dynamic programming", True
     choice = [-1] * len(problem.labels)
+    at = {label: k for k, label in enumerate(problem.labels)}
+    of = [at[label] for label in core.labels]  # (each core variable's in the problem)
     free = not (constraints or exclude)  # (rows and exclusions are the integer program's)
     wide = eliminate_wide(core) if core.labels and free else None
-    if wide is not None:  # (exact: variables renumbered from the core's to the problem's)
-        at = {label: k for k, label in enumerate(problem.labels)}
-        of = [at[label] for label in core.labels]
+    if wide is not None:  # (exact)
         steps += [(of[v], tuple(of[o] for o in near), best) for v, near, best in wide]
         method = WIDE
     elif core.labels:
         index = {label: k for k, label in enumerate(core.labels)}
-        at = {label: k for k, label in enumerate(problem.labels)}
         kept = _dominant(core, {index[problem.labels[v]] for v in protected})
         ours = [Constraint(tuple((index[problem.labels[v]], c, b) for v, c, b in x.terms),
                            x.limit) for x in constraints]  # fmt: skip
         theirs = [{index[problem.labels[v]]: c for v, c in e.items()} for e in exclude]
-        given = None if hint is None else [hint[at[label]] for label in core.labels]
+        given = None if hint is None else [hint[k] for k in of]
         found = _core(core, kept, ours, theirs, time_limit, given)
         if found is None:
             return None
         picked, optimal, method = found
-        for label, c in zip(core.labels, picked, strict=True):
-            choice[at[label]] = c
+        for k, c in zip(of, picked, strict=True):
+            choice[k] = c
         if steps:
             method = f"dynamic programming + {method}"
     for v, near, best in reversed(steps):
