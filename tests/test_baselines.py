@@ -207,9 +207,9 @@ def test_the_megatron_plan_of_an_mlp_with_biases_computes_the_function():
 
 
 class Block(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs):
+    def __init__(self, rngs: nnx.Rngs, heads: int = HEADS):
         self.ln1 = nnx.LayerNorm(D, rngs=rngs)
-        self.attn = nnx.MultiHeadAttention(HEADS, D, decode=False, keep_rngs=False, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(heads, D, decode=False, keep_rngs=False, rngs=rngs)
         self.ln2 = nnx.LayerNorm(D, rngs=rngs)
         self.mlp = MLP(D, F, D, rngs)
 
@@ -219,10 +219,10 @@ class Block(nnx.Module):
 
 
 class GPT(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs):
+    def __init__(self, rngs: nnx.Rngs, heads: int = HEADS):
         self.embed = nnx.Embed(V, D, rngs=rngs)
         self.pos = nnx.Embed(T, D, rngs=rngs)
-        self.blocks = nnx.List([Block(rngs) for _ in range(2)])
+        self.blocks = nnx.List([Block(rngs, heads) for _ in range(2)])
         self.ln = nnx.LayerNorm(D, rngs=rngs)
         self.head = nnx.Linear(D, V, rngs=rngs)
 
@@ -234,8 +234,8 @@ class GPT(nnx.Module):
         return self.head(self.ln(x))
 
 
-def _gpt():
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: GPT(nnx.Rngs(0))))
+def _gpt(heads: int = HEADS):
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: GPT(nnx.Rngs(0), heads)))
 
     def loss(state, tokens, labels):
         logits = nnx.merge(graphdef, state)(tokens)
@@ -323,6 +323,25 @@ def test_gpt_forward():
     got = _pins(loss, state, tokens, tokens)
     for b in NAMES:
         assert got[b] == _expected_gpt(b, adam=False), b
+
+
+def test_megatron_keeps_an_attention_whole_where_its_heads_do_not_divide():
+    """4 heads over Megatron's 8 devices: Megatron-LM needs the heads to divide over its
+    tensor axes, and splitting each head's 8 features instead would make every attention score
+    a partial sum, all-reduced. Megatron keeps the query, key and value projections whole
+    and splits the rest as before, but the output projection: reading a whole activation, it
+    is column-parallel (along its output features); data × tensor (4 devices) splits the
+    heads."""
+    loss, state = _gpt(heads=4)
+    tokens = S((B, T), "int32")
+    got = _pins(loss, state, tokens, tokens)
+    want = _expected_gpt("megatron", adam=False)
+    whole = {name: "replicated" for name in want if "['attn']" in name}
+    assert len(whole) == 16  # (two blocks: four projections, each a kernel and a bias)
+    for n in range(2):
+        whole[f"state['blocks'][{n}]['attn']['out']['kernel']"] = f"-,-,{ALL}"  # (4, 8, 32)
+    assert got["megatron"] == {**want, **whole}
+    assert got["data×tensor"] == _expected_gpt("data×tensor", adam=False)
 
 
 def test_gpt_adamw_training_step_written_by_the_user():

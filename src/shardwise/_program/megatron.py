@@ -6,7 +6,12 @@ which of its dimensions is split over the model axes (none, at first: the data i
 - a matrix product of a **weight** (a parameter, or a transpose, reshape or scan slice of
   one) and a whole activation is **column-parallel**: the weight is split along its first
   output dimension that divides (a ``Linear``'s output features; the heads of an attention
-  projection's ``(features, heads, head_dim)`` kernel), and so is the product;
+  projection's ``(features, heads, head_dim)`` kernel), and so is the product. Of several
+  output dimensions the last is never split: each device computes whole heads, as
+  Megatron-LM does (it requires the heads to divide over the tensor axes); the projections
+  of an attention whose heads do not divide stay whole. Split along ``head_dim``, the product
+  of queries and keys would contract a split dimension, and every score would be a partial
+  sum all-reduced over the tensor axes;
 - a product of a weight and an activation split along a dimension the weight also has is
   **row-parallel** where that dimension is contracted (an MLP's second weight; attention's
   output projection, over the heads): the weight is split along it and the product is
@@ -144,9 +149,10 @@ def _dot(flow: _Flow, graph: Graph, step: Step, axes: Sequence[str], mesh: MeshS
             act = letters[1 - slot]
             if act is None:  # column-parallel: along an output dimension
                 wanted = [i for i in term if i in op.output and i not in other]
+                wanted = [i for i in wanted if i not in step.whole]  # a conv's window: whole
+                wanted = wanted[:-1] or wanted  # (heads, never head_dim: see the module)
             else:  # row-parallel where contracted; left to a later use where not its own
-                wanted = [act] if act in term else []
-            wanted = [i for i in wanted if i not in step.whole]  # a conv's window stays whole
+                wanted = [act] if act in term and act not in step.whole else []
             shape = graph.values[graph.inputs[k]].shape
             for letter in wanted:
                 dim = dims[term.index(letter)]
