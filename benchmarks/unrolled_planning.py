@@ -2,13 +2,17 @@
 model under ``lax.scan``: a stack of pre-LayerNorm transformer blocks and a stack of
 ``relu(h @ w)`` layers, 4, 12 and 24 layers deep, and a 2-block GPT in Flax NNX (d_model 64,
 4 heads, seq 32, batch 8, vocab 256), with ``top=5`` and ``top=1``. Each program is planned
-``--repeat`` times on mesh data=2,model=4 with profile cpu-2core (nothing runs on devices);
-the median wall time of :func:`shardwise.plan` is printed, tracing included (JAX traces the
-function anew each time), and the median after tracing (the time of ``jax.make_jaxpr``'s
-calls within the plan taken away), with each ratio.
+``--repeat`` times on mesh ``--mesh`` (data=2,model=4 by default) with profile cpu-2core
+(nothing runs on devices); the median wall time of :func:`shardwise.plan` is printed, tracing
+included (JAX traces the function anew each time), and the median after tracing (the time of
+``jax.make_jaxpr``'s calls within the plan taken away), with each ratio. The JSON records the
+mesh and glibc's ``MALLOC_*`` settings in the environment: on a mesh of three axes a plan
+allocates and frees a gigabyte or more, and where glibc hands it back to the system each
+plan faults it in again (``MALLOC_MMAP_THRESHOLD_=1073741824
+MALLOC_TRIM_THRESHOLD_=2147483648`` keeps it in the process).
 
     .venv/bin/python benchmarks/unrolled_planning.py [--repeat 5] [--layers 4,12,24]
-        [--train] [--out FILE.json]
+        [--train] [--mesh data=2,fsdp=2,model=2] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -29,6 +34,7 @@ import shardwise
 from shardwise._program.models import loss_of
 
 MESH = "data=2,model=4"
+"""The mesh planned on by default (``--mesh``)."""
 PROFILE = "cpu-2core"
 
 
@@ -41,7 +47,7 @@ def seconds(
     for _ in range(repeat):
         traced.clear()
         start = time.perf_counter()
-        shardwise.plan(fn, *args, mesh=MESH, profile=PROFILE, **options)
+        shardwise.plan(fn, *args, profile=PROFILE, **options)
         times.append(time.perf_counter() - start)
         after.append(times[-1] - sum(traced))
     return statistics.median(times), statistics.median(after)
@@ -87,16 +93,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--layers", default="4,12,24")
     parser.add_argument("--train", action="store_true", help="plan the training steps")
+    parser.add_argument("--mesh", default=MESH, help="the mesh to plan on (default: %(default)s)")
     parser.add_argument("--out", type=Path)
     ns = parser.parse_args()
     _timed_traces()
     fn, args = mlp_stack(2, scan=True)
-    shardwise.plan(fn, *args, mesh=MESH, profile=PROFILE)  # imports and first compilations
+    shardwise.plan(fn, *args, mesh=ns.mesh, profile=PROFILE)  # imports and first compilations
     found: dict[str, float] = {}
     for layers in (int(n) for n in ns.layers.split(",")):
         for label, (fn, args) in stacks(layers, ns.train).items():
             found[label], found[f"{label} after tracing"] = seconds(
-                fn, args, ns.repeat, train=ns.train
+                fn, args, ns.repeat, mesh=ns.mesh, train=ns.train
             )
             print(f"{label:28} {found[label]:8.3f} s  ({found[f'{label} after tracing']:.3f} s "
                   "after tracing)", flush=True)  # fmt: skip
@@ -112,10 +119,11 @@ def main() -> None:
         print("Flax is not installed: no GPT")
     else:
         for top in (5, 1):
-            found[f"nnx gpt2 top={top}"] = seconds(fn, args, ns.repeat, top=top)[0]
+            found[f"nnx gpt2 top={top}"] = seconds(fn, args, ns.repeat, mesh=ns.mesh, top=top)[0]
             print(f"{f'nnx gpt2 top={top}':28} {found[f'nnx gpt2 top={top}']:8.3f} s", flush=True)
     if ns.out:
-        ns.out.write_text(json.dumps(found, indent=1))
+        malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+        ns.out.write_text(json.dumps({"mesh": ns.mesh, "malloc": malloc, **found}, indent=1))
 
 
 if __name__ == "__main__":
