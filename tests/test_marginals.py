@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import brute_force
+from shardwise._program.eliminate import eliminate
 from shardwise._program.marginals import marginals
 from shardwise._program.problem import Problem, total
 from shardwise._program.search import solve
@@ -104,3 +105,23 @@ def test_runners_up_that_cost_the_same_come_in_input_order_and_change_least():
     found = runners_up(problem, list(range(n)), best, 3, 10.0)
     assert [s.seconds for s in found] == pytest.approx([1.5, 1.5, 2.0])
     assert [s.choice for s in found] == [(1, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 1), (1, 1, 0, 0, 0, 0)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_what_each_variable_passes_on_is_its_tables_least_and_the_core_is_the_same(seed):
+    """``eliminate`` with ``sent`` (as the min-marginals call it) folds the same variables
+    into the same core, each step's message its table's least over the variable's choices,
+    and reads no best choices (but a pinned variable's one)."""
+    problem = _series_parallel(seed)
+    tables, sent = [], []
+    core, steps = eliminate(problem, set(), tables, sent)
+    plain_core, plain_steps = eliminate(problem, set())
+    assert core.labels == plain_core.labels
+    assert [(v, o) for v, o, _ in steps] == [(v, o) for v, o, _ in plain_steps]
+    assert all(best is None for v, _, best in steps if len(problem.choices[v]) > 1)
+    assert len(tables) == len(sent) == len(steps)
+    for (v, others, _), table, up in zip(steps, tables, sent, strict=True):
+        if others and len(problem.choices[v]) > 1:
+            np.testing.assert_array_equal(up, table.min(axis=0))
+        else:
+            assert up is None

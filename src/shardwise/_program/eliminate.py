@@ -23,7 +23,10 @@ Folded = tuple[int, tuple[int, ...], Any]
 
 
 def eliminate(
-    problem: Problem, protected: set[int], tables: list[np.ndarray] | None = None
+    problem: Problem,
+    protected: set[int],
+    tables: list[np.ndarray] | None = None,
+    sent: list[np.ndarray | None] | None = None,
 ) -> tuple[Problem, list[Folded]]:
     """Fold every unprotected variable of degree ≤ 2 into its neighbours, exactly: a leaf adds
     its best cost to its neighbour's choices; a link between two neighbours becomes an edge
@@ -32,14 +35,19 @@ def eliminate(
     folded variable's choice from its neighbours'. ``tables``, where given, gets each folded
     variable's cost over its choices and its neighbours' as it was folded (axes: the variable,
     then its neighbours in the order of its :data:`Folded`; a variable with one choice: its own
-    cost, with its edges to variables with one choice folded before it)."""
+    cost, with its edges to variables with one choice folded before it). ``sent``, where
+    given, gets what each folded variable passed to its neighbours, its table's least over its
+    own choices (``None`` where it has none, or one choice), and the steps then hold no best
+    choices (``None``; a variable with one choice keeps it): the min-marginals read the tables
+    alone (:mod:`~shardwise._program.marginals`)."""
     n = len(problem.labels)
     unary = [u.astype(float) for u in problem.unary]
     near: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
     for (u, v), m in problem.edges.items():  # (no copy: every sum below makes a new array)
         near[u][v] = m if v not in near[u] else near[u][v] + m
         near[v][u] = m.T if u not in near[v] else near[v][u] + m.T
-    steps = _constants(unary, near, protected, tables)
+    steps = _constants(unary, near, protected, tables, sent)
+    best = _first_best if sent is None else _no_best
     alive = set(range(n)) - {v for v, _, _ in steps}
 
     def size(v: int) -> int:  # of the table that folding v makes
@@ -60,25 +68,29 @@ def eliminate(
         if len(others) == 2 and was > 1 << 22:
             continue
         alive.discard(v)
+        least: np.ndarray | None = None
         if not others:
             scores = unary[v]
-            steps.append((v, (), _first_best(scores)))
+            steps.append((v, (), best(scores)))
         elif len(others) == 1:
             (a,) = others
             scores = unary[v][:, None] + near[v][a]
-            unary[a] = unary[a] + scores.min(axis=0)
-            steps.append((v, (a,), _first_best(scores)))
+            least = scores.min(axis=0)
+            unary[a] = unary[a] + least
+            steps.append((v, (a,), best(scores, least)))
             del near[a][v]
         else:
             a, b = others
             scores = unary[v][:, None, None] + near[v][a][:, :, None] + near[v][b][:, None, :]
-            link = scores.min(axis=0)
-            steps.append((v, (a, b), _first_best(scores, link)))
+            least = scores.min(axis=0)
+            steps.append((v, (a, b), best(scores, least)))
             del near[a][v], near[b][v]
-            near[a][b] = near[a].get(b, 0) + link
-            near[b][a] = near[b].get(a, 0) + link.T
+            near[a][b] = near[a].get(b, 0) + least
+            near[b][a] = near[b].get(a, 0) + least.T
         if tables is not None:
             tables.append(scores)
+        if sent is not None:
+            sent.append(least)
         for o in others:
             if len(near[o]) <= 2:
                 heapq.heappush(queue, (size(o), o))
@@ -95,6 +107,10 @@ TIE = 1e-12
 them may differ in their last bits with the order they were added in."""
 
 
+def _no_best(scores: np.ndarray, least: np.ndarray | None = None) -> None:
+    """No best choice read (:func:`eliminate` with ``sent``)."""
+
+
 def _first_best(scores: np.ndarray, least: np.ndarray | None = None) -> Any:
     """The first of the cheapest choices (axis 0) for each choice of the neighbours: the
     same plan whatever order the costs were added in (``least``: ``scores.min(axis=0)``,
@@ -108,6 +124,7 @@ def _constants(
     near: list[dict[int, np.ndarray]],
     protected: set[int],
     tables: list[np.ndarray] | None,
+    sent: list[np.ndarray | None] | None = None,
 ) -> list[Folded]:
     """Fold each unprotected variable with one choice (a pinned input): a constant, whatever
     its degree, that adds its edges' costs to its neighbours' choices."""
@@ -121,6 +138,8 @@ def _constants(
             steps.append((v, (), np.int64(0)))
             if tables is not None:
                 tables.append(unary[v])
+            if sent is not None:
+                sent.append(None)
     return steps
 
 

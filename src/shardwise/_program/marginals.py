@@ -116,7 +116,9 @@ def marginals(
         for u, b, w in zip(problem.unary, base, weights, strict=True)
     ]
     tables: list[np.ndarray] = []
-    core, steps = eliminate(Problem.of(problem.choices, nudged, problem.edges), set(), tables)
+    sent: list[np.ndarray | None] = []  # (what each clique passed up: its table's least)
+    core, steps = eliminate(Problem.of(problem.choices, nudged, problem.edges), set(), tables,
+                            sent)  # fmt: skip
     if core.labels:
         return None
     order = {v: k for k, (v, _, _) in enumerate(steps)}
@@ -126,7 +128,8 @@ def marginals(
     near: list[list[int]] = [[] for _ in range(n)]
     root = list(range(n))  # each clique's tree: the problem's parts that share no edge
     constant = 0.0  # the own costs of variables with one choice, which folding drops
-    for (v, others, _), table in zip(reversed(steps), reversed(tables), strict=True):
+    for (v, others, _), table, up in zip(reversed(steps), reversed(tables), reversed(sent),
+                                         strict=True):  # fmt: skip
         cliques[v] = (v, *others)
         if len(problem.choices[v]) == 1:
             constant += float(table[0])
@@ -137,7 +140,8 @@ def marginals(
             root[v] = root[parent]
             near[v].append(parent)
             near[parent].append(v)
-            outside = _onto(beliefs[parent], cliques[parent], others) - table.min(axis=0)
+            assert up is not None
+            outside = _onto(beliefs[parent], cliques[parent], others) - up
             beliefs[v] = table + outside[None]
     # each tree's min-marginals, plus the cheapest cost of every other tree and the constants
     least = {r: float(beliefs[r].min()) for r in set(root)}
