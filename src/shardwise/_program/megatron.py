@@ -148,8 +148,8 @@ def _dot(flow: _Flow, graph: Graph, step: Step, axes: Sequence[str], mesh: MeshS
         if k not in flow.decided:
             act = letters[1 - slot]
             if act is None:  # column-parallel: along an output dimension
-                wanted = [i for i in term if i in op.output and i not in other]
-                wanted = [i for i in wanted if i not in step.whole]  # a conv's window: whole
+                wanted = [i for i in term if i in op.output and i not in other
+                          and i not in step.whole]  # (a conv's window stays whole)  # fmt: skip
                 wanted = wanted[:-1] or wanted  # (heads, never head_dim: see the module)
             else:  # row-parallel where contracted; left to a later use where not its own
                 wanted = [act] if act in term and act not in step.whole else []

@@ -86,11 +86,11 @@ def _solve(
         steps += [(of[v], tuple(of[o] for o in near), best) for v, near, best in wide]
         method = WIDE
     elif core.labels:
-        index = {label: k for k, label in enumerate(core.labels)}
-        kept = _dominant(core, {index[problem.labels[v]] for v in protected})
-        ours = [Constraint(tuple((index[problem.labels[v]], c, b) for v, c, b in x.terms),
-                           x.limit) for x in constraints]  # fmt: skip
-        theirs = [{index[problem.labels[v]]: c for v, c in e.items()} for e in exclude]
+        index = {p: k for k, p in enumerate(of)}  # (each problem variable's in the core)
+        kept = _dominant(core, {index[v] for v in protected})
+        ours = [Constraint(tuple((index[v], c, b) for v, c, b in x.terms), x.limit)
+                for x in constraints]  # fmt: skip
+        theirs = [{index[v]: c for v, c in e.items()} for e in exclude]
         given = None if hint is None else [hint[k] for k in of]
         found = _core(core, kept, ours, theirs, time_limit, given)
         if found is None:
