@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from helpers import brute_force
+from shardwise._program import eliminate as elimination
+from shardwise._program import summed
 from shardwise._program.eliminate import eliminate
 from shardwise._program.marginals import marginals
 from shardwise._program.problem import Problem, total
@@ -35,8 +37,17 @@ def _series_parallel(seed: int) -> Problem:
     return Problem.of([list(range(k)) for k in sizes], unary, edges)
 
 
+@pytest.fixture(params=["whole", "slabs"])
+def table_kind(request, monkeypatch):  # type: ignore[no-untyped-def]
+    """Elimination's tables of a variable and two neighbours made whole, or kept as their
+    terms and read a slab of one index at a time, as a large one is."""
+    if request.param == "slabs":
+        monkeypatch.setattr(elimination, "SLAB", 0)
+        monkeypatch.setattr(summed, "SLAB", 1)
+
+
 @pytest.mark.parametrize("seed", range(60))
-def test_min_marginals_are_the_best_cost_with_each_choice_held(seed):
+def test_min_marginals_are_the_best_cost_with_each_choice_held(seed, table_kind):
     problem = _series_parallel(seed)
     best = solve(problem)
     assert best is not None and best.method == "dynamic programming"
@@ -73,7 +84,7 @@ def _solved_again(problem: Problem, inputs: list[int], best, count: int):  # typ
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_runners_up_cost_what_solving_again_per_choice_finds(seed):
+def test_runners_up_cost_what_solving_again_per_choice_finds(seed, table_kind):
     """Each input's best alternative, as the one solve per held choice found it; where plans
     tie, the min-marginals may find more distinct ones (never fewer, never dearer)."""
     problem = _series_parallel(seed)
@@ -108,7 +119,9 @@ def test_runners_up_that_cost_the_same_come_in_input_order_and_change_least():
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_what_each_variable_passes_on_is_its_tables_least_and_the_core_is_the_same(seed):
+def test_what_each_variable_passes_on_is_its_tables_least_and_the_core_is_the_same(
+    seed, table_kind
+):
     """``eliminate`` with ``sent`` (as the min-marginals call it) folds the same variables
     into the same core, each step's message its table's least over the variable's choices,
     and reads no best choices (but a pinned variable's one)."""

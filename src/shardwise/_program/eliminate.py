@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from shardwise._program.problem import Problem
+from shardwise._program.summed import SLAB, Summed
 
 Folded = tuple[int, tuple[int, ...], Any]
 """A variable folded into its neighbours, and its best choice for each of theirs."""
@@ -25,7 +26,7 @@ Folded = tuple[int, tuple[int, ...], Any]
 def eliminate(
     problem: Problem,
     protected: set[int],
-    tables: list[np.ndarray] | None = None,
+    tables: list[np.ndarray | Summed] | None = None,
     sent: list[np.ndarray | None] | None = None,
 ) -> tuple[Problem, list[Folded]]:
     """Fold every unprotected variable of degree ≤ 2 into its neighbours, exactly: a leaf adds
@@ -69,6 +70,7 @@ def eliminate(
             continue
         alive.discard(v)
         least: np.ndarray | None = None
+        scores: np.ndarray | Summed
         if not others:
             scores = unary[v]
             steps.append((v, (), best(scores)))
@@ -81,7 +83,7 @@ def eliminate(
             del near[a][v]
         else:
             a, b = others
-            scores = unary[v][:, None, None] + near[v][a][:, :, None] + near[v][b][:, None, :]
+            scores = _link(unary[v], near[v][a], near[v][b])
             least = scores.min(axis=0)
             steps.append((v, (a, b), best(scores, least)))
             del near[a][v], near[b][v]
@@ -102,20 +104,34 @@ def eliminate(
     return dataclasses.replace(core, considered=problem.considered), steps
 
 
+def _link(unary: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray | Summed:
+    """The table of a variable folded into two neighbours (axes: it, then them): its own
+    costs and its two edges', made whole where it is small, else kept as those terms and
+    made a slab at a time where it is read (on a mesh of three axes, millions of entries)."""
+    if len(unary) * left.shape[1] * right.shape[1] <= SLAB:
+        made: np.ndarray = unary[:, None, None] + left[:, :, None] + right[:, None, :]
+        return made
+    shape = (len(unary), left.shape[1], right.shape[1])
+    return Summed(shape, ((unary, (0,)), (left, (0, 1)), (right, (0, 2))))
+
+
 TIE = 1e-12
 """Choices whose costs are this close, relative to their size, cost the same: the sums behind
 them may differ in their last bits with the order they were added in."""
 
 
-def _no_best(scores: np.ndarray, least: np.ndarray | None = None) -> None:
+def _no_best(scores: np.ndarray | Summed, least: np.ndarray | None = None) -> None:
     """No best choice read (:func:`eliminate` with ``sent``)."""
 
 
-def _first_best(scores: np.ndarray, least: np.ndarray | None = None) -> Any:
+def _first_best(scores: np.ndarray | Summed, least: np.ndarray | None = None) -> Any:
     """The first of the cheapest choices (axis 0) for each choice of the neighbours: the
     same plan whatever order the costs were added in (``least``: ``scores.min(axis=0)``,
-    where already at hand)."""
+    where already at hand; a :class:`Summed` table read a slab at a time)."""
     least = scores.min(axis=0) if least is None else least
+    if isinstance(scores, Summed):
+        return np.concatenate([np.argmax(dense <= (near := least[at]) + TIE * np.abs(near),
+                                         axis=0) for at, dense in scores.slabs(1)])  # fmt: skip
     return np.argmax(scores <= least + TIE * np.abs(least), axis=0)
 
 
@@ -123,7 +139,7 @@ def _constants(
     unary: list[np.ndarray],
     near: list[dict[int, np.ndarray]],
     protected: set[int],
-    tables: list[np.ndarray] | None,
+    tables: list[np.ndarray | Summed] | None,
     sent: list[np.ndarray | None] | None = None,
 ) -> list[Folded]:
     """Fold each unprotected variable with one choice (a pinned input): a constant, whatever

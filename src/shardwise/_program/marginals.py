@@ -33,6 +33,7 @@ import numpy as np
 from shardwise._program.eliminate import eliminate
 from shardwise._program.fold import Folding, fold
 from shardwise._program.problem import Problem
+from shardwise._program.summed import Summed
 
 NUDGE = 1e-8
 """What changing every choice of the best plan costs more, relative to its time, when plans
@@ -59,7 +60,7 @@ class Marginals:
     base: tuple[int, ...]
     nudge: float
     cliques: tuple[tuple[int, ...], ...]
-    tables: tuple[np.ndarray, ...]
+    tables: tuple[np.ndarray | Summed, ...]
     rest: tuple[float, ...]
     near: tuple[tuple[int, ...], ...]
 
@@ -67,7 +68,7 @@ class Marginals:
         """The cheapest cost of the whole problem with variable ``v`` at each choice (with
         the nudges of the choices it changes)."""
         table = self.tables[v]
-        least = table.min(axis=tuple(range(1, table.ndim))) if table.ndim > 1 else table
+        least = table.min(axis=tuple(range(1, table.ndim)))  # (1-D: the table itself)
         return least + self.rest[v]
 
     def held(self, v: int, c: int) -> tuple[int, ...]:
@@ -93,7 +94,7 @@ class Marginals:
         return tuple(choice)
 
 
-def _assign(clique: tuple[int, ...], table: np.ndarray, fixed: dict[int, int]) -> None:
+def _assign(clique: tuple[int, ...], table: np.ndarray | Summed, fixed: dict[int, int]) -> None:
     """The clique's variables not yet in ``fixed`` at their cheapest, given those that are."""
     free = [u for u in clique if u not in fixed]
     if free:
@@ -115,7 +116,7 @@ def marginals(
         u + nudge * w * (np.arange(len(u)) != b)
         for u, b, w in zip(problem.unary, base, weights, strict=True)
     ]
-    tables: list[np.ndarray] = []
+    tables: list[np.ndarray | Summed] = []
     sent: list[np.ndarray | None] = []  # (what each clique passed up: its table's least)
     core, steps = eliminate(Problem.of(problem.choices, nudged, problem.edges), set(), tables,
                             sent)  # fmt: skip
@@ -124,7 +125,7 @@ def marginals(
     order = {v: k for k, (v, _, _) in enumerate(steps)}
     n = len(problem.labels)
     cliques: list[tuple[int, ...]] = [(v,) for v in range(n)]
-    beliefs: list[np.ndarray] = [np.zeros(1) for _ in range(n)]
+    beliefs: list[np.ndarray | Summed] = [np.zeros(1) for _ in range(n)]
     near: list[list[int]] = [[] for _ in range(n)]
     root = list(range(n))  # each clique's tree: the problem's parts that share no edge
     constant = 0.0  # the own costs of variables with one choice, which folding drops
@@ -142,7 +143,11 @@ def marginals(
             near[parent].append(v)
             assert up is not None
             outside = _onto(beliefs[parent], cliques[parent], others) - up
-            beliefs[v] = table + outside[None]
+            if isinstance(table, Summed):
+                beliefs[v] = table.plus(outside, tuple(range(1, table.ndim)))
+            else:  # (in place: elimination's tables are its own)
+                table += outside[None]
+                beliefs[v] = table
     # each tree's min-marginals, plus the cheapest cost of every other tree and the constants
     least = {r: float(beliefs[r].min()) for r in set(root)}
     whole = sum(least.values()) + constant
@@ -151,11 +156,11 @@ def marginals(
                      tuple(tuple(x) for x in near))  # fmt: skip
 
 
-def _onto(table: np.ndarray, clique: tuple[int, ...], keep: tuple[int, ...]) -> np.ndarray:
+def _onto(table: np.ndarray | Summed, clique: tuple[int, ...], keep: tuple[int, ...]) -> np.ndarray:
     """``table`` (axes: ``clique``) at its cheapest over every variable but ``keep``, with its
     axes in the order of ``keep``."""
     drop = tuple(k for k, u in enumerate(clique) if u not in keep)
-    reduced = table.min(axis=drop) if drop else table
+    reduced = table.min(axis=drop)  # (none dropped: the table itself)
     left = [u for u in clique if u in keep]
     return reduced.transpose([left.index(u) for u in keep])
 
