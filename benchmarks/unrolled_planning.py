@@ -6,10 +6,8 @@ model under ``lax.scan``: a stack of pre-LayerNorm transformer blocks and a stac
 (nothing runs on devices); the median wall time of :func:`shardwise.plan` is printed, tracing
 included (JAX traces the function anew each time), and the median after tracing (the time of
 ``jax.make_jaxpr``'s calls within the plan taken away), with each ratio. The JSON records the
-mesh and glibc's ``MALLOC_*`` settings in the environment: on a mesh of three axes a plan
-allocates and frees a gigabyte or more, and where glibc hands it back to the system each
-plan faults it in again (``MALLOC_MMAP_THRESHOLD_=1073741824
-MALLOC_TRIM_THRESHOLD_=2147483648`` keeps it in the process).
+mesh and glibc's ``MALLOC_*`` settings in the environment (which decide whether memory a
+plan frees is handed back to the system and faulted in again by the next plan).
 
     .venv/bin/python benchmarks/unrolled_planning.py [--repeat 5] [--layers 4,12,24]
         [--train] [--mesh data=2,fsdp=2,model=2] [--out FILE.json]
