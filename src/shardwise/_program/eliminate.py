@@ -35,8 +35,9 @@ def eliminate(
     costs to its neighbours' choices, whatever its degree. Returns the rest and how to recover each
     folded variable's choice from its neighbours'. ``tables``, where given, gets each folded
     variable's cost over its choices and its neighbours' as it was folded (axes: the variable,
-    then its neighbours in the order of its :data:`Folded`; a variable with one choice: its own
-    cost, with its edges to variables with one choice folded before it). ``sent``, where
+    then its neighbours in the order of its :data:`Folded`; a large one over two neighbours as
+    a :class:`~.summed.Summed`; a variable with one choice: its own cost, with its edges to
+    variables with one choice folded before it). ``sent``, where
     given, gets what each folded variable passed to its neighbours, its table's least over its
     own choices (``None`` where it has none, or one choice), and the steps then hold no best
     choices (``None``; a variable with one choice keeps it): the min-marginals read the tables

@@ -51,7 +51,8 @@ class Marginals:
             stands for; :data:`NUDGE` of the best plan's time in all.
         cliques: each variable's clique: the variable, then the neighbours it was folded into.
         tables: each clique's min-marginal over its own tree of cliques (seconds, with the
-            nudges), axes in its order.
+            nudges), axes in its order (a large one kept as its terms, a
+            :class:`~shardwise._program.summed.Summed`).
         rest: what the rest of the problem adds to each clique's table at its cheapest (its
             other trees, and the variables with one choice).
         near: each variable's neighbouring cliques in the tree (its parent and children).

@@ -1,9 +1,8 @@
 """A table kept as the sum of smaller arrays, each over some of its axes, and made a slab at a
 time where it is read: what dynamic programming over a variable and two neighbours folds
 (its own costs, its two edges' and what comes from outside, :mod:`.marginals`). On a mesh of
-three axes such a table has millions of entries; kept whole for each clique, a transformer's
-tables took a gigabyte, which the C library handed back to the system after each plan and
-faulted in again in the next one.
+three axes such a table has millions of entries, and the min-marginals keep one per variable:
+kept as their terms, they take the memory of their edges, not of their products.
 """
 
 from __future__ import annotations
