@@ -62,7 +62,7 @@ class _Rows:
         if not self.rows:
             return scipy.sparse.csr_array((len(self.lower), columns))
         rows, cols = np.concatenate(self.rows), np.concatenate(self.cols)
-        vals = np.concatenate(self.vals).astype(float)
+        vals = np.concatenate(self.vals, dtype=float)  # (floats already: no copy)
         return scipy.sparse.csr_array((vals, (rows, cols)), shape=(len(self.lower), columns))
 
 
@@ -268,7 +268,8 @@ def _relaxation(
     arrays = (
         np.ascontiguousarray(objective, dtype=float), np.zeros(cols), np.ones(cols),
         np.where(np.isfinite(lower), lower, -inf), np.where(np.isfinite(upper), upper, inf),
-        csc.indptr.astype(np.int32), csc.indices.astype(np.int32), csc.data.astype(float),
+        csc.indptr.astype(np.int32, copy=False), csc.indices.astype(np.int32, copy=False),
+        csc.data.astype(float, copy=False),
         np.zeros(cols, dtype=np.int32),  # (every column continuous)
     )  # fmt: skip
     try:  # the arrays as they are: a HighsLp's fields are copied an entry at a time

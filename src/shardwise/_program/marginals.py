@@ -69,7 +69,7 @@ class Marginals:
         """The cheapest cost of the whole problem with variable ``v`` at each choice (with
         the nudges of the choices it changes)."""
         table = self.tables[v]
-        least = table.min(axis=tuple(range(1, table.ndim)))  # (1-D: the table itself)
+        least = table.min(axis=tuple(range(1, table.ndim)))  # (1-D: a copy of the table)
         return least + self.rest[v]
 
     def held(self, v: int, c: int) -> tuple[int, ...]:
@@ -161,7 +161,7 @@ def _onto(table: np.ndarray | Summed, clique: tuple[int, ...], keep: tuple[int, 
     """``table`` (axes: ``clique``) at its cheapest over every variable but ``keep``, with its
     axes in the order of ``keep``."""
     drop = tuple(k for k, u in enumerate(clique) if u not in keep)
-    reduced = table.min(axis=drop)  # (none dropped: the table itself)
+    reduced = table.min(axis=drop)  # (none dropped: a copy of the table)
     left = [u for u in clique if u in keep]
     return reduced.transpose([left.index(u) for u in keep])
 
