@@ -86,8 +86,9 @@ def prints_kept() -> Iterator[None]:
         _FOLDED.reset(folded)
 
 
-def _print(a: np.ndarray, kept: dict[int, tuple[np.ndarray, Print]] | None) -> Print:
-    """``a``'s print, from ``kept`` (:func:`prints_kept`'s) where it is there."""
+def fingerprint(a: np.ndarray, kept: dict[int, tuple[np.ndarray, Print]] | None) -> Print:
+    """``a``'s print (its shape and a 64-bit hash of its values as floats), from ``kept``
+    (:func:`prints_kept`'s) where it is there."""
     hit = None if kept is None else kept.get(id(a))
     if hit is not None and hit[0] is a:
         return hit[1]
@@ -114,10 +115,10 @@ def fold(problem: Problem, first_apart: bool = False) -> Folding | None:
 def _fold(problem: Problem, first_apart: bool) -> Folding | None:
     n = len(problem.labels)
     known = _KEPT.get()
-    prints = [_print(u, known) for u in problem.unary]
+    prints = [fingerprint(u, known) for u in problem.unary]
     near: Near = [[] for _ in range(n)]
     for (u, v), m in problem.edges.items():
-        p = _print(m, known)
+        p = fingerprint(m, known)
         near[u].append((v, (p, 0)))
         near[v].append((u, (p, 1)))
     hubs = {s for s in range(n) if _joins_alike(near[s], prints)}

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardwise._program.eliminate import eliminate, eliminate_wide
-from shardwise._program.fold import fold
+from shardwise._program.fold import Print, fingerprint, fold
 from shardwise._program.integer import Constraint, milp
 from shardwise._program.local import Stacks, descend, neighbours
 from shardwise._program.problem import Problem, Solution, total
@@ -252,23 +252,44 @@ def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
     dominates ``j`` when it costs no more whatever the neighbours choose:
     ``unary[i] - unary[j] + Σ_edges max_c (m[i, c] - m[j, c]) ≤ 0``; some optimal solution
     uses no dominated choice, so dropping them is exact. Variables are pruned one after another,
-    each against its neighbours' choices as they stand."""
+    each against its neighbours' choices as they stand. A variable with the same costs, the
+    same edges (in the same order) and neighbours whose choices stand alike as one pruned
+    before (a layer of a stack that does not fold, a chain's) keeps what that one kept, without
+    comparing its choices again (costs and edges compared by their prints, as
+    :mod:`~shardwise._program.fold` compares them)."""
     near = neighbours(problem)
+    prints = {e: fingerprint(m, None) for e, m in problem.edges.items()}
+    ends: list[list[tuple[Print, int]]] = [[] for _ in problem.labels]  # (near's order)
+    for u, v in problem.edges:
+        ends[u].append((prints[u, v], 0))
+        ends[v].append((prints[u, v], 1))
+    pruned: dict[tuple[object, ...], list[int]] = {}  # what a variable alike kept
     kept: dict[int, list[int]] = {}
     for v, unary in enumerate(problem.unary):
         if v in protected or len(unary) < 2:
             continue
         if len(unary) ** 2 * sum(m.shape[1] for _, m in near[v]) > DOMINANCE_WORK:
             continue  # (the comparisons would cost more than the choices they might drop)
-        worst = unary[:, None] - unary[None, :]  # worst[i, j]: i's cost over j's, at most
-        for a, m in near[v]:
-            m = m[:, kept[a]] if a in kept else m
-            worst = worst + (m[:, None, :] - m[None, :, :]).max(axis=2)
-        tol = 1e-12 * max(float(np.abs(unary).max()), 1e-30)
-        alive: list[int] = []
-        for j in np.argsort(unary, kind="stable"):
-            if not any(worst[i, j] <= tol for i in alive):
-                alive.append(int(j))
+        key = (fingerprint(unary, None), *((end, tuple(kept.get(a, ()))) for end, (a, _)
+                                      in zip(ends[v], near[v], strict=True)))  # fmt: skip
+        alive = pruned.get(key)
+        if alive is None:
+            alive = pruned[key] = _undominated(unary, [m[:, kept[a]] if a in kept else m
+                                                       for a, m in near[v]])  # fmt: skip
         if len(alive) < len(unary):
-            kept[v] = sorted(alive)
+            kept[v] = alive
     return kept
+
+
+def _undominated(unary: np.ndarray, edges: list[np.ndarray]) -> list[int]:
+    """The choices of a variable of costs ``unary`` that no other dominates, its edges'
+    matrices ``edges`` (oriented from it), in order (:func:`_dominant`)."""
+    worst = unary[:, None] - unary[None, :]  # worst[i, j]: i's cost over j's, at most
+    for m in edges:
+        worst = worst + (m[:, None, :] - m[None, :, :]).max(axis=2)
+    tol = 1e-12 * max(float(np.abs(unary).max()), 1e-30)
+    alive: list[int] = []
+    for j in np.argsort(unary, kind="stable"):
+        if not any(worst[i, j] <= tol for i in alive):
+            alive.append(int(j))
+    return sorted(alive)

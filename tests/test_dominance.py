@@ -1,0 +1,130 @@
+"""The search's dominance pruning (:func:`shardwise._program.search._dominant`): a choice that
+costs no more than another whatever the neighbours choose stands for it. A variable alike one
+pruned before (the same costs, edges and neighbours' choices: a layer of a stack that does not
+fold) keeps what that one kept; each check here is against the comparisons made anew for every
+variable."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from shardwise._program import search
+from shardwise._program.local import neighbours
+from shardwise._program.problem import Problem, total
+
+
+def _anew(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
+    """Dominance as its definition says, every variable compared anew: choice ``i`` drops
+    ``j`` when ``unary[i] - unary[j] + Σ_edges max_c (m[i, c] - m[j, c])`` is at most the
+    tolerance, over the neighbours' choices kept so far, the cheapest kept first."""
+    near = neighbours(problem)
+    kept: dict[int, list[int]] = {}
+    for v, unary in enumerate(problem.unary):
+        if v in protected or len(unary) < 2:
+            continue
+        tol = 1e-12 * max(float(np.abs(unary).max()), 1e-30)
+        alive: list[int] = []
+        for j in np.argsort(unary, kind="stable"):
+            if not any(
+                unary[i] - unary[j]
+                + sum(max(m[i, c] - m[j, c] for c in kept.get(a, range(m.shape[1])))
+                      for a, m in near[v])
+                <= tol
+                for i in alive
+            ):  # fmt: skip
+                alive.append(int(j))
+        if len(alive) < len(unary):
+            kept[v] = sorted(alive)
+    return kept
+
+
+def _layers(seed: int, count: int, alike: bool) -> Problem:
+    """A stack of ``count`` layers that do not fold (each joined to the next through a
+    variable of its own, and to the one after through a skip edge, so that the problem has
+    cycles): an activation ``h`` (4 choices), a weight ``w`` (3) and a dot ``f`` (6) per
+    layer, the dot joined to both and to the next activation. ``alike``: every layer has the
+    same costs (the same arrays); else each its own. Some choices cost far more than others
+    (those dominated)."""
+    rng = np.random.default_rng(seed)
+
+    def layer() -> tuple[list[np.ndarray], list[np.ndarray]]:
+        unary = [rng.uniform(0, 1, n) for n in (4, 3, 6)]
+        unary[2][rng.integers(0, 6, 2)] += 10.0  # (two dot choices far worse)
+        unary[0][rng.integers(0, 4)] += 10.0
+        mats = [rng.uniform(0, 0.1, shape) for shape in ((4, 6), (3, 6), (6, 4), (4, 4))]
+        return unary, mats
+
+    shared = layer()
+    choices, unary, edges = [], [], {}
+    for k in range(count):
+        costs, mats = shared if alike else layer()
+        h, w, f, nxt = 3 * k, 3 * k + 1, 3 * k + 2, 3 * k + 3
+        for n, u in zip((4, 3, 6), costs, strict=True):
+            choices.append(tuple(range(n)))
+            unary.append(u)
+        edges[(h, f)], edges[(w, f)], edges[(f, nxt)] = mats[0], mats[1], mats[2]
+        if k + 1 < count:
+            edges[(h, nxt)] = mats[3]  # (the skip edge: a residual)
+    choices.append(tuple(range(4)))  # (the last activation)
+    unary.append(rng.uniform(0, 1, 4))
+    return Problem.of(choices, unary, edges)
+
+
+@pytest.mark.parametrize(("seed", "alike"), list(itertools.product(range(6), (True, False))))
+def test_what_each_variable_keeps_is_what_comparing_it_anew_keeps(seed: int, alike: bool):
+    problem = _layers(seed, 5, alike)
+    protected = {0} if seed % 2 else set()
+    found = search._dominant(problem, protected)
+    assert found == _anew(problem, protected)
+    assert found  # (some choice is dominated: the test compares something)
+
+
+def test_layers_alike_are_compared_once(monkeypatch: pytest.MonkeyPatch):
+    calls: list[int] = []
+    compare = search._undominated
+
+    def counted(unary: np.ndarray, edges: list[np.ndarray]) -> list[int]:
+        calls.append(len(unary))
+        return compare(unary, edges)
+
+    monkeypatch.setattr(search, "_undominated", counted)
+    problem = _layers(0, 12, alike=True)
+    found = search._dominant(problem, set())
+    assert found == _anew(problem, set())
+    pruned = [v for v, u in enumerate(problem.unary) if len(u) > 1]
+    assert len(calls) < len(pruned) / 2  # (the middle layers' variables share theirs)
+
+
+def test_a_variable_alike_but_for_its_neighbours_choices_is_compared_again():
+    # two dots alike, each between two activations alike, but one neighbour pinned (left
+    # whole): what that dot may drop depends on its neighbour's choices
+    rng = np.random.default_rng(3)
+    u_h, u_f = rng.uniform(0, 1, 3), rng.uniform(0, 1, 5)
+    u_h0 = u_h.copy()
+    u_h0[0] -= 5.0  # (h0's first choice dominates its others: they are dropped first)
+    m = rng.uniform(0, 1, (3, 5))
+    problem = Problem.of(
+        [range(3), range(5), range(3), range(5), range(3)],
+        [u_h0, u_f, u_h, u_f, u_h],
+        {(0, 1): m, (2, 1): m, (2, 3): m, (4, 3): m, (0, 4): np.zeros((3, 3))},
+    )
+    found = search._dominant(problem, {2, 4})
+    assert found == _anew(problem, {2, 4})
+
+
+@pytest.mark.parametrize(("seed", "alike"), list(itertools.product(range(4), (True, False))))
+def test_the_choices_kept_hold_an_optimum(seed: int, alike: bool):
+    problem = _layers(seed, 2, alike)
+    small = problem.restrict(search._dominant(problem, set()))
+    assert sum(map(len, small.choices)) < sum(map(len, problem.choices))
+    cheapest = min(total(problem, c) for c in _every_choice(problem))
+    kept = min(total(small, c) for c in _every_choice(small))
+    assert kept == pytest.approx(cheapest, rel=1e-12)
+
+
+def _every_choice(problem: Problem) -> itertools.product[tuple[int, ...]]:
+    """Every combination of the variables' choices (by index)."""
+    return itertools.product(*(range(len(c)) for c in problem.choices))
