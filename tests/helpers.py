@@ -37,3 +37,35 @@ def brute_force(problem: Problem) -> tuple[tuple[int, ...], float]:
         key=lambda c: total(problem, c),
     )
     return best, total(problem, best)
+
+
+def alike_layers(seed: int, count: int, alike: bool) -> Problem:
+    """A stack of ``count`` layers that do not fold (each joined to the next through a
+    variable of its own, and to the one after through a skip edge, so that the problem has
+    cycles): an activation ``h`` (4 choices), a weight ``w`` (3) and a dot ``f`` (6) per
+    layer, the dot joined to both and to the next activation. ``alike``: every layer has the
+    same costs (the same arrays); else each its own. Some choices cost far more than others
+    (those dominated)."""
+    rng = np.random.default_rng(seed)
+
+    def layer() -> tuple[list[np.ndarray], list[np.ndarray]]:
+        unary = [rng.uniform(0, 1, n) for n in (4, 3, 6)]
+        unary[2][rng.integers(0, 6, 2)] += 10.0  # (two dot choices far worse)
+        unary[0][rng.integers(0, 4)] += 10.0
+        mats = [rng.uniform(0, 0.1, shape) for shape in ((4, 6), (3, 6), (6, 4), (4, 4))]
+        return unary, mats
+
+    shared = layer()
+    choices, unary, edges = [], [], {}
+    for k in range(count):
+        costs, mats = shared if alike else layer()
+        h, w, f, nxt = 3 * k, 3 * k + 1, 3 * k + 2, 3 * k + 3
+        for n, u in zip((4, 3, 6), costs, strict=True):
+            choices.append(tuple(range(n)))
+            unary.append(u)
+        edges[(h, f)], edges[(w, f)], edges[(f, nxt)] = mats[0], mats[1], mats[2]
+        if k + 1 < count:
+            edges[(h, nxt)] = mats[3]  # (the skip edge: a residual)
+    choices.append(tuple(range(4)))  # (the last activation)
+    unary.append(rng.uniform(0, 1, 4))
+    return Problem.of(choices, unary, edges)

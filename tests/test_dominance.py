@@ -11,9 +11,10 @@ import itertools
 import numpy as np
 import pytest
 
+from helpers import alike_layers, brute_force
 from shardwise._program import search
 from shardwise._program.local import neighbours
-from shardwise._program.problem import Problem, total
+from shardwise._program.problem import Problem
 
 
 def _anew(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
@@ -41,41 +42,9 @@ def _anew(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
     return kept
 
 
-def _layers(seed: int, count: int, alike: bool) -> Problem:
-    """A stack of ``count`` layers that do not fold (each joined to the next through a
-    variable of its own, and to the one after through a skip edge, so that the problem has
-    cycles): an activation ``h`` (4 choices), a weight ``w`` (3) and a dot ``f`` (6) per
-    layer, the dot joined to both and to the next activation. ``alike``: every layer has the
-    same costs (the same arrays); else each its own. Some choices cost far more than others
-    (those dominated)."""
-    rng = np.random.default_rng(seed)
-
-    def layer() -> tuple[list[np.ndarray], list[np.ndarray]]:
-        unary = [rng.uniform(0, 1, n) for n in (4, 3, 6)]
-        unary[2][rng.integers(0, 6, 2)] += 10.0  # (two dot choices far worse)
-        unary[0][rng.integers(0, 4)] += 10.0
-        mats = [rng.uniform(0, 0.1, shape) for shape in ((4, 6), (3, 6), (6, 4), (4, 4))]
-        return unary, mats
-
-    shared = layer()
-    choices, unary, edges = [], [], {}
-    for k in range(count):
-        costs, mats = shared if alike else layer()
-        h, w, f, nxt = 3 * k, 3 * k + 1, 3 * k + 2, 3 * k + 3
-        for n, u in zip((4, 3, 6), costs, strict=True):
-            choices.append(tuple(range(n)))
-            unary.append(u)
-        edges[(h, f)], edges[(w, f)], edges[(f, nxt)] = mats[0], mats[1], mats[2]
-        if k + 1 < count:
-            edges[(h, nxt)] = mats[3]  # (the skip edge: a residual)
-    choices.append(tuple(range(4)))  # (the last activation)
-    unary.append(rng.uniform(0, 1, 4))
-    return Problem.of(choices, unary, edges)
-
-
 @pytest.mark.parametrize(("seed", "alike"), list(itertools.product(range(6), (True, False))))
 def test_what_each_variable_keeps_is_what_comparing_it_anew_keeps(seed: int, alike: bool):
-    problem = _layers(seed, 5, alike)
+    problem = alike_layers(seed, 5, alike)
     protected = {0} if seed % 2 else set()
     found = search._dominant(problem, protected)
     assert found == _anew(problem, protected)
@@ -91,7 +60,7 @@ def test_layers_alike_are_compared_once(monkeypatch: pytest.MonkeyPatch):
         return compare(unary, edges)
 
     monkeypatch.setattr(search, "_undominated", counted)
-    problem = _layers(0, 12, alike=True)
+    problem = alike_layers(0, 12, alike=True)
     found = search._dominant(problem, set())
     assert found == _anew(problem, set())
     pruned = [v for v, u in enumerate(problem.unary) if len(u) > 1]
@@ -117,14 +86,7 @@ def test_a_variable_alike_but_for_its_neighbours_choices_is_compared_again():
 
 @pytest.mark.parametrize(("seed", "alike"), list(itertools.product(range(4), (True, False))))
 def test_the_choices_kept_hold_an_optimum(seed: int, alike: bool):
-    problem = _layers(seed, 2, alike)
+    problem = alike_layers(seed, 2, alike)
     small = problem.restrict(search._dominant(problem, set()))
     assert sum(map(len, small.choices)) < sum(map(len, problem.choices))
-    cheapest = min(total(problem, c) for c in _every_choice(problem))
-    kept = min(total(small, c) for c in _every_choice(small))
-    assert kept == pytest.approx(cheapest, rel=1e-12)
-
-
-def _every_choice(problem: Problem) -> itertools.product[tuple[int, ...]]:
-    """Every combination of the variables' choices (by index)."""
-    return itertools.product(*(range(len(c)) for c in problem.choices))
+    assert brute_force(small)[1] == pytest.approx(brute_force(problem)[1], rel=1e-12)

@@ -12,12 +12,15 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from shardwise._program.fold import fingerprint
 from shardwise._program.problem import Problem
 from shardwise._program.summed import SLAB, Summed
+
+T = TypeVar("T")
 
 Folded = tuple[int, tuple[int, ...], Any]
 """A variable folded into its neighbours, and its best choice for each of theirs."""
@@ -164,12 +167,15 @@ Factor = tuple[tuple[int, ...], np.ndarray]
 """A cost over some variables: the variables, and the cost at each of their choices (an axis
 per variable, in that order)."""
 
-WIDE_TABLE = 1 << 20
+WIDE_TABLE = 1 << 22
 """The most entries one table of :func:`eliminate_wide` may have (a variable's choices times
-its neighbours' at once): 8 MiB of float64. Past it the integer program is solved instead."""
+its neighbours' at once): 32 MiB of float64 (a dot of a hundred layouts read and made by
+arrays of 27 on a mesh of three axes takes 2 million). Past it the integer program is solved
+instead."""
 
-WIDE_WORK = 1 << 23
-"""The most entries :func:`eliminate_wide`'s tables may have in all."""
+WIDE_WORK = 1 << 24
+"""The most entries :func:`eliminate_wide`'s tables may have in all, each table made once
+(tables alike made once, :func:`_alike`)."""
 
 
 def eliminate_wide(problem: Problem, tables: list[np.ndarray] | None = None) -> list[Folded] | None:
@@ -177,40 +183,78 @@ def eliminate_wide(problem: Problem, tables: list[np.ndarray] | None = None) -> 
     table (a variable's choices by its neighbours') is its own cost and every cost it shares
     with them, what the variables folded into it brought included, and its minimum over the
     variable is a cost over the neighbours, shared from then on. Exact like :func:`eliminate`;
-    ``None`` where some table would have more than :data:`WIDE_TABLE` entries or all together
-    more than :data:`WIDE_WORK` (checked on the sizes alone, before any table is made).
-    ``tables`` as :func:`eliminate`'s."""
+    ``None`` where some table would have more than :data:`WIDE_TABLE` entries or the tables
+    made more than :data:`WIDE_WORK` (checked before any table is made). A table alike one
+    made before (:func:`_alike`: the layers of a chain that do not fold) is not made again,
+    its minimum and best choices taken. ``tables`` as :func:`eliminate`'s."""
     order = _wide_order(problem)
-    if order is None:
+    alike = None if order is None else _alike(problem, order)
+    if order is None or alike is None:
         return None
     factors: list[list[Factor]] = [[((v,), u.astype(float))] for v, u in enumerate(problem.unary)]
     for (u, v), m in problem.edges.items():
         factors[min(u, v)].append(((u, v), m))  # (each cost kept once, with one of its ends)
     steps: list[Folded] = []
-    for v, others in order:
+    made: dict[int, tuple[np.ndarray, Any, np.ndarray | None]] = {}  # minimum, best, table
+    for (v, others), table in zip(order, alike, strict=True):
         axes = (v, *others)
-        shape = [len(problem.unary[a]) for a in axes]
-        scores = np.zeros(shape)
-        for scope, cost in _gathered(factors, axes):
-            where = sorted(range(len(scope)), key=lambda k: axes.index(scope[k]))
-            ones = [n if a in scope else 1 for a, n in zip(axes, shape, strict=True)]
-            scores = scores + cost.transpose(where).reshape(ones)
-        least = scores.min(axis=0)
-        steps.append((v, others, _first_best(scores, least)))
-        if tables is not None:
-            tables.append(scores)
+        gathered = _gathered(factors, axes)
+        if table not in made:
+            shape = [len(problem.unary[a]) for a in axes]
+            scores = np.zeros(shape)
+            for scope, cost in gathered:
+                where = sorted(range(len(scope)), key=lambda k: axes.index(scope[k]))
+                ones = [n if a in scope else 1 for a, n in zip(axes, shape, strict=True)]
+                scores = scores + cost.transpose(where).reshape(ones)
+            least = scores.min(axis=0)
+            made[table] = (least, _first_best(scores, least), None if tables is None else scores)
+        least, best, kept = made[table]
+        steps.append((v, others, best))
+        if tables is not None and kept is not None:
+            tables.append(kept)
         if others:
             factors[others[0]].append((others, least))
     return steps
 
 
-def _gathered(factors: list[list[Factor]], axes: tuple[int, ...]) -> list[Factor]:
+def _alike(problem: Problem, order: list[tuple[int, tuple[int, ...]]]) -> list[int] | None:
+    """For each variable of ``order``, its table's number, the same for tables made of the
+    same costs in the same places (each cost by its print, :func:`~.fold.fingerprint`; the
+    costs a fold brings by the number of the table they are the minimum of), which are the
+    same to the last bit; ``None`` where the distinct tables hold more than
+    :data:`WIDE_WORK` entries."""
+    factors: list[list[tuple[tuple[int, ...], object]]] = [
+        [((v,), fingerprint(u, None))] for v, u in enumerate(problem.unary)
+    ]
+    for (u, v), m in problem.edges.items():
+        factors[min(u, v)].append(((u, v), fingerprint(m, None)))
+    numbers: dict[tuple[object, ...], int] = {}
+    out, work = [], 0
+    for v, others in order:
+        axes = (v, *others)
+        shape = tuple(len(problem.unary[a]) for a in axes)
+        gathered = _gathered(factors, axes)
+        key = (shape, *((tuple(axes.index(a) for a in scope), cost) for scope, cost in gathered))
+        if key not in numbers:
+            numbers[key] = len(numbers)
+            work += math.prod(shape)
+            if work > WIDE_WORK:
+                return None
+        out.append(numbers[key])
+        if others:
+            factors[others[0]].append((others, ("table", numbers[key])))
+    return out
+
+
+def _gathered(
+    factors: list[list[tuple[tuple[int, ...], T]]], axes: tuple[int, ...]
+) -> list[tuple[tuple[int, ...], T]]:
     """The costs over ``axes[0]`` (the variable folded now), taken from where they are kept:
     each with a variable of its own, which is among ``axes``."""
     v = axes[0]
-    out: list[Factor] = []
+    out: list[tuple[tuple[int, ...], T]] = []
     for a in axes:
-        keep: list[Factor] = []
+        keep: list[tuple[tuple[int, ...], T]] = []
         for scope, cost in factors[a]:
             (out if v in scope else keep).append((scope, cost))
         factors[a] = keep
@@ -219,7 +263,7 @@ def _gathered(factors: list[list[Factor]], axes: tuple[int, ...]) -> list[Factor
 
 def _wide_order(problem: Problem) -> list[tuple[int, tuple[int, ...]]] | None:
     """The order :func:`eliminate_wide` folds the variables in, each with its neighbours
-    then; ``None`` where a table or all of them would be too large."""
+    then; ``None`` where a table would be too large."""
     sizes = [len(u) for u in problem.unary]
     near: list[set[int]] = [set() for _ in sizes]
     for u, v in problem.edges:
@@ -231,7 +275,7 @@ def _wide_order(problem: Problem) -> list[tuple[int, tuple[int, ...]]] | None:
 
     queue = [(size(v), v) for v in range(len(sizes))]
     heapq.heapify(queue)
-    alive, order, work = set(range(len(sizes))), [], 0
+    alive, order = set(range(len(sizes))), []
     while queue:
         was, v = heapq.heappop(queue)
         if v not in alive:
@@ -239,8 +283,7 @@ def _wide_order(problem: Problem) -> list[tuple[int, tuple[int, ...]]] | None:
         if size(v) != was:
             heapq.heappush(queue, (size(v), v))
             continue
-        work += was
-        if was > WIDE_TABLE or work > WIDE_WORK:
+        if was > WIDE_TABLE:
             return None
         alive.discard(v)
         others = tuple(sorted(near[v]))

@@ -258,11 +258,11 @@ def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
     comparing its choices again (costs and edges compared by their prints, as
     :mod:`~shardwise._program.fold` compares them)."""
     near = neighbours(problem)
-    prints = {e: fingerprint(m, None) for e, m in problem.edges.items()}
-    ends: list[list[tuple[Print, int]]] = [[] for _ in problem.labels]  # (near's order)
+    ends: list[list[tuple[tuple[int, int], int]]] = [[] for _ in problem.labels]  # (near's)
     for u, v in problem.edges:
-        ends[u].append((prints[u, v], 0))
-        ends[v].append((prints[u, v], 1))
+        ends[u].append(((u, v), 0))
+        ends[v].append(((u, v), 1))
+    prints: dict[tuple[int, int], Print] = {}  # (each edge's, where a variable reads it)
     pruned: dict[tuple[object, ...], list[int]] = {}  # what a variable alike kept
     kept: dict[int, list[int]] = {}
     for v, unary in enumerate(problem.unary):
@@ -270,8 +270,12 @@ def _dominant(problem: Problem, protected: set[int]) -> dict[int, list[int]]:
             continue
         if len(unary) ** 2 * sum(m.shape[1] for _, m in near[v]) > DOMINANCE_WORK:
             continue  # (the comparisons would cost more than the choices they might drop)
-        key = (fingerprint(unary, None), *((end, tuple(kept.get(a, ()))) for end, (a, _)
-                                      in zip(ends[v], near[v], strict=True)))  # fmt: skip
+        for e, _ in ends[v]:
+            if e not in prints:
+                prints[e] = fingerprint(problem.edges[e], None)
+        key = (fingerprint(unary, None), *((prints[e], end, tuple(kept.get(a, ())))
+                                           for (e, end), (a, _) in zip(ends[v], near[v],
+                                                                       strict=True)))  # fmt: skip
         alive = pruned.get(key)
         if alive is None:
             alive = pruned[key] = _undominated(unary, [m[:, kept[a]] if a in kept else m
