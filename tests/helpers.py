@@ -41,11 +41,11 @@ def brute_force(problem: Problem) -> tuple[tuple[int, ...], float]:
 
 def alike_layers(seed: int, count: int, alike: bool) -> Problem:
     """A stack of ``count`` layers that do not fold (each joined to the next through a
-    variable of its own, and to the one after through a skip edge, so that the problem has
-    cycles): an activation ``h`` (4 choices), a weight ``w`` (3) and a dot ``f`` (6) per
-    layer, the dot joined to both and to the next activation. ``alike``: every layer has the
-    same costs (the same arrays); else each its own. Some choices cost far more than others
-    (those dominated)."""
+    variable of its own): an activation ``h`` (4 choices), a weight ``w`` (3) and a dot ``f``
+    (6) per layer, the dot joined to both and to the next activation, and each activation to
+    the next by a skip edge too (a residual: the problem has cycles). ``alike``: every layer
+    has the same costs (the same arrays); else each its own. Some choices cost far more than
+    others (those dominated)."""
     rng = np.random.default_rng(seed)
 
     def layer() -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -68,8 +68,9 @@ def test_layers_alike_are_compared_once(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_a_variable_alike_but_for_its_neighbours_choices_is_compared_again():
-    # two dots alike, each between two activations alike, but one neighbour pinned (left
-    # whole): what that dot may drop depends on its neighbour's choices
+    # two dots alike, each between two activations alike but for h0, which is pruned first
+    # (the others are protected: every choice kept): what dot 1 may drop depends on the
+    # choices h0 keeps, dot 3's on all of h4's
     rng = np.random.default_rng(3)
     u_h, u_f = rng.uniform(0, 1, 3), rng.uniform(0, 1, 5)
     u_h0 = u_h.copy()
@@ -78,7 +79,7 @@ def test_a_variable_alike_but_for_its_neighbours_choices_is_compared_again():
     problem = Problem.of(
         [range(3), range(5), range(3), range(5), range(3)],
         [u_h0, u_f, u_h, u_f, u_h],
-        {(0, 1): m, (2, 1): m, (2, 3): m, (4, 3): m, (0, 4): np.zeros((3, 3))},
+        {(0, 1): m, (2, 1): m, (2, 3): m, (4, 3): m},
     )
     found = search._dominant(problem, {2, 4})
     assert found == _anew(problem, {2, 4})
