@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -174,8 +175,8 @@ arrays of 27 on a mesh of three axes takes 2 million). Past it the integer progr
 instead."""
 
 WIDE_WORK = 1 << 24
-"""The most entries :func:`eliminate_wide`'s tables may have in all, each table made once
-(tables alike made once, :func:`_alike`)."""
+"""The most entries :func:`eliminate_wide`'s tables may have in all, a table alike one made
+before not counted again (:func:`_alike`)."""
 
 
 def eliminate_wide(problem: Problem, tables: list[np.ndarray] | None = None) -> list[Folded] | None:
@@ -191,9 +192,7 @@ def eliminate_wide(problem: Problem, tables: list[np.ndarray] | None = None) -> 
     alike = None if order is None else _alike(problem, order)
     if order is None or alike is None:
         return None
-    factors: list[list[Factor]] = [[((v,), u.astype(float))] for v, u in enumerate(problem.unary)]
-    for (u, v), m in problem.edges.items():
-        factors[min(u, v)].append(((u, v), m))  # (each cost kept once, with one of its ends)
+    factors: list[list[Factor]] = _kept([u.astype(float) for u in problem.unary], problem.edges)
     steps: list[Folded] = []
     made: dict[int, tuple[np.ndarray, Any, np.ndarray | None]] = {}  # minimum, best, table
     for (v, others), table in zip(order, alike, strict=True):
@@ -223,11 +222,10 @@ def _alike(problem: Problem, order: list[tuple[int, tuple[int, ...]]]) -> list[i
     costs a fold brings by the number of the table they are the minimum of), which are the
     same to the last bit; ``None`` where the distinct tables hold more than
     :data:`WIDE_WORK` entries."""
-    factors: list[list[tuple[tuple[int, ...], object]]] = [
-        [((v,), fingerprint(u, None))] for v, u in enumerate(problem.unary)
-    ]
-    for (u, v), m in problem.edges.items():
-        factors[min(u, v)].append(((u, v), fingerprint(m, None)))
+    factors: list[list[tuple[tuple[int, ...], object]]] = _kept(
+        [fingerprint(u, None) for u in problem.unary],
+        {e: fingerprint(m, None) for e, m in problem.edges.items()},
+    )
     numbers: dict[tuple[object, ...], int] = {}
     out, work = [], 0
     for v, others in order:
@@ -244,6 +242,19 @@ def _alike(problem: Problem, order: list[tuple[int, tuple[int, ...]]]) -> list[i
         if others:
             factors[others[0]].append((others, ("table", numbers[key])))
     return out
+
+
+def _kept(
+    unary: Sequence[T], edges: Mapping[tuple[int, int], T]
+) -> list[list[tuple[tuple[int, ...], T]]]:
+    """Each variable's costs as :func:`_gathered` takes them: its own (``unary``), and each
+    edge's with the edge's first variable in order (each cost kept once, with one of its
+    ends). :func:`eliminate_wide` keeps the costs so, and :func:`_alike` their prints, so that
+    both gather the same costs for each variable."""
+    factors: list[list[tuple[tuple[int, ...], T]]] = [[((v,), u)] for v, u in enumerate(unary)]
+    for (u, v), m in edges.items():
+        factors[min(u, v)].append(((u, v), m))
+    return factors
 
 
 def _gathered(
