@@ -73,7 +73,7 @@ def measure(
     runners = {}
     leaves = verify._arrays(items[0][1])  # every plan is of one program: the same inputs
     for label, plan, item, _ in items:
-        compiled, args = verify.compile_program(plan, item, verify.mesh_for(plan, None), leaves)
+        _, compiled, args = verify.compile_program(plan, item, verify.mesh_for(plan, None), leaves)
         runners[label] = functools.partial(compiled, *args)
     return alternate(runners, repeat, at_least=verify.TURN_SECONDS)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -69,3 +72,24 @@ def alike_layers(seed: int, count: int, alike: bool) -> Problem:
     choices.append(tuple(range(4)))  # (the last activation)
     unary.append(rng.uniform(0, 1, 4))
     return Problem.of(choices, unary, edges)
+
+
+@contextlib.contextmanager
+def persistent_cache(path: Path) -> Iterator[Path]:
+    """JAX's persistent compilation cache on in ``path``, every program kept (JAX sets the
+    cache up once per process: it is reset on the way in and out)."""
+    from jax._src import compilation_cache
+
+    before = (
+        jax.config.jax_compilation_cache_dir,
+        jax.config.jax_persistent_cache_min_compile_time_secs,
+    )
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    compilation_cache.reset_cache()
+    try:
+        yield path
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+        compilation_cache.reset_cache()

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import shardwise
-from helpers import brute_force
+from helpers import brute_force, persistent_cache
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.profile import BUILTIN
 from shardwise._program import verify as verify_module
@@ -242,6 +242,54 @@ def test_a_planned_program_that_leaves_out_a_sum_is_refused(monkeypatch):
     assert "over mesh axes `data`, `model`" in said and "'search'" in said, said
     with pytest.raises(shardwise.MiscompileError, match=rf"at {re.escape(second)}"):
         plan.verify(repeat=1)
+
+
+def _tanh_mlp(x, w1, w2):
+    return jnp.tanh(x @ w1) @ w2
+
+
+def _tanh_mlp_again(x, w1, w2):  # (the same program at other lines, as if moved by an edit)
+    return jnp.tanh(x @ w1) @ w2
+
+
+_tanh_mlp_again.__name__ = _tanh_mlp.__name__  # (the compiled program is named after it)
+
+
+def test_a_planned_program_from_the_persistent_cache_is_checked_at_its_own_lines(
+    tmp_path, monkeypatch
+):
+    """JAX's persistent compilation cache gives the same program written elsewhere with the
+    lines of where it was compiled first; the guard of ``sharded`` and of ``verify`` reads the
+    program with its own lines (else it would match none of its dots and check nothing)."""
+    from shardwise._program import guard
+    from shardwise._xla import flow
+
+    x, w1, w2 = (np.ones(s, np.float32) for s in [(64, 32), (32, 64), (64, 32)])
+    read = []
+    checked = guard.dot_problems
+    monkeypatch.setattr(
+        guard, "dot_problems", lambda text, *a: read.append(text) or checked(text, *a)
+    )
+
+    def lines(text):
+        return {c.source.split(":")[-1] for c in flow.contractions(flow.parse(text))}
+
+    def own(fn):
+        first = inspect.getsourcelines(fn)[1]
+        return {str(first + 1)}  # (both dots are on the line after the def)
+
+    with persistent_cache(tmp_path):
+        first = shardwise.plan(_tanh_mlp, x, w1, w2, mesh="data=2,model=4", profile=CPU, top=1)
+        first.sharded("megatron")(x, w1, w2)
+        plan = shardwise.plan(_tanh_mlp_again, x, w1, w2, mesh="data=2,model=4", profile=CPU, top=1)
+        run = plan.sharded("megatron")
+        assert lines(run.lower(x, w1, w2).compile().as_text()) == own(_tanh_mlp)  # the cache's
+        read.clear()
+        np.testing.assert_allclose(run(x, w1, w2), _tanh_mlp(x, w1, w2), rtol=1e-5)
+        assert [lines(t) for t in read] == [own(_tanh_mlp_again)]
+        read.clear()
+        plan.verify(repeat=1)
+        assert read and all(lines(t) == own(_tanh_mlp_again) for t in read)
 
 
 def _cond_then_dot(x, w1, w2, p):  # (the branch's dot and the dot after it on one line)

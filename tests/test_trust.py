@@ -4,6 +4,7 @@ that jax.jit accepts, kernels that add no collective, and NumPy's dtypes."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 
@@ -14,9 +15,11 @@ import pytest
 from jax.sharding import NamedSharding
 
 import shardwise
+from helpers import persistent_cache
 from shardwise import _api
 from shardwise._model.mesh import MeshSpec, build_mesh
 from shardwise._model.plan import Plan
+from shardwise._xla import flow
 from shardwise._xla import lower as _lower
 from shardwise._xla.check import (
     DotTerms,
@@ -27,6 +30,7 @@ from shardwise._xla.check import (
 )
 from shardwise._xla.explain import compile_plan, explain_compiled
 from shardwise._xla.hlo import collectives
+from shardwise._xla.located import hlo_with_lines
 
 MESH = "x=2,y=4"
 MISCOMPILED = ("abc,abc->", [(2, 4, 4)] * 2, ["x,y", "x,-,y"])
@@ -177,6 +181,60 @@ def test_shard_refuses_jaxs_own_miscompiled_contraction_and_explain_shows_it():
     agreed = shardwise.shard(lambda a, b: jnp.einsum(equation, a, b), MESH, in_specs="x,y")
     assert float(agreed(u, u)) == 32.0
     assert agreed.explain(u, u).problems == ()
+
+
+def _lines(text):
+    return sorted({c.source for c in flow.contractions(flow.parse(text))})
+
+
+def test_a_program_from_the_persistent_cache_is_checked_at_its_own_lines(tmp_path):
+    """The cache keys a program without its source lines: the same contraction compiled from
+    another line comes back with that line's metadata, which would leave the guard nothing to
+    match; the guard compiles it again with its own lines, and refuses it."""
+    equation, shapes, specs = MISCOMPILED
+    u = np.ones(shapes[0], np.float32)
+    mesh = build_mesh(MeshSpec.parse(MESH))
+    with persistent_cache(tmp_path):
+        raw = _raw(equation, specs, mesh)  # (its lambda's line: _raw's)
+        assert float(raw(u, u)) == 16.0  # JAX's miscompile, now in the cache
+        assert any(tmp_path.iterdir())
+        fn = shardwise.shard(lambda a, b: jnp.einsum(equation, a, b), MESH, in_specs=specs)
+        traced = fn._jitted.trace(u, u)
+        here = [d.source for d in jaxpr_dots(traced.jaxpr)]
+        lowered = traced.lower()
+        compiled = lowered.compile()
+        assert _lines(compiled.as_text()) != here  # (the cache's lines: _raw's lambda's)
+        assert _lines(hlo_with_lines(lowered, compiled, jaxpr_dots(traced.jaxpr))) == here
+        with pytest.raises(shardwise.MiscompileError, match="after summing over `y` only"):
+            fn(u, u)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_program_with_its_own_lines_is_not_compiled_again(cache, tmp_path, monkeypatch):
+    """Without the cache, or where the lines are the trace's, the guard reads the program it
+    was given: no second compile."""
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path) if cache else None)
+    try:
+        equation, shapes, _ = MISCOMPILED
+        u = np.ones(shapes[0], np.float32)
+        fn = shardwise.shard(lambda a, b: jnp.einsum(equation, a, b), MESH, in_specs="x,y")
+        traced = fn._jitted.trace(u, u)
+        lowered = traced.lower()
+        compiled = lowered.compile()
+        dots = jaxpr_dots(traced.jaxpr)
+        assert _lines(compiled.as_text()) == [d.source for d in dots]
+        monkeypatch.setattr(type(lowered), "compile", lambda *a, **k: pytest.fail("again"))
+        assert hlo_with_lines(lowered, compiled, dots) == compiled.as_text()
+        # (read by line: a program whose lines are not its dots' is compiled again)
+        with (
+            pytest.raises(pytest.fail.Exception, match="again")
+            if cache
+            else contextlib.nullcontext()
+        ):
+            hlo_with_lines(lowered, compiled, [DotTerms("elsewhere.py:1", 2)])
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
 
 
 def test_shard_runs_a_function_whose_split_contractions_are_summed_and_checks_them():

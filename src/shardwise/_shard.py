@@ -22,6 +22,7 @@ from shardwise._versions import context_mesh, sources_in_users_code
 from shardwise._xla.check import dot_problems, ensure_dots_summed, jaxpr_dots
 from shardwise._xla.dtypes import ARRAYS_HINT, describe_value, x64
 from shardwise._xla.explain import Explanation, explain_function
+from shardwise._xla.located import hlo_with_lines
 from shardwise._xla.meshes import (
     MeshLike,
     auto_twin,
@@ -247,11 +248,11 @@ class Sharded:
         HLO and in the dots checked alike."""
         with sources_in_users_code():
             traced = self._jitted.trace(*args)
-            compiled = traced.lower().compile()
+            lowered = traced.lower()
+            compiled = lowered.compile()
             dots = jaxpr_dots(traced.jaxpr)
-        found = dot_problems(
-            compiled.as_text() or "", dots, self.mesh_spec.shape, platform(self.mesh)
-        )
+        text = hlo_with_lines(lowered, compiled, dots)
+        found = dot_problems(text, dots, self.mesh_spec.shape, platform(self.mesh))
         return compiled, found
 
     def _per_arg_shardings(self, args: tuple[Any, ...]) -> list[NamedSharding]:

@@ -1,7 +1,8 @@
 """The miscompile guard of planned programs: each dot a plan splits a contracted index of must be
 summed over the mesh axes that split it before the compiled program uses its result whole, as
 an einsum's program is checked (:func:`~shardwise._xla.check.dot_problems`). It reads the
-compiled program's text: no compile of its own."""
+compiled program's text: no compile of its own (but where the persistent compilation cache
+gave a program another source's lines, :func:`~shardwise._xla.located.hlo_with_lines`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from shardwise._errors import ShapeError
 from shardwise._program.rules import rule_of
 from shardwise._xla.check import DotTerms, dot_problems, ensure_dots_summed, jaxpr_dots
+from shardwise._xla.located import hlo_with_lines
 
 if TYPE_CHECKING:
     from shardwise._program.plans import PlannedLayout, ProgramPlan
@@ -77,12 +79,14 @@ def opaque_dots(jaxpr: Any) -> Iterator[DotTerms]:
                 yield DotTerms(dot.source, dot.terms, (), dot.backward, batched=dot.batched)
 
 
-def ensure_summed(plan: ProgramPlan, chosen: PlannedLayout, compiled: Any, platform: str) -> None:
-    """Raise :class:`~shardwise.MiscompileError` if ``compiled``, the program of plan
-    ``chosen``, leaves out a sum one of its dots needs."""
-    problems = dot_problems(
-        compiled.as_text() or "", tuple(plan_dots(plan, chosen)), plan.mesh.shape, platform
-    )
+def ensure_summed(
+    plan: ProgramPlan, chosen: PlannedLayout, lowered: Any, compiled: Any, platform: str
+) -> None:
+    """Raise :class:`~shardwise.MiscompileError` if ``compiled`` (``lowered`` compiled), the
+    program of plan ``chosen``, leaves out a sum one of its dots needs."""
+    dots = tuple(plan_dots(plan, chosen))
+    text = hlo_with_lines(lowered, compiled, dots)
+    problems = dot_problems(text, dots, plan.mesh.shape, platform)
     others = [p.name for p in plan.runnable if p.name != chosen.name]
     ensure_dots_summed(
         problems,

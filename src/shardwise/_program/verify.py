@@ -215,7 +215,7 @@ class Placing:
         if _CHECKED.get(key) is None:
             with sources_in_users_code():  # the lines the plan's steps name
                 lowered = self.jitted.lower(*args)
-            self.guard(lowered.compile())
+            self.guard(lowered, lowered.compile())
             _CHECKED.put(key, True)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
@@ -297,10 +297,10 @@ def _arrays(plan: ProgramPlan) -> list[Any]:
 
 def compile_program(
     plan: ProgramPlan, item: PlannedLayout, mesh: Any, leaves: Sequence[np.ndarray]
-) -> tuple[Any, Any]:
-    """``item`` compiled on ``mesh`` without donating (it runs again and again on the same
-    arguments), and ``leaves`` (the program's inputs, flat) placed as its inputs' specs say
-    and arranged as the program's arguments."""
+) -> tuple[Any, Any, Any]:
+    """``item`` lowered and compiled on ``mesh`` without donating (it runs again and again on
+    the same arguments), and ``leaves`` (the program's inputs, flat) placed as its inputs'
+    specs say and arranged as the program's arguments."""
     placed = [
         jax.device_put(x, NamedSharding(mesh, s.to_partition_spec()))
         for x, s in zip(leaves, item.in_specs, strict=True)
@@ -308,7 +308,7 @@ def compile_program(
     args = jax.tree.unflatten(plan.graph.tree, placed)
     with sources_in_users_code():  # the sources the plan's names give
         lowered = sharded(plan, item, mesh, donate=False).lower(*args)  # type: ignore[attr-defined]
-    return lowered.compile(), args
+    return lowered, lowered.compile(), args
 
 
 def same_programs(plans: Sequence[PlannedLayout]) -> dict[str, str]:
@@ -353,8 +353,8 @@ def verify(
             on_step(k, len(runnable))
         if item.name in twins:
             continue
-        compiled, args = compile_program(plan, item, m, leaves)
-        ensure_summed(plan, item, compiled, platform(m))
+        lowered, compiled, args = compile_program(plan, item, m, leaves)
+        ensure_summed(plan, item, lowered, compiled, platform(m))
         got = tuple(collectives(compiled.as_text() or "", plan.mesh.shape))
         want = tuple(as_compiled(plan.graph.loops, item.predicted.collectives))
         memory = compiled.memory_analysis()
