@@ -19,7 +19,7 @@ from helpers import persistent_cache
 from shardwise import _api
 from shardwise._model.mesh import MeshSpec, build_mesh
 from shardwise._model.plan import Plan
-from shardwise._xla import flow
+from shardwise._xla import flow, located
 from shardwise._xla import lower as _lower
 from shardwise._xla.check import (
     DotTerms,
@@ -205,6 +205,9 @@ def test_a_program_from_the_persistent_cache_is_checked_at_its_own_lines(tmp_pat
         compiled = lowered.compile()
         assert _lines(compiled.as_text()) != here  # (the cache's lines: _raw's lambda's)
         assert _lines(hlo_with_lines(lowered, compiled, jaxpr_dots(traced.jaxpr))) == here
+        with pytest.MonkeyPatch.context() as patch:  # an XLA without the option: as it came
+            patch.setattr(located, "OPTION", "xla_no_such_option")
+            assert hlo_with_lines(lowered, compiled, jaxpr_dots(traced.jaxpr)) == compiled.as_text()
         with pytest.raises(shardwise.MiscompileError, match="after summing over `y` only"):
             fn(u, u)
 
