@@ -75,16 +75,17 @@ def alike_layers(seed: int, count: int, alike: bool) -> Problem:
 
 
 @contextlib.contextmanager
-def persistent_cache(path: Path) -> Iterator[Path]:
-    """JAX's persistent compilation cache on in ``path``, every program kept (JAX sets the
-    cache up once per process: it is reset on the way in and out)."""
+def persistent_cache(path: Path | None) -> Iterator[Path | None]:
+    """JAX's persistent compilation cache on in ``path``, every program kept, or off where
+    ``path`` is ``None`` (JAX sets the cache up once per process: it is reset on the way in
+    and out, and the suite's own cache, ``conftest.py``'s, is back after)."""
     from jax._src import compilation_cache
 
     before = (
         jax.config.jax_compilation_cache_dir,
         jax.config.jax_persistent_cache_min_compile_time_secs,
     )
-    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_compilation_cache_dir", None if path is None else str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     compilation_cache.reset_cache()
     try:

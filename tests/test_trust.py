@@ -216,9 +216,7 @@ def test_a_program_from_the_persistent_cache_is_checked_at_its_own_lines(tmp_pat
 def test_a_program_with_its_own_lines_is_not_compiled_again(cache, tmp_path, monkeypatch):
     """Without the cache, or where the lines are the trace's, the guard reads the program it
     was given: no second compile."""
-    before = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path) if cache else None)
-    try:
+    with persistent_cache(tmp_path if cache else None):
         equation, shapes, _ = MISCOMPILED
         u = np.ones(shapes[0], np.float32)
         fn = shardwise.shard(lambda a, b: jnp.einsum(equation, a, b), MESH, in_specs="x,y")
@@ -236,8 +234,6 @@ def test_a_program_with_its_own_lines_is_not_compiled_again(cache, tmp_path, mon
             else contextlib.nullcontext()
         ):
             hlo_with_lines(lowered, compiled, [DotTerms("elsewhere.py:1", 2)])
-    finally:
-        jax.config.update("jax_compilation_cache_dir", before)
 
 
 def test_shard_runs_a_function_whose_split_contractions_are_summed_and_checks_them():
