@@ -288,8 +288,11 @@ def test_a_planned_program_from_the_persistent_cache_is_checked_at_its_own_lines
         np.testing.assert_allclose(run(x, w1, w2), _tanh_mlp(x, w1, w2), rtol=1e-5)
         assert [lines(t) for t in read] == [own(_tanh_mlp_again)]
         read.clear()
-        plan.verify(repeat=1)
+        done = plan.verify(repeat=1)
         assert read and all(lines(t) == own(_tanh_mlp_again) for t in read)
+        said = {c.source.split()[0].rsplit(":", 1)[-1] for p in done.plans if p.verified
+                for c in p.verified.collectives if c.source}  # fmt: skip
+        assert said and said <= own(_tanh_mlp_again), said  # (the report's lines too)
 
 
 def _cond_then_dot(x, w1, w2, p):  # (the branch's dot and the dot after it on one line)

@@ -210,6 +210,10 @@ def test_a_program_from_the_persistent_cache_is_checked_at_its_own_lines(tmp_pat
             assert hlo_with_lines(lowered, compiled, jaxpr_dots(traced.jaxpr)) == compiled.as_text()
         with pytest.raises(shardwise.MiscompileError, match="after summing over `y` only"):
             fn(u, u)
+        said = {
+            c.source.split()[0].rsplit("/", 1)[-1] for c in fn.explain(u, u).collectives if c.source
+        }
+        assert said and said <= set(here), said  # (the report's lines are the program's too)
 
 
 @pytest.mark.parametrize("cache", [False, True])

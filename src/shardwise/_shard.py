@@ -242,10 +242,10 @@ class Sharded:
             )
             _CHECKED.put(key, True)
 
-    def _compiled(self, args: tuple[Any, ...]) -> tuple[Any, tuple[str, ...]]:
-        """The program compiled for ``args``, and what :func:`dot_problems` finds wrong in it;
-        its ops' lines are the user's own (an optax loss's, at the line that calls it), in the
-        HLO and in the dots checked alike."""
+    def _compiled(self, args: tuple[Any, ...]) -> tuple[Any, tuple[str, ...], str]:
+        """The program compiled for ``args``, what :func:`dot_problems` finds wrong in it, and
+        its text as read (:func:`hlo_with_lines`); its ops' lines are the user's own (an optax
+        loss's, at the line that calls it), in the HLO and in the dots checked alike."""
         with sources_in_users_code():
             traced = self._jitted.trace(*args)
             lowered = traced.lower()
@@ -253,7 +253,7 @@ class Sharded:
             dots = jaxpr_dots(traced.jaxpr)
         text = hlo_with_lines(lowered, compiled, dots)
         found = dot_problems(text, dots, self.mesh_spec.shape, platform(self.mesh))
-        return compiled, found
+        return compiled, found, text
 
     def _per_arg_shardings(self, args: tuple[Any, ...]) -> list[NamedSharding]:
         """One sharding per positional argument, when the specs give one per argument."""
@@ -335,8 +335,8 @@ class Sharded:
         self._check(args)
         args = self._moved(args, shapes=True)  # (as a call moves them: compiled for the specs)
         with self._on_its_mesh(args), explicit_hints(), self._out_specs_said(args):
-            compiled, problems = self._compiled(args)
-        return explain_function(compiled, args, self.mesh, self.fn, problems)
+            compiled, problems, text = self._compiled(args)
+        return explain_function(compiled, args, self.mesh, self.fn, problems, text)
 
 
 def _check_structure(fn: Callable[..., Any], k: int, arg: Any, spec: Any) -> None:

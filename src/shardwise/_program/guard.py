@@ -81,9 +81,10 @@ def opaque_dots(jaxpr: Any) -> Iterator[DotTerms]:
 
 def ensure_summed(
     plan: ProgramPlan, chosen: PlannedLayout, lowered: Any, compiled: Any, platform: str
-) -> None:
+) -> str:
     """Raise :class:`~shardwise.MiscompileError` if ``compiled`` (``lowered`` compiled), the
-    program of plan ``chosen``, leaves out a sum one of its dots needs."""
+    program of plan ``chosen``, leaves out a sum one of its dots needs; else the program's
+    text as the check read it (its own source lines, :func:`hlo_with_lines`)."""
     dots = tuple(plan_dots(plan, chosen))
     text = hlo_with_lines(lowered, compiled, dots)
     problems = dot_problems(text, dots, plan.mesh.shape, platform)
@@ -94,3 +95,4 @@ def ensure_summed(
         "Run another of its plans with plan.sharded(name) "
         f"({', '.join(repr(n) for n in others) or 'none is left'})",
     )
+    return text

@@ -354,8 +354,8 @@ def verify(
         if item.name in twins:
             continue
         lowered, compiled, args = compile_program(plan, item, m, leaves)
-        ensure_summed(plan, item, lowered, compiled, platform(m))
-        got = tuple(collectives(compiled.as_text() or "", plan.mesh.shape))
+        text = ensure_summed(plan, item, lowered, compiled, platform(m))
+        got = tuple(collectives(text, plan.mesh.shape))
         want = tuple(as_compiled(plan.graph.loops, item.predicted.collectives))
         memory = compiled.memory_analysis()
         if plan.donate_argnums:  # (the memory as donated, on the arguments placed above)

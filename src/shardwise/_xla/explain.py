@@ -240,11 +240,18 @@ def _counted(plan: Plan, layout: Layout) -> Compute | None:
 
 
 def explain_function(
-    compiled: Any, args: Sequence[Any], mesh: Mesh, fn: Any = None, problems: Sequence[str] = ()
+    compiled: Any,
+    args: Sequence[Any],
+    mesh: Mesh,
+    fn: Any = None,
+    problems: Sequence[str] = (),
+    text: str | None = None,
 ) -> Explanation:
     """The explanation of any compiled sharded function; arrays are named by ``fn``'s
     parameters and pytree paths (``x``, ``params['w1']``) and the result's paths; ``problems``
-    are what makes it return a wrong result (:func:`~shardwise._xla.check.dot_problems`)."""
+    are what makes it return a wrong result (:func:`~shardwise._xla.check.dot_problems`);
+    ``text``: the program's text as that check read it (with its own source lines, where the
+    persistent compilation cache gave it others: :mod:`~shardwise._xla.located`)."""
     spec = MeshSpec.parse(mesh)
     in_names = argument_names(fn, args) if fn is not None else []
     out_names = result_names(compiled.out_info)
@@ -253,7 +260,8 @@ def explain_function(
     in_shardings = jax.tree.leaves(compiled.input_shardings[0], is_leaf=lambda s: s is None)
     out_avals = jax.tree.leaves(compiled.out_info)
     out_shardings = jax.tree.leaves(compiled.output_shardings)
-    found = tuple(collectives(compiled.as_text() or "", spec.shape))
+    read = compiled.as_text() or "" if text is None else text
+    found = tuple(collectives(read, spec.shape))
     return Explanation(
         equation=None,
         mesh=spec,
