@@ -78,7 +78,7 @@ def alike_layers(seed: int, count: int, alike: bool) -> Problem:
 def persistent_cache(path: Path | None) -> Iterator[Path | None]:
     """JAX's persistent compilation cache on in ``path``, every program kept, or off where
     ``path`` is ``None`` (JAX sets the cache up once per process: it is reset on the way in
-    and out, and the suite's own cache, ``conftest.py``'s, is back after)."""
+    and out, and whatever cache the process had is back after)."""
     from jax._src import compilation_cache
 
     before = (
