@@ -32,7 +32,8 @@ typecheck: $(STAMP)
 
 ## Three workers on two cores: many tests wait on the processes they launch (a launch of two
 ## processes, a timeout, a killed stream resumed), and a third worker fills that time
-## (9:49 against 10:26 for two workers, back to back on a 2-core x86 machine with 24 GiB).
+## (9:49 against 10:26 for two workers, back to back on a 2-core x86 machine with 24 GiB, both
+## with a run-wide compilation cache the suite no longer keeps; 7:45 without it, three workers).
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 3 --dist worksteal --durations=25
 

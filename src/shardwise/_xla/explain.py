@@ -260,7 +260,7 @@ def explain_function(
     in_shardings = jax.tree.leaves(compiled.input_shardings[0], is_leaf=lambda s: s is None)
     out_avals = jax.tree.leaves(compiled.out_info)
     out_shardings = jax.tree.leaves(compiled.output_shardings)
-    read = compiled.as_text() or "" if text is None else text
+    read = (compiled.as_text() or "") if text is None else text
     found = tuple(collectives(read, spec.shape))
     return Explanation(
         equation=None,
