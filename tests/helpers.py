@@ -94,3 +94,24 @@ def persistent_cache(path: Path | None) -> Iterator[Path | None]:
         jax.config.update("jax_compilation_cache_dir", before[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
         compilation_cache.reset_cache()
+
+
+ANOTHER_MACHINE = {
+    "name": "local-cpu-8", "platform": "cpu", "memory_bytes": None, "mesh": "data=2,model=4",
+    "flops_per_s": {"float32": 2.155e10, "bfloat16": 2.996e10},
+    "memory_Bps": 3.857e9, "matmul_Bps": 2.644e9, "conv_tap_s": 3.497e-08,
+    "link": {"latency_s": 2.657e-4, "bandwidth_Bps": 1.374e9},
+    "axis_links": {"data": {"latency_s": 2.333e-4, "bandwidth_Bps": 1.29e9},
+                   "model": {"latency_s": 2.982e-4, "bandwidth_Bps": 1.457e9}},
+    "gather": {"latency_s": 2.532e-4, "bandwidth_Bps": 1.93e9},
+    "gather_links": {"data": {"latency_s": 2.204e-4, "bandwidth_Bps": 1.639e9},
+                     "model": {"latency_s": 2.86e-4, "bandwidth_Bps": 2.22e9}},
+}  # fmt: skip
+"""A profile ``shardwise calibrate`` measured on a 2-core x86 machine with 24 GiB while it
+was busy (collectives starting in 220–300 µs, a matmul moving 2.6 GB/s): its plans are
+other plans than ``cpu-2core``'s, and they showed what the memory model missed (each case of
+``test_library_models.test_the_plans_of_another_machines_profile`` had a plan outside 20% of
+XLA's memory): a convolution made with its batch split and gathered whole before the bias
+and the pooling (the ``replicated`` baseline's, 1.38×), a bias split on ``data`` broadcast
+along a batch split on ``(data, model)`` (1.30×), and checkpointed layers recomputed as the
+forward pass laid them out, which XLA merges with the forward pass (six plans at 0.79×)."""

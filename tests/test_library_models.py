@@ -20,7 +20,9 @@ import pytest
 from jax.sharding import AxisType
 
 import shardwise
+from helpers import ANOTHER_MACHINE
 from library_models import MODELS
+from shardwise._model.profile import Profile
 
 PROFILE = "cpu-2core"
 MESHES = ("string", "explicit")
@@ -179,3 +181,15 @@ def test_an_attention_split_along_each_heads_features() -> None:
     fn, args = _model("nnx-gpt-loss")
     _check_plans(shardwise.plan(fn, *args, mesh="data=2,model=4", profile=PROFILE,
                                 fixed=HEAD_FEATURES, top=2))  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["linen-cnn-step", "haiku-mlp", "eqx-checkpoint"])
+def test_the_plans_of_another_machines_profile(name: str) -> None:
+    """Every plan made with another machine's profile compiles to its collectives and within
+    20% of its predicted memory."""
+    for library in LIBRARIES[name]:
+        pytest.importorskip(library)
+    fn, args = _model(name)
+    profile = Profile.from_json(ANOTHER_MACHINE)  # (its plans' misses: helpers.ANOTHER_MACHINE)
+    _check_plans(shardwise.plan(fn, *args, mesh="data=2,model=4", profile=profile))

@@ -7,12 +7,20 @@ the end of the backward pass (:mod:`shardwise._program.remat`)."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
 
 import shardwise
-from shardwise._model.profile import BUILTIN
+from helpers import ANOTHER_MACHINE
+from shardwise._model.profile import BUILTIN, Profile
+from shardwise._program.graph import Graph, build
+from shardwise._program.remat import bodies, scheduled, twins
+from shardwise._program.verify import compile_program
 
 S = jax.ShapeDtypeStruct
 
@@ -56,3 +64,46 @@ def test_checkpointed_mlp_memory_within_bounds_of_xla_for_every_plan():
         ratios[p.name] = p.verified.memory_bytes / p.predicted.memory_bytes
     within = {n: r for n, r in ratios.items() if 0.8 <= r <= 1.25}
     assert set(ratios) - set(within) == set(OFF), ratios
+
+
+def _in_body(graph: Graph, k: int) -> bool:
+    return any(graph.steps[k].key[: len(b)] == b for b in bodies(graph))
+
+
+def test_each_recomputed_layer_is_paired_with_the_forward_pass_twin():
+    """The backward pass's recomputation of each checkpointed layer (its weight's transpose,
+    its dot, its bias's broadcast) is paired with the forward pass's steps that compute the
+    same: the candidates XLA merges."""
+    graph = build(_step, _args())
+    found = twins(graph)
+    dots = [k for k in found if graph.steps[k].kind == "dot"]
+    assert len(dots) == 3  # (the three checkpointed layers; the last layer is not)
+    assert len(found) == 9
+    for k, f in found.items():
+        a, b = graph.steps[k], graph.steps[f]
+        assert _in_body(graph, k) and not _in_body(graph, f)
+        assert (a.prim, a.op, a.dim_map) == (b.prim, b.op, b.dim_map)
+        made, twin = graph.values[a.output], graph.values[b.output]
+        assert (made.shape, made.dtype) == (twin.shape, twin.dtype)
+
+
+@pytest.mark.parametrize("profile", ["cpu-2core", "another machine"])
+def test_xla_merges_every_recomputed_dot_the_model_merges(profile: str):
+    """Every recomputed dot that the memory model takes as merged with the forward pass's
+    twin (laid out alike, summing nothing after it: :func:`~shardwise._program.remat.alike`)
+    is one dot fewer in the compiled program (the plans of another machine's profile lay the
+    recomputation out as the forward pass: some merge)."""
+    chosen = BUILTIN["cpu-2core"] if profile == "cpu-2core" else Profile.from_json(ANOTHER_MACHINE)
+    plan = shardwise.plan(_step, *_args(), mesh="data=2,model=4", profile=chosen)
+    graph = plan.graph
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    leaves = [np.zeros(a.shape, a.dtype) for a in jax.tree.leaves(_args())]
+    dots = sum(step.kind == "dot" for step in graph.steps)
+    merged_anywhere = 0
+    for p in plan.plans:
+        found = scheduled(graph, p.layouts, plan.mesh)
+        merged = sum(graph.steps[k].kind == "dot" for k in found.merged)
+        compiled = compile_program(plan, p, mesh, leaves)[1]
+        assert len(re.findall(r" dot\(", compiled.as_text())) <= dots - merged, p.name
+        merged_anywhere += merged
+    assert merged_anywhere > 0

@@ -14,8 +14,9 @@ import numpy as np
 
 from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
+from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
-from shardwise._program.moves import local, shard_bytes
+from shardwise._program.moves import all_to_all, local, shard_bytes
 from shardwise._program.nodes import Step
 from shardwise._program.upcast import held_dtype
 
@@ -160,15 +161,19 @@ def pooled_operands(
     """The operand of each sum a pooling reads (``pooled``: :func:`pooled_sums`, once per
     graph) held beside the sum from the sum's point to the pooling's, where the step that
     makes the operand makes it in
-    the layout it is held in, and the operand, the sum and the pooling's operand are laid out
-    alike and the pooling reads it so. An operand moved after its step (a convolution made
-    with its batch split, held with its channels split: an ``all-to-all`` then a copy that
-    transposes it) reaches the pooling through that copy's loop fusion, which takes in the
-    sum and the elementwise op: the sum is made once, where the model has it, and the
-    operand is the copy's input, held as the sum is (seen in the same training step's plan
-    with its channels split: ``bitcast_copy_fusion`` reads the ``concatenate`` and the bias,
-    no ``broadcast_add_fusion``; that plan went from 0.85 of the prediction to 0.81 when
-    the operand was added there too)."""
+    the layout it is held in, or gathers it there after, and the operand, the sum and the
+    pooling's operand are laid out alike and the pooling reads it so (a gathered operand is
+    the gather's result, a buffer of its own: seen in the compiled training step of a
+    convolution made with its batch split and gathered whole, ``all-gather`` held beside
+    ``broadcast_add_fusion`` and relu's zero, 1.38x the prediction without it). An operand
+    moved by an all-to-all after its step (a convolution made with its batch split, held
+    with its channels split: an ``all-to-all`` then a copy that transposes it) reaches the
+    pooling through that copy's loop fusion, which takes in the sum and the elementwise op:
+    the sum is made once, where the model has it, and the operand is the copy's input, held
+    as the sum is (seen in the same training step's plan with its channels split:
+    ``bitcast_copy_fusion`` reads the ``concatenate`` and the bias, no
+    ``broadcast_add_fusion``; that plan went from 0.85 of the prediction to 0.81 when the
+    operand was added there too)."""
     for a, c, n in pooled:
         step = graph.steps[n]
         found = lay.steps.get(step.key)
@@ -176,14 +181,22 @@ def pooled_operands(
         if found is None:
             continue
         made = [m[1] for s in graph.steps if s.output == c for m in [lay.steps.get(s.key)] if m]
+        rank = len(graph.values[c].shape)
         if any(
-            s.canonical() != spec
-            for s in (lay.specs[a], lay.specs[step.inputs[0]], found[0][0], *made)
-        ):
+            s.canonical() != spec for s in (lay.specs[a], lay.specs[step.inputs[0]], found[0][0])
+        ) or any(_not_gathered(s, lay.specs[c], rank, mesh) for s in made):
             continue
         points[graph.born[a] : graph.born[step.output] + 1] += shard_bytes(
             graph.values[c], lay.specs[c], mesh
         )
+
+
+def _not_gathered(made: Spec, held: Spec, rank: int, mesh: MeshSpec) -> bool:
+    """Whether an array made as ``made`` and held as ``held`` is moved there by something
+    other than gathers: a slice, or an all-to-all."""
+    if made.canonical() == held.canonical():
+        return False
+    return local(made, held, rank, mesh) or all_to_all(made, held, rank, mesh)
 
 
 def in_place(graph: Graph, results: set[int], cpu: bool = False) -> dict[int, int]:

@@ -32,14 +32,20 @@ from shardwise._program.buffers import (
     unread_inputs,
 )
 from shardwise._program.constants import made_whole
-from shardwise._program.copies import Copies, made_copy
+from shardwise._program.copies import (
+    UPDATES,
+    Copies,
+    copies_argument,
+    made_copy,
+    moved_broadcast,
+)
 from shardwise._program.donation import aliased, unaliased_bytes, updated_early
 from shardwise._program.graph import Graph
 from shardwise._program.integer import Constraint
 from shardwise._program.moves import shard_bytes
 from shardwise._program.nodes import Step, Value
 from shardwise._program.problem import Problem
-from shardwise._program.remat import Schedule, bodies, last_reads, schedule
+from shardwise._program.remat import Schedule, bodies, last_reads, merged_into, schedule, scheduled
 from shardwise._program.sums import (
     Summed,
     combined,
@@ -70,7 +76,9 @@ def held(graph: Graph) -> list[int]:
 def fused(graph: Graph, step: Step) -> bool:
     """Whether XLA makes ``step``'s result inside the elementwise ops that read it, never as
     a buffer of its own: a broadcast (a bias broadcast to the batch, then added) that no
-    other step reads and that is not a result."""
+    other step reads and that is not a result. One that a collective moves from the layout
+    it is made in to the one it is kept in is made, and moved, all the same: its copies are
+    counted where the plan lays it out so (:func:`~.copies.moved_broadcast`)."""
     return (
         step.prim.startswith("broadcast_in_dim")
         and step.output not in graph.fed
@@ -125,6 +133,7 @@ def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Live
             written[r] = min(written[r], born[v])
     loops.loop_lives(graph, born)
     reads = last_reads(graph, plan)
+    within |= merged_into(graph, plan, reads, set(arrays))
     made_again(graph, born, reads)
     updated_early(graph, taken, born, reads)  # (results over donated arguments)
     for v, a in sorted(folded.items(), reverse=True):  # (a later transpose of a transpose)
@@ -158,6 +167,8 @@ class _Fixed(NamedTuple):
     into_reduce: dict[int, tuple[int, tuple[int, ...]]]
     folded: dict[int, int]
     pooled: tuple[tuple[int, int, int], ...]
+    broadcasts: tuple[int, ...] = ()
+    """The fused broadcasts (:func:`fused`), by step index."""
 
 
 _FIXED: Bounded[tuple[int, bool], tuple[Graph, _Fixed]] = Bounded(8)
@@ -193,8 +204,9 @@ def _fixed(graph: Graph, cpu: bool = False) -> _Fixed:
     read = frozenset(a for step in graph.steps for a in step.inputs)
     kind_at = np.array(kind_of, np.intp)
     results = {v for v in graph.outputs if v is not None}
+    broadcasts = tuple(n for n, s in enumerate(graph.steps) if fused(graph, s))
     found = _Fixed(lives, visit, to_outputs(graph), each, kind_at, halves, read, into_reduce(graph),
-                   folded_transposes(graph, results), pooled_sums(graph))  # fmt: skip
+                   folded_transposes(graph, results), pooled_sums(graph), broadcasts)  # fmt: skip
     _FIXED.put((id(graph), cpu), (graph, found))
     return found
 
@@ -239,13 +251,11 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     temporary (an array, a copy, partial sums) that fits in a result's buffer before the
     result is made is kept there, as XLA's buffer assignment keeps it (:mod:`.bins`)."""
     cpu = platform == "cpu"
-    lives = _in_order(graph, cpu)
-    plan = Schedule({}, frozenset())
+    lives, plan = _in_order(graph, cpu), Schedule({}, frozenset())
     if lives is None:  # (the schedule of a checkpoint's backward pass depends on the layouts)
-        plan = schedule(graph, lambda: _copied(graph, lay, mesh))
+        plan = scheduled(graph, lay, mesh)
         lives = _live(graph, plan, cpu)
-    arrays = lives.arrays
-    fixed, specs, born = _fixed(graph, cpu), lay.specs, graph.born
+    arrays, fixed, specs, born = lives.arrays, _fixed(graph, cpu), lay.specs, graph.born
     sizes = sliced_only(graph, lay, mesh, arrays, _sizes(graph, lay, mesh, arrays), cpu)
     if cpu and fixed.halves.any():  # (:mod:`.upcast`: bfloat16 and float16 made as float32)
         sizes = np.where(fixed.halves, 2 * sizes, sizes)
@@ -259,9 +269,11 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     temps, early = copies.temps, copies.early
     later: list[tuple[int, int, int]] = []  # partial sums summed with others: (at, bytes, buffers)
     summed: list[Summed] = []  # the other dots' partial sums
-    for n in fixed.visit:  # (a fused broadcast makes no copy)
+    for n in _visited(graph, lay, mesh, fixed):
         step = graph.steps[n]
         at = plan.at.get(n, born[step.output])  # (plan.point)
+        if n in plan.merged:
+            continue
         if step.role == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
             if loops.scan_slice(graph, step, at, lay, mesh, cpu, points, (temps, early)):
                 k = arrays.index(step.output)
@@ -282,7 +294,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         copies.result(at, step.output, made_copy(value, made, kept, mesh, cpu, broadcast), block)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
             loops.conv_copies(graph, step, ins, made, mesh, points)
-        if step.prim in UPDATES and _copies_argument(graph, step, fixed.read):
+        if step.prim in UPDATES and copies_argument(graph, step, fixed.read):
             points[at] += shard_bytes(graph.values[step.inputs[0]], ins[0], mesh)
         if step.kind == "dot":
             partial_buffers(graph, step, found, at, mesh, cpu, fixed.outputs_of, later, summed)
@@ -327,39 +339,11 @@ def _heap(
     copies.one_or_other(homes, arguments, results, points)
 
 
-UPDATES = frozenset({"dynamic_update_slice", "scatter", "scatter-add"})
-"""The ops that write part of their first operand's buffer."""
-
-
-def _copies_argument(graph: Graph, step: Step, read: frozenset[int]) -> bool:
-    """Whether an update (:data:`UPDATES`) writes an argument, into a temporary copy of it: XLA
-    may not write an argument, so it updates a copy (seen: ``copy(param)`` then the update
-    fused into a new buffer), made in the result's buffer where the update is a result that
-    no step reads (a KV cache written and returned: no temporary). A scatter-add into zeros
-    made on each device writes no argument: its first operand is then the indices."""
-    a = step.inputs[0]
-    return (
-        a in graph.inputs
-        and graph.values[a].shape == graph.values[step.output].shape
-        and (step.output not in graph.outputs or step.output in read)
-    )
-
-
-def _copied(graph: Graph, lay: Layouts, mesh: MeshSpec) -> set[tuple[int, int]]:
-    """The (step index, operand position) pairs whose operand the step reads in a layout
-    other than the array's own, no bigger per device (a slice of it, made on each device
-    with no collective)."""
-    out = set()
-    for n, step in enumerate(graph.steps):
-        if step.key not in lay.steps:
-            continue
-        for j, (a, used) in enumerate(zip(step.inputs, lay.steps[step.key][0], strict=False)):
-            held_as = lay.specs[a]
-            if used.canonical() != held_as.canonical() and shard_bytes(
-                graph.values[a], used, mesh
-            ) <= shard_bytes(graph.values[a], held_as, mesh):
-                out.add((n, j))
-    return out
+def _visited(graph: Graph, lay: Layouts, mesh: MeshSpec, fixed: _Fixed) -> list[int]:
+    """The steps that may make copies under ``lay``, in order: all but the fused broadcasts
+    (:func:`fused`), and those of them that a collective moves."""
+    moved = [n for n in fixed.broadcasts if moved_broadcast(graph, graph.steps[n], lay, mesh)]
+    return sorted([*fixed.visit, *moved]) if moved else fixed.visit
 
 
 def peak_bytes(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -> int:

@@ -86,7 +86,7 @@ def partial_buffers(
         if graph.find(step.output) in outputs_of and not step.branch:
             later.append((at, size, copies))
         else:
-            summed.append((at, size, copies, step, _summed_axes(step.op, found[0])))
+            summed.append((at, size, copies, step, summed_axes(step.op, found[0])))
 
 
 Summed = tuple[int, int, int, Step, frozenset[str]]
@@ -133,7 +133,7 @@ def _joins(graph: Graph, entry: Summed, group: list[Summed]) -> bool:
 
 
 @cached(maxsize=1 << 14)
-def _summed_axes(op: Op, ins: tuple[Spec, ...]) -> frozenset[str]:
+def summed_axes(op: Op, ins: tuple[Spec, ...]) -> frozenset[str]:
     """The mesh axes a dot that reads its operands as ``ins`` sums its partial sums over
     (those that split its contracted letters; none: nothing is summed after it)."""
     return frozenset(
@@ -152,7 +152,7 @@ def _buffer(op: Op, ins: tuple[Spec, ...], made: Spec) -> tuple[Spec | None, boo
     the result is scattered: the same for every layer of a stack and every plan alike."""
     partial = _layout(op, ins)
     scattered = partial != made.canonical()
-    return (partial if scattered or _summed_axes(op, ins) else None), scattered
+    return (partial if scattered or summed_axes(op, ins) else None), scattered
 
 
 REDUCES = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
@@ -219,7 +219,7 @@ def fused_into_reduce(
     return (
         step.op is not None
         and read is not None
-        and not _summed_axes(step.op, ins)
+        and not summed_axes(step.op, ins)
         and made.canonical() == kept.canonical() == read.canonical()
     )
 
