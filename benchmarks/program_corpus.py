@@ -28,7 +28,7 @@ import tempfile
 from typing import Any
 
 from program_parts import choice
-from program_random_profiles import _profile as random_profile
+from program_random_profiles import random_profile
 from program_verify import MESH, PROGRAMS, _figures, _profile
 
 import shardwise

@@ -31,7 +31,9 @@ PROGRAMS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def _profile(rng: random.Random, trial: int) -> Profile:
+def random_profile(rng: random.Random, trial: int) -> Profile:
+    """The built-in ``cpu-2core`` profile with each rate and latency scaled by a factor from
+    0.1 to 10, log-uniform, drawn from ``rng``."""
     cpu = BUILTIN["cpu-2core"]
 
     def f() -> float:
@@ -60,7 +62,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
     for trial in range(args.trials):
-        profile = _profile(rng, trial)
+        profile = random_profile(rng, trial)
         for name, sizes in PROGRAMS:
             for train in (False, True):
                 fn, fn_args = shardwise.model(name, train=train, **sizes)
