@@ -270,10 +270,10 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     later: list[tuple[int, int, int]] = []  # partial sums summed with others: (at, bytes, buffers)
     summed: list[Summed] = []  # the other dots' partial sums
     for n in _visited(graph, lay, mesh, fixed):
+        if n in plan.merged:  # (:func:`~shardwise._program.remat.twins`)
+            continue
         step = graph.steps[n]
         at = plan.at.get(n, born[step.output])  # (plan.point)
-        if n in plan.merged:
-            continue
         if step.role == "scan slice" and (step.key, step.inputs[0]) in lay.scans:
             if loops.scan_slice(graph, step, at, lay, mesh, cpu, points, (temps, early)):
                 k = arrays.index(step.output)

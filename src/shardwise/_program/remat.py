@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from shardwise._model.mesh import MeshSpec
+from shardwise._program.buffers import readers
 from shardwise._program.graph import Graph
 from shardwise._program.moves import shard_bytes
 from shardwise._program.rules import rule_of
@@ -48,8 +49,8 @@ class Schedule(NamedTuple):
     at: dict[int, int]
     early: frozenset[tuple[int, int]]
     merged: Mapping[int, int] = MappingProxyType({})
-    """The recomputed dots that XLA merges with the forward pass's (:func:`twins`): by step
-    index, the forward dot's."""
+    """The recomputed steps that XLA merges with the forward pass's (:func:`twins`): by step
+    index, the forward step's."""
 
     def point(self, graph: Graph, k: int) -> int:
         """The program point step ``k`` runs at."""
@@ -91,9 +92,10 @@ def schedule(
     a step that reads only arrays of the forward pass as soon as they exist; one whose result
     is the program's as soon as its operands do; and the copies ``copied()`` names (step
     index, operand position: those a step reads in a layout other than the array's own, no
-    bigger per device) of forward arrays as soon as those are made. A recomputed dot that
-    ``alike(k, f)`` says the plan lays out as its twin ``f`` (:func:`twins`) does not run: XLA
-    merges the two. A program with no differentiated checkpoint runs in program order."""
+    bigger per device) of forward arrays as soon as those are made. A recomputed step that
+    ``alike(k, f)`` says XLA merges with its twin ``f`` (:func:`twins`), reading what such
+    steps made or what the forward pass did, does not run. A program with no differentiated
+    checkpoint runs in program order."""
     found = bodies(graph)
     if not found:
         return Schedule({}, frozenset())
@@ -184,11 +186,11 @@ def merged_into(graph: Graph, plan: Schedule, reads: list[int], held: Set[int]) 
     forward pass's ``tanh``."""
     backward = [graph.born[s.output] for s in graph.steps if s.backward]
     start = min(backward, default=graph.clock + 1)
-    out = set()
+    out, read_by = set(), readers(graph) if plan.merged else {}
     for k, f in plan.merged.items():
         v, twin = graph.steps[k].output, graph.steps[f].output
         out.add(v)
-        steps = [j for j, s in enumerate(graph.steps) if v in s.inputs]
+        steps = read_by.get(v, [])
         merged = max((graph.born[graph.steps[j].output] for j in steps if j in plan.merged),
                      default=-1)  # fmt: skip
         if all(j in plan.merged for j in steps) and reads[v] <= merged:
