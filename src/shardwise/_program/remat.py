@@ -17,6 +17,8 @@ scheduled right after the forward ``tanh``, the activation's ``f32[64,32]`` slic
 weight gradient right after it, the ``f32[64,64]`` activation freed there, not at the end of
 the backward pass; and a layer's weight gradient run before its input gradient. With or
 without the optimisation barrier that JAX's own lowering puts on the saved arrays, alike.
+Where the plan lays a recomputed step out as the forward pass's twin, XLA runs it once: the
+two merge, and the backward pass reads the forward pass's results (:func:`twins`).
 Pure: it reads the traced jaxpr's structure, no devices.
 """
 
