@@ -5,6 +5,7 @@ words, and each op's share of the time."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any
@@ -121,6 +122,8 @@ class Tally:
         """Where each step's collectives begin in :attr:`found`."""
         self.own_flops = [0.0] * len(graph.steps)
         """Each step's FLOPs."""
+        self.own_seconds = [0.0] * len(graph.steps)
+        """Each dot's own time (:meth:`without`)."""
 
     def add(self, k: int, cost: Cost, why: Callable[[], str], side: int = -1) -> None:
         """Step ``k``'s ``cost``, each of its collectives for the reason ``why()`` says (put
@@ -191,7 +194,7 @@ class Tally:
         assert step.op is not None
         own = self.costs.dot(step, strategy)
         self.flops += own.flops
-        self.own_flops[k] = own.flops
+        self.own_flops[k], self.own_seconds[k] = own.flops, own.seconds
         self.add(k, own, lambda: _partial_sums(step, strategy))
         for position, (a, spec) in enumerate(
             zip(step.inputs, strategy.in_specs(step.op), strict=True)
@@ -273,6 +276,23 @@ class Tally:
         what = step.prim if step.modelled else f"{step.prim} (not modelled)"
         self._result(k, step, Spec(), what)
 
+    def without(self, dots: Set[int]) -> Tally:
+        """This tally with the work of ``dots`` taken away, their moves kept: dots XLA does
+        not run (a recomputation merged with the forward pass,
+        :func:`~shardwise._program.remat.twins`; XLA still moves their operands as the plan
+        reads them, seen in the compiled HLO of a checkpointed layer's data × tensor plan:
+        the recomputed layer's all-gather kept); itself where there are none."""
+        if not dots:
+            return self
+        out = copy.copy(self)
+        out.seconds = [s - self.own_seconds[k] if k in dots else s
+                       for k, s in enumerate(self.seconds)]  # fmt: skip
+        out.own_flops = [0.0 if k in dots else f for k, f in enumerate(self.own_flops)]
+        out.flops = 0.0
+        for flops in out.own_flops:  # (in step order, as the tally adds them)
+            out.flops += flops
+        return out
+
     def collectives(self) -> tuple[PredictedCollective, ...]:
         """Every collective found, each with its op, source line, repeats, step and why."""
         steps = self.graph.steps
@@ -314,7 +334,7 @@ def retally(
         tally.starts.append(len(tally.found))
         tally.found.extend(prior.found[prior.starts[k] : ends[k]])
         tally.seconds[k] = prior.seconds[k]
-        tally.own_flops[k] = prior.own_flops[k]
+        tally.own_flops[k], tally.own_seconds[k] = prior.own_flops[k], prior.own_seconds[k]
     tally.flops = 0.0
     for flops in tally.own_flops:  # in step order, as a tally of its own adds them
         tally.flops += flops

@@ -20,6 +20,7 @@ from shardwise._program.graph import Graph
 from shardwise._program.memory import peak_bytes
 from shardwise._program.overlap import overlapped_seconds
 from shardwise._program.problem import Problem
+from shardwise._program.remat import bodies, scheduled
 from shardwise._program.steps import StepCosts, map_specs
 
 
@@ -146,7 +147,8 @@ def predict(
     """:func:`predicted`, the same, from the prediction of a plan ``near`` it (of the same
     graph, costs and ``shared``, tallied in full) where given: only the steps and classes
     that this plan lays out otherwise are costed again
-    (:func:`~shardwise._program.explain.retally`)."""
+    (:func:`~shardwise._program.explain.retally`). A checkpoint's recomputed dot that XLA
+    merges with the forward pass's (:func:`~shardwise._program.remat.twins`) takes no time."""
     mesh = costs.mesh
     lay = read(graph, problem, choice, mesh, None if near is None else near.lay)
     strategies = chosen(problem, choice, "dot")
@@ -167,12 +169,13 @@ def predict(
         ]
     memory = peak_bytes(graph, lay, mesh, costs.profile.platform)
     total = sum(elementwise)
-    seconds = sum(tally.seconds) + total
+    merged = scheduled(graph, lay, mesh).merged if bodies(graph) else {}
+    ran = tally.without({k for k in merged if graph.steps[k].kind == "dot"})
+    seconds = sum(ran.seconds) + total
     overlapped = (
-        overlapped_seconds(graph, tally, total) if costs.profile.overlaps_collectives else seconds
+        overlapped_seconds(graph, ran, total) if costs.profile.overlaps_collectives else seconds
     )
     prediction = ProgramPrediction(
-        seconds, memory, tally.flops, tally.collectives(), tuple(tally.seconds), total,
-        overlapped,
-    )  # fmt: skip
+        seconds, memory, ran.flops, ran.collectives(), tuple(ran.seconds), total, overlapped
+    )
     return Predicted(lay, prediction, tally, strategies, elementwise)
