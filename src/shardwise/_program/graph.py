@@ -74,6 +74,8 @@ class Graph:
         branched: each array a ``cond``'s branch makes and returns: the cond's result it is
             returned as, and the program point the branch starts at.
         taken: the arrays a ``cond`` takes as operands (buffers of their own, in their layouts).
+        made_from: each elementwise result made from one array of its shape alone (and
+            arrays broadcast in it, or scalars), with that array.
     """
 
     values: tuple[Value, ...]
@@ -103,6 +105,7 @@ class Graph:
     out_tree: Any = None
     branched: tuple[tuple[int, int, int], ...] = ()
     taken: frozenset[int] = frozenset()
+    made_from: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
     def find(self, v: int) -> int:
         """The class of array ``v``."""
@@ -191,6 +194,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         recomputed=nodes.recomputed(b.steps, b.sources, b.fed | outs),
         branched=tuple(b.branched),
         taken=frozenset(b.taken),
+        made_from=types.MappingProxyType({v: s[0] for v, s in b.sources.items() if len(s) == 1}),
     )  # fmt: skip
 
 

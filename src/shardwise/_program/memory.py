@@ -77,8 +77,10 @@ def fused(graph: Graph, step: Step) -> bool:
     """Whether XLA makes ``step``'s result inside the elementwise ops that read it, never as
     a buffer of its own: a broadcast (a bias broadcast to the batch, then added) that no
     other step reads and that is not a result. One that a collective moves from the layout
-    it is made in to the one it is kept in is made, and moved, all the same: its copies are
-    counted where the plan lays it out so (:func:`~.copies.moved_broadcast`)."""
+    it is made in to the one it is kept in is made, and moved, all the same, but only at its
+    step: its copy in the layout it is made in, and the collective's pieces, are counted
+    there where the plan lays it out so (:func:`~.copies.moved_broadcast`); XLA fuses the
+    moved pieces into the ops that read them."""
     return (
         step.prim.startswith("broadcast_in_dim")
         and step.output not in graph.fed

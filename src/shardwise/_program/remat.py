@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Set
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from shardwise._caches import Bounded
 from shardwise._model.mesh import MeshSpec
 from shardwise._program.buffers import readers
 from shardwise._program.graph import Graph
@@ -142,6 +143,9 @@ def twins(graph: Graph) -> dict[int, int]:
     again; held from the forward pass to the backward one, the recomputed results had put
     plans at 0.79x XLA's memory). A step the plan lays out otherwise (a dot in slices) runs
     again, as :func:`schedule` places it."""
+    hit = _TWINS.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
     found = bodies(graph)
     seen: dict[tuple[Any, ...], int] = {}
     same: dict[int, int] = {}  # each recomputed array, the forward pass's
@@ -151,28 +155,36 @@ def twins(graph: Graph) -> dict[int, int]:
             continue
         inputs = tuple(same.get(a, a) for a in step.inputs)
         sign = (step.kind, step.prim, inputs, step.op, step.dim_map, step.local, step.reduced,
-                step.whole)  # fmt: skip
+                step.whole, step.role, step.repeat, step.branch, step.length)  # fmt: skip
         if not any(step.key[: len(b)] == b for b in found):
             seen.setdefault(sign, k)
         elif sign in seen:
             out[k] = seen[sign]
             same[step.output] = graph.steps[seen[sign]].output
+    _TWINS.put(id(graph), (graph, out))
     return out
+
+
+_TWINS: Bounded[int, tuple[Graph, dict[int, int]]] = Bounded(8)
+"""Per graph (by id, kept alive with it so that the id is not reused), :func:`twins`."""
 
 
 def last_reads(graph: Graph, plan: Schedule) -> list[int]:
     """Each array's last read under ``plan``: where its last reader is a step that XLA runs
     earlier (or that reads an early copy of it), the latest of its steps' reads as they run,
-    else :attr:`Graph.last`. (An elementwise op reading it between is not seen: the graph
-    keeps no such reads.)"""
+    else :attr:`Graph.last`; a step XLA merges with its twin (:attr:`Schedule.merged`) reads
+    nothing. (An elementwise op reading it between is not seen: the graph keeps no such
+    reads.)"""
     last = list(graph.last)
-    if not plan.at and not plan.early:
+    if not plan.at and not plan.early and not plan.merged:
         return last
     reads: dict[int, list[tuple[int, int]]] = {}  # array → (read as scheduled, in order)
     for k, step in enumerate(graph.steps):
         for j, a in enumerate(step.inputs):
             when = graph.born[a] if (k, j) in plan.early else plan.point(graph, k)
-            reads.setdefault(a, []).append((when, graph.born[step.output]))
+            # (a merged step does not run: it reads nothing)
+            reads.setdefault(a, []).append((-1 if k in plan.merged else when,
+                                            graph.born[step.output]))  # fmt: skip
     for a, seen in reads.items():
         if graph.last[a] == max(order for _, order in seen):
             last[a] = max(graph.born[a], *(when for when, _ in seen))
@@ -182,13 +194,17 @@ def last_reads(graph: Graph, plan: Schedule) -> list[int]:
 def merged_into(graph: Graph, plan: Schedule, reads: list[int], held: Set[int]) -> set[int]:
     """The results of the steps XLA merges with their twins (:attr:`Schedule.merged`), which
     take no buffer of their own. What reads such a result other than another merged step
-    reads the twin's: the twin, or where elementwise ops made a buffer of it in the forward
-    pass (a layer's ``tanh``, ``held``), the last such buffer, is held until then (``reads``,
-    each array's last read, changes): the backward pass's ``tanh`` derivative reads the
-    forward pass's ``tanh``."""
-    backward = [graph.born[s.output] for s in graph.steps if s.backward]
-    start = min(backward, default=graph.clock + 1)
-    out, read_by = set(), readers(graph) if plan.merged else {}
+    reads the twin's: the twin, or where elementwise ops made a buffer from it alone in the
+    forward pass (a layer's ``tanh``, ``held``), the last such buffer, is held until then
+    (``reads``, each array's last read, changes): the backward pass's ``tanh`` derivative
+    reads the forward pass's ``tanh``. (Where the chain mixes in another array, as a residual
+    connection adds the layer's input, the twin itself is held: the derivative needs it.)"""
+    if not plan.merged:
+        return set()
+    out, read_by = set(), readers(graph)
+    made: dict[int, list[int]] = {}  # each array, the elementwise results made from it alone
+    for v, source in graph.made_from.items():
+        made.setdefault(source, []).append(v)
     for k, f in plan.merged.items():
         v, twin = graph.steps[k].output, graph.steps[f].output
         out.add(v)
@@ -197,10 +213,12 @@ def merged_into(graph: Graph, plan: Schedule, reads: list[int], held: Set[int]) 
                      default=-1)  # fmt: skip
         if all(j in plan.merged for j in steps) and reads[v] <= merged:
             continue
-        root = graph.find(twin)
-        chain = [a for a in held if graph.find(a) == root
-                 and graph.born[twin] <= graph.born[a] < start]  # fmt: skip
-        target = max(chain, key=lambda a: graph.born[a], default=twin)
+        target, chain = twin, list(made.get(twin, ()))
+        while chain:
+            a = chain.pop()
+            if a in held and graph.born[a] > graph.born[target]:
+                target = a
+            chain += made.get(a, ())
         reads[target] = max(reads[target], reads[v])
     return out
 
@@ -208,7 +226,8 @@ def merged_into(graph: Graph, plan: Schedule, reads: list[int], held: Set[int]) 
 def alike(graph: Graph, lay: Layouts, k: int, f: int) -> bool:
     """Whether XLA merges steps ``k`` and ``f`` under ``lay``: it lays both out alike, their
     operands read and their results made and kept in the same layouts, and neither is a dot
-    that sums partial sums after it (XLA merges such a dot's local product, holds its partial
+    that sums partial sums after it, nor a reduction over split dimensions (XLA merges such
+    a dot's local product, holds its partial
     sums from the forward pass to the backward one and sums them again there: seen in the
     compiled training step of the checkpointed Equinox MLP's Megatron plan, an ``all-reduce``
     of the forward ``ynn_fusion``'s result in the backward pass; taken as merged, the plan had
@@ -217,7 +236,12 @@ def alike(graph: Graph, lay: Layouts, k: int, f: int) -> bool:
     found, twin = lay.steps.get(a.key), lay.steps.get(b.key)
     if found != twin or lay.specs[a.output].canonical() != lay.specs[b.output].canonical():
         return False
-    return found is None or a.op is None or a.kind != "dot" or not summed_axes(a.op, found[0])
+    if found is None:
+        return True
+    if a.kind == "dot" and a.op is not None:
+        return not summed_axes(a.op, found[0])
+    entries = found[0][0].padded(len(graph.values[a.inputs[0]].shape)) if a.inputs else ()
+    return not any(entries[d] for d in a.reduced)  # (a reduction over split dimensions: no)
 
 
 def scheduled(graph: Graph, lay: Layouts, mesh: MeshSpec) -> Schedule:
