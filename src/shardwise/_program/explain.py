@@ -288,9 +288,7 @@ class Tally:
         out.seconds = [s - self.own_seconds[k] if k in dots else s
                        for k, s in enumerate(self.seconds)]  # fmt: skip
         out.own_flops = [0.0 if k in dots else f for k, f in enumerate(self.own_flops)]
-        out.flops = 0.0
-        for flops in out.own_flops:  # (in step order, as the tally adds them)
-            out.flops += flops
+        out.flops = _in_order(out.own_flops)
         return out
 
     def collectives(self) -> tuple[PredictedCollective, ...]:
@@ -335,10 +333,17 @@ def retally(
         tally.found.extend(prior.found[prior.starts[k] : ends[k]])
         tally.seconds[k] = prior.seconds[k]
         tally.own_flops[k], tally.own_seconds[k] = prior.own_flops[k], prior.own_seconds[k]
-    tally.flops = 0.0
-    for flops in tally.own_flops:  # in step order, as a tally of its own adds them
-        tally.flops += flops
+    tally.flops = _in_order(tally.own_flops)
     return tally
+
+
+def _in_order(flops: Sequence[float]) -> float:
+    """The steps' ``flops`` added in step order, as a tally of its own adds them (the same
+    float, bit for bit)."""
+    total = 0.0
+    for each in flops:
+        total += each
+    return total
 
 
 def _partial_sums(step: Step, strategy: Strategy) -> str:

@@ -62,12 +62,21 @@ class Schedule(NamedTuple):
 
 def bodies(graph: Graph) -> list[Path]:
     """The paths in the jaxpr of the bodies of differentiated checkpoints (the backward pass's
-    recomputation; a checkpoint that is not differentiated runs where it stands)."""
+    recomputation; a checkpoint that is not differentiated runs where it stands), found
+    once per graph (every plan's memory and prediction asks)."""
     if graph.closed is None:
         return []
+    hit = _BODIES.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
     out: list[Path] = []
     _find(graph.closed.jaxpr, (), out)
+    _BODIES.put(id(graph), (graph, out))
     return out
+
+
+_BODIES: Bounded[int, tuple[Graph, list[Path]]] = Bounded(8)
+"""Per graph (by id, kept alive with it so that the id is not reused), :func:`bodies`."""
 
 
 def _find(jaxpr: Any, path: Path, out: list[Path]) -> None:
@@ -102,14 +111,7 @@ def schedule(
     found = bodies(graph)
     if not found:
         return Schedule({}, frozenset())
-    merged: dict[int, int] = {}
-    found_twins = twins(graph)
-    recomputed, kept = {graph.steps[k].output for k in found_twins}, set()
-    for k, f in found_twins.items():  # (in program order: a step after those it reads)
-        step = graph.steps[k]
-        if alike(k, f) and all(a not in recomputed or a in kept for a in step.inputs):
-            merged[k] = f
-            kept.add(step.output)
+    merged = merged_steps(graph, alike)
     slices = copied()
     backward = [graph.born[s.output] for s in graph.steps if s.backward]
     start = min(backward) if backward else graph.clock + 1
@@ -150,7 +152,7 @@ def twins(graph: Graph) -> dict[int, int]:
     seen: dict[tuple[Any, ...], int] = {}
     same: dict[int, int] = {}  # each recomputed array, the forward pass's
     out: dict[int, int] = {}
-    for k, step in enumerate(graph.steps):
+    for k, step in enumerate(graph.steps if found else ()):
         if step.implicit or step.kind == "opaque":
             continue
         inputs = tuple(same.get(a, a) for a in step.inputs)
@@ -167,6 +169,21 @@ def twins(graph: Graph) -> dict[int, int]:
 
 _TWINS: Bounded[int, tuple[Graph, dict[int, int]]] = Bounded(8)
 """Per graph (by id, kept alive with it so that the id is not reused), :func:`twins`."""
+
+
+def merged_steps(graph: Graph, alike: Callable[[int, int], bool]) -> dict[int, int]:
+    """The recomputed steps that XLA merges with their twins (:func:`twins`), by step index,
+    with the twin's: those ``alike(k, f)`` says are laid out as their twin and that read only
+    what merged steps made or what the forward pass did (:attr:`Schedule.merged`)."""
+    merged: dict[int, int] = {}
+    found = twins(graph)
+    recomputed, kept = {graph.steps[k].output for k in found}, set()
+    for k, f in found.items():  # (in program order: a step after those it reads)
+        step = graph.steps[k]
+        if alike(k, f) and all(a not in recomputed or a in kept for a in step.inputs):
+            merged[k] = f
+            kept.add(step.output)
+    return merged
 
 
 def last_reads(graph: Graph, plan: Schedule) -> list[int]:
@@ -227,8 +244,8 @@ def alike(graph: Graph, lay: Layouts, k: int, f: int) -> bool:
     """Whether XLA merges steps ``k`` and ``f`` under ``lay``: it lays both out alike, their
     operands read and their results made and kept in the same layouts, and neither is a dot
     that sums partial sums after it, nor a reduction over split dimensions (XLA merges such
-    a dot's local product, holds its partial
-    sums from the forward pass to the backward one and sums them again there: seen in the
+    a dot's local product, holds its partial sums from the forward pass to the backward one
+    and sums them again there: seen in the
     compiled training step of the checkpointed Equinox MLP's Megatron plan, an ``all-reduce``
     of the forward ``ynn_fusion``'s result in the backward pass; taken as merged, the plan had
     been predicted at 0.64x XLA's memory)."""

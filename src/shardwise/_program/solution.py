@@ -20,7 +20,7 @@ from shardwise._program.graph import Graph
 from shardwise._program.memory import peak_bytes
 from shardwise._program.overlap import overlapped_seconds
 from shardwise._program.problem import Problem
-from shardwise._program.remat import bodies, scheduled
+from shardwise._program.remat import alike, merged_steps
 from shardwise._program.steps import StepCosts, map_specs
 
 
@@ -169,7 +169,7 @@ def predict(
         ]
     memory = peak_bytes(graph, lay, mesh, costs.profile.platform)
     total = sum(elementwise)
-    merged = scheduled(graph, lay, mesh).merged if bodies(graph) else {}
+    merged = merged_steps(graph, lambda k, f: alike(graph, lay, k, f))
     ran = tally.without({k for k in merged if graph.steps[k].kind == "dot"})
     seconds = sum(ran.seconds) + total
     overlapped = (
