@@ -79,6 +79,27 @@ def test_every_plan_runs_equal_to_jit_and_its_collectives_are_the_compiled_ones(
     assert wrong == []
 
 
+def _causal_scores(q, k):  # the mask as Flax's make_causal_mask makes it: iotas compared
+    idx = jnp.broadcast_to(jnp.arange(q.shape[1]), q.shape[:2])
+    mask = idx[:, :, None] >= idx[:, None, :]
+    return jax.nn.softmax(jnp.where(mask, jnp.einsum("btd,bsd->bts", q, k), -1e9), axis=-1)
+
+
+@pytest.mark.parametrize("keys", ["-,data", "-,(data,model)"])
+def test_a_causal_mask_is_made_whole_where_the_keys_are_split(keys):
+    """The keys' positions split on an axis: XLA had split the mask's ``iota`` on it and
+    gathered it again for the queries' positions, a collective no plan predicts (every
+    plan that kept the keys split)."""
+    q, k = X[:16].reshape(2, 8, 32), X[::-1][:16].reshape(2, 8, 32)
+    plan = shardwise.plan(_causal_scores, q, k, mesh=MESH, profile="cpu-2core", top=3,
+                          fixed={"k": keys})  # fmt: skip
+    want = jax.jit(_causal_scores)(q, k)
+    for p in plan.plans:
+        np.testing.assert_allclose(plan.sharded(p.name)(q, k), want, rtol=1e-5, atol=1e-6)
+    checked = plan.verify(repeat=1)
+    assert [p.name for p in checked.plans if not p.verified.collectives_match] == []
+
+
 def test_what_nothing_reads_is_not_planned():
     """``jax.grad`` leaves the loss's forward sum in the trace; XLA drops it, and so does the
     graph (a planned sum would be costed, and its all-reduce predicted)."""
