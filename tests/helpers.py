@@ -115,3 +115,15 @@ XLA's memory): a convolution made with its batch split and gathered whole before
 and the pooling (the ``replicated`` baseline's, 1.38×), a bias split on ``data`` broadcast
 along a batch split on ``(data, model)`` (1.30×), and checkpointed layers recomputed as the
 forward pass laid them out, which XLA merges with the forward pass (six plans at 0.79×)."""
+
+A_RANDOM_PROFILE = {
+    "name": "random-0", "platform": "cpu", "memory_bytes": None,
+    "flops_per_s": {"float32": 6.498e9}, "memory_Bps": 9.906e9, "matmul_Bps": 3.770e8,
+    "link": {"latency_s": 3.369e-4, "bandwidth_Bps": 1.942e8}, "conv_tap_s": 5.5e-8,
+    "gather": {"latency_s": 7.925e-5, "bandwidth_Bps": 1.809e9},
+}  # fmt: skip
+"""The first profile ``benchmarks/library_random_profiles.py`` draws (seed 1): ``cpu-2core``
+with slow links and slow matmuls. The Linen CNN step's FSDP plan under it makes the
+convolution with its batch split on ``(data, model)`` and keeps it with its channels split
+so, a move XLA makes through the whole gathered on ``model`` (it had been predicted at 1.65×
+XLA's memory)."""

@@ -14,12 +14,13 @@ both at once.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from shardwise._model.mesh import MeshSpec
-from shardwise._model.reshard import reshard_moves
+from shardwise._model.reshard import Move, reshard_moves
 from shardwise._model.spec import Spec
 from shardwise._program.bins import Temps
 from shardwise._program.graph import Graph
@@ -160,7 +161,8 @@ def made_copy(
     it, which the step writes, and the pieces the all-to-all brings, one buffer per device,
     which cannot be the result's buffer; seen in the compiled HLO of an MLP's training step:
     four 32 KiB slices and four 32 KiB pieces of a 128 KiB gradient, all in the heap, where
-    one block had put the step at 1.19x). An operand moved into a step the same way is
+    one block had put the step at 1.19x); a move of several collectives holds what
+    :func:`_moving` says. An operand moved into a step the same way is
     counted as one block: a second there brought the built-in MLP's plans no closer to
     XLA's memory (3.5% off on average either way). A ``broadcast`` that is only sliced to
     the layout it is kept in is made in that layout (XLA broadcasts each device's block: seen
@@ -170,8 +172,27 @@ def made_copy(
         return 0
     if broadcast and local(made, kept, len(value.shape), mesh):
         return 0
-    pieces = 2 if cpu and all_to_all(made, kept, len(value.shape), mesh) else 1
-    return pieces * shard_bytes(value, made, mesh) * widening(value.dtype, cpu)
+    moves = reshard_moves(made, kept, len(value.shape))
+    if len(moves) < 2:
+        pieces = 2 if cpu and all_to_all(made, kept, len(value.shape), mesh) else 1
+        return pieces * shard_bytes(value, made, mesh) * widening(value.dtype, cpu)
+    return _moving(value, made, moves, mesh, cpu) * widening(value.dtype, cpu)
+
+
+def _moving(value: Value, made: Spec, moves: Sequence[Move], mesh: MeshSpec, cpu: bool) -> int:
+    """The most bytes a move of ``value`` from ``made`` through ``moves`` (two or more) holds
+    at once beside its result: each collective's operand with what it makes, but the last's
+    (the result itself, held as an array), where on CPU an all-to-all's pieces are a buffer
+    of their own. Seen in the compiled HLO of a convolution made with its batch split on
+    ``(data, model)`` and kept with its channels split so: XLA gathers it on ``model`` (4x
+    the block), then moves the whole by an all-to-all on ``data``, whose slices and pieces
+    (8x the block) are held at once, where one block had put the plan at 1.65x XLA's memory."""
+    sizes = [shard_bytes(value, made, mesh), *(shard_bytes(value, m.spec, mesh) for m in moves)]
+    last = len(moves) - 1
+    return max(
+        sizes[k] + (sizes[k + 1] if k < last or (cpu and m.kind == "all-to-all") else 0)
+        for k, m in enumerate(moves)
+    )
 
 
 def passing_bytes(value: Value, held: Spec, used: Spec, mesh: MeshSpec) -> int:
