@@ -103,7 +103,8 @@ class _Applier(Walker[Any]):
         params = eqn.primitive.get_bind_params(_unsharded(eqn.params))
         if here not in self.layouts.steps:
             out = eqn.primitive.bind(*ins, **params)
-            if rule_of(eqn.primitive.name).kind == "constant" and getattr(out, "shape", ()):
+            shape: tuple[int, ...] = getattr(eqn.outvars[0].aval, "shape", ())
+            if rule_of(eqn.primitive.name).kind == "constant" and shape:
                 # (made whole on each device: each op that reads it takes its part, with no
                 # collective; left to itself XLA had split a causal mask's iota on the axis
                 # that splits the keys and gathered it again for the queries)
