@@ -103,8 +103,7 @@ class _Applier(Walker[Any]):
         params = eqn.primitive.get_bind_params(_unsharded(eqn.params))
         if here not in self.layouts.steps:
             out = eqn.primitive.bind(*ins, **params)
-            shape: tuple[int, ...] = getattr(eqn.outvars[0].aval, "shape", ())
-            if rule_of(eqn.primitive.name).kind == "constant" and shape:
+            if rule_of(eqn.primitive.name).kind == "constant" and _shaped(eqn):
                 # (made whole on each device: each op that reads it takes its part, with no
                 # collective; left to itself XLA had split a causal mask's iota on the axis
                 # that splits the keys and gathered it again for the queries)
@@ -204,6 +203,11 @@ class _Applier(Walker[Any]):
                 held = self._stacked(ys[k], self.graph.keys[(path, v)], found[2])
                 ys[k] = self.mover.move(held, found[2], found[0])
         return [*carry, *ys]
+
+
+def _shaped(eqn: Any) -> bool:
+    """Whether ``eqn`` makes one array of one or more dimensions."""
+    return len(eqn.outvars) == 1 and bool(getattr(eqn.outvars[0].aval, "shape", ()))
 
 
 def _unsharded(params: dict[str, Any]) -> dict[str, Any]:
