@@ -122,8 +122,8 @@ A_RANDOM_PROFILE = {
     "link": {"latency_s": 3.369e-4, "bandwidth_Bps": 1.942e8}, "conv_tap_s": 5.5e-8,
     "gather": {"latency_s": 7.925e-5, "bandwidth_Bps": 1.809e9},
 }  # fmt: skip
-"""The first profile ``benchmarks/library_random_profiles.py`` draws (seed 1): ``cpu-2core``
-with slow links and slow matmuls. The Linen CNN step's FSDP plan under it makes the
-convolution with its batch split on ``(data, model)`` and keeps it with its channels split
-so, a move XLA makes through the whole gathered on ``model`` (it had been predicted at 1.65×
-XLA's memory)."""
+"""The first profile ``benchmarks/library_random_profiles.py`` draws (seed 1), its figures
+rounded to four digits: ``cpu-2core`` with slow links and slow matmuls. The Linen CNN step's
+FSDP plan under it makes the convolution with its batch split on ``(data, model)`` and keeps
+it with its channels split so, a move XLA makes through the whole gathered on ``model`` (it
+had been predicted at 1.65× XLA's memory)."""

@@ -203,7 +203,8 @@ def test_a_convolution_moved_from_its_batch_to_its_channels_holds_the_gathered_w
     :data:`helpers.A_RANDOM_PROFILE` moves its convolution from the batch split 8 ways to the
     channels split 8 ways, an all-gather on ``model`` and an all-to-all of the gathered whole
     on ``data``; counted as one block, the plan was at 1.65× XLA's memory."""
-    pytest.importorskip("flax")
+    for library in LIBRARIES["linen-cnn-step"]:
+        pytest.importorskip(library)
     fn, args = _model("linen-cnn-step")
     profile = Profile.from_json(A_RANDOM_PROFILE)
     p = shardwise.plan(fn, *args, mesh="data=2,model=4", profile=profile)

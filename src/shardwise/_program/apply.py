@@ -103,10 +103,11 @@ class _Applier(Walker[Any]):
         params = eqn.primitive.get_bind_params(_unsharded(eqn.params))
         if here not in self.layouts.steps:
             out = eqn.primitive.bind(*ins, **params)
-            if rule_of(eqn.primitive.name).kind == "constant" and _shaped(eqn):
+            if eqn.primitive.name == "iota" and _shaped(eqn):
                 # (made whole on each device: each op that reads it takes its part, with no
                 # collective; left to itself XLA had split a causal mask's iota on the axis
-                # that splits the keys and gathered it again for the queries)
+                # that splits the keys and gathered it again for the queries. Not `empty`,
+                # which an accelerator allocates: whole, it would take the whole buffer)
                 out = self.mover.constrain(out, Spec())
             return list(out) if eqn.primitive.multiple_results else [out]
         reads, makes = self.layouts.steps[here]

@@ -39,7 +39,7 @@ class _Moved(NamedTuple):
     """A step whose result is moved after it is made: its program point, its result, the
     temporaries that are its operands' copies (their indices in :class:`Temps`), the arguments'
     copies it reads, the temporary of its result in its own layout and the pieces that move
-    it (their index), and the bytes of the pieces beyond the one block the step writes."""
+    it (their index), and the bytes moving it holds beyond the one block the step writes."""
 
     at: int
     output: int
@@ -110,8 +110,9 @@ class Copies:
 
     def result(self, at: int, output: int, copy: int, block: int) -> None:
         """The copy the step of :meth:`operands` holds of its result (``output``) in the layout
-        it makes it in (``copy`` bytes: ``block``, and where an all-to-all moves it, its
-        pieces)."""
+        it makes it in (``copy`` bytes: ``block``, and what moving it holds beyond: an
+        all-to-all's pieces, the steps of a move of several collectives,
+        :func:`made_copy`)."""
         if copy > 0:
             self._moved.append(_Moved(at, output, *self._step, len(self.temps.size), copy - block))
             self.temps.add(at, at, copy)
@@ -173,26 +174,27 @@ def made_copy(
     if broadcast and local(made, kept, len(value.shape), mesh):
         return 0
     moves = reshard_moves(made, kept, len(value.shape))
-    if len(moves) < 2:
-        pieces = 2 if cpu and all_to_all(made, kept, len(value.shape), mesh) else 1
-        return pieces * shard_bytes(value, made, mesh) * widening(value.dtype, cpu)
-    return _moving(value, made, moves, mesh, cpu) * widening(value.dtype, cpu)
+    if cpu and len(moves) > 1:
+        return _moving(value, made, moves, mesh) * widening(value.dtype, cpu)
+    pieces = 2 if cpu and all_to_all(made, kept, len(value.shape), mesh) else 1
+    return pieces * shard_bytes(value, made, mesh) * widening(value.dtype, cpu)
 
 
-def _moving(value: Value, made: Spec, moves: Sequence[Move], mesh: MeshSpec, cpu: bool) -> int:
-    """The most bytes a move of ``value`` from ``made`` through ``moves`` (two or more) holds
-    at once beside its result: each collective's operand with what it makes, but the last's
-    (the result itself, held as an array), where on CPU an all-to-all's pieces are a buffer
-    of their own. Seen in the compiled HLO of a convolution made with its batch split on
-    ``(data, model)`` and kept with its channels split so: XLA gathers it on ``model`` (4x
-    the block), then moves the whole by an all-to-all on ``data``, whose slices and pieces
-    (8x the block) are held at once, where one block had put the plan at 1.65x XLA's memory."""
+def _moving(value: Value, made: Spec, moves: Sequence[Move], mesh: MeshSpec) -> int:
+    """The most bytes a move on CPU of ``value`` from ``made`` through ``moves`` (two or more)
+    holds at once beyond its result: each collective's operand with what it makes, before
+    the result is (so less the result's block), and the last one's operand beside the result,
+    with an all-to-all's pieces, a buffer of their own. Seen in the compiled HLO of a
+    convolution made with its batch split on ``(data, model)`` (one block per device) and
+    kept with its channels split so: XLA gathers it on ``model`` (4 blocks), then makes the
+    all-to-all on ``data`` of that gathered block, whose slices (4 blocks) and pieces (4
+    blocks) it holds at once, where one block had put the plan at 1.65x XLA's memory. (Not
+    seen on other platforms, which keep :func:`made_copy`'s one block.)"""
     sizes = [shard_bytes(value, made, mesh), *(shard_bytes(value, m.spec, mesh) for m in moves)]
     last = len(moves) - 1
-    return max(
-        sizes[k] + (sizes[k + 1] if k < last or (cpu and m.kind == "all-to-all") else 0)
-        for k, m in enumerate(moves)
-    )
+    before = max(sizes[k] + sizes[k + 1] for k in range(last)) - sizes[-1]
+    pieces = sizes[-1] if moves[-1].kind == "all-to-all" else 0
+    return max(before, sizes[last] + pieces)
 
 
 def passing_bytes(value: Value, held: Spec, used: Spec, mesh: MeshSpec) -> int:
