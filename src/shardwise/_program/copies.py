@@ -5,7 +5,8 @@ counts them beside the arrays held).
 Two things XLA frees sooner than the arrays' lives say. On CPU, an operand gathered along a
 dimension but the first is gathered in a transposed layout and copied back
 (:func:`~shardwise._program.moves.relayout_bytes`); the transposed buffer is freed once it is
-copied back, not held to the copy's last reader. And a step whose result is moved after it is
+copied back, not held to the copy's last reader (and a reshape, transpose, broadcast or
+reduction reads it as it is, with no copy back). And a step whose result is moved after it is
 made (an all-to-all from the layout the step makes it in to its own) frees its operands'
 copies before it moves the result: the result in the step's layout is held with either, not
 both at once.
