@@ -5,11 +5,11 @@ counts them beside the arrays held).
 Two things XLA frees sooner than the arrays' lives say. On CPU, an operand gathered along a
 dimension but the first is gathered in a transposed layout and copied back
 (:func:`~shardwise._program.moves.relayout_bytes`); the transposed buffer is freed once it is
-copied back, not held to the copy's last reader (and a reshape, transpose, broadcast or
-reduction reads it as it is, with no copy back). And a step whose result is moved after it is
-made (an all-to-all from the layout the step makes it in to its own) frees its operands'
-copies before it moves the result: the result in the step's layout is held with either, not
-both at once.
+copied back, not held to the copy's last reader (and a reshape or another of
+:data:`READS_TRANSPOSED` reads it as it is, with no copy back). And a step whose result is
+moved after it is made (an all-to-all from the layout the step makes it in to its own) frees
+its operands' copies before it moves the result: the result in the step's layout is held
+with either, not both at once.
 """
 
 from __future__ import annotations
@@ -31,6 +31,19 @@ from shardwise._program.upcast import widening
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
+
+READS_TRANSPOSED = frozenset({
+    "reshape", "squeeze", "transpose", "broadcast_in_dim", "rev", "slice", "pad",
+    "dynamic_slice", "argmax", "argmin", "sort",
+})  # fmt: skip
+"""The ops that read an operand XLA's CPU backend gathered along a dimension but the first in
+the transposed layout it is gathered in, with no copy back (their loop fusion reads it as it
+is; a sort copies it into its own result). Seen in the compiled HLO of pooled images
+gathered along their channels for a flattening reshape: ``f32[16,8,8,8]{2,1,0,3}`` read by
+the reshape's own copy (counted with a copy back, the plan had been at 0.78x XLA's memory);
+and of one array gathered along its second dimension then reshaped, transposed, reversed,
+padded, sliced, sorted or reduced by ``argmax``. A dot (even one the plan leaves whole: 0.70x
+without it), a reduction, a pooling, a cumulative op or ``top_k`` reads it copied back."""
 
 Key = tuple[int, Spec]
 """An argument and a layout a step reads it in."""
@@ -106,13 +119,7 @@ class Copies:
                 if a in graph.inputs:
                     self._branched[(a, used, step.branch)] = len(self.temps.size)
                 temps.append(len(self.temps.size))
-                # (a reshape, transpose, broadcast or reduction reads the transposed layout
-                # as it is, in its fusion: seen in the compiled HLO of pooled images gathered
-                # along their channels for a flattening reshape, `f32[16,8,8,8]{2,1,0,3}`
-                # read by the reshape's own copy; counted with a copy back, the plan had been
-                # at 0.78x XLA's memory. A dot's operand, even a dot the plan leaves whole, is
-                # copied back: 0.70x without it)
-                copied_back = 0 if step.kind == "map" else relay
+                copied_back = 0 if step.prim in READS_TRANSPOSED else relay
                 self.temps.add(first.get(j, at), at, copy + copied_back)
         self._step = (tuple(temps), tuple(keys))
 
