@@ -42,7 +42,8 @@ is; a sort copies it into its own result). Seen in the compiled HLO of pooled im
 gathered along their channels for a flattening reshape: ``f32[16,8,8,8]{2,1,0,3}`` read by
 the reshape's own copy (counted with a copy back, the plan had been at 0.78x XLA's memory);
 and of one array gathered along its second dimension then reshaped, transposed, reversed,
-padded, sliced, sorted or reduced by ``argmax``. A dot (even one the plan leaves whole: 0.70x
+padded, sliced (``dynamic_slice``), sorted or reduced by ``argmax`` (``squeeze``,
+``broadcast_in_dim``, ``slice`` and ``argmin`` taken to be alike, not measured). A dot (even one the plan leaves whole: 0.70x
 without it), a reduction, a pooling, a cumulative op or ``top_k`` reads it copied back."""
 
 Key = tuple[int, Spec]
