@@ -43,8 +43,9 @@ gathered along their channels for a flattening reshape: ``f32[16,8,8,8]{2,1,0,3}
 the reshape's own copy (counted with a copy back, the plan had been at 0.78x XLA's memory);
 and of one array gathered along its second dimension then reshaped, transposed, reversed,
 padded, sliced (``dynamic_slice``), sorted or reduced by ``argmax`` (``squeeze``,
-``broadcast_in_dim``, ``slice`` and ``argmin`` taken to be alike, not measured). A dot (even one the plan leaves whole: 0.70x
-without it), a reduction, a pooling, a cumulative op or ``top_k`` reads it copied back."""
+``broadcast_in_dim``, ``slice`` and ``argmin`` taken to be alike, not measured). A dot
+(even one the plan leaves whole: 0.70x without it), a reduction, a pooling, a cumulative op
+or ``top_k`` reads it copied back."""
 
 Key = tuple[int, Spec]
 """An argument and a layout a step reads it in."""
