@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardwise._caches import Bounded
+from shardwise._caches import per_object
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
@@ -288,9 +288,7 @@ def sliced_only(
     return out
 
 
-_SLICING: Bounded[int, tuple[Graph, Any]] = Bounded(8)
-
-
+@per_object(maxsize=8)
 def _slicing(
     graph: Graph,
 ) -> tuple[list[tuple[int, list[tuple[Any, int]]]], list[Step]]:
@@ -298,10 +296,6 @@ def _slicing(
     elementwise ops make that a step reads and nothing takes whole, with its reads (the
     step's key and the operand's position), and the broadcasts of an argument that nothing
     takes whole (:func:`_bitcasts`)."""
-    hit = _SLICING.get(id(graph))
-    if hit is not None and hit[0] is graph:
-        found: tuple[list[tuple[int, list[tuple[Any, int]]]], list[Step]] = hit[1]
-        return found
     results = {v for v in graph.outputs if v is not None}
     kept = set(graph.inputs) | results | graph.looped | graph.taken
     elementwise = [
@@ -314,9 +308,7 @@ def _slicing(
         s for s in graph.steps
         if s.prim == "broadcast_in_dim" and s.output not in kept and s.inputs[0] in graph.inputs
     ]  # fmt: skip
-    found = (elementwise, broadcasts)
-    _SLICING.put(id(graph), (graph, found))
-    return found
+    return elementwise, broadcasts
 
 
 def _bitcasts(graph: Graph, lay: Layouts, mesh: MeshSpec, broadcasts: list[Step]) -> list[int]:

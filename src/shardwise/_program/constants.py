@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardwise._caches import Bounded
+from shardwise._caches import per_object
 from shardwise._program.walk import Path, Walker, is_var, rank
 from shardwise._versions import scan_counts
 
@@ -106,9 +106,7 @@ class _Finder(Walker[Any]):
         return [self._array(path, o) for o in eqn.outvars]
 
 
-_FOUND: Bounded[int, tuple[Graph, tuple[tuple[int, int, int], ...]]] = Bounded(8)
-
-
+@per_object(maxsize=8)
 def made_whole(graph: Graph) -> tuple[tuple[int, int, int], ...]:
     """Each array ``graph``'s program makes from nothing or closes over that XLA holds whole
     on every device: (first program point, last, bytes); computed once per graph.
@@ -121,16 +119,11 @@ def made_whole(graph: Graph) -> tuple[tuple[int, int, int], ...]:
     >>> made_whole(build(lambda x: x * jnp.tril(jnp.ones((4, 8))), [jnp.ones((4, 8))]))
     ()
     """
-    hit = _FOUND.get(id(graph))
-    if hit is not None and hit[0] is graph:
-        return hit[1]
     finder = _Finder(graph)
     closed = graph.closed
     finder.run(closed.jaxpr, closed.consts, (), [*graph.inputs])
-    found = tuple(
+    return tuple(
         (0, graph.clock, m.nbytes) if m.held else (min(m.reads), max(m.reads), m.nbytes)
         for m in finder.made
         if m.reads or (m.held and m.used)
     )
-    _FOUND.put(id(graph), (graph, found))
-    return found

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Set
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from shardwise._caches import Bounded
+from shardwise._caches import per_object
 from shardwise._model.mesh import MeshSpec
 from shardwise._program.buffers import readers
 from shardwise._program.graph import Graph
@@ -60,23 +60,16 @@ class Schedule(NamedTuple):
         return self.at.get(k, graph.born[graph.steps[k].output])
 
 
+@per_object(maxsize=8)
 def bodies(graph: Graph) -> list[Path]:
     """The paths in the jaxpr of the bodies of differentiated checkpoints (the backward pass's
     recomputation; a checkpoint that is not differentiated runs where it stands), found
     once per graph (every plan's memory and prediction asks)."""
     if graph.closed is None:
         return []
-    hit = _BODIES.get(id(graph))
-    if hit is not None and hit[0] is graph:
-        return hit[1]
     out: list[Path] = []
     _find(graph.closed.jaxpr, (), out)
-    _BODIES.put(id(graph), (graph, out))
     return out
-
-
-_BODIES: Bounded[int, tuple[Graph, list[Path]]] = Bounded(8)
-"""Per graph (by id, kept alive with it so that the id is not reused), :func:`bodies`."""
 
 
 def _find(jaxpr: Any, path: Path, out: list[Path]) -> None:
@@ -134,6 +127,7 @@ def schedule(
     return Schedule(at, frozenset(early), merged)
 
 
+@per_object(maxsize=8)
 def twins(graph: Graph) -> dict[int, int]:
     """Each step of a differentiated checkpoint's body that computes what a step of the
     forward pass computed (the same op of the same arrays, or of what such steps made: the
@@ -145,9 +139,6 @@ def twins(graph: Graph) -> dict[int, int]:
     again; held from the forward pass to the backward one, the recomputed results had put
     plans at 0.79x XLA's memory). A step the plan lays out otherwise (a dot in slices) runs
     again, as :func:`schedule` places it."""
-    hit = _TWINS.get(id(graph))
-    if hit is not None and hit[0] is graph:
-        return hit[1]
     found = bodies(graph)
     seen: dict[tuple[Any, ...], int] = {}
     same: dict[int, int] = {}  # each recomputed array, the forward pass's
@@ -163,12 +154,7 @@ def twins(graph: Graph) -> dict[int, int]:
         elif sign in seen:
             out[k] = seen[sign]
             same[step.output] = graph.steps[seen[sign]].output
-    _TWINS.put(id(graph), (graph, out))
     return out
-
-
-_TWINS: Bounded[int, tuple[Graph, dict[int, int]]] = Bounded(8)
-"""Per graph (by id, kept alive with it so that the id is not reused), :func:`twins`."""
 
 
 def merged_steps(graph: Graph, alike: Callable[[int, int], bool]) -> dict[int, int]:
