@@ -50,7 +50,9 @@ def test_a_primitive_with_no_rule_is_opaque_and_not_modelled():
 def test_each_kind_of_rule_reads_as_its_step():
     def f(x, w, key):
         h = jax.checkpoint(lambda a: jnp.tanh(a @ w))(x)  # a call (remat2), elementwise, a dot
-        h = jax.lax.with_sharding_constraint(h, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+        h = jax.lax.with_sharding_constraint(
+            h, jax.sharding.make_single_device_sharding(jax.devices()[0])
+        )
         g = jnp.take(h, jnp.array([0, 2]), axis=0)  # a gather of rows: read as an einsum
         g = g.at[jnp.array([1, 0])].set(0.0)  # a scatter that overwrites: opaque
         return jnp.cumsum(h, axis=1), g, jax.random.normal(key, h.shape) + h

@@ -257,12 +257,13 @@ register(
     Rule("elementwise"),
     """
     abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt ceil
-    clamp clz complex conj copy convert_element_type cos cosh digamma div eq eq_to erf erf_inv
+    clamp clz complex conj copy convert_element_type cos cosh cospi digamma div eq eq_to erf erf_inv
     erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag integer_pow is_finite le
     le_to lgamma log log1p log2 logistic lt lt_to max min mul mulhi name ne neg nextafter not
-    one_minus_square or polygamma polynomial population_count pow random_clone real reduce_precision
-    regularized_incomplete_beta rem round rsqrt select_n shift_left shift_right_arithmetic
-    shift_right_logical sign sin sinh sqrt square stop_gradient sub tan tanh xor zeta
+    one_minus_square or polygamma polynomial population_count pow random_clone random_gamma_grad
+    real reduce_precision regularized_incomplete_beta rem round rsqrt select_n shift_left
+    shift_right_arithmetic shift_right_logical sign sin sinh sinpi sqrt square stop_gradient sub
+    tan tanh xor zeta
     """,
 )
 register(Rule("elementwise", placement=True), "sharding_constraint reshard device_put")
@@ -312,7 +313,7 @@ register(
     scatter-max reduce select_and_gather_add
     bitcast_convert_type optimization_barrier approx_top_k rng_bit_generator rng_uniform
     random_bits random_seed random_wrap random_unwrap random_fold_in random_split random_gamma
-    threefry2x32 lu_pivots_to_permutation dce_sink call_hi_primitive
+    random_poisson threefry2x32 lu_pivots_to_permutation dce_sink call_hi_primitive
     """,
 )
 UNTIMED = """
