@@ -22,6 +22,7 @@ from shardwise._program.graph import Graph
 from shardwise._program.moves import shard_bytes
 from shardwise._program.nodes import Step
 from shardwise._program.upcast import widening
+from shardwise._versions import cpu_fuses_transposed_dots
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -168,7 +169,8 @@ def into_reduce(graph: Graph) -> dict[int, tuple[int, tuple[int, ...]]]:
     ``f32[8,128,1024]`` never made, where counting it had put every plan of an embedding at
     1.2x XLA's memory, and ``(x @ w).sum(-1)`` in bfloat16 at 3.3x; the same for 2-D and 3-D
     dots, ``sum``, ``mean``, ``max`` and ``min`` over any axis). Not a float16 or an integer
-    dot, nor one whose transposed operand XLA folds into it (``x.T @ w``): XLA stores those.
+    dot, nor, before jaxlib 0.12.1, one whose transposed operand XLA folds into it
+    (``x.T @ w``, :func:`~shardwise._versions.cpu_fuses_transposed_dots`): XLA stores those.
     (:func:`fused_into_reduce` also asks that nothing is summed after it.) By the dot's step
     index: the reduction's, and the arrays never stored (the dot's and the elementwise ones')."""
     read_by = readers(graph)
@@ -177,6 +179,7 @@ def into_reduce(graph: Graph) -> dict[int, tuple[int, tuple[int, ...]]]:
         members.setdefault(graph.find(u), []).append(u)
     results = {v for v in graph.outputs if v is not None}
     transposed = {s.output for s in graph.steps if s.prim.startswith("transpose")}
+    any_order = cpu_fuses_transposed_dots()  # (jaxlib 0.12.1: ``x.T @ w`` too)
     # each class's readers, its arrays no elementwise op makes, and whether one is a result:
     # once per class (a residual stream joins every layer's last dots: its readers are many)
     classes: dict[int, tuple[set[int], list[int], bool]] = {}
@@ -200,8 +203,8 @@ def into_reduce(graph: Graph) -> dict[int, tuple[int, tuple[int, ...]]]:
             graph.values[v].dtype in ("float32", "bfloat16")
             and all(u == v for u in made)
             and not returned
-            and sorted(last) == sorted(contracted)
-            and not transposed & set(step.inputs)
+            and (any_order or sorted(last) == sorted(contracted))
+            and (any_order or not transposed & set(step.inputs))
             and len(reading) == 1
             and graph.steps[min(reading)].prim in REDUCES
         ):
