@@ -382,8 +382,11 @@ def test_flash_attention_computes_the_same_step_without_the_matrix_of_scores():
         got = collectives(program.as_text(), plan.mesh.shape)
         assert collectives_match(plan.chosen.predicted.collectives, got, by_bytes=True)
         held[attention] = (plan.chosen.predicted.memory_bytes, xla)
-    assert held["flash"][0] < 0.7 * held["dot_product"][0]  # (XLA's: 0.68)
-    assert held["flash"][1] < 0.8 * held["dot_product"][1]
+    (planned, xla), (planned_whole, xla_whole) = held["flash"], held["dot_product"]
+    # flash ÷ whole scores: XLA 0.68 and the planner 0.62 on jaxlib 0.10.2; 0.83 and 0.79 on
+    # 0.12.1, whose XLA holds less for the whole scores (XLA holds 1.13-1.24x each prediction)
+    assert planned < 0.9 * planned_whole and xla < 0.9 * xla_whole
+    assert abs(planned / planned_whole - xla / xla_whole) < 0.1, held
     assert 0.6 < held["flash"][0] / held["flash"][1] < 1.3, held
     with pytest.raises(ArgumentError, match="no attention 'ring'"):
         shardwise.model("llama", batch=8, seq=256, attention="ring", **dims)
