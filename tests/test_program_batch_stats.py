@@ -15,6 +15,7 @@ import pytest
 import shardwise
 from shardwise._program.graph import build
 from shardwise._program.memory import _live
+from shardwise._versions import _JAXLIB
 
 PROFILE = "cpu-2core"
 S = jax.ShapeDtypeStruct
@@ -71,9 +72,12 @@ def _step(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> Any:
 
 
 OFF = {
-    (256, 128, "step"): {"fsdp": 0.76, "data×tensor": 1.31},
+    (256, 128, "step"): (
+        {"fsdp": 0.76, "data×tensor": 1.31} if _JAXLIB < (0, 12, 1) else {"fsdp": 0.69}
+    ),
 }
-"""The plans whose memory is known to be off today (compiled over predicted, as measured).
+"""The plans whose memory is known to be off today (compiled over predicted, as measured; on
+jaxlib 0.12.1 the data × tensor plan is within 20%, and the FSDP plan further off).
 The loss's FSDP plan had been at 1.39: it moves the first dot's result, made split on the
 batch, to its features through an all-gather and an all-to-all, and the gathered whole and
 the all-to-all's pieces are held at once (:func:`~shardwise._program.copies.made_copy`)."""
