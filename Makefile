@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo check lint typecheck test test-fast docs package format clean
+.PHONY: install demo check lint typecheck test test-fast test-newest docs package format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,9 +60,21 @@ package: $(STAMP)
 	if [ -n "$(PYTHON_NEWEST)" ]; then scripts/wheel_smoke.sh $(BIN)/python "" $(PYTHON_NEWEST); \
 	else echo "package: no python3.12 here: the wheel is not tried beside JAX 0.11 or later"; fi
 
+## The whole test suite on the newest JAX pip serves, in .venv-newest (JAX 0.11 and later need
+## Python 3.12; `make check` runs the suite on the newest JAX that Python 3.11 gets, and tries
+## the installed wheel beside the newest of all).
+NEWEST := .venv-newest
+test-newest:
+	@if [ -z "$(PYTHON_NEWEST)" ]; then echo "test-newest: no python3.12 here"; exit 1; fi
+	if [ ! -x $(NEWEST)/bin/python ]; then $(PYTHON_NEWEST) -m venv $(NEWEST); fi
+	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(NEWEST)/bin/python -m pip install --quiet --upgrade -e '.[dev,all,bench,docs,models]' jax jaxlib
+	$(NEWEST)/bin/python -c "import jax; print('test-newest: on JAX', jax.__version__)"
+	$(NEWEST)/bin/python -m pytest -n 3 --dist worksteal
+
 format: $(STAMP)
 	$(BIN)/ruff format src tests examples conftest.py
 	$(BIN)/ruff check --fix src tests examples conftest.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site docs/examples
+	rm -rf $(VENV) $(NEWEST) .pytest_cache .mypy_cache .ruff_cache site docs/examples
