@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 import shardwise
@@ -102,6 +103,56 @@ def test_a_combined_collective_named_after_its_first_part_alone(monkeypatch, eve
     # the one name must still be one of the parts', and its line one of theirs
     assert not attributed(said, [(AR, D, 204, "jit(f)/mul", "loss.py:9 (loss)")])
     assert not attributed(said, [(AR, D, 204, "jit(f)/jvp()/reduce_sum", "loss.py:7 (loss)")])
+
+
+@pytest.mark.parametrize("after_operand", [True, False])
+def test_a_move_named_after_where_its_array_was_laid_out(monkeypatch, after_operand):
+    # jaxlib 0.12.1's XLA names an MLP training step's gather of the cotangent for the dot at
+    # m.py:44 after the loss's line, where the cotangent was made in its layout (0.10.2's after
+    # m.py:44): correct plans had been reported "ops/lines NO" there
+    from shardwise._model.cost import PredictedCollective
+    from shardwise._program import attribution
+
+    monkeypatch.setattr(attribution, "moves_named_after_operand", lambda: after_operand)
+    said = [PredictedCollective(AG, M, 64, op_name="dot_general", source="m.py:44",
+                                operand_source="loss.py:81")]  # fmt: skip
+
+    def hlo(line):
+        return [Collective(AG, M, 64, op_name="jit(f)/sharding_constraint", source=line)]
+
+    assert _attributed(said, hlo("/src/m.py:44 (f)"))  # (a later step of the move is)
+    assert _attributed(said, hlo("/src/loss.py:81 (loss)")) is after_operand
+    assert not _attributed(said, hlo("/src/loss.py:80 (loss)"))
+
+
+def test_an_array_a_body_takes_is_laid_out_where_the_body_is_entered():
+    """The plan's program lays out again each array a scan's body takes (its carry, a weight)
+    as the body starts, under the scan's line: jaxlib 0.12.1 names a move of the carry for a
+    dot in the body after the scan's line. One the body makes is laid out where it is made."""
+    import inspect
+
+    from shardwise._program.explain import laid_out_at
+    from shardwise._program.graph import read_jaxpr
+
+    def f(x, w):
+        h = x * 2.0
+
+        def body(c, _):
+            y = c @ w
+            return jnp.tanh(y) @ w, None
+
+        return jax.lax.scan(body, h, None, length=3)[0]
+
+    first = inspect.getsourcelines(f)[1]
+    at = {k: f"{__file__.rsplit('/', 1)[-1]}:{first + k}" for k in (1, 4, 5, 7)}
+    g = read_jaxpr(jax.make_jaxpr(f)(jnp.ones((4, 8)), jnp.ones((8, 8))))
+    one, two = [k for k, s in enumerate(g.steps) if s.kind == "dot"]
+    (c, w), (tanh, _) = g.steps[one].inputs, g.steps[two].inputs
+    lines = g.steps[one].source, g.values[c].source, g.values[tanh].source
+    assert lines == (at[4], at[1], at[5])
+    assert laid_out_at(g, one, c) == laid_out_at(g, one, w) == at[7]  # (taken by the body)
+    assert laid_out_at(g, two, tanh) == at[5]  # (made in it)
+    assert laid_out_at(g, two, -1) == ""  # (the dot's partial sums: after it)
 
 
 def test_layout_changes_and_scan_slices_stand_for_the_ops_they_serve():

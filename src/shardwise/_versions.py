@@ -78,6 +78,20 @@ def cpu_fuses_transposed_dots() -> bool:
     return _JAXLIB >= (0, 12, 1)
 
 
+def moves_named_after_operand() -> bool:
+    """Whether XLA names the first collective of a layout change after the op that laid out
+    the array it moves (the constraint it leaves), not after the constraint that asks for the
+    new layout. Measured on an MLP training step's cotangent, laid out at the loss's line
+    (``models.py:81``) and gathered for a dot at ``models.py:44``: from the same lowered
+    program, jaxlib 0.12.1 names the all-gather after ``models.py:81``, jaxlib 0.10.2 after
+    ``models.py:44``; and on 0.12.1 a carry gathered for a dot in a scan's body after the
+    scan's line, where the body takes it. jaxlib 0.11.x and 0.12.0 were not measured (not
+    installable here): the switch is at 0.11, from which XLA names the change of an
+    argument's layout after the argument (``args[1]``; ``attribution._ops``), the same
+    rule for an array that no op laid out."""
+    return _JAXLIB[:2] >= (0, 11)
+
+
 def varying_axes(value: Any) -> frozenset[Any]:
     """The manual mesh axes ``value`` varies over inside ``shard_map`` (its type's
     ``manual_axis_type.varying`` from JAX 0.10, ``vma`` before)."""

@@ -46,12 +46,16 @@ class PredictedCollective(Collective):
     """A collective a strategy or a plan implies: what it moves, and its predicted
     ``seconds`` per run. In a program plan it also names the op and the user's line it
     belongs to (:attr:`op_name`, :attr:`source`), how many times it runs (``repeat``: a
-    scan's length), the step of the program graph that causes it, and why, in words."""
+    scan's length), the step of the program graph that causes it, and why, in words;
+    ``operand_source``: where it moves an array before its step, the user's line where the
+    plan's program last laid that array out (``""``: an argument, or a collective after its
+    step; :func:`~shardwise._program.explain.laid_out_at`)."""
 
     seconds: float = 0.0
     repeat: int = field(default=1, kw_only=True)
     step: int = field(default=-1, kw_only=True)
     why: str = field(default="", kw_only=True)
+    operand_source: str = field(default="", kw_only=True)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {

@@ -9,7 +9,7 @@ from typing import Any
 
 from shardwise._model.collective import Collective as BaseCollective
 from shardwise._program.nodes import Loop
-from shardwise._versions import combined_names_every_part
+from shardwise._versions import combined_names_every_part, moves_named_after_operand
 
 
 def _line(source: str) -> str:
@@ -58,7 +58,10 @@ def attributed(predicted: Sequence[BaseCollective], compiled: Sequence[BaseColle
     ``source_line`` is one of theirs (a combined one keeps its first part's), and their ops are
     the ops its ``op_name`` gives (:data:`LAYOUT_CHANGE` stands for any op, and any op for one
     of :data:`SCAN_OPS`; one named after an argument, with no line, for any op and line).
-    Every predicted collective must be stood for, once.
+    Where XLA names a layout change after the op that laid out the array it moves
+    (:func:`~shardwise._versions.moves_named_after_operand`), that op's line (a predicted
+    collective's ``operand_source``) is its line too. Every predicted collective must be
+    stood for, once.
 
     >>> def said(op, source):
     ...     return [BaseCollective("all-reduce", ("model",), 8, op_name=op, source=source)]
@@ -74,19 +77,36 @@ def attributed(predicted: Sequence[BaseCollective], compiled: Sequence[BaseColle
         _paired(
             sorted(((c.bytes, _ops(c.op_name), _line(c.source)) for c in compiled if c.group == g),
                    key=lambda c: (len(c[1]), -c[0])),
-            sorted((p.bytes, _op(p.op_name), p.source) for p in predicted if p.group == g),
+            sorted((p.bytes, _op(p.op_name), p.source, _operand_line(p)) for p in predicted
+                   if p.group == g),
         )
         for g in groups
     )  # fmt: skip
 
 
-def _paired(found: list[tuple[int, set[str], str]], left: list[tuple[int, str, str]]) -> bool:
+Part = tuple[int, str, str, str]
+"""A predicted collective as attributed: its bytes, op, line, and the line where the array it
+moves was laid out before (``""``: none, or XLA does not name a move after it)."""
+
+
+def _operand_line(c: BaseCollective) -> str:
+    """The line XLA may name ``c`` after besides its own: where the array it moves was laid
+    out before, where XLA names a move after its operand."""
+    return str(getattr(c, "operand_source", "")) if moves_named_after_operand() else ""
+
+
+def _at(part: Part, line: str) -> bool:
+    """Whether a compiled collective at ``line`` may be ``part``'s."""
+    return part[2] == line or (bool(part[3]) and part[3] == line)
+
+
+def _paired(found: list[tuple[int, set[str], str]], left: list[Part]) -> bool:
     """:func:`_stands_for`, first with each compiled collective that is one predicted one
     (its bytes and line) paired with it at once: the search alone ran out of tries on a
     training step of 27 all-gathers each its own, and said that they were not."""
     rest, unpaired = list(left), []
     for nbytes, names, line in found:
-        twin = next((p for p in rest if p[0] == nbytes and p[2] == line), None)
+        twin = next((p for p in rest if p[0] == nbytes and _at(p, line)), None)
         if twin is not None and _fits(names, line, [twin]):
             rest.remove(twin)
         else:
@@ -100,26 +120,26 @@ def _op(name: str) -> str:
     return name.removesuffix(" (broadcast)")
 
 
-def _fits(names: set[str], line: str, parts: list[tuple[int, str, str]]) -> bool:
+def _fits(names: set[str], line: str, parts: list[Part]) -> bool:
     ops = {p[1] for p in parts}
     named = names - {LAYOUT_CHANGE}
     # (an older XLA names a combined collective after its first part alone)
     first_only = len(names) == 1 and not combined_names_every_part()
     return (
         # the change of an argument's layout, named after the argument, has no line
-        ((not line and names == {LAYOUT_CHANGE}) or any(p[2] == line for p in parts))
+        ((not line and names == {LAYOUT_CHANGE}) or any(_at(p, line) for p in parts))
         and (ops - SCAN_OPS <= names or LAYOUT_CHANGE in names or first_only)
         and (named <= ops or bool(ops & SCAN_OPS))
     )
 
 
-def _stands_for(found: list[tuple[int, set[str], str]], left: list[tuple[int, str, str]]) -> bool:
+def _stands_for(found: list[tuple[int, set[str], str]], left: list[Part]) -> bool:
     """Whether ``found`` (bytes, ops, line) of one kind and axes can each stand for a set of
-    ``left`` (bytes, op, line), sorted, using each once and all; a bounded backtracking
-    search that tries each distinct set once."""
+    ``left`` (:data:`Part`), sorted, using each once and all; a bounded backtracking search
+    that tries each distinct set once."""
     tries = [0]
 
-    def subsets(need: int, start: int, chosen: list[tuple[int, str, str]], order: list[Any]) -> Any:
+    def subsets(need: int, start: int, chosen: list[Part], order: list[Any]) -> Any:
         if need == 0:
             yield list(chosen)
             return
@@ -138,7 +158,7 @@ def _stands_for(found: list[tuple[int, set[str], str]], left: list[tuple[int, st
         # its own line's parts first, the largest first: the few sets it is are tried before
         # the many that small parts of other lines make (a ViT's 4-byte norms had run the
         # search out of tries)
-        order = sorted(left, key=lambda p: (p[2] != line, -p[0], p[1], p[2]))
+        order = sorted(left, key=lambda p: (not _at(p, line), -p[0], p[1], p[2], p[3]))
         for parts in subsets(nbytes, 0, [], order):
             if _fits(names, line, parts):
                 for p in parts:

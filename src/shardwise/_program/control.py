@@ -47,6 +47,7 @@ def read_cond(builder: Any, eqn: Any, path: Path, here: Path, ins: list[int | No
     outer = builder.branch
     for k, branch in enumerate(eqn.params["branches"]):
         builder.branch, start = (*here, k), builder.clock
+        builder.entered[(*here, k)] = (start, source)
         returned = builder.run(
             branch.jaxpr, [None] * len(branch.jaxpr.constvars), (*here, k), ins[1:]
         )

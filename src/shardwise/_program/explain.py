@@ -65,6 +65,23 @@ def runs(step: Step, side: int) -> int:
     return step.repeat if side == HOISTED else step.runs(side < 0)
 
 
+def laid_out_at(graph: Graph, k: int, side: int) -> str:
+    """The user's line where the array a collective of step ``k`` on ``side`` moves (its
+    operand ``side``, or the stack it slices, :data:`HOISTED`) is last laid out before the
+    step reads it: where the call's or scan's body or the cond's branch that ``k`` runs in
+    takes it, if it was made before that began (the plan's program lays out there again each
+    array a body takes), else where the op that made it ran; ``""`` for a collective after
+    its step, or an argument the step's own scope reads."""
+    step = graph.steps[k]
+    a = step.inputs[0] if side == HOISTED else side
+    if a < 0:
+        return ""
+    entry = graph.entered.get(step.key[:-1])
+    if entry is not None and graph.born[a] <= entry[0]:
+        return entry[1]
+    return graph.values[a].source
+
+
 def stacked_as_read(graph: Graph, lay: Layouts, step: Step) -> bool:
     """Whether a scan's stacked result is made in the layout it is kept in from a copy of
     its slice that an op in the loop already reads moved (each slice kept as a local slice
@@ -292,7 +309,10 @@ class Tally:
         return out
 
     def collectives(self) -> tuple[PredictedCollective, ...]:
-        """Every collective found, each with its op, source line, repeats, step and why."""
+        """Every collective found, each with its op, source line, repeats, step and why, and
+        where one that moves an array before its step found that array laid out
+        (:func:`laid_out_at`: XLA may name it after that line,
+        :func:`~shardwise._versions.moves_named_after_operand`)."""
         steps = self.graph.steps
         return tuple(
             dataclasses.replace(
@@ -302,6 +322,7 @@ class Tally:
                 repeat=runs(steps[k], side),
                 step=k,
                 why=why,
+                operand_source=laid_out_at(self.graph, k, side),
             )
             for c, k, why, side in self.found
             if c.bytes

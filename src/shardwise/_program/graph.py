@@ -76,6 +76,8 @@ class Graph:
         taken: the arrays a ``cond`` takes as operands (buffers of their own, in their layouts).
         made_from: each elementwise result made from one array of its shape alone (and
             arrays broadcast in it, or scalars), with that array.
+        entered: each call's and scan's body and cond's branch, by path: the program point it
+            starts at and the user's line it is entered from.
     """
 
     values: tuple[Value, ...]
@@ -106,6 +108,7 @@ class Graph:
     branched: tuple[tuple[int, int, int], ...] = ()
     taken: frozenset[int] = frozenset()
     made_from: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    entered: Mapping[Path, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
     def find(self, v: int) -> int:
         """The class of array ``v``."""
@@ -195,6 +198,7 @@ def read_jaxpr(closed: Any, names: Sequence[str] = ()) -> Graph:
         branched=tuple(b.branched),
         taken=frozenset(b.taken),
         made_from=types.MappingProxyType({v: s[0] for v, s in b.sources.items() if len(s) == 1}),
+        entered=types.MappingProxyType(b.entered),
     )  # fmt: skip
 
 
@@ -225,6 +229,7 @@ class _Builder(Walker[int]):
         self.branch: Path = ()  # the path of the cond branch walked now (``()``: none)
         self.branched: list[tuple[int, int, int]] = []  # (made in a branch, result, start)
         self.taken: set[int] = set()  # (a cond's operands)
+        self.entered: dict[Path, tuple[int, str]] = {}  # (each body: its start and line)
 
     def define(self, key: Key, name: str, source: str) -> int:
         aval = key[1].aval
@@ -269,6 +274,7 @@ class _Builder(Walker[int]):
         self, eqn: Any, here: Path, body: Any, consts: Sequence[Any], ins: list[int | None]
     ) -> list[int | None]:
         # a result made from nothing (a jnp.tril mask, a checkpoint's) is free, as an iota
+        self.entered[here] = (self.clock, self.context)
         return self.run(body, [None] * len(body.constvars), here, ins)
 
     def cond(self, eqn: Any, path: Path, here: Path, ins: list[int | None]) -> list[Any]:
@@ -375,6 +381,7 @@ class _Builder(Walker[int]):
                 self.step("map", "scan slice", (src,), x, here, eqn, "scan slice",
                           dim_map=(*range(1, r + 1),), local=(0,), length=p["length"])  # fmt: skip
         repeat, self.repeat = self.repeat, self.repeat * p["length"]
+        self.entered[here] = (self.clock, source)
         start, n_consts = self.clock, scan_counts(p)[0]
         carries = [  # (one that starts as a constant may take values from arrays)
             self.define((here, v), named("scan carry", source), source)
