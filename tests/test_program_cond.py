@@ -176,8 +176,9 @@ def _vmapped_loss(batched: bool):  # type: ignore[no-untyped-def]
 
 
 def _differentiated(checkpointed: bool):  # type: ignore[no-untyped-def]
-    """The gradient of a loss through a cond (its forward cond returns ``x`` as a residual
-    from both branches), the cond inside ``jax.checkpoint`` or not."""
+    """The gradient of a loss through a cond (its backward cond reads ``x`` as a residual:
+    JAX 0.10's forward cond returns it from both branches, JAX 0.12's passes ``x`` itself),
+    the cond inside ``jax.checkpoint`` or not."""
 
     def f(w, x, s):  # type: ignore[no-untyped-def]
         def out(w):  # type: ignore[no-untyped-def]
@@ -243,8 +244,40 @@ def test_a_vmapped_conds_selects_of_an_operand_against_itself_are_read_as_the_op
 
 
 def test_a_result_every_branch_returns_as_an_operand_is_that_operand() -> None:
-    """XLA gives it the operand's buffer: the residual ``x`` of a cond's gradient is ``x``."""
+    """XLA gives it the operand's buffer. ``lax.cond`` itself forwards such a result out of
+    the cond, and from JAX 0.12 so does the gradient of a cond (next test): the cond here has
+    its branches made to return their operand ``x`` as JAX 0.10's gradient returns it."""
+    import jax.extend.core as jcore
+
+    from shardwise._program.graph import read_jaxpr
+
+    def f(x, w, s):  # type: ignore[no-untyped-def]
+        return jax.lax.cond(
+            s > 0, lambda x, w: (jnp.tanh(x @ w), x * 2), lambda x, w: (x @ w, x * 3), x, w
+        )
+
+    closed = jax.make_jaxpr(f)(_normal(0, 64, 32), _normal(1, 32, 32), jnp.float32(1.0))
+    eqns = list(closed.jaxpr.eqns)
+    k = next(k for k, e in enumerate(eqns) if e.primitive.name == "cond")
+    cond = eqns[k]
+    assert cond.invars[1] is closed.jaxpr.invars[0]  # (the branches' first operand is x)
+    branches = tuple(
+        jcore.ClosedJaxpr(
+            b.jaxpr.replace(outvars=[b.jaxpr.outvars[0], b.jaxpr.invars[0]]), b.consts
+        )
+        for b in cond.params["branches"]
+    )
+    eqns[k] = cond.replace(params={**cond.params, "branches": branches})
+    graph = read_jaxpr(jcore.ClosedJaxpr(closed.jaxpr.replace(eqns=eqns), closed.consts))
+    assert graph.keys.get(((), cond.outvars[1])) == graph.inputs[0]
+    assert graph.keys.get(((), cond.outvars[0])) not in graph.inputs
+
+
+def test_the_residual_x_of_a_conds_gradient_is_x() -> None:
+    """The backward cond of a cond's gradient reads ``x`` as a residual: JAX 0.10's forward
+    cond returns it from both branches (a result that is its operand, the test above), JAX
+    0.12.1's hands ``x`` to the backward cond itself. Either way it is ``x``'s array."""
     f, args, _ = _differentiated(False)
     graph = build(f, list(args))
-    forward = next(e for e in graph.closed.jaxpr.eqns if e.primitive.name == "cond")
-    assert graph.inputs[1] in [graph.keys.get(((), v)) for v in forward.outvars]
+    backward = [e for e in graph.closed.jaxpr.eqns if e.primitive.name == "cond"][-1]
+    assert graph.inputs[1] in [graph.keys.get(((), v)) for v in backward.invars]

@@ -72,7 +72,8 @@ def passed_through(eqn: Any) -> dict[int, int]:
     """The results of ``eqn``, a ``cond``, that every branch returns as the same operand: by
     result position, that operand's position among the branches' operands. XLA gives such a
     result the operand's own buffer (seen: a gradient's residual ``x`` that both branches of
-    the forward cond return, no buffer of its own in the compiled program)."""
+    JAX 0.10's forward cond return, no buffer of its own in the compiled program; JAX 0.12
+    hands ``x`` to the backward cond itself)."""
     out = {}
     branches = [b.jaxpr for b in eqn.params["branches"]]
     for k, var in enumerate(eqn.outvars):
