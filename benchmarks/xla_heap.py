@@ -38,8 +38,11 @@ def temp_live_peak(folder: Path, temp_bytes: int) -> int | None:
     ``folder`` of the module whose heap of temporaries is ``temp_bytes``."""
     for assignment in sorted(folder.glob("*after_optimizations-buffer-assignment.txt")):
         text = assignment.read_text()
+        # (jaxlib 0.12.1 writes a page after the size: "size 98304, page 0, preallocated-temp")
         heap = re.search(
-            rf"allocation \d+: size {temp_bytes}, preallocated-temp:\n((?: value:.*\n)+)", text
+            rf"allocation \d+: size {temp_bytes}(?:, page \d+)?, preallocated-temp:\n"
+            r"((?: value:.*\n)+)",
+            text,
         )
         if heap is None:
             continue
