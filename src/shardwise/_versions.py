@@ -103,6 +103,23 @@ def heap_leaves_gaps() -> bool:
     return _JAXLIB[:2] < (0, 11)
 
 
+def halves_cpu_computes_in_float32() -> frozenset[str]:
+    """The 16-bit float types XLA's CPU backend computes in float32 (its float normalization
+    converts an op's 16-bit operands to float32 buffers and computes the op there). Measured
+    in the compiled HLO of two bfloat16 layers on 8 CPU devices: jaxlib 0.10.2 and 0.11.0
+    compute bfloat16 and float16 so, each bfloat16 dot reading float32 copies of its operands
+    (``f32[64,256] convert(w1)``) and making float32, a sort too (192 KiB of temporaries);
+    jaxlib 0.12.0 and 0.12.1 compute bfloat16 as it is, its dots in YNNPACK
+    (``bf16[64,256] __ynn_fusion(x, w1)``, no convert: 40 KiB), and so the arrays the dots
+    read and make, and a sort, but float16 still in float32. On all four, bfloat16's
+    collectives (all-gather, all-reduce, reduce-scatter, all-to-all, collective-permute) run
+    in float32, as do its convolutions and a 2-D dot whose operand's transpose XLA folds
+    into it (``x.T @ w``)."""
+    if _JAXLIB[:2] >= (0, 12):
+        return frozenset({"float16"})
+    return frozenset({"bfloat16", "float16"})
+
+
 def varying_axes(value: Any) -> frozenset[Any]:
     """The manual mesh axes ``value`` varies over inside ``shard_map`` (its type's
     ``manual_axis_type.varying`` from JAX 0.10, ``vma`` before)."""

@@ -27,7 +27,7 @@ from shardwise._program.bins import Temps
 from shardwise._program.graph import Graph
 from shardwise._program.moves import all_to_all, local, relayout_bytes, shard_bytes
 from shardwise._program.nodes import Step, Value
-from shardwise._program.upcast import widening
+from shardwise._program.upcast import converted_move, moved_widening, widening
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -74,13 +74,18 @@ class Copies:
     only: made just before that reader and freed once copied back; seen in the compiled HLO
     of an embedding's weight ``w`` gathered along its columns, where its transposed
     ``f32[512,1024]{0,1}`` is freed after the copy-back: held to the weight's last reader, it
-    had put data × tensor plans at 1.18x XLA's memory)."""
+    had put data × tensor plans at 1.18x XLA's memory). ``in_reduce``: the keys of the dots
+    fused into a reduction (:func:`~shardwise._program.sums.fused_dots`)."""
 
-    def __init__(self, early: dict[Key, tuple[int, int]], cpu: bool) -> None:
+    def __init__(
+        self, early: dict[Key, tuple[int, int]], cpu: bool,
+        in_reduce: frozenset[tuple[int, ...]] = frozenset(),
+    ) -> None:  # fmt: skip
         self.temps = Temps()
         self.early = early
         self.relayouts: dict[Key, tuple[int, int]] = {}
         self.cpu = cpu
+        self.in_reduce = in_reduce
         self._moved: list[_Moved] = []
         self._step: tuple[tuple[int, ...], tuple[Key, ...]] = ((), ())
         self.passing = 0
@@ -101,13 +106,14 @@ class Copies:
         temps: list[int] = []
         keys: list[Key] = []
         specs = lay.specs
+        made = _dot_result(graph, step, lay, mesh, self.cpu, self.in_reduce)
         for j, (a, used) in enumerate(zip(step.inputs, ins, strict=False)):
             if used is specs[a] or used.canonical() == specs[a].canonical():
                 continue
-            value, wide = graph.values[a], widening(graph.values[a].dtype, self.cpu)
-            copy = shard_bytes(value, used, mesh) * wide
-            relay = relayout_bytes(value, specs[a], used, mesh) * wide if self.cpu else 0
+            value = graph.values[a]
+            copy, relay = read_copy(value, specs[a], used, mesh, self.cpu, made)
             if a in graph.inputs and not step.branch:  # (a cond's branch copies its own)
+                wide = moved_widening(value.dtype, self.cpu)
                 passing = passing_bytes(value, specs[a], used, mesh) * wide
                 self.passing = max(self.passing, passing)
                 key = (a, used.canonical())
@@ -171,6 +177,46 @@ class Copies:
             points[m.at] -= min(ops, moved)
 
 
+def _dot_result(
+    graph: Graph, step: Step, lay: Layouts, mesh: MeshSpec, cpu: bool,
+    in_reduce: frozenset[tuple[int, ...]],
+) -> int | None:  # fmt: skip
+    """The bytes per device of the result of ``step`` where it is a dot that computes (not one
+    fused into a reduction, ``in_reduce``), at the type it is made in; else ``None``."""
+    found = lay.steps.get(step.key)
+    if step.prim != "dot_general" or step.key in in_reduce or found is None:
+        return None
+    value = graph.values[step.output]
+    return shard_bytes(value, found[1], mesh) * widening(value.dtype, cpu)
+
+
+def read_copy(
+    value: Value, held: Spec, used: Spec, mesh: MeshSpec, cpu: bool, made: int | None = None
+) -> tuple[int, int]:
+    """The bytes of the copy a step reads of ``value`` (held as ``held``) as ``used``, and on
+    CPU those of the buffer it is moved into first, freed once copied from: gathered along a
+    dimension but the first, the transposed layout it is gathered in
+    (:func:`~shardwise._program.moves.relayout_bytes`). A 16-bit float is moved by a
+    collective in float32 (:func:`~shardwise._program.upcast.moved_widening`; sliced, it is
+    made as :func:`~shardwise._program.upcast.widening` says). A dot that computes it as it
+    is (:func:`~shardwise._program.upcast.widening`: bfloat16 with jaxlib 0.12), whose result
+    takes ``made`` bytes, reads its copy converted back, and the float32 buffers it is moved
+    in (:func:`~shardwise._program.upcast.converted_move`) are that first buffer, freed
+    before the dot makes its result: counted beyond it (seen in the compiled HLO with jaxlib
+    0.12.1: a bfloat16 weight's ``f32[64,256]`` all-gather, then the ``bf16[64,256]`` the
+    dot reads; counted at float32 to the dot, the data × tensor plan of a bfloat16 forward
+    pass had been at 0.88x XLA's memory, beside the dot's result at 1.12x)."""
+    moved = not local(held, used, len(value.shape), mesh)  # (a slice is made as it is)
+    wide = moved_widening(value.dtype, cpu) if moved else widening(value.dtype, cpu)
+    kept = widening(value.dtype, cpu) if made is not None else wide
+    copy = shard_bytes(value, used, mesh)
+    relay = relayout_bytes(value, held, used, mesh) * wide if cpu else 0
+    if kept < wide and not relay:
+        converted = converted_move(shard_bytes(value, held, mesh), copy, value.dtype, cpu)
+        relay = max(0, converted - (made or 0))
+    return copy * kept, relay
+
+
 def made_copy(
     value: Value, made: Spec, kept: Spec, mesh: MeshSpec, cpu: bool, broadcast: bool = False
 ) -> int:
@@ -192,9 +238,9 @@ def made_copy(
         return 0
     moves = reshard_moves(made, kept, len(value.shape))
     if cpu and len(moves) > 1:
-        return _moving(value, made, moves, mesh) * widening(value.dtype, cpu)
+        return _moving(value, made, moves, mesh) * moved_widening(value.dtype, cpu)
     pieces = 2 if cpu and all_to_all(made, kept, len(value.shape), mesh) else 1
-    return pieces * shard_bytes(value, made, mesh) * widening(value.dtype, cpu)
+    return pieces * shard_bytes(value, made, mesh) * moved_widening(value.dtype, cpu)
 
 
 def _moving(value: Value, made: Spec, moves: Sequence[Move], mesh: MeshSpec) -> int:

@@ -20,7 +20,7 @@ from shardwise._program.cpu_convs import cpu_copies
 from shardwise._program.graph import Graph
 from shardwise._program.moves import relayout_bytes, shard_bytes
 from shardwise._program.nodes import Step, Value
-from shardwise._program.upcast import widening
+from shardwise._program.upcast import converted_move, moved_widening, widening
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -141,10 +141,14 @@ def gathered_stack(
         return
     loop = _loop(graph, step.key)
     assert loop is not None  # the slicing step itself is in the loop's body
-    value = graph.values[stack]
-    size = shard_bytes(value, whole, mesh)
+    value, rank = graph.values[stack], len(graph.values[stack].shape)
+    size, wide = shard_bytes(value, whole, mesh), moved_widening(value.dtype, cpu)
+    kept = widening(
+        value.dtype, cpu
+    )  # (bfloat16 with jaxlib 0.12: moved in float32, carried as it is)
     if cpu:
-        size = (size + relayout_bytes(value, held_as, whole, mesh)) * widening(value.dtype, cpu)
+        size = (size + relayout_bytes(value, held_as, whole, mesh)) * kept
+    converted = converted_move(shard_bytes(value, held_as, mesh), size, value.dtype, cpu)
     temps, early = copies
     start = 0 if stack in graph.inputs else loop.start
     if stack in graph.inputs:
@@ -155,10 +159,9 @@ def gathered_stack(
     # gathered over several mesh axes, one all-gather after another, each step's result is
     # held while the next is made from it (seen: the ``f32[4,512,512]`` gather over one axis
     # beside the ``f32[8,512,512]`` one over the other; without it the FSDP plan was 0.79x)
-    rank, wide = len(value.shape), widening(value.dtype, cpu)
     steps = [wide * shard_bytes(value, m.spec, mesh) for m in reshard_moves(held_as, whole, rank)]
     pairs = [a + b - steps[-1] for a, b in pairwise(steps)]
-    temps.add(start, start, max(pairs, default=0))
+    temps.add(start, start, max([*pairs, converted], default=0))
 
 
 def scan_slice(

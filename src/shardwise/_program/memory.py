@@ -48,14 +48,16 @@ from shardwise._program.problem import Problem
 from shardwise._program.remat import Schedule, bodies, last_reads, merged_into, schedule, scheduled
 from shardwise._program.sums import (
     Summed,
+    collected_halves,
     combined,
+    float32_sums,
     fused_dots,
     into_reduce,
     partial_buffers,
     to_outputs,
     together,
 )
-from shardwise._program.upcast import argument_copies, made_halves, widening
+from shardwise._program.upcast import argument_copies, made_halves, moved_widening
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -259,15 +261,15 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         lives = _live(graph, plan, cpu)
     arrays, fixed, specs, born = lives.arrays, _fixed(graph, cpu), lay.specs, graph.born
     sizes = sliced_only(graph, lay, mesh, arrays, _sizes(graph, lay, mesh, arrays), cpu)
-    if cpu and fixed.halves.any():  # (:mod:`.upcast`: bfloat16 and float16 made as float32)
+    if cpu and fixed.halves.any():  # (:mod:`.upcast`: float16, bfloat16 too, made as float32)
         sizes = np.where(fixed.halves, 2 * sizes, sizes)
-    fused: frozenset[tuple[int, ...]] = frozenset()  # (the dots fused into a reduction)
-    if cpu and fixed.into_reduce:
-        sizes, fused = fused_dots(graph, lay, mesh, fixed.into_reduce, arrays, sizes)
+    sizes, collected = collected_halves(graph, lay, mesh, lives, sizes, cpu)  # (float32 sums)
+    reduced = fixed.into_reduce if cpu else {}  # (the dots fused into a reduction)
+    sizes, fused, every = fused_dots(graph, lay, mesh, reduced, arrays, sizes)
     temporary = lives.temporary
     points = lives.totals(np.where(temporary, 0, sizes)) + unaliased_bytes(graph, lay, mesh)
     gone = set[int]()
-    copies = Copies(argument_copies(graph, lay, mesh, fused) if cpu else {}, cpu)  # (.upcast)
+    copies = Copies(argument_copies(graph, lay, mesh, fused) if cpu else {}, cpu, every)
     temps, early = copies.temps, copies.early
     later: list[tuple[int, int, int]] = []  # partial sums summed with others: (at, bytes, buffers)
     summed: list[Summed] = []  # the other dots' partial sums
@@ -291,7 +293,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         first = {j: born[a] for j, a in enumerate(step.inputs) if (n, j) in plan.early}
         copies.operands(graph, step, ins, at, first, lay, mesh)  # (:mod:`.remat`: first)
         value = graph.values[step.output]
-        block = shard_bytes(value, made, mesh) * widening(value.dtype, cpu)
+        block = shard_bytes(value, made, mesh) * moved_widening(value.dtype, cpu)
         kept, broadcast = specs[step.output], step.prim == "broadcast_in_dim"
         copies.result(at, step.output, made_copy(value, made, kept, mesh, cpu, broadcast), block)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
@@ -314,7 +316,7 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     temps.extend(lives.first[still], lives.last[still], sizes[still])
     temps.add(0, 0, copies.passing)  # (a result's buffer may take it too)
     _heap(graph, lives, sizes, copies, results, points)
-    combined(later, points)
+    combined(later, points, float32_sums(graph, collected, later, fixed.outputs_of))
     loops.carry_copies(graph, lay, mesh, points)
     if cpu:
         loops.threefry_loops(graph, lay, mesh, points)

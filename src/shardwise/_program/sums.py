@@ -8,23 +8,25 @@ after the last of them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardwise._caches import cached
+from shardwise._caches import cached, per_object
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.op import Op
 from shardwise._model.spec import Spec
 from shardwise._program.bins import Temps
 from shardwise._program.buffers import readers
 from shardwise._program.graph import Graph
-from shardwise._program.moves import shard_bytes
+from shardwise._program.moves import local, shard_bytes
 from shardwise._program.nodes import Step
-from shardwise._program.upcast import widening
+from shardwise._program.upcast import moved_widening, widening
 from shardwise._versions import cpu_fuses_transposed_dots
 
 if TYPE_CHECKING:
+    from shardwise._program.memory import Lives
     from shardwise._program.solution import Layouts
 
 
@@ -47,12 +49,19 @@ def to_outputs(graph: Graph) -> set[int]:
     return found
 
 
-def combined(partials: list[tuple[int, int, int]], points: np.ndarray) -> None:
+def combined(
+    partials: list[tuple[int, int, int]], points: np.ndarray,
+    sums: Sequence[tuple[int, int, int]] = (),
+) -> None:  # fmt: skip
     """The partial sums of the results that go only to the program's outputs (a training
     step's weight gradients), summed by one all-reduce after the last of them: XLA combines
     their all-reduces, so each one's partial sums are held from its dot to the last such dot,
     and there the sums of those it then slices are made beside them (seen in the compiled
-    HLO of a data-parallel step: one all-reduce of a tuple of every gradient, at the end)."""
+    HLO of a data-parallel step: one all-reduce of a tuple of every gradient, at the end).
+    ``sums``: the float32 buffers of sums held beside the arrays (:func:`float32_sums`), by
+    (start, end, bytes)."""
+    for start, end, size in sums:
+        points[start : end + 1] += size
     if not partials:
         return
     end = max(at for at, _, _ in partials)
@@ -82,12 +91,78 @@ def partial_buffers(
     partial, scattered = _buffer(step.op, *found)
     if partial is not None:
         size = shard_bytes(graph.values[step.output], partial, mesh)
-        size *= widening(graph.values[step.output].dtype, cpu)  # (:mod:`.upcast`)
+        size *= moved_widening(graph.values[step.output].dtype, cpu)  # (:mod:`.upcast`)
         copies = 2 if cpu and scattered else 1
         if graph.find(step.output) in outputs_of and not step.branch:
             later.append((at, size, copies))
         else:
             summed.append((at, size, copies, step, summed_axes(step.op, found[0])))
+
+
+def collected_halves(
+    graph: Graph, lay: Layouts, mesh: MeshSpec, lives: Lives, sizes: np.ndarray, cpu: bool
+) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """``sizes`` (one per array of ``lives``) on CPU (``cpu``) with the 16-bit float arrays
+    that a collective makes under ``lay`` at float32, where the CPU backend computes them as
+    they are (:func:`~shardwise._program.upcast.widening`: bfloat16 with jaxlib 0.12): a dot's sum
+    of its partial sums, and a result made in another layout and moved there. XLA sums and
+    moves them in float32 (:func:`~shardwise._program.upcast.moved_widening`) and the ops
+    that read them read the float32 buffer (seen in the compiled HLO of a bfloat16 training
+    step with jaxlib 0.12.1: the weight gradients' ``f32[256,64] all-reduce``, or a gradient
+    made split and its ``f32[256,64] all-gather``, read by the update's fusion; counted at two
+    bytes, in the updated weight's buffer, the plans had been at 0.67-0.74x XLA's memory).
+    One that would be made in a result's buffer (such a gradient) is a float32 buffer of its
+    own (:func:`float32_sums`): those are given too, with their bytes."""
+    out, extra = sizes, list[tuple[int, int]]()
+    if not cpu:
+        return out, extra
+    index = {v: k for k, v in enumerate(lives.arrays)}
+    results = {v for v in graph.outputs if v is not None}
+    for step in _collected_in_float32(graph):
+        v, found = step.output, lay.steps.get(step.key)
+        k = index.get(v)
+        if k is None or found is None or v in results:
+            continue
+        ins, made = found
+        kept = lay.specs[v]
+        if not (
+            (step.kind == "dot" and step.op is not None and summed_axes(step.op, ins))
+            or not local(made, kept, len(graph.values[v].shape), mesh)
+        ):
+            continue
+        if lives.first[k] <= lives.last[k]:
+            out = out.copy() if out is sizes else out
+            out[k] *= 2
+        else:  # (in a result's buffer, which is of the result's own type)
+            extra.append((v, 2 * int(sizes[k])))
+    return out, extra
+
+
+def float32_sums(
+    graph: Graph, extra: list[tuple[int, int]], later: list[tuple[int, int, int]],
+    outputs_of: set[int],
+) -> list[tuple[int, int, int]]:  # fmt: skip
+    """The (start, end, bytes) of the float32 buffers of ``extra`` (:func:`collected_halves`:
+    each array and its bytes), each from its step to its last reader; those of results that
+    go only to the outputs are summed with the others' partial sums (``later``,
+    :func:`combined`), after the last of them, and held from there."""
+    end = max((at for at, _, _ in later), default=0)
+    out = []
+    for v, size in extra:
+        start = end if later and graph.find(v) in outputs_of else graph.born[v]
+        out.append((start, max(start, graph.last[v]), size))
+    return out
+
+
+@per_object(maxsize=8)
+def _collected_in_float32(graph: Graph) -> list[Step]:
+    """The steps of ``graph`` that make 16-bit floats that the CPU backend makes as they are
+    but sums and moves in float32 (:func:`collected_halves`)."""
+    return [
+        step
+        for step in graph.steps
+        if moved_widening(dtype := graph.values[step.output].dtype, True) > widening(dtype, True)
+    ]
 
 
 Summed = tuple[int, int, int, Step, frozenset[str]]
@@ -230,13 +305,18 @@ def fused_into_reduce(
 def fused_dots(
     graph: Graph, lay: Layouts, mesh: MeshSpec, dots: dict[int, tuple[int, tuple[int, ...]]],
     arrays: list[int], sizes: np.ndarray,
-) -> tuple[np.ndarray, frozenset[tuple[int, ...]]]:  # fmt: skip
+) -> tuple[np.ndarray, frozenset[tuple[int, ...]], frozenset[tuple[int, ...]]]:  # fmt: skip
     """``sizes`` (one per array of ``arrays``) but none for the arrays of the ``dots``
     (:func:`into_reduce`) that the CPU backend fuses into their reductions under ``lay``
-    (:func:`fused_into_reduce`), and the keys of those of them that gather no operand: they
+    (:func:`fused_into_reduce`), the keys of those of them that gather no operand: they
     read 16-bit operands as they are (:func:`~shardwise._program.upcast.argument_copies`;
-    one that gathers one makes float32 copies, seen in an FSDP plan)."""
-    index, out, fused = {v: k for k, v in enumerate(arrays)}, sizes.copy(), set()
+    one that gathers one makes float32 copies, seen in an FSDP plan), and the keys of all
+    of them: they read an operand gathered in float32 as it is, where a bfloat16 dot that
+    is not fused reads it converted back (:func:`~shardwise._program.copies.read_copy`; seen
+    with jaxlib 0.12.1 in the FSDP plan of ``(x @ w).sum(-1)`` in bfloat16: the gathered
+    ``f32[512,1024]`` read by the fused dot, which, counted converted back, had been
+    predicted at 0.77x XLA's memory)."""
+    index, out, fused, every = {v: k for k, v in enumerate(arrays)}, sizes.copy(), set(), set()
     for n, (r, chain) in dots.items():
         step, reader = graph.steps[n], lay.steps.get(graph.steps[r].key)
         found = lay.steps.get(step.key)
@@ -254,6 +334,7 @@ def fused_dots(
                 terms[j]) for j in gathered):  # fmt: skip
             continue
         out[[index[u] for u in chain if u in index]] = 0
+        every.add(step.key)
         if not gathered:
             fused.add(step.key)
-    return out, frozenset(fused)
+    return out, frozenset(fused), frozenset(every)

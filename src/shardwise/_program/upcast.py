@@ -1,9 +1,18 @@
-"""What XLA's CPU backend holds for 16-bit floats: it computes bfloat16 and float16 in float32
-(its float normalization), so each such array a program makes is a float32 buffer, and so is
-each copy a step makes of one (a gather, a partial sum, a relayout). An argument of such a type
-keeps its own buffer and, beside it, the float32 copy XLA converts it to as the program
-starts, held until its last reader (seen in the compiled HLO: a ``convert`` of each bfloat16
-weight first, then float32 dots). On GPUs and TPUs both types are computed as they are.
+"""What XLA's CPU backend holds for 16-bit floats. It computes those of
+:func:`~shardwise._versions.halves_cpu_computes_in_float32` (float16; bfloat16 too up to
+jaxlib 0.11) in float32 (its float normalization), so each such array a program makes is a
+float32 buffer. An argument of such a type keeps its own buffer and, beside it, the float32
+copy XLA converts it to as the program starts, held until its last reader (seen in the
+compiled HLO: a ``convert`` of each bfloat16 weight first, then float32 dots). Each copy a
+step moves of a 16-bit float (a gather, a partial sum, a relayout) is counted at float32
+with every jaxlib (:func:`moved_widening`): bfloat16's collectives run in float32 (a
+``convert``, the float32 collective, a ``convert`` back: seen with jaxlib 0.10.2 to 0.12.1);
+float16's move as they are, but are read by float32 dots. Where the backend computes
+bfloat16 as it is (jaxlib 0.12), what a collective makes of it is a float32 buffer beside
+the arrays held at two bytes (:func:`converted_move`,
+:func:`~shardwise._program.sums.collected_halves`); its convolutions, and a dot whose
+operand's transpose XLA folds into it, computed in float32 there too, are counted at two
+bytes. On GPUs and TPUs both types are computed as they are.
 """
 
 from __future__ import annotations
@@ -14,38 +23,74 @@ from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
 from shardwise._program.moves import shard_bytes
+from shardwise._versions import halves_cpu_computes_in_float32
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
 
 HALVES = frozenset({"bfloat16", "float16"})
-"""The types XLA's CPU backend computes in float32."""
+"""The 16-bit float types: XLA's CPU backend moves them in float32 buffers."""
+
+COMPUTED_WIDE = halves_cpu_computes_in_float32()
+"""Those XLA's CPU backend computes in float32, with the installed jaxlib."""
 
 
 def widening(dtype: str, cpu: bool) -> int:
     """How many times its own bytes an array of ``dtype`` made on the devices takes: twice
-    for bfloat16 and float16 on CPU, else once.
+    for those of :data:`COMPUTED_WIDE` on CPU (float16; bfloat16 too up to jaxlib 0.11),
+    else once.
 
-    >>> widening("bfloat16", True), widening("bfloat16", False), widening("float32", True)
+    >>> widening("float16", True), widening("float16", False), widening("float32", True)
     (2, 1, 1)
     """
+    return 2 if cpu and str(dtype) in COMPUTED_WIDE else 1
+
+
+def moved_widening(dtype: str, cpu: bool) -> int:
+    """How many times its own bytes a copy of an array of ``dtype`` that a collective moves
+    takes (a gather, a partial sum, a relayout): twice for bfloat16 and float16 on CPU,
+    with every jaxlib, else once.
+
+    >>> moved_widening("bfloat16", True), moved_widening("bfloat16", False)
+    (2, 1)
+    """
     return 2 if cpu and str(dtype) in HALVES else 1
+
+
+def converted_move(held: int, moved: int, dtype: str, cpu: bool) -> int:
+    """The bytes a collective's move of an array of ``dtype`` holds at once beyond its result,
+    where the CPU backend moves it in float32 (:func:`moved_widening`) but computes it as it
+    is (:func:`widening`: bfloat16 with jaxlib 0.12), and an op that computes it reads it:
+    ``held`` and ``moved`` are the bytes per device of the array before and after the move,
+    at its own type. XLA converts the block to float32, moves it, then converts the float32
+    result back: the copy beside the float32 result, then that result beside the converted
+    one (seen in the compiled HLO with jaxlib 0.12.1: a bfloat16 weight's ``f32[32,256]``
+    convert, its ``f32[64,256]`` all-gather, then the ``bf16[64,256]`` a dot reads). None
+    where the two widenings agree.
+
+    >>> converted_move(100, 400, "float32", True), converted_move(100, 400, "bfloat16", False)
+    (0, 0)
+    """
+    if moved_widening(dtype, cpu) <= widening(dtype, cpu):
+        return 0
+    return max(2 * held + 2 * moved, 3 * moved) - moved
 
 
 def held_dtype(dtype: str, cpu: bool) -> str:
     """The type of the buffer that holds an array of ``dtype`` made on the devices.
 
-    >>> held_dtype("bfloat16", True), held_dtype("bfloat16", False)
+    >>> held_dtype("float16", True), held_dtype("bfloat16", False)
     ('float32', 'bfloat16')
     """
     return "float32" if widening(dtype, cpu) == 2 else str(dtype)
 
 
 def made_halves(graph: Graph, arrays: list[int]) -> list[bool]:
-    """Whether each of ``arrays`` is a 16-bit float the program makes: not an argument, nor
-    a result (those keep buffers of their own type)."""
+    """Whether each of ``arrays`` is a 16-bit float the program makes that the CPU backend
+    computes in float32 (:data:`COMPUTED_WIDE`): not an argument, nor a result (those keep
+    buffers of their own type)."""
     kept = set(graph.inputs) | {v for v in graph.outputs if v is not None}
-    return [v not in kept and graph.values[v].dtype in HALVES for v in arrays]
+    return [v not in kept and graph.values[v].dtype in COMPUTED_WIDE for v in arrays]
 
 
 def argument_copies(
@@ -56,13 +101,15 @@ def argument_copies(
     layout): made as the program starts, freed after that op (an elementwise op, the update of
     a training step, reads the argument itself: seen, the bfloat16 weights' float32 copies
     freed after their last dot, where the model had held them to the update and put a
-    bfloat16 step at 1.3-1.8x its memory). One that every op reads in another layout is
-    converted and moved as the program starts: its moved copies are counted at float32 where
-    the steps read them (:func:`widening`); a conversion to another type is itself the copy,
-    and a dot that makes float32 (``preferred_element_type``) reads 16-bit operands as they
-    are (seen: one fused dot of the bfloat16 arguments, no copy), as does a dot ``fused`` into
-    a reduction (:func:`~shardwise._program.sums.into_reduce`: its fusion reads bfloat16)."""
-    halves = {a for a in graph.inputs if graph.values[a].dtype in HALVES}
+    bfloat16 step at 1.3-1.8x its memory). Only of the types the backend computes in float32
+    (:data:`COMPUTED_WIDE`: with jaxlib 0.12 a bfloat16 argument has none, its dots read it as
+    it is). One that every op reads in another layout is converted and moved as the program
+    starts: its moved copies are counted at float32 where the steps read them
+    (:func:`moved_widening`); a conversion to another type is itself the copy, and a dot that
+    makes float32 (``preferred_element_type``) reads 16-bit operands as they are (seen: one
+    fused dot of the bfloat16 arguments, no copy), as does a dot ``fused`` into a reduction
+    (:func:`~shardwise._program.sums.into_reduce`: its fusion reads bfloat16)."""
+    halves = {a for a in graph.inputs if graph.values[a].dtype in COMPUTED_WIDE}
     if not halves:
         return {}
     out: dict[tuple[int, Spec], tuple[int, int]] = {}
