@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import numpy as np  # noqa: E402
 from calibrated import profile_for  # noqa: E402
-from library_models import MODELS  # noqa: E402
+from library_models import MODELS, TOLERANCES  # noqa: E402
 
 import shardwise  # noqa: E402
 
@@ -38,8 +38,9 @@ def measure(name: str, mesh: Any, repeat: int, profile: str) -> dict[str, Any]:
     p = shardwise.plan(fn, *args, mesh=mesh, profile=profile)
     planning = time.perf_counter() - start
     want, got = jax.jit(fn)(*args), p.sharded()(*args)
+    rtol, atol = TOLERANCES.get(name, (1e-4, 1e-5))  # (the tests' own: float32, or bfloat16)
     same = all(
-        np.allclose(np.asarray(_data(a)), np.asarray(_data(b)), rtol=1e-4, atol=1e-5)
+        np.allclose(np.asarray(_data(a)), np.asarray(_data(b)), rtol=rtol, atol=atol)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
     )
     done = p.verify(repeat=repeat)

@@ -441,3 +441,16 @@ MODELS: dict[str, Callable[[], Model]] = {
     "eqx-batchnorm-step": eqx_batchnorm_step,
 }
 """Each case's factory, by the name the tests give it."""
+
+TOLERANCES = {"nnx-mixed-precision": (2**-8, 1e-4)}
+"""``(rtol, atol)`` against ``jax.jit`` of the cases that compute in bfloat16, where the others
+(float32) ask ``rtol=1e-4, atol=1e-5``. A plan that splits a contraction has each device
+round its partial sum to bfloat16 (8 significant bits: off by up to 2^-9 of it) before they are
+summed, where ``jax.jit`` rounds the whole sum once: XLA's CPU backend computes bfloat16 dots
+in bfloat16 from jaxlib 0.12 (in float32 before, and the results were the same to the bit).
+Measured on jaxlib 0.12.1, the mixed-precision step's chosen plan, whose second layer's
+contraction is split 8 ways: the loss 1.4e-4 off, relative (within bfloat16's epsilon, 2^-8);
+the gradients up to 1.7 bfloat16 epsilons of their largest element (below 0.08) apart, so the
+parameters updated with a learning rate of 0.1 up to 4.9e-5 apart (within 1e-4). The step
+emulated in float64, each op rounded once to its type and that layer's 8 partial sums to
+bfloat16, is the plan's results to 3e-7: the difference is those roundings alone."""
