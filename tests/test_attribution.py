@@ -123,6 +123,9 @@ def test_a_move_named_after_where_its_array_was_laid_out(monkeypatch, after_oper
     assert _attributed(said, hlo("/src/m.py:44 (f)"))  # (a later step of the move is)
     assert _attributed(said, hlo("/src/loss.py:81 (loss)")) is after_operand
     assert not _attributed(said, hlo("/src/loss.py:80 (loss)"))
+    # named after another dot at the operand's line: that dot's, not this move's
+    other = [Collective(AG, M, 64, op_name="jit(f)/dot_general", source="/src/loss.py:81 (loss)")]
+    assert not _attributed(said, other)
 
 
 def test_an_array_a_body_takes_is_laid_out_where_the_body_is_entered():

@@ -95,9 +95,11 @@ def _operand_line(c: BaseCollective) -> str:
     return str(getattr(c, "operand_source", "")) if moves_named_after_operand() else ""
 
 
-def _at(part: Part, line: str) -> bool:
-    """Whether a compiled collective at ``line`` may be ``part``'s."""
-    return part[2] == line or (bool(part[3]) and part[3] == line)
+def _at(part: Part, line: str, names: set[str]) -> bool:
+    """Whether a compiled collective at ``line`` named ``names`` may be ``part``'s: at its own
+    line, or, named as a layout change, at the line where the array it moves was laid out
+    (as XLA names the moves it was measured to: ``part[3]``, :func:`_operand_line`)."""
+    return part[2] == line or (bool(part[3]) and part[3] == line and LAYOUT_CHANGE in names)
 
 
 def _paired(found: list[tuple[int, set[str], str]], left: list[Part]) -> bool:
@@ -106,7 +108,10 @@ def _paired(found: list[tuple[int, set[str], str]], left: list[Part]) -> bool:
     training step of 27 all-gathers each its own, and said that they were not."""
     rest, unpaired = list(left), []
     for nbytes, names, line in found:
-        twin = next((p for p in rest if p[0] == nbytes and _at(p, line)), None)
+        same = [p for p in rest if p[0] == nbytes]  # (its own line's first, then its operand's)
+        twin = next((p for p in same if p[2] == line), None) or next(
+            (p for p in same if _at(p, line, names)), None
+        )
         if twin is not None and _fits(names, line, [twin]):
             rest.remove(twin)
         else:
@@ -127,7 +132,7 @@ def _fits(names: set[str], line: str, parts: list[Part]) -> bool:
     first_only = len(names) == 1 and not combined_names_every_part()
     return (
         # the change of an argument's layout, named after the argument, has no line
-        ((not line and names == {LAYOUT_CHANGE}) or any(_at(p, line) for p in parts))
+        ((not line and names == {LAYOUT_CHANGE}) or any(_at(p, line, names) for p in parts))
         and (ops - SCAN_OPS <= names or LAYOUT_CHANGE in names or first_only)
         and (named <= ops or bool(ops & SCAN_OPS))
     )
@@ -158,7 +163,7 @@ def _stands_for(found: list[tuple[int, set[str], str]], left: list[Part]) -> boo
         # its own line's parts first, the largest first: the few sets it is are tried before
         # the many that small parts of other lines make (a ViT's 4-byte norms had run the
         # search out of tries)
-        order = sorted(left, key=lambda p: (not _at(p, line), -p[0], p[1], p[2], p[3]))
+        order = sorted(left, key=lambda p: (not _at(p, line, names), -p[0], p[1], p[2], p[3]))
         for parts in subsets(nbytes, 0, [], order):
             if _fits(names, line, parts):
                 for p in parts:
