@@ -117,7 +117,8 @@ class Copies:
                 passing = passing_bytes(value, specs[a], used, mesh) * wide
                 self.passing = max(self.passing, passing)
                 key = (a, used.canonical())
-                self.early[key] = (copy, max(at, self.early.get(key, (0, 0))[1]))
+                was = self.early.get(key, (0, 0))  # (a dot reads it at its own type, others wide)
+                self.early[key] = (max(copy, was[0]), max(at, was[1]))
                 if relay:
                     self.relayouts[key] = (relay, min(at, self.relayouts.get(key, (0, at))[1]))
                 keys.append(key)

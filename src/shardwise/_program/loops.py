@@ -143,12 +143,14 @@ def gathered_stack(
     assert loop is not None  # the slicing step itself is in the loop's body
     value, rank = graph.values[stack], len(graph.values[stack].shape)
     size, wide = shard_bytes(value, whole, mesh), moved_widening(value.dtype, cpu)
-    kept = widening(
-        value.dtype, cpu
-    )  # (bfloat16 with jaxlib 0.12: moved in float32, carried as it is)
+    kept = widening(value.dtype, cpu)  # (bfloat16 with jaxlib 0.12: moved wide, kept as it is)
+    relay = relayout_bytes(value, held_as, whole, mesh) if cpu else 0
     if cpu:
-        size = (size + relayout_bytes(value, held_as, whole, mesh)) * kept
-    converted = converted_move(shard_bytes(value, held_as, mesh), size, value.dtype, cpu)
+        size = (size + relay) * kept
+    # (moved along a dimension but the first, the transposed buffer is the one converted back,
+    # as copies.read_copy counts it)
+    held = shard_bytes(value, held_as, mesh)
+    converted = 0 if relay else converted_move(held, size, value.dtype, cpu)
     temps, early = copies
     start = 0 if stack in graph.inputs else loop.start
     if stack in graph.inputs:
