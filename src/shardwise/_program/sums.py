@@ -114,11 +114,12 @@ def collected_halves(
     One that would be made in a result's buffer (such a gradient) is a float32 buffer of its
     own (:func:`float32_sums`): those are given too, with their bytes."""
     out, extra = sizes, list[tuple[int, int]]()
-    if not cpu:
+    steps = _collected_in_float32(graph) if cpu else []
+    if not steps:  # (none before jaxlib 0.12: nothing to index, in every plan's curve)
         return out, extra
     index = {v: k for k, v in enumerate(lives.arrays)}
     results = {v for v in graph.outputs if v is not None}
-    for step in _collected_in_float32(graph):
+    for step in steps:
         v, found = step.output, lay.steps.get(step.key)
         k = index.get(v)
         if k is None or found is None or v in results:
@@ -316,6 +317,8 @@ def fused_dots(
     with jaxlib 0.12.1 in the FSDP plan of ``(x @ w).sum(-1)`` in bfloat16: the gathered
     ``f32[512,1024]`` read by the fused dot, which, counted converted back, had been
     predicted at 0.77x XLA's memory)."""
+    if not dots:  # (no copy of the sizes where no dot is fused: every plan's curve on a GPU)
+        return sizes, frozenset(), frozenset()
     index, out, fused, every = {v: k for k, v in enumerate(arrays)}, sizes.copy(), set(), set()
     for n, (r, chain) in dots.items():
         step, reader = graph.steps[n], lay.steps.get(graph.steps[r].key)
