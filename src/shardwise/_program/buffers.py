@@ -279,11 +279,11 @@ def sliced_only(
         if v in index:
             out[index[v]] = 0
     for v, reads in elementwise:
+        if v not in index:
+            continue
         own, rank = lay.specs[v], len(graph.values[v].shape)
         uses = [lay.steps[key][0][j] if key in lay.steps else own for key, j in reads]
-        if v in index and all(
-            u.canonical() != own.canonical() and local(own, u, rank, mesh, cpu) for u in uses
-        ):
+        if all(u.canonical() != own.canonical() and local(own, u, rank, mesh, cpu) for u in uses):
             out[index[v]] = 0
     return out
 

@@ -65,6 +65,10 @@ class _Moved(NamedTuple):
     pieces: int
 
 
+_UNSEEN = -1
+"""A dot's result bytes not looked up yet (:meth:`Copies.operands`: most steps copy nothing)."""
+
+
 class Copies:
     """The copies steps make, added one step at a time (:meth:`operands`, :meth:`result`):
     ``temps``, held where the steps run; ``early``, the copies of arguments, by (argument,
@@ -106,10 +110,12 @@ class Copies:
         temps: list[int] = []
         keys: list[Key] = []
         specs = lay.specs
-        made = _dot_result(graph, step, lay, mesh, self.cpu, self.in_reduce)
+        made: int | None = _UNSEEN  # (the dot's result bytes: found at its first copy)
         for j, (a, used) in enumerate(zip(step.inputs, ins, strict=False)):
             if used is specs[a] or used.canonical() == specs[a].canonical():
                 continue
+            if made == _UNSEEN:
+                made = _dot_result(graph, step, lay, mesh, self.cpu, self.in_reduce)
             value = graph.values[a]
             copy, relay = read_copy(value, specs[a], used, mesh, self.cpu, made)
             if a in graph.inputs and not step.branch:  # (a cond's branch copies its own)

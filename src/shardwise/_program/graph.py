@@ -224,6 +224,7 @@ class _Builder(Walker[int]):
         self.placed: list[Asked] = []
         self.loops: list[Loop] = []
         self.context = ""  # while a call's body is walked, the user's line the call is on
+        self.scoped: Any = None  # the equation walked now (:meth:`scope`), whose line it is
         self.backward = False  # ... and whether JAX made the call by transposing a forward one
         self.repeat = 1  # how many times the equations walked now run (a scan's length)
         self.branch: Path = ()  # the path of the cond branch walked now (``()``: none)
@@ -253,22 +254,25 @@ class _Builder(Walker[int]):
 
     def where(self, eqn: Any) -> str:
         """``eqn``'s line in the user's code, or else that of the call it is inlined from
-        (the ``max`` inside ``jax.nn.relu`` is the user's ``relu`` line)."""
-        return source_of(eqn) or self.context
+        (the ``max`` inside ``jax.nn.relu`` is the user's ``relu`` line); for the equation
+        walked now, the line :meth:`scope` found (its traceback is read once)."""
+        return self.context if eqn is self.scoped else source_of(eqn) or self.context
 
     def is_backward(self, eqn: Any) -> bool:
         """Whether JAX made ``eqn`` by transposing a forward op (a training step's backward
         pass), or it is in the body of a call or scan that JAX made so."""
-        return self.backward or "transpose(" in str(eqn.source_info.name_stack)
+        return self.backward or (  # (the equation walked now: as :meth:`scope` found it)
+            eqn is not self.scoped and "transpose(" in str(eqn.source_info.name_stack)
+        )
 
     @contextlib.contextmanager
     def scope(self, eqn: Any) -> Iterator[None]:
-        outer = self.context, self.backward
-        self.context, self.backward = self.where(eqn), self.is_backward(eqn)
+        outer = self.context, self.backward, self.scoped
+        self.context, self.backward, self.scoped = self.where(eqn), self.is_backward(eqn), eqn
         try:
             yield
         finally:
-            self.context, self.backward = outer
+            self.context, self.backward, self.scoped = outer
 
     def call(
         self, eqn: Any, here: Path, body: Any, consts: Sequence[Any], ins: list[int | None]

@@ -292,10 +292,10 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
         ins, made = found
         first = {j: born[a] for j, a in enumerate(step.inputs) if (n, j) in plan.early}
         copies.operands(graph, step, ins, at, first, lay, mesh)  # (:mod:`.remat`: first)
-        value = graph.values[step.output]
-        block = shard_bytes(value, made, mesh) * moved_widening(value.dtype, cpu)
-        kept, broadcast = specs[step.output], step.prim == "broadcast_in_dim"
-        copies.result(at, step.output, made_copy(value, made, kept, mesh, cpu, broadcast), block)
+        value, broadcast = graph.values[step.output], step.prim == "broadcast_in_dim"
+        if copy := made_copy(value, made, specs[step.output], mesh, cpu, broadcast):
+            block = shard_bytes(value, made, mesh) * moved_widening(value.dtype, cpu)
+            copies.result(at, step.output, copy, block)
         if cpu and step.prim == "conv_general_dilated" and step.op is not None:
             loops.conv_copies(graph, step, ins, made, mesh, points)
         if step.prim in UPDATES and copies_argument(graph, step, fixed.read):

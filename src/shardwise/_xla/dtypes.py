@@ -209,9 +209,11 @@ def _narrowed(dtype: np.dtype[Any], x64: bool) -> bool:
     return bool(np.dtype(jax.dtypes.canonicalize_dtype(dtype)) != dtype)
 
 
+@cached(maxsize=256)
 def storage_name(dtype: Any) -> str:
     """The NumPy name of ``dtype``, or for one NumPy has no name for (a PRNG key's
-    ``key<fry>``), that of the unsigned integer of the same width, which stores as many bytes.
+    ``key<fry>``), that of the unsigned integer of the same width, which stores as many bytes
+    (kept by dtype: NumPy makes the name anew each time, and the graph asks it of every array).
 
     >>> storage_name(np.float32), storage_name(jax.random.key(0).dtype)
     ('float32', 'uint64')
