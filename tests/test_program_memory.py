@@ -502,6 +502,26 @@ def test_a_bfloat16_weights_float32_copy_is_freed_after_its_last_dot() -> None:
     assert float(np.median(list(over.values()))) <= 1.3, over
 
 
+def test_an_arguments_conversion_is_made_as_the_program_starts() -> None:
+    """A float32 stack over bfloat16 weights (a Flax model with bfloat16 parameters computes
+    in float32): XLA converts every weight, or the slice of it a dot reads, before the first
+    layer, and holds each until its dot. Counted at each layer's own point, six of the ten
+    plans were at 1.39-1.59x their compiled memory (a 2-block NNX GPT at 1.94x); every plan
+    is within 20% (the slices at 0.88-1.0x)."""
+
+    def stack(x, ws):  # type: ignore[no-untyped-def]
+        for w in ws:
+            x = jnp.tanh(x @ w.astype(jnp.float32))
+        return x
+
+    ws = [jax.ShapeDtypeStruct((128, 128), jnp.bfloat16) for _ in range(4)]
+    plan = shardwise.plan(stack, jax.ShapeDtypeStruct((32, 128), jnp.float32), ws,
+                          mesh="data=2,model=4", profile=PROFILE)  # fmt: skip
+    ratios = _ratios(plan)
+    assert len(ratios) == len(plan.plans)
+    assert all(0.8 <= r <= 1.25 for r in ratios.values()), ratios
+
+
 def _stacked_layers(ws, x):  # type: ignore[no-untyped-def]
     def layer(h, w):  # type: ignore[no-untyped-def]
         return jnp.tanh(h @ w), None

@@ -79,14 +79,21 @@ class Copies:
     of an embedding's weight ``w`` gathered along its columns, where its transposed
     ``f32[512,1024]{0,1}`` is freed after the copy-back: held to the weight's last reader, it
     had put data × tensor plans at 1.18x XLA's memory). ``in_reduce``: the keys of the dots
-    fused into a reduction (:func:`~shardwise._program.sums.fused_dots`)."""
+    fused into a reduction (:func:`~shardwise._program.sums.fused_dots`). ``starting``: the
+    arrays made as the program starts besides the arguments, whose slices XLA makes then too,
+    in the same fusion (its gathers it makes where they are read: seen in the compiled HLO of
+    a float32 FSDP step that converts its weights to bfloat16, each weight gathered twice,
+    for the forward and the backward pass;
+    :func:`~shardwise._program.upcast.converted_arguments`)."""
 
     def __init__(
         self, early: dict[Key, tuple[int, int]], cpu: bool,
         in_reduce: frozenset[tuple[int, ...]] = frozenset(),
+        starting: frozenset[int] = frozenset(),
     ) -> None:  # fmt: skip
         self.temps = Temps()
         self.early = early
+        self.starting = starting
         self.relayouts: dict[Key, tuple[int, int]] = {}
         self.cpu = cpu
         self.in_reduce = in_reduce
@@ -118,7 +125,10 @@ class Copies:
                 made = _dot_result(graph, step, lay, mesh, self.cpu, self.in_reduce)
             value = graph.values[a]
             copy, relay = read_copy(value, specs[a], used, mesh, self.cpu, made)
-            if a in graph.inputs and not step.branch:  # (a cond's branch copies its own)
+            first_made = a in graph.inputs or (  # (a conversion's slice: converted so)
+                a in self.starting and local(specs[a], used, len(value.shape), mesh)
+            )
+            if first_made and not step.branch:  # (a cond's branch copies its own)
                 wide = moved_widening(value.dtype, self.cpu)
                 passing = passing_bytes(value, specs[a], used, mesh) * wide
                 self.passing = max(self.passing, passing)

@@ -57,7 +57,12 @@ from shardwise._program.sums import (
     to_outputs,
     together,
 )
-from shardwise._program.upcast import argument_copies, made_halves, moved_widening
+from shardwise._program.upcast import (
+    argument_copies,
+    converted_arguments,
+    made_halves,
+    moved_widening,
+)
 
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
@@ -119,7 +124,8 @@ class Lives(NamedTuple):
 
 def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Lives:
     """When each array is held: from its step (as :mod:`~shardwise._program.remat`'s
-    ``plan`` runs it) to its last read (``cpu``: on CPU devices, :mod:`.upcast`)."""
+    ``plan`` runs it) to its last read (``cpu``: on CPU devices, :mod:`.upcast`; an
+    argument's conversion from the program's start, :func:`.upcast.converted_arguments`)."""
     arrays = held(graph)
     results = {v for v in graph.outputs if v is not None}
     folded, taken = folded_transposes(graph, results), aliased(graph)  # (taken: in donated buffers)
@@ -131,6 +137,8 @@ def _live(graph: Graph, plan: Schedule | None = None, cpu: bool = False) -> Live
     for k, at in plan.at.items():
         born[graph.steps[k].output] = at
     inputs = set(graph.inputs)
+    for v in converted_arguments(graph) if cpu else ():  # (as the program starts, on CPU)
+        born[v] = 0
     written = {r: born[r] for r in results - within - inputs}
     for v, r in homes.items():
         if r in written:
@@ -173,6 +181,8 @@ class _Fixed(NamedTuple):
     pooled: tuple[tuple[int, int, int], ...]
     broadcasts: tuple[int, ...] = ()
     """The fused broadcasts (:func:`fused`), by step index."""
+    starting: frozenset[int] = frozenset()
+    """On CPU, the arrays made as the program starts but the arguments (:mod:`.upcast`)."""
 
 
 _FIXED: Bounded[tuple[int, bool], tuple[Graph, _Fixed]] = Bounded(8)
@@ -182,16 +192,17 @@ are CPUs, :class:`_Fixed`: the same for every plan of the program."""
 
 def _fixed(graph: Graph, cpu: bool = False) -> _Fixed:
     """:class:`_Fixed` of ``graph``, computed once per graph (and ``cpu``, where the program
-    makes 16-bit floats: there only the lives differ, :mod:`.upcast`)."""
+    makes 16-bit floats or converts its arguments: there only the lives differ,
+    :mod:`.upcast`)."""
     hit = _FIXED.get((id(graph), cpu))
     if hit is not None and hit[0] is graph:
         return hit[1]
     if cpu:
         base = _fixed(graph)
-        if not base.halves.any():
+        if not base.halves.any() and not converted_arguments(graph):
             return base
         lives = None if bodies(graph) else _live(graph, Schedule({}, frozenset()), cpu)
-        found = base._replace(lives=lives)
+        found = base._replace(lives=lives, starting=converted_arguments(graph))
         _FIXED.put((id(graph), cpu), (graph, found))
         return found
     lives = None if bodies(graph) else _live(graph, Schedule({}, frozenset()))
@@ -266,13 +277,13 @@ def held_curve(graph: Graph, lay: Layouts, mesh: MeshSpec, platform: str = "") -
     sizes, collected = collected_halves(graph, lay, mesh, lives, sizes, cpu)  # (float32 sums)
     reduced = fixed.into_reduce if cpu else {}  # (the dots fused into a reduction)
     sizes, fused, every = fused_dots(graph, lay, mesh, reduced, arrays, sizes)
-    temporary = lives.temporary
+    temporary, gone = lives.temporary, set[int]()
     points = lives.totals(np.where(temporary, 0, sizes)) + unaliased_bytes(graph, lay, mesh)
-    gone = set[int]()
-    copies = Copies(argument_copies(graph, lay, mesh, fused) if cpu else {}, cpu, every)
+    copies = Copies(
+        argument_copies(graph, lay, mesh, fused) if cpu else {}, cpu, every, fixed.starting
+    )
     temps, early = copies.temps, copies.early
-    later: list[tuple[int, int, int]] = []  # partial sums summed with others: (at, bytes, buffers)
-    summed: list[Summed] = []  # the other dots' partial sums
+    later, summed = list[tuple[int, int, int]](), list[Summed]()  # (partial sums, :mod:`.sums`)
     for n in _visited(graph, lay, mesh, fixed):
         if n in plan.merged:  # (:func:`~shardwise._program.remat.twins`)
             continue

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shardwise._caches import per_object
 from shardwise._model.mesh import MeshSpec
 from shardwise._model.spec import Spec
 from shardwise._program.graph import Graph
 from shardwise._program.moves import shard_bytes
+from shardwise._program.walk import made_by
 from shardwise._versions import halves_cpu_computes_in_float32
 
 if TYPE_CHECKING:
@@ -131,3 +133,34 @@ def argument_copies(
                 until = max(at, out.get((a, held), (0, 0))[1])
                 out[(a, held)] = (2 * shard_bytes(graph.values[a], lay.specs[a], mesh), until)
     return out
+
+
+@per_object(maxsize=8)
+def converted_arguments(graph: Graph) -> frozenset[int]:
+    """The arrays the program converts an argument to (``w.astype(jnp.float32)``: a Flax
+    module computing in float32 with bfloat16 parameters), but those it returns or makes in a
+    loop: XLA's CPU backend converts them as the program starts, before any other op, and
+    holds each until its last reader (seen in the compiled HLO of a 2-block NNX GPT with
+    bfloat16 parameters: every kernel's float32 ``wrapped_convert`` before the first layer's
+    attention, where counting each at its own layer had put every plan at 1.94x XLA's memory).
+    Computed once per graph.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from shardwise._program.graph import build
+    >>> S = jax.ShapeDtypeStruct
+    >>> g = build(lambda x, w: jnp.tanh(x @ w.astype(jnp.float32)),
+    ...           [S((8, 4), "float32"), S((4, 4), "bfloat16")])
+    >>> [g.values[v].shape for v in converted_arguments(g)]
+    [(4, 4)]
+    """
+    inputs = set(graph.inputs)
+    results = {v for v in graph.outputs if v is not None}
+    spans = [(loop.start, loop.end) for loop in graph.loops]
+    return frozenset(
+        v
+        for v, source in graph.made_from.items()
+        if source in inputs
+        and v not in results
+        and made_by(graph.values[v].name) == "convert_element_type"
+        and not any(start < graph.born[v] <= end for start, end in spans)
+    )

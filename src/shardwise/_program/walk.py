@@ -172,6 +172,15 @@ def named(prim: str, source: str) -> str:
     return f"{prim}@{source}" if source else prim
 
 
+def made_by(name: str) -> str:
+    """The op an intermediate's name (:func:`named`) says made it.
+
+    >>> made_by(named("convert_element_type", "model.py:7")), made_by("x")
+    ('convert_element_type', 'x')
+    """
+    return name.partition("@")[0]
+
+
 def abstract(
     x: Any,
     where: str = "an argument leaf",
