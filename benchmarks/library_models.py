@@ -5,10 +5,14 @@ compiled HLO's, how many plans' memory is within ±20% of ``memory_analysis()`` 
 furthest), and each plan's predicted ÷ measured time (median of ``repeat`` turns). Planned with
 the built-in profile ``cpu-2core`` unless ``--profile`` names another (a name or a file), or is
 ``calibrate``: this machine measured first (``shardwise calibrate``), the profile kept beside
-``--out`` (or in a temporary folder).
+``--out`` (or in a temporary folder). ``--dtype bfloat16`` (or ``float16``) casts every
+float32 argument of each model (its parameters and its data) to that type first, as a user
+who trains or serves in 16-bit floats holds them; ``.sharded()`` is then compared with
+``jax.jit`` at that type's precision.
 
     .venv/bin/python benchmarks/library_models.py [--mesh data=2,model=4|explicit]
-        [--repeat 5] [--profile cpu-2core|calibrate|NAME|FILE] [--out FILE.json] [MODEL ...]
+        [--repeat 5] [--profile cpu-2core|calibrate|NAME|FILE] [--dtype float32|bfloat16|float16]
+        [--out FILE.json] [MODEL ...]
 """
 
 from __future__ import annotations
@@ -32,13 +36,24 @@ from library_models import MODELS, TOLERANCES  # noqa: E402
 import shardwise  # noqa: E402
 
 
-def measure(name: str, mesh: Any, repeat: int, profile: str) -> dict[str, Any]:
+HALF_TOLERANCE = (5e-2, 5e-2)
+"""``.sharded()`` against ``jax.jit`` with 16-bit floats: a split contraction rounds each
+device's partial sum to the type before they are summed (8 bits of bfloat16's mantissa)."""
+
+
+def measure(
+    name: str, mesh: Any, repeat: int, profile: str, dtype: str = "float32"
+) -> dict[str, Any]:
     fn, args = MODELS[name]()
+    if dtype != "float32":
+        args = jax.tree.map(lambda a: a.astype(dtype) if a.dtype == np.float32 else a, args)
     start = time.perf_counter()
     p = shardwise.plan(fn, *args, mesh=mesh, profile=profile)
     planning = time.perf_counter() - start
     want, got = jax.jit(fn)(*args), p.sharded()(*args)
     rtol, atol = TOLERANCES.get(name, (1e-4, 1e-5))  # (the tests' own: float32, or bfloat16)
+    if dtype != "float32":
+        rtol, atol = HALF_TOLERANCE
     same = all(
         np.allclose(np.asarray(_data(a)), np.asarray(_data(b)), rtol=rtol, atol=atol)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
@@ -72,6 +87,7 @@ def main() -> None:
     parser.add_argument("--mesh", default="data=2,model=4")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--profile", default="cpu-2core")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--out")
     given = parser.parse_args()
     profile = profile_for(given.profile, Path(given.out) if given.out else None, "data=2,model=4")
@@ -80,7 +96,7 @@ def main() -> None:
         mesh = jax.make_mesh((2, 4), ("data", "model"))
     rows = []
     for name in given.models:
-        row = measure(name, mesh, given.repeat, profile)
+        row = measure(name, mesh, given.repeat, profile, given.dtype)
         rows.append(row)
         worst = max(row["memory_ratio"].values(), key=lambda r: abs(np.log(r)))
         times = list(row["predicted_over_measured"].values())
@@ -92,7 +108,8 @@ def main() -> None:
             flush=True,
         )
     if given.out:
-        found = {"mesh": given.mesh, "profile": given.profile, "rows": rows}
+        found = {"mesh": given.mesh, "profile": given.profile, "dtype": given.dtype,
+                 "jax": jax.__version__, "rows": rows}  # fmt: skip
         Path(given.out).write_text(json.dumps(found, indent=1))
 
 
