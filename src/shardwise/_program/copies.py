@@ -125,10 +125,10 @@ class Copies:
                 made = _dot_result(graph, step, lay, mesh, self.cpu, self.in_reduce)
             value = graph.values[a]
             copy, relay = read_copy(value, specs[a], used, mesh, self.cpu, made)
-            first_made = a in graph.inputs or (  # (a conversion's slice: converted so)
+            from_start = a in graph.inputs or (  # (a conversion's slice: converted so)
                 a in self.starting and local(specs[a], used, len(value.shape), mesh)
             )
-            if first_made and not step.branch:  # (a cond's branch copies its own)
+            if from_start and not step.branch:  # (a cond's branch copies its own)
                 wide = moved_widening(value.dtype, self.cpu)
                 passing = passing_bytes(value, specs[a], used, mesh) * wide
                 self.passing = max(self.passing, passing)
