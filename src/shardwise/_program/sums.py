@@ -22,7 +22,7 @@ from shardwise._program.buffers import readers
 from shardwise._program.graph import Graph
 from shardwise._program.moves import local, shard_bytes
 from shardwise._program.nodes import Step
-from shardwise._program.upcast import moved_widening, widening
+from shardwise._program.upcast import moved_widening, summed_widening, widening
 from shardwise._versions import cpu_fuses_transposed_dots
 
 if TYPE_CHECKING:
@@ -65,9 +65,9 @@ def combined(
     if not partials:
         return
     end = max(at for at, _, _ in partials)
-    for at, size, copies in partials:
+    for at, size, whole in partials:
         points[at : end + 1] += size
-        points[end] += (copies - 1) * size
+        points[end] += whole
 
 
 def partial_buffers(
@@ -84,19 +84,21 @@ def partial_buffers(
     """A dot's partial sums (it reads its operands and makes its result as ``found`` says)
     where they are a buffer of their own beside the summed result (an all-reduce does not
     write over its operand); on CPU a scattered result is all-reduced into one more, then
-    sliced. Those of a result that goes only to the outputs are summed ``later``
-    (:func:`combined`), the others as :func:`together` says (``summed``)."""
+    sliced (its bytes: :func:`~shardwise._program.upcast.summed_widening`). Those of a result
+    that goes only to the outputs are summed ``later`` (:func:`combined`), the others as
+    :func:`together` says (``summed``)."""
     if step.kind != "dot" or step.op is None or step.read_as_einsum:
         return  # (an op read as an einsum keeps its partial sums' layout)
     partial, scattered = _buffer(step.op, *found)
     if partial is not None:
-        size = shard_bytes(graph.values[step.output], partial, mesh)
-        size *= moved_widening(graph.values[step.output].dtype, cpu)  # (:mod:`.upcast`)
-        copies = 2 if cpu and scattered else 1
+        dtype = graph.values[step.output].dtype
+        block = shard_bytes(graph.values[step.output], partial, mesh)
+        size = block * moved_widening(dtype, cpu)  # (:mod:`.upcast`)
+        whole = block * summed_widening(dtype, cpu) if cpu and scattered else 0
         if graph.find(step.output) in outputs_of and not step.branch:
-            later.append((at, size, copies))
+            later.append((at, size, whole))
         else:
-            summed.append((at, size, copies, step, summed_axes(step.op, found[0])))
+            summed.append((at, size, whole, step, summed_axes(step.op, found[0])))
 
 
 def collected_halves(
@@ -167,8 +169,9 @@ def _collected_in_float32(graph: Graph) -> list[Step]:
 
 
 Summed = tuple[int, int, int, Step, frozenset[str]]
-"""A dot's partial sums: its program point, their bytes, how many buffers (the partial sums,
-and on CPU a scattered result's whole sum), the dot, and the mesh axes they are summed over."""
+"""A dot's partial sums: its program point, their bytes, the bytes of the whole sum that on
+CPU a scattered result is all-reduced into (else 0), the dot, and the mesh axes they are
+summed over."""
 
 
 def together(graph: Graph, summed: list[Summed], temps: Temps) -> None:
@@ -186,10 +189,9 @@ def together(graph: Graph, summed: list[Summed], temps: Temps) -> None:
             group.append(entry)
             continue
         end = max((at for at, *_ in group), default=0)
-        for at, size, copies, *_ in group:
+        for at, size, whole, *_ in group:
             temps.add(at, end, size)
-            for _ in range(copies - 1):
-                temps.add(end, end, size)
+            temps.add(end, end, whole)
         group = [] if entry is None else [entry]
 
 

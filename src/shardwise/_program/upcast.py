@@ -59,6 +59,20 @@ def moved_widening(dtype: str, cpu: bool) -> int:
     return 2 if cpu and str(dtype) in HALVES else 1
 
 
+def summed_widening(dtype: str, cpu: bool) -> int:
+    """How many times its own bytes the whole sum takes that the CPU backend all-reduces a
+    dot's partial sums of ``dtype`` into, where it then slices its block of the result: as
+    :func:`moved_widening` (bfloat16's all-reduce runs in float32), but float16's at its own
+    type (seen in the compiled HLO of a float16 Haiku MLP's FSDP plan with jaxlib 0.10.2: the
+    ``f32[64,64]`` dot, its ``f16[64,64]`` convert, then an ``f16[64,64]`` all-reduce; counted
+    at float32, the plan had been at 0.66x XLA's memory).
+
+    >>> summed_widening("float16", True), summed_widening("bfloat16", True)
+    (1, 2)
+    """
+    return 1 if str(dtype) == "float16" else moved_widening(dtype, cpu)
+
+
 def converted_move(held: int, moved: int, dtype: str, cpu: bool) -> int:
     """The bytes a collective's move of an array of ``dtype`` holds at once beyond its result,
     where the CPU backend moves it in float32 (:func:`moved_widening`) but computes it as it
