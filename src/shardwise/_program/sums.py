@@ -22,7 +22,7 @@ from shardwise._program.buffers import readers
 from shardwise._program.graph import Graph
 from shardwise._program.moves import local, shard_bytes
 from shardwise._program.nodes import Step
-from shardwise._program.upcast import moved_widening, summed_widening, widening
+from shardwise._program.upcast import moved_widening, widening
 from shardwise._versions import cpu_fuses_transposed_dots
 
 if TYPE_CHECKING:
@@ -84,17 +84,16 @@ def partial_buffers(
     """A dot's partial sums (it reads its operands and makes its result as ``found`` says)
     where they are a buffer of their own beside the summed result (an all-reduce does not
     write over its operand); on CPU a scattered result is all-reduced into one more, then
-    sliced (its bytes: :func:`~shardwise._program.upcast.summed_widening`). Those of a result
+    sliced (at :func:`~shardwise._program.upcast.moved_widening`). Those of a result
     that goes only to the outputs are summed ``later`` (:func:`combined`), the others as
     :func:`together` says (``summed``)."""
     if step.kind != "dot" or step.op is None or step.read_as_einsum:
         return  # (an op read as an einsum keeps its partial sums' layout)
     partial, scattered = _buffer(step.op, *found)
     if partial is not None:
-        dtype = graph.values[step.output].dtype
-        block = shard_bytes(graph.values[step.output], partial, mesh)
-        size = block * moved_widening(dtype, cpu)  # (:mod:`.upcast`)
-        whole = block * summed_widening(dtype, cpu) if cpu and scattered else 0
+        size = shard_bytes(graph.values[step.output], partial, mesh)
+        size *= moved_widening(graph.values[step.output].dtype, cpu)  # (:mod:`.upcast`)
+        whole = size if cpu and scattered else 0
         if graph.find(step.output) in outputs_of and not step.branch:
             later.append((at, size, whole))
         else:

@@ -4,10 +4,10 @@ jaxlib 0.11) in float32 (its float normalization), so each such array a program 
 float32 buffer. An argument of such a type keeps its own buffer and, beside it, the float32
 copy XLA converts it to as the program starts, held until its last reader (seen in the
 compiled HLO: a ``convert`` of each bfloat16 weight first, then float32 dots). Each copy a
-step moves of a 16-bit float (a gather, a partial sum, a relayout) is counted at float32
-with every jaxlib (:func:`moved_widening`): bfloat16's collectives run in float32 (a
-``convert``, the float32 collective, a ``convert`` back: seen with jaxlib 0.10.2 to 0.12.1);
-float16's move as they are, but are read by float32 dots. Where the backend computes
+step moves of a bfloat16 (a gather, a partial sum, a relayout) is counted at float32 with
+every jaxlib (:func:`moved_widening`): its collectives run in float32 (a ``convert``, the
+float32 collective, a ``convert`` back: seen with jaxlib 0.10.2 to 0.12.1); float16's run as
+it is, and a dot reads the copy converted to float32. Where the backend computes
 bfloat16 as it is (jaxlib 0.12), what a collective makes of it is a float32 buffer beside
 the arrays held at two bytes (:func:`converted_move`,
 :func:`~shardwise._program.sums.collected_halves`); its convolutions, and a dot whose
@@ -30,9 +30,6 @@ from shardwise._versions import halves_cpu_computes_in_float32
 if TYPE_CHECKING:
     from shardwise._program.solution import Layouts
 
-HALVES = frozenset({"bfloat16", "float16"})
-"""The 16-bit float types: XLA's CPU backend moves them in float32 buffers."""
-
 COMPUTED_WIDE = halves_cpu_computes_in_float32()
 """Those XLA's CPU backend computes in float32, with the installed jaxlib."""
 
@@ -50,27 +47,19 @@ def widening(dtype: str, cpu: bool) -> int:
 
 def moved_widening(dtype: str, cpu: bool) -> int:
     """How many times its own bytes a copy of an array of ``dtype`` that a collective moves
-    takes (a gather, a partial sum, a relayout): twice for bfloat16 and float16 on CPU,
-    with every jaxlib, else once.
+    takes (a gather, a partial sum, a relayout): twice for bfloat16 on CPU, with every
+    jaxlib, else once. The CPU backend runs float16's collectives as it is (seen in the
+    compiled HLO with jaxlib 0.10.2: a float16 MLP's ``f16[256,512]`` all-gather of a weight's
+    gradient, its ``f16`` all-to-alls, and the ``f16[64,64]`` all-reduce of a float32 dot's
+    partial sums converted first); a dot that reads such a copy reads it converted to float32
+    (:func:`~shardwise._program.copies.read_copy`). Counted at float32, the plans of the
+    libraries' models cast to float16 had been within 20% of XLA's memory for 100 of 120,
+    a float16 MLP's FSDP plan at 0.66x.
 
-    >>> moved_widening("bfloat16", True), moved_widening("bfloat16", False)
+    >>> moved_widening("bfloat16", True), moved_widening("float16", True)
     (2, 1)
     """
-    return 2 if cpu and str(dtype) in HALVES else 1
-
-
-def summed_widening(dtype: str, cpu: bool) -> int:
-    """How many times its own bytes the whole sum takes that the CPU backend all-reduces a
-    dot's partial sums of ``dtype`` into, where it then slices its block of the result: as
-    :func:`moved_widening` (bfloat16's all-reduce runs in float32), but float16's at its own
-    type (seen in the compiled HLO of a float16 Haiku MLP's FSDP plan with jaxlib 0.10.2: the
-    ``f32[64,64]`` dot, its ``f16[64,64]`` convert, then an ``f16[64,64]`` all-reduce; counted
-    at float32, the plan had been at 0.66x XLA's memory).
-
-    >>> summed_widening("float16", True), summed_widening("bfloat16", True)
-    (1, 2)
-    """
-    return 1 if str(dtype) == "float16" else moved_widening(dtype, cpu)
+    return 2 if cpu and str(dtype) == "bfloat16" else 1
 
 
 def converted_move(held: int, moved: int, dtype: str, cpu: bool) -> int:
