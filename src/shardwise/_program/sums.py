@@ -83,10 +83,10 @@ def partial_buffers(
 ) -> None:
     """A dot's partial sums (it reads its operands and makes its result as ``found`` says)
     where they are a buffer of their own beside the summed result (an all-reduce does not
-    write over its operand); on CPU a scattered result is all-reduced into one more, then
-    sliced (at :func:`~shardwise._program.upcast.moved_widening`). Those of a result
-    that goes only to the outputs are summed ``later`` (:func:`combined`), the others as
-    :func:`together` says (``summed``)."""
+    write over its operand); on CPU a scattered result is all-reduced into one more of their
+    size, then sliced (both at :func:`~shardwise._program.upcast.moved_widening`'s width).
+    Those of a result that goes only to the outputs are summed ``later`` (:func:`combined`),
+    the others as :func:`together` says (``summed``)."""
     if step.kind != "dot" or step.op is None or step.read_as_einsum:
         return  # (an op read as an einsum keeps its partial sums' layout)
     partial, scattered = _buffer(step.op, *found)
