@@ -443,11 +443,11 @@ def test_partial_sums_of_dots_that_read_one_activation_are_held_until_the_last_i
     graph = types.SimpleNamespace(find=lambda v: 4 if v == 9 else v)
     q, k, v = _dot((0, 1), 4), _dot((0, 2), 5), _dot((0, 3), 6)
     x = frozenset({"x"})
-    summed = [(10, 64, 0, q, x), (12, 64, 64, k, x), (14, 64, 0, v, x)]  # (k scattered)
-    summed.append((16, 32, 0, _dot((0, 9), 7), x))  # reads the scaled query
-    summed.append((17, 32, 0, _dot((0, 8), 10), frozenset({"y"})))  # over y
-    summed.append((18, 32, 0, _dot((0, 8), 11, repeat=4), frozenset({"y"})))  # in a loop
-    summed.append((20, 8, 0, _dot((12, 13), 14), frozenset({"y"})))
+    summed = [(10, 64, 1, q, x), (12, 64, 2, k, x), (14, 64, 1, v, x)]  # (k scattered)
+    summed.append((16, 32, 1, _dot((0, 9), 7), x))  # reads the scaled query
+    summed.append((17, 32, 1, _dot((0, 8), 10), frozenset({"y"})))  # over y
+    summed.append((18, 32, 1, _dot((0, 8), 11, repeat=4), frozenset({"y"})))  # in a loop
+    summed.append((20, 8, 1, _dot((12, 13), 14), frozenset({"y"})))
     temps = Temps()
     together(graph, summed, temps)  # type: ignore[arg-type]
     held = list(zip(temps.start, temps.end, temps.size, strict=True))

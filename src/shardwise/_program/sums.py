@@ -65,9 +65,9 @@ def combined(
     if not partials:
         return
     end = max(at for at, _, _ in partials)
-    for at, size, whole in partials:
+    for at, size, copies in partials:
         points[at : end + 1] += size
-        points[end] += whole
+        points[end] += (copies - 1) * size
 
 
 def partial_buffers(
@@ -83,21 +83,20 @@ def partial_buffers(
 ) -> None:
     """A dot's partial sums (it reads its operands and makes its result as ``found`` says)
     where they are a buffer of their own beside the summed result (an all-reduce does not
-    write over its operand); on CPU a scattered result is all-reduced into one more of their
-    size, then sliced (both at :func:`~shardwise._program.upcast.moved_widening`'s width).
-    Those of a result that goes only to the outputs are summed ``later`` (:func:`combined`),
-    the others as :func:`together` says (``summed``)."""
+    write over its operand); on CPU a scattered result is all-reduced into one more, then
+    sliced. Those of a result that goes only to the outputs are summed ``later``
+    (:func:`combined`), the others as :func:`together` says (``summed``)."""
     if step.kind != "dot" or step.op is None or step.read_as_einsum:
         return  # (an op read as an einsum keeps its partial sums' layout)
     partial, scattered = _buffer(step.op, *found)
     if partial is not None:
         size = shard_bytes(graph.values[step.output], partial, mesh)
         size *= moved_widening(graph.values[step.output].dtype, cpu)  # (:mod:`.upcast`)
-        whole = size if cpu and scattered else 0
+        copies = 2 if cpu and scattered else 1
         if graph.find(step.output) in outputs_of and not step.branch:
-            later.append((at, size, whole))
+            later.append((at, size, copies))
         else:
-            summed.append((at, size, whole, step, summed_axes(step.op, found[0])))
+            summed.append((at, size, copies, step, summed_axes(step.op, found[0])))
 
 
 def collected_halves(
@@ -168,9 +167,8 @@ def _collected_in_float32(graph: Graph) -> list[Step]:
 
 
 Summed = tuple[int, int, int, Step, frozenset[str]]
-"""A dot's partial sums: its program point, their bytes, the bytes of the whole sum that on
-CPU a scattered result is all-reduced into (else 0), the dot, and the mesh axes they are
-summed over."""
+"""A dot's partial sums: its program point, their bytes, how many buffers (the partial sums,
+and on CPU a scattered result's whole sum), the dot, and the mesh axes they are summed over."""
 
 
 def together(graph: Graph, summed: list[Summed], temps: Temps) -> None:
@@ -188,9 +186,10 @@ def together(graph: Graph, summed: list[Summed], temps: Temps) -> None:
             group.append(entry)
             continue
         end = max((at for at, *_ in group), default=0)
-        for at, size, whole, *_ in group:
+        for at, size, copies, *_ in group:
             temps.add(at, end, size)
-            temps.add(end, end, whole)
+            for _ in range(copies - 1):
+                temps.add(end, end, size)
         group = [] if entry is None else [entry]
 
 
